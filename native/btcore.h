@@ -1,0 +1,89 @@
+/* Internal interfaces between the units of btcore's native core.
+ *
+ *   context  (context.h)  where a walk starts and how it reads memory
+ *   cfi.c                 .eh_frame -> compact rows (btc_table)
+ *   modules.c             loaded ELF objects and their cached tables
+ *   unwind.c              the one DWARF CFI walker, for every context
+ *   elf.c                 ELF files on disk: sections, symbols
+ *   cpython/pyNNN.c       one unit per CPython version family: frame chain
+ *   capture.c             btc_collect(): context -> walk -> merge -> frames
+ */
+#ifndef BTCORE_H
+#define BTCORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "btcore_api.h"
+
+#define BTC_UNUSED __attribute__((unused))
+#define BTC_LIKELY(x) __builtin_expect(!!(x), 1)
+#define BTC_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- errors: a short reason kept per thread for btc_last_error() ---- */
+int btc_fail(int code, const char *reason);
+
+/* ---- compact CFI table of one module (cfi.c) ---- */
+
+typedef struct btc_table {
+    btc_cfi_row *rows;     /* sorted by pc; gaps between FDEs are BTC_CFA_NONE rows */
+    uint32_t nrows;
+    uint32_t page_shift;   /* page index granularity */
+    uint32_t pc_lo;        /* first row's pc */
+    uint32_t npages;
+    uint32_t *page_first;  /* page k: index of the row covering pc_lo + (k << page_shift) */
+} btc_table;
+
+/* Where a module's unwind data is, as the loader mapped it. */
+typedef struct btc_image {
+    uintptr_t bias;                 /* load bias (dlpi_addr) */
+    const uint8_t *eh_frame_hdr;    /* NULL if the module has none */
+    const uint8_t *eh_frame;        /* NULL if unknown; found through eh_frame_hdr otherwise */
+    size_t eh_frame_size;           /* 0 if unknown: the walk trusts the terminator */
+    uintptr_t readable_lo[8], readable_hi[8];   /* PT_LOAD ranges (absolute) */
+    int nreadable;
+} btc_image;
+
+/* Parse the module's .eh_frame into a table; NULL on failure (bad data is
+ * skipped, never trusted: every read is bounded by the readable ranges). */
+btc_table *btc_table_build(const btc_image *img);
+void btc_table_free(btc_table *t);
+/* The row covering pc (relative to bias), or NULL if no FDE covers it. */
+const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc);
+
+/* ---- loaded modules (modules.c) ---- */
+
+typedef struct btc_module {
+    uintptr_t lo, hi;           /* span of executable PT_LOAD segments (absolute) */
+    uintptr_t bias;
+    char *path;                 /* "" for the vDSO */
+    btc_table *table;           /* built on first use */
+    int table_failed;
+    struct btc_elf *elf;        /* symbols, opened on first use (elf.c) */
+} btc_module;
+
+/* Call before a walk (with the module lock held): notices dlopen/dlclose
+ * through dl_iterate_phdr's adds/subs counters and drops stale tables. */
+void btc_modules_lock(void);
+void btc_modules_unlock(void);
+void btc_modules_refresh(void);
+btc_module *btc_module_find(uintptr_t pc);
+/* The module's CFI table, built on first use (under the loader lock so the
+ * module cannot be unloaded while we parse its mapped .eh_frame). */
+const btc_table *btc_module_table(btc_module *m);
+
+/* ---- ELF files on disk (elf.c): read with pread into the heap, never mmap,
+ * so a file truncated under us is an error, not a SIGBUS. ---- */
+
+typedef struct btc_elf btc_elf;
+btc_elf *btc_elf_open(const char *path);
+void btc_elf_close(btc_elf *e);
+/* The symbol covering the virtual address vaddr (module-relative). */
+const char *btc_elf_symbolize(btc_elf *e, uintptr_t vaddr, uintptr_t *sym_vaddr);
+/* Address range [lo, hi) of every function symbol whose name is `name` or
+ * starts with `name` followed by '.' (gcc's .cold/.part clones); returns how
+ * many ranges were written. */
+int btc_elf_function_ranges(btc_elf *e, const char *name, uintptr_t *lo, uintptr_t *hi, int max);
+
+#endif

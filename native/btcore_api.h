@@ -1,0 +1,124 @@
+/* The C API that btcore's Python layer calls through cffi.
+ *
+ * This file is read twice: by the C compiler (included by every native/ unit)
+ * and by cffi's cdef parser, so it holds plain declarations only: no
+ * #include, no #if, no inline code.
+ */
+
+/* ---- raw frames: what a capture stores (no strings, no symbols) ---- */
+
+#define BTC_KIND_NATIVE 1
+#define BTC_KIND_PYTHON 2
+
+#define BTC_F_EXACT     1   /* native: addr is the interrupted/current pc, not a return address */
+#define BTC_F_EVAL      2   /* native: this frame runs the interpreter's eval loop */
+#define BTC_F_UNMERGED  4   /* the merge could not pair this frame; kept as is */
+#define BTC_F_JOIN      8   /* first frame of a backtrace added by append() */
+#define BTC_F_ENTRY    16   /* python: first Python frame of an eval-loop call */
+#define BTC_F_INTERNAL 32   /* native: greenlet's own switching machinery */
+
+typedef struct {
+    uintptr_t addr;    /* native: pc; python: address of a code object we hold a reference to */
+    int32_t   lasti;   /* python: offset of the current instruction in bytes; native: -1 */
+    uint8_t   kind;    /* BTC_KIND_* */
+    uint8_t   flags;   /* BTC_F_* */
+    uint16_t  reserved;
+} btc_frame;
+
+/* ---- capture ---- */
+
+#define BTC_WANT_PYTHON    1
+#define BTC_WANT_NATIVE    2
+#define BTC_WANT_INTERNALS 4
+
+/* Return value of btc_collect(): the number of frames written, plus
+ * BTC_TRUNCATED when frames were dropped at the outer end; or a negative
+ * BTC_E_* code (nothing written, no reference held). */
+#define BTC_TRUNCATED       0x1000000
+#define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
+#define BTC_E_NOT_GREENLET  -2
+#define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
+#define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
+
+/* Capture the stack of `target` into out[0..capacity).
+ * target: 0 for the calling thread, or the address (id()) of a greenlet the
+ * caller keeps alive.  skip_python: innermost Python frames to drop (btcore's
+ * own API frames).  limit: at most that many frames are kept (<= capacity).
+ * Python frames in `out` hold a strong reference to their code object until
+ * btc_release() is called on them. */
+int btc_collect(uintptr_t target, btc_frame *out, int capacity, int limit,
+                int want, int skip_python);
+
+/* Drop the code-object references held by out[0..n). */
+void btc_release(btc_frame *frames, int n);
+/* Take another reference on each Python frame's code object (append copies). */
+void btc_retain(btc_frame *frames, int n);
+
+/* Why the last btc_collect() on this thread returned an error, in words. */
+const char *btc_last_error(void);
+
+/* ---- resolution ---- */
+
+typedef struct {
+    const char *qualname;   /* borrowed from the code object */
+    const char *filename;
+    int line;               /* -1 when unknown */
+    int firstlineno;
+} btc_pyinfo;
+
+/* Describe a Python frame captured by btc_collect (code object still held). */
+int btc_describe_python(uintptr_t code, int lasti, btc_pyinfo *out);
+
+typedef struct {
+    const char *module;     /* path of the ELF object, NULL if the pc is in none */
+    uintptr_t   module_base;/* load bias of that object */
+    const char *symbol;     /* raw (mangled) symbol name, NULL if none covers the pc */
+    uintptr_t   symbol_addr;/* absolute address of that symbol */
+} btc_syminfo;
+
+/* Name the function containing pc (already adjusted: pass pc-1 for return
+ * addresses).  Strings stay valid until the module is unloaded and
+ * btc_modules_refresh() notices it. */
+int btc_describe_native(uintptr_t pc, btc_syminfo *out);
+
+/* Demangle a C++ (Itanium) name; returns 0 and fills buf on success. */
+int btc_demangle(const char *name, char *buf, size_t size);
+
+/* ---- introspection for tests and benchmarks ---- */
+
+typedef struct {
+    uint32_t pc;         /* first pc the row covers, relative to the module's load bias */
+    int32_t  cfa_off;
+    uint8_t  cfa_kind;   /* BTC_CFA_* */
+    uint8_t  cfa_reg;    /* DWARF register number; the threshold literal for BTC_CFA_PLT */
+    uint8_t  signal;     /* the FDE belongs to a signal trampoline (CIE augmentation 'S') */
+    uint8_t  ra_rule;    /* BTC_RULE_* for the return address ... */
+    uint8_t  rbp_rule;   /* ... rbp ... */
+    uint8_t  rbx_rule;   /* ... and rbx */
+    int16_t  ra_off;
+    int16_t  rbp_off;
+    int16_t  rbx_off;
+} btc_cfi_row;
+
+#define BTC_CFA_NONE      0   /* no FDE covers this pc: the walk stops here */
+#define BTC_CFA_REG       1   /* CFA = reg + off */
+#define BTC_CFA_REG_DEREF 2   /* CFA = *(reg + off)        (DW_CFA_def_cfa_expression) */
+#define BTC_CFA_PLT       3   /* CFA = rsp + off + ((rip & 15) >= cfa_reg ? 8 : 0) (PLT stubs) */
+#define BTC_CFA_UNSUPPORTED 4 /* an expression we do not evaluate: the walk stops here */
+
+/* A register rule is kind | (base register << 4) for BTC_RULE_AT_REG. */
+#define BTC_RULE_SAME        0   /* unchanged from the callee */
+#define BTC_RULE_UNDEFINED   1   /* not recoverable (for the return address: outermost frame) */
+#define BTC_RULE_AT_CFA      2   /* saved at CFA + off */
+#define BTC_RULE_AT_REG      3   /* saved at base register + off (DW_CFA_expression: bregN off) */
+#define BTC_RULE_UNSUPPORTED 4
+
+/* Copy the CFI rows of the module containing pc into out (at most max);
+ * returns the number of rows the module has (build the table if needed), or
+ * -1 when no module contains pc.  *bias receives the module's load bias. */
+int btc_cfi_rows(uintptr_t pc, btc_cfi_row *out, int max, uintptr_t *bias);
+
+/* Native-only capture of the calling C stack, for benchmarks and
+ * differential tests: writes return addresses like glibc's backtrace(),
+ * starting with the caller of this function. */
+int btc_backtrace(uintptr_t *out, int max);
