@@ -27,14 +27,29 @@ def _cdef():
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef())
+# btcore's entry points read interpreter state and reference counts, so they
+# run with the GIL held.  cffi's generated wrappers release it around every
+# call (Py_BEGIN/END_ALLOW_THREADS, expanded after this preamble); taking it
+# back inside would cost two GIL hand-offs (~300 ns) per call, more than a
+# whole capture.  Entry points doing slow work (reading symbols and debug
+# info from files) release the GIL themselves.
+PREAMBLE = """
+#include "btcore_api.h"
+#undef Py_BEGIN_ALLOW_THREADS
+#undef Py_END_ALLOW_THREADS
+#define Py_BEGIN_ALLOW_THREADS {
+#define Py_END_ALLOW_THREADS }
+"""
+
 ffibuilder.set_source(
     "btcore._native",
-    '#include "btcore_api.h"\n',
+    PREAMBLE,
     sources=_sources(),
     include_dirs=[NATIVE, sysconfig.get_paths()["include"]],
     define_macros=[("_GNU_SOURCE", "1")],
     extra_compile_args=["-O2", "-g", "-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
     libraries=["dl", "pthread"],
+    py_limited_api=False,  # the core reads CPython internals of one version
 )
 
 if __name__ == "__main__":

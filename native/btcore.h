@@ -72,6 +72,9 @@ btc_module *btc_module_find(uintptr_t pc);
 /* The module's CFI table, built on first use (under the loader lock so the
  * module cannot be unloaded while we parse its mapped .eh_frame). */
 const btc_table *btc_module_table(btc_module *m);
+/* btc_elf_function_ranges() on the module containing `inside`, as absolute
+ * addresses. */
+int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max);
 
 /* ---- ELF files on disk (elf.c): read with pread into the heap, never mmap,
  * so a file truncated under us is an error, not a SIGBUS. ---- */

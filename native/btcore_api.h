@@ -40,34 +40,23 @@ typedef struct {
 #define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
 #define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
 
-/* Capture the stack of `target` into out[0..capacity).
- * target: 0 for the calling thread, or the address (id()) of a greenlet the
- * caller keeps alive.  skip_python: innermost Python frames to drop (btcore's
- * own API frames).  limit: at most that many frames are kept (<= capacity).
- * Python frames in `out` hold a strong reference to their code object until
- * btc_release() is called on them. */
-int btc_collect(uintptr_t target, btc_frame *out, int capacity, int limit,
+/* Capture the stack of `target` into a Python bytearray of btc_frame
+ * records (its size sets the capacity).
+ * All objects are passed by address (CPython's id()) and kept alive by the
+ * caller: frames is a bytearray, refs a list to which the code object of
+ * every Python frame captured is appended, in frame order (so a backtrace
+ * keeps what it references valid without any C-side bookkeeping).
+ * target: 0 for the calling thread, or a greenlet.
+ * limit: at most that many frames are kept.  skip_python: innermost Python
+ * frames to drop (btcore's own API frames).
+ * Runs with the GIL held. */
+int btc_collect(uintptr_t target, uintptr_t frames, uintptr_t refs, int limit,
                 int want, int skip_python);
-
-/* Drop the code-object references held by out[0..n). */
-void btc_release(btc_frame *frames, int n);
-/* Take another reference on each Python frame's code object (append copies). */
-void btc_retain(btc_frame *frames, int n);
 
 /* Why the last btc_collect() on this thread returned an error, in words. */
 const char *btc_last_error(void);
 
 /* ---- resolution ---- */
-
-typedef struct {
-    const char *qualname;   /* borrowed from the code object */
-    const char *filename;
-    int line;               /* -1 when unknown */
-    int firstlineno;
-} btc_pyinfo;
-
-/* Describe a Python frame captured by btc_collect (code object still held). */
-int btc_describe_python(uintptr_t code, int lasti, btc_pyinfo *out);
 
 typedef struct {
     const char *module;     /* path of the ELF object, NULL if the pc is in none */
@@ -77,9 +66,10 @@ typedef struct {
 } btc_syminfo;
 
 /* Name the function containing pc (already adjusted: pass pc-1 for return
- * addresses).  Strings stay valid until the module is unloaded and
- * btc_modules_refresh() notices it. */
-int btc_describe_native(uintptr_t pc, btc_syminfo *out);
+ * addresses).  The strings are copied into buf (truncated to size), so they
+ * outlive a concurrent dlclose of the module.  Returns 0, or -1 when no
+ * loaded module contains pc. */
+int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size);
 
 /* Demangle a C++ (Itanium) name; returns 0 and fills buf on success. */
 int btc_demangle(const char *name, char *buf, size_t size);
@@ -122,3 +112,9 @@ int btc_cfi_rows(uintptr_t pc, btc_cfi_row *out, int max, uintptr_t *bias);
  * differential tests: writes return addresses like glibc's backtrace(),
  * starting with the caller of this function. */
 int btc_backtrace(uintptr_t *out, int max);
+
+/* Build a CFI table from `data` as if it were a module's .eh_frame (no
+ * .eh_frame_hdr, readable range = the buffer) and check the table's
+ * invariants; for fuzz tests.  Returns the row count, -1 if no table could be
+ * built, -2 if the table breaks an invariant lookups rely on. */
+int btc_cfi_selftest_garbage(const uint8_t *data, size_t size);

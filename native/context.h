@@ -45,9 +45,9 @@ static inline bool btc_mem_read(const btc_memview *m, uintptr_t addr, uintptr_t 
 /* The calling thread's stack range, cached per thread. */
 bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi);
 
-/* Fill ctx with the registers of the caller of this function and the calling
- * thread's stack. */
-bool btc_context_current(btc_context *ctx) __attribute__((noinline));
+/* Store the caller's registers: its pc (as a return address), sp, rbp, rbx.
+ * The caller must stay on the stack while a walk uses them. */
+void btc_get_regs(btc_regs *r);
 
 /* ---- the walker (unwind.c) ---- */
 

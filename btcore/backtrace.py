@@ -1,0 +1,197 @@
+"""Backtrace, collect(), append() and foreach(): the public capture API."""
+from __future__ import annotations
+
+import struct
+
+import greenlet
+
+from ._native import ffi, lib
+from .frame import Frame
+from .resolve import resolve_native, resolve_python
+
+DEFAULT_CAPACITY = 64
+MAX_CAPACITY = 1 << 16
+JOIN_MARKER = "  ==== appended backtrace boundary ===="
+
+# One btc_frame record (native/btcore_api.h): addr, lasti, kind, flags, reserved.
+RECORD = struct.Struct("=QiBBH")
+assert RECORD.size == ffi.sizeof("btc_frame") == 16
+_KIND_AT, _FLAGS_AT = 12, 13
+
+KIND_PYTHON = lib.BTC_KIND_PYTHON
+F_JOIN = lib.BTC_F_JOIN
+_TRUNCATED = lib.BTC_TRUNCATED
+_WANT_PYTHON = lib.BTC_WANT_PYTHON
+_WANT_NATIVE = lib.BTC_WANT_NATIVE
+
+
+class BacktraceError(RuntimeError):
+    """A capture that btcore refused (unsupported interpreter or greenlet build)."""
+
+
+class Backtrace:
+    """A fixed-capacity array of raw frames, innermost first.
+
+    Holds only addresses, instruction offsets and the code objects of its
+    Python frames (so they stay valid for resolution later, whatever happens
+    to the functions); names are resolved lazily by frames(), format() and
+    foreach().  Memory: 16 bytes per frame of capacity, plus one reference
+    per Python frame.
+    """
+
+    __slots__ = ("_raw", "_refs", "_len", "truncated", "__weakref__")
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+        self._raw = bytearray(_check_capacity(capacity) * RECORD.size)
+        self._refs: list = []
+        self._len = 0
+        self.truncated = False
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def capacity(self) -> int:
+        return len(self._raw) // RECORD.size
+
+    def _resolved(self):
+        """(flags, Frames) for each raw frame, innermost first."""
+        refs = iter(self._refs)
+        view = memoryview(self._raw)[: self._len * RECORD.size]
+        for addr, lasti, kind, flags, _ in RECORD.iter_unpack(view):
+            if kind == KIND_PYTHON:
+                yield flags, resolve_python(next(refs), lasti)
+            else:
+                yield flags, resolve_native(addr, flags)
+
+    def frames(self) -> list[Frame]:
+        """The resolved frames, innermost first."""
+        return [frame for _, frames in self._resolved() for frame in frames]
+
+    def format(self, most_recent_first: bool = False) -> str:
+        """Readable text; Python-style "most recent call last" by default."""
+        entries = []   # innermost first; each entry is one frame's text
+        for flags, frames in self._resolved():
+            if flags & F_JOIN:
+                entries.append(JOIN_MARKER)
+            entries.extend(f.format() for f in frames)
+        if self.truncated:
+            entries.append("  ... (outer frames truncated)")
+        if not most_recent_first:
+            entries.reverse()
+        order = "most recent call first" if most_recent_first else "most recent call last"
+        return "\n".join([f"Backtrace ({order}):"] + entries)
+
+    __str__ = format
+
+    def __repr__(self) -> str:
+        more = " truncated" if self.truncated else ""
+        return f"<btcore.Backtrace {self._len}/{self.capacity} frames{more}>"
+
+
+def _check_capacity(capacity) -> int:
+    if type(capacity) is not int:
+        raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
+    if not 1 <= capacity <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY}, got {capacity}")
+    return capacity
+
+
+def _check_limit(limit, capacity: int) -> int:
+    if limit is None:
+        return capacity
+    if type(limit) is not int:
+        raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    return min(limit, capacity)
+
+
+def _target_address(target) -> int:
+    """0 for the calling thread's own stack, else the greenlet's address."""
+    if target is None:
+        return 0
+    if not isinstance(target, greenlet.greenlet):
+        raise TypeError(f"target must be a greenlet or None, not {type(target).__name__}")
+    if target is greenlet.getcurrent():
+        return 0
+    raise NotImplementedError("collecting a greenlet other than the current one is not supported yet")
+
+
+_ERRORS = {
+    lib.BTC_E_UNSUPPORTED: BacktraceError,
+    lib.BTC_E_LAYOUT: BacktraceError,
+    lib.BTC_E_RUNNING: RuntimeError,
+    lib.BTC_E_NOT_GREENLET: TypeError,
+}
+
+
+_btc_collect = lib.btc_collect
+_new = object.__new__
+
+
+def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAULT_CAPACITY) -> Backtrace:
+    """Capture the raw frames of the calling thread's stack (or of `target`).
+
+    The first frame is the caller of collect(); btcore's own frames never
+    appear.  No names are looked up here: see Backtrace.frames()/foreach().
+    """
+    # Written flat, without helper calls on the common path: this runs at
+    # every greenlet spawn when ancestors are recorded, and Python call
+    # overhead would otherwise cost more than the capture itself.
+    if type(capacity) is not int or not 0 < capacity <= MAX_CAPACITY:
+        _check_capacity(capacity)
+    limit = capacity if limit is None else _check_limit(limit, capacity)
+    target = 0 if target is None else _target_address(target)
+    bt = _new(Backtrace)
+    raw = bt._raw = bytearray(capacity * 16)
+    refs = bt._refs = []
+    want = (_WANT_PYTHON if python else 0) | (_WANT_NATIVE if native else 0)
+    rc = _btc_collect(target, id(raw), id(refs), limit, want, 1)
+    if rc < 0:
+        raise _ERRORS.get(rc, BacktraceError)(ffi.string(lib.btc_last_error()).decode())
+    bt._len = rc & (_TRUNCATED - 1)
+    bt.truncated = rc >= _TRUNCATED
+    return bt
+
+
+def append(to: Backtrace, add: Backtrace) -> int:
+    """Copy add's frames after to's, as far as to's capacity allows.
+
+    Returns how many frames were appended; the first of them is marked so
+    that format() shows where the appended backtrace begins.
+    """
+    if not isinstance(to, Backtrace) or not isinstance(add, Backtrace):
+        raise TypeError("append() takes two Backtrace objects")
+    size = RECORD.size
+    n = min(add._len, to.capacity - to._len)
+    if add._len > n:
+        to.truncated = True
+    if n <= 0:
+        return 0
+    start = to._len * size
+    to._raw[start : start + n * size] = add._raw[: n * size]
+    to._raw[start + _FLAGS_AT] |= F_JOIN
+    python_frames = sum(1 for i in range(n) if add._raw[i * size + _KIND_AT] == KIND_PYTHON)
+    to._refs.extend(add._refs[:python_frames])
+    to._len += n
+    to.truncated = to.truncated or add.truncated
+    return n
+
+
+def foreach(bt: Backtrace, callback) -> int:
+    """Resolve bt's frames innermost first, calling callback(frame) for each.
+
+    A callback returning True stops the walk.  Returns the number of frames
+    visited (inlined calls count as frames).  Exceptions from the callback
+    propagate unchanged.
+    """
+    if not isinstance(bt, Backtrace):
+        raise TypeError(f"foreach() needs a Backtrace, not {type(bt).__name__}")
+    visited = 0
+    for _, frames in bt._resolved():
+        for frame in frames:
+            visited += 1
+            if callback(frame) is True:
+                return visited
+    return visited

@@ -1,0 +1,248 @@
+/* btc_collect(): pick a context, walk it, merge Python frames into the eval
+ * loop's native frames, and hand back raw frames.
+ *
+ * Runs with the GIL held (cffi releases it around the call; we take it back):
+ * the frame chain and the code objects' reference counts belong to it.
+ */
+#include <Python.h>
+
+#include "context.h"
+#include "cpython/pyframes.h"
+
+/* ---- errors ---- */
+
+static __thread const char *last_error = "";
+
+int btc_fail(int code, const char *reason)
+{
+    last_error = reason;
+    return code;
+}
+
+const char *btc_last_error(void) { return last_error; }
+
+/* ---- where the eval loop's code lies (main part and .cold clones) ---- */
+
+#define MAX_EVAL_RANGES 16
+static uintptr_t eval_lo[MAX_EVAL_RANGES], eval_hi[MAX_EVAL_RANGES];
+static int n_eval = -1;   /* -1: not looked up yet */
+
+/* Called under the module lock. */
+static void find_eval_ranges(void)
+{
+    n_eval = 0;
+    /* Any exported CPython function locates the interpreter's module. */
+    uintptr_t inside = (uintptr_t)&PyEval_EvalCode;
+    for (const char *const *name = btc_py_eval_functions; *name && n_eval < MAX_EVAL_RANGES; name++)
+        n_eval += btc_module_function_ranges(inside, *name, eval_lo + n_eval, eval_hi + n_eval,
+                                             MAX_EVAL_RANGES - n_eval);
+}
+
+static bool in_eval_loop(const btc_native_frame *f)
+{
+    uintptr_t pc = f->exact ? f->pc : f->pc - 1;
+    for (int i = 0; i < n_eval; i++)
+        if (pc >= eval_lo[i] && pc < eval_hi[i])
+            return true;
+    return false;
+}
+
+/* ---- the output ---- */
+
+typedef struct {
+    btc_frame *out;
+    int n, max;
+    bool truncated;
+    int skip_python;    /* btcore's own API frames, innermost first */
+    PyObject *refs;     /* list: the code object of each Python frame emitted */
+} sink;
+
+static bool emit(sink *s, uintptr_t addr, int lasti, int kind, int flags)
+{
+    if (s->n == s->max) {
+        s->truncated = true;
+        return false;
+    }
+    btc_frame *f = &s->out[s->n++];
+    f->addr = addr;
+    f->lasti = lasti;
+    f->kind = (uint8_t)kind;
+    f->flags = (uint8_t)flags;
+    f->reserved = 0;
+    return true;
+}
+
+/* Emit one Python frame; its code object goes to the refs list. */
+static bool emit_python(sink *s, const btc_pyframe *pf, int flags)
+{
+    if (pf->hidden)
+        return true;
+    if (s->skip_python > 0) {
+        s->skip_python--;
+        return true;
+    }
+    if (pf->entry)
+        flags |= BTC_F_ENTRY;
+    if (s->n < s->max && PyList_Append(s->refs, pf->code) < 0) {
+        PyErr_Clear();   /* out of memory: a shorter backtrace */
+        s->max = s->n;
+    }
+    return emit(s, (uintptr_t)pf->code, pf->lasti, BTC_KIND_PYTHON, flags);
+}
+
+/* The Python frames one eval-loop call runs: up to and including its entry
+ * frame.  Returns how many frames the chain gave (0: chain exhausted). */
+static int emit_eval_call(sink *s, btc_pycursor *py)
+{
+    btc_pyframe pf;
+    int taken = 0;
+    while (btc_py_next(py, &pf)) {
+        taken++;
+        if (!emit_python(s, &pf, 0) || pf.entry)
+            break;
+    }
+    return taken;
+}
+
+static void emit_rest_unmerged(sink *s, btc_pycursor *py)
+{
+    btc_pyframe pf;
+    while (btc_py_next(py, &pf) && emit_python(s, &pf, BTC_F_UNMERGED))
+        ;
+}
+
+/* ---- merge ---- */
+
+typedef struct {
+    btc_native_frame *nat;
+    int n;
+    bool complete;     /* the walk reached its natural end, not our buffer's */
+    bool skip_to_eval; /* drop native frames before the first eval-loop frame (btcore's own) */
+} native_walk;
+
+static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
+{
+    bool want_py = want & BTC_WANT_PYTHON, want_native = want & BTC_WANT_NATIVE;
+    int i = 0;
+    if (w->skip_to_eval)
+        while (i < w->n && !in_eval_loop(&w->nat[i]))
+            i++;
+    for (; i < w->n; i++) {
+        const btc_native_frame *f = &w->nat[i];
+        int flags = f->exact ? BTC_F_EXACT : 0;
+        bool ok = true;
+        if (in_eval_loop(f)) {
+            flags |= BTC_F_EVAL;
+            if (!want_py)
+                ok = emit(s, f->pc, -1, BTC_KIND_NATIVE, flags);
+            else if (emit_eval_call(s, py) == 0 && want_native)
+                ok = emit(s, f->pc, -1, BTC_KIND_NATIVE, flags | BTC_F_UNMERGED);
+        } else if (want_native) {
+            ok = emit(s, f->pc, -1, BTC_KIND_NATIVE, flags);
+        }
+        if (!ok || s->truncated)
+            return;
+    }
+    if (!w->complete)
+        s->truncated = s->n == s->max;
+    if (want_py)
+        emit_rest_unmerged(s, py);
+}
+
+static void python_only(sink *s, btc_pycursor *py)
+{
+    btc_pyframe pf;
+    while (btc_py_next(py, &pf) && emit_python(s, &pf, 0))
+        ;
+}
+
+/* ---- contexts ---- */
+
+#define STACK_NATIVE_FRAMES 256
+/* Native frames a walk may need beyond the output's size: btcore's own. */
+#define OWN_NATIVE_FRAMES 32
+
+static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool skip_to_eval)
+{
+    if (!(want & BTC_WANT_NATIVE)) {
+        python_only(s, py);
+        return 0;
+    }
+    btc_native_frame stack_buf[STACK_NATIVE_FRAMES];
+    native_walk w = {.nat = stack_buf, .skip_to_eval = skip_to_eval};
+    int max = s->max + OWN_NATIVE_FRAMES;
+    if (max > STACK_NATIVE_FRAMES && !(w.nat = malloc(max * sizeof *w.nat)))
+        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+    btc_modules_lock();
+    btc_modules_refresh();
+    if (n_eval < 0)
+        find_eval_ranges();
+    w.n = btc_unwind(ctx, w.nat, max);
+    w.complete = w.n < max;
+    merge(s, &w, py, want);
+    btc_modules_unlock();
+    if (w.nat != stack_buf)
+        free(w.nat);
+    return 0;
+}
+
+static int collect_current(sink *s, int want)
+{
+    btc_context ctx = {0};
+    uintptr_t lo;
+    btc_get_regs(&ctx.regs);   /* this frame stays live during the walk */
+    if (!btc_thread_stack(&lo, &ctx.mem.hi))
+        return btc_fail(BTC_E_UNSUPPORTED, "cannot find the thread's stack");
+    ctx.mem.lo = ctx.regs.sp;
+    btc_pycursor py;
+    btc_py_cursor_current(&py);
+    return capture(&ctx, &py, s, want, true);
+}
+
+/* ---- the cffi API ---- */
+
+int btc_collect(uintptr_t target, uintptr_t frames, uintptr_t refs, int limit, int want, int skip_python)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *buf = (PyObject *)frames, *list = (PyObject *)refs;
+    int rc;
+    if (!PyByteArray_CheckExact(buf) || !PyList_CheckExact(list)) {
+        rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: frames must be a bytearray and refs a list");
+        goto out;
+    }
+    int capacity = (int)(PyByteArray_GET_SIZE(buf) / sizeof(btc_frame));
+    sink s = {.out = (btc_frame *)PyByteArray_AS_STRING(buf),
+              .max = limit < capacity ? limit : capacity,
+              .skip_python = skip_python,
+              .refs = list};
+    if (!btc_py_supported())
+        rc = BTC_E_UNSUPPORTED;
+    else if (target == 0)
+        rc = collect_current(&s, want);
+    else
+        rc = btc_fail(BTC_E_NOT_GREENLET, "suspended greenlets are not supported yet");
+    if (rc == 0)
+        rc = s.n | (s.truncated ? BTC_TRUNCATED : 0);
+out:
+    PyGILState_Release(gil);
+    return rc;
+}
+int btc_backtrace(uintptr_t *out, int max)
+{
+    btc_native_frame nat[STACK_NATIVE_FRAMES];
+    btc_context ctx = {0};
+    uintptr_t lo;
+    btc_get_regs(&ctx.regs);
+    if (max <= 0 || !btc_thread_stack(&lo, &ctx.mem.hi))
+        return 0;
+    ctx.mem.lo = ctx.regs.sp;
+    if (max > STACK_NATIVE_FRAMES - 1)
+        max = STACK_NATIVE_FRAMES - 1;
+    btc_modules_lock();
+    btc_modules_refresh();
+    int n = btc_unwind(&ctx, nat, max + 1);
+    btc_modules_unlock();
+    for (int i = 1; i < n; i++)   /* nat[0] is this function */
+        out[i - 1] = nat[i].pc;
+    return n > 0 ? n - 1 : 0;
+}

@@ -1,0 +1,52 @@
+/* Contexts of the calling thread: its registers and its stack range. */
+#include <pthread.h>
+
+#include "context.h"
+
+/* btc_get_regs(btc_regs *r): the caller's pc (our return address), the sp
+ * the caller has once we return, and its rbp/rbx.  Written in assembly
+ * because C cannot name the caller's registers without changing them. */
+__asm__(
+    ".text\n"
+    ".globl btc_get_regs\n"
+    ".hidden btc_get_regs\n"
+    ".type btc_get_regs, @function\n"
+    "btc_get_regs:\n"
+    ".cfi_startproc\n"
+    "    movq (%rsp), %rax\n"
+    "    movq %rax, 0(%rdi)\n"     /* ip */
+    "    leaq 8(%rsp), %rax\n"
+    "    movq %rax, 8(%rdi)\n"     /* sp */
+    "    movq %rbp, 16(%rdi)\n"    /* bp */
+    "    movq %rbx, 24(%rdi)\n"    /* bx */
+    "    ret\n"
+    ".cfi_endproc\n"
+    ".size btc_get_regs, .-btc_get_regs\n");
+
+_Static_assert(offsetof(btc_regs, ip) == 0 && offsetof(btc_regs, sp) == 8 &&
+               offsetof(btc_regs, bp) == 16 && offsetof(btc_regs, bx) == 24,
+               "btc_get_regs stores registers at these offsets");
+
+/* pthread_getattr_np reads /proc/self/maps for the main thread: ask once
+ * per thread. */
+static __thread uintptr_t stack_lo, stack_hi;
+
+bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi)
+{
+    if (BTC_UNLIKELY(!stack_hi)) {
+        pthread_attr_t attr;
+        void *addr;
+        size_t size;
+        if (pthread_getattr_np(pthread_self(), &attr) != 0)
+            return false;
+        int rc = pthread_attr_getstack(&attr, &addr, &size);
+        pthread_attr_destroy(&attr);
+        if (rc != 0)
+            return false;
+        stack_lo = (uintptr_t)addr;
+        stack_hi = (uintptr_t)addr + size;
+    }
+    *lo = stack_lo;
+    *hi = stack_hi;
+    return true;
+}

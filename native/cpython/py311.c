@@ -1,0 +1,33 @@
+/* CPython 3.11: _PyInterpreterFrame chain from tstate->cframe->current_frame;
+ * is_entry marks the first frame of each _PyEval_EvalFrameDefault call. */
+#include "pyframes.h"
+
+#if BTC_PY_FAMILY == 311
+
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+
+const char *const btc_py_eval_functions[] = {"_PyEval_EvalFrameDefault", NULL};
+
+bool btc_py_supported(void) { return true; }
+
+void btc_py_cursor_current(btc_pycursor *c)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    c->frame = ts->cframe ? ts->cframe->current_frame : NULL;
+}
+
+bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
+{
+    _PyInterpreterFrame *frame = (_PyInterpreterFrame *)c->frame;
+    if (!frame)
+        return false;
+    f->code = (PyObject *)frame->f_code;
+    f->lasti = _PyInterpreterFrame_LASTI(frame) * (int)sizeof(_Py_CODEUNIT);
+    f->entry = frame->is_entry;
+    f->hidden = _PyFrame_IsIncomplete(frame);
+    c->frame = frame->previous;
+    return true;
+}
+
+#endif

@@ -1,0 +1,18 @@
+/* Any CPython without a version unit: import works, capture says why not. */
+#include "pyframes.h"
+
+#if BTC_PY_FAMILY == 0
+
+const char *const btc_py_eval_functions[] = {NULL};
+
+bool btc_py_supported(void)
+{
+    btc_fail(BTC_E_UNSUPPORTED, "btcore has no frame reader for this CPython version");
+    return false;
+}
+
+void btc_py_cursor_current(btc_pycursor *c) { c->frame = NULL; }
+
+bool btc_py_next(btc_pycursor *c BTC_UNUSED, btc_pyframe *f BTC_UNUSED) { return false; }
+
+#endif

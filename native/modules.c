@@ -1,0 +1,277 @@
+/* The loaded ELF objects, their executable ranges and their cached CFI tables.
+ *
+ * The list is rebuilt only when dl_iterate_phdr's adds/subs counters change
+ * (dlopen/dlclose); every capture checks them first, so a table is never used
+ * after its module was unloaded.  Tables of modules still loaded survive a
+ * rebuild.  All of this runs under one mutex (btc_modules_lock).
+ */
+#include <link.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "btcore.h"
+
+static pthread_mutex_t modules_mutex = PTHREAD_MUTEX_INITIALIZER;
+static btc_module **modules;    /* sorted by lo */
+static int nmodules;
+static unsigned long long seen_adds = ~0ULL, seen_subs = ~0ULL;
+
+void btc_modules_lock(void) { pthread_mutex_lock(&modules_mutex); }
+void btc_modules_unlock(void) { pthread_mutex_unlock(&modules_mutex); }
+
+/* ---- reading the loader's list ---- */
+
+static bool has_counters(size_t size)
+{
+    return size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(unsigned long long);
+}
+
+static int read_counters(struct dl_phdr_info *info, size_t size, void *data)
+{
+    unsigned long long *c = data;
+    if (has_counters(size)) {
+        c[0] = info->dlpi_adds;
+        c[1] = info->dlpi_subs;
+    }
+    return 1;   /* the counters are global: the first object is enough */
+}
+
+static bool exec_span(const struct dl_phdr_info *info, uintptr_t *lo, uintptr_t *hi)
+{
+    *lo = UINTPTR_MAX;
+    *hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X))
+            continue;
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr;
+        if (a < *lo) *lo = a;
+        if (a + ph->p_memsz > *hi) *hi = a + ph->p_memsz;
+    }
+    return *lo < *hi;
+}
+
+static char *module_path(const struct dl_phdr_info *info, bool first)
+{
+    if (info->dlpi_name && info->dlpi_name[0])
+        return strdup(info->dlpi_name);
+    char buf[4096];
+    ssize_t n = first ? readlink("/proc/self/exe", buf, sizeof buf - 1) : -1;
+    buf[n > 0 ? n : 0] = 0;
+    return strdup(buf);
+}
+
+/* A module of the previous list that is the same mapping as info, or NULL. */
+static btc_module *take_existing(uintptr_t bias, uintptr_t lo, uintptr_t hi)
+{
+    for (int i = 0; i < nmodules; i++) {
+        btc_module *m = modules[i];
+        if (m && m->bias == bias && m->lo == lo && m->hi == hi) {
+            modules[i] = NULL;
+            return m;
+        }
+    }
+    return NULL;
+}
+
+typedef struct {
+    btc_module **list;
+    int n, cap;
+} module_list;
+
+static int collect_module(struct dl_phdr_info *info, size_t size BTC_UNUSED, void *data)
+{
+    module_list *ml = data;
+    uintptr_t lo, hi;
+    bool first = ml->n == 0;
+    if (!exec_span(info, &lo, &hi))
+        return 0;
+    if (ml->n == ml->cap) {
+        int cap = ml->cap ? ml->cap * 2 : 64;
+        btc_module **grown = realloc(ml->list, cap * sizeof *grown);
+        if (!grown)
+            return 1;
+        ml->list = grown;
+        ml->cap = cap;
+    }
+    btc_module *m = take_existing(info->dlpi_addr, lo, hi);
+    if (!m) {
+        m = calloc(1, sizeof *m);
+        if (!m)
+            return 1;
+        m->bias = info->dlpi_addr;
+        m->lo = lo;
+        m->hi = hi;
+        m->path = module_path(info, first);
+    }
+    ml->list[ml->n++] = m;
+    return 0;
+}
+
+static void module_free(btc_module *m)
+{
+    if (!m)
+        return;
+    btc_table_free(m->table);
+    btc_elf_close(m->elf);
+    free(m->path);
+    free(m);
+}
+
+static int by_lo(const void *a, const void *b)
+{
+    const btc_module *x = *(btc_module *const *)a, *y = *(btc_module *const *)b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static void rebuild(void)
+{
+    module_list ml = {0};
+    dl_iterate_phdr(collect_module, &ml);
+    for (int i = 0; i < nmodules; i++)
+        module_free(modules[i]);   /* those not taken over: unloaded */
+    free(modules);
+    qsort(ml.list, ml.n, sizeof *ml.list, by_lo);
+    modules = ml.list;
+    nmodules = ml.n;
+}
+
+void btc_modules_refresh(void)
+{
+    unsigned long long c[2] = {0, 0};
+    dl_iterate_phdr(read_counters, c);
+    if (c[0] == seen_adds && c[1] == seen_subs && modules)
+        return;
+    rebuild();
+    seen_adds = c[0];
+    seen_subs = c[1];
+}
+
+btc_module *btc_module_find(uintptr_t pc)
+{
+    int lo = 0, hi = nmodules - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        btc_module *m = modules[mid];
+        if (pc < m->lo)
+            hi = mid - 1;
+        else if (pc >= m->hi)
+            lo = mid + 1;
+        else
+            return m;
+    }
+    return NULL;
+}
+
+/* ---- building a table while the loader cannot unmap the module ---- */
+
+static void describe_image(const struct dl_phdr_info *info, btc_image *img)
+{
+    memset(img, 0, sizeof *img);
+    img->bias = info->dlpi_addr;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_GNU_EH_FRAME)
+            img->eh_frame_hdr = (const uint8_t *)a;
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_R) && img->nreadable < 8) {
+            img->readable_lo[img->nreadable] = a;
+            img->readable_hi[img->nreadable++] = a + ph->p_memsz;
+        }
+    }
+}
+
+static int build_table_cb(struct dl_phdr_info *info, size_t size BTC_UNUSED, void *data)
+{
+    btc_module *m = data;
+    uintptr_t lo, hi;
+    if (info->dlpi_addr != m->bias || !exec_span(info, &lo, &hi) || lo != m->lo || hi != m->hi)
+        return 0;
+    btc_image img;
+    describe_image(info, &img);
+    m->table = btc_table_build(&img);
+    return 1;
+}
+
+const btc_table *btc_module_table(btc_module *m)
+{
+    if (BTC_LIKELY(m->table != NULL) || m->table_failed)
+        return m->table;
+    dl_iterate_phdr(build_table_cb, m);
+    m->table_failed = m->table == NULL;
+    return m->table;
+}
+
+static btc_elf *module_elf(btc_module *m)
+{
+    if (!m->elf && m->path[0] == '/')
+        m->elf = btc_elf_open(m->path);
+    return m->elf;
+}
+
+/* ---- the cffi API ---- */
+
+int btc_cfi_rows(uintptr_t pc, btc_cfi_row *out, int max, uintptr_t *bias)
+{
+    int n = -1;
+    btc_modules_lock();
+    btc_modules_refresh();
+    btc_module *m = btc_module_find(pc);
+    if (m) {
+        const btc_table *t = btc_module_table(m);
+        n = t ? (int)t->nrows : 0;
+        if (t && out)
+            memcpy(out, t->rows, (size_t)(n < max ? n : max) * sizeof *out);
+        *bias = m->bias;
+    }
+    btc_modules_unlock();
+    return n;
+}
+
+/* Copy s into the caller's buffer; returns the copy or NULL if s is NULL. */
+static const char *copy_out(const char *s, char **buf, size_t *left)
+{
+    if (!s || *left == 0)
+        return NULL;
+    size_t n = strnlen(s, *left - 1);
+    char *dst = *buf;
+    memcpy(dst, s, n);
+    dst[n] = 0;
+    *buf += n + 1;
+    *left -= n + 1;
+    return dst;
+}
+
+int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size)
+{
+    memset(out, 0, sizeof *out);
+    btc_modules_lock();
+    btc_modules_refresh();
+    btc_module *m = btc_module_find(pc);
+    if (m) {
+        uintptr_t sym_vaddr = 0;
+        btc_elf *elf = module_elf(m);
+        const char *sym = elf ? btc_elf_symbolize(elf, pc - m->bias, &sym_vaddr) : NULL;
+        out->module = copy_out(m->path, &buf, &size);
+        out->module_base = m->bias;
+        out->symbol = copy_out(sym, &buf, &size);
+        out->symbol_addr = sym ? sym_vaddr + m->bias : 0;
+    }
+    btc_modules_unlock();
+    return m ? 0 : -1;
+}
+
+int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max)
+{
+    btc_module *m = btc_module_find(inside);
+    btc_elf *elf = m ? module_elf(m) : NULL;
+    int n = elf ? btc_elf_function_ranges(elf, name, lo, hi, max) : 0;
+    for (int i = 0; i < n; i++) {
+        lo[i] += m->bias;
+        hi[i] += m->bias;
+    }
+    return n;
+}
