@@ -1,0 +1,1012 @@
+/* .eh_frame -> compact CFI rows (btc_table), and the lookup the walker runs
+ * for every frame.
+ *
+ * The unwind data is read where the loader mapped it, so none of it is
+ * trusted: a record is read only after its whole span was found inside one
+ * readable PT_LOAD range, every read is bounded by that span, a bad CIE or
+ * FDE is skipped, and the number of rows is capped.  Of the full CFI state
+ * only what the x86-64 walk needs survives: the CFA rule and the rules of
+ * the return address, rbp and rbx.
+ *
+ * The build runs once per module (with the loader lock held by modules.c);
+ * the lookup runs for every frame of every capture, possibly inside a signal
+ * handler, so it allocates nothing and takes no lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "btcore.h"
+
+/* Guards against garbage that would otherwise make the build run for ever or
+ * eat the heap: a real module has a few thousand FDEs and < 100k rows. */
+#define MAX_ROWS (4u << 20)
+#define MAX_FDES (1u << 20)
+#define MAX_STATE_DEPTH 16
+#define MAX_AUGMENTATION 16
+/* Bytes of CFA programs interpreted per module (libpython needs ~0.5 MB):
+ * garbage FDEs that share one huge record must not cost quadratic time. */
+#define MAX_PROGRAM_BYTES (64u << 20)
+
+/* x86-64 DWARF register numbers the walk tracks. */
+#define REG_RBX 3
+#define REG_RBP 6
+#define REG_RSP 7
+#define REG_RIP 16
+
+/* ---- DWARF constants (only those this file interprets) ---- */
+
+#define DW_EH_PE_absptr  0x00
+#define DW_EH_PE_uleb128 0x01
+#define DW_EH_PE_udata2  0x02
+#define DW_EH_PE_udata4  0x03
+#define DW_EH_PE_udata8  0x04
+#define DW_EH_PE_sleb128 0x09
+#define DW_EH_PE_sdata2  0x0a
+#define DW_EH_PE_sdata4  0x0b
+#define DW_EH_PE_sdata8  0x0c
+#define DW_EH_PE_pcrel   0x10
+#define DW_EH_PE_datarel 0x30
+#define DW_EH_PE_indirect 0x80
+#define DW_EH_PE_omit    0xff
+
+#define DW_CFA_advance_loc        0x40
+#define DW_CFA_offset             0x80
+#define DW_CFA_restore            0xc0
+#define DW_CFA_nop                0x00
+#define DW_CFA_set_loc            0x01
+#define DW_CFA_advance_loc1       0x02
+#define DW_CFA_advance_loc2       0x03
+#define DW_CFA_advance_loc4       0x04
+#define DW_CFA_offset_extended    0x05
+#define DW_CFA_restore_extended   0x06
+#define DW_CFA_undefined          0x07
+#define DW_CFA_same_value         0x08
+#define DW_CFA_register           0x09
+#define DW_CFA_remember_state     0x0a
+#define DW_CFA_restore_state      0x0b
+#define DW_CFA_def_cfa            0x0c
+#define DW_CFA_def_cfa_register   0x0d
+#define DW_CFA_def_cfa_offset     0x0e
+#define DW_CFA_def_cfa_expression 0x0f
+#define DW_CFA_expression         0x10
+#define DW_CFA_offset_extended_sf 0x11
+#define DW_CFA_def_cfa_sf         0x12
+#define DW_CFA_def_cfa_offset_sf  0x13
+#define DW_CFA_val_offset         0x14
+#define DW_CFA_val_offset_sf      0x15
+#define DW_CFA_val_expression     0x16
+#define DW_CFA_GNU_args_size      0x2e
+#define DW_CFA_GNU_negative_offset_extended 0x2f
+
+#define DW_OP_deref 0x06
+#define DW_OP_shl   0x24
+#define DW_OP_and   0x1a
+#define DW_OP_plus  0x22
+#define DW_OP_ge    0x2a
+#define DW_OP_lit0  0x30
+#define DW_OP_breg0 0x70
+
+/* ---- bounded reading ----
+ *
+ * A cursor covers a span already checked to be readable.  A read past its
+ * end returns 0 and clears `ok`; callers test `ok` once after a group of
+ * reads instead of after each. */
+
+typedef struct {
+    const uint8_t *p, *end;
+    bool ok;
+} cursor;
+
+static cursor cursor_over(const uint8_t *p, const uint8_t *end)
+{
+    return (cursor){ p, end, p <= end };
+}
+
+static bool take(cursor *c, size_t n)
+{
+    if (!c->ok || (size_t)(c->end - c->p) < n) {
+        c->ok = false;
+        return false;
+    }
+    return true;
+}
+
+static uint64_t read_le(cursor *c, size_t n)
+{
+    if (!take(c, n))
+        return 0;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++)
+        v |= (uint64_t)c->p[i] << (8 * i);
+    c->p += n;
+    return v;
+}
+
+static uint8_t read_u8(cursor *c) { return (uint8_t)read_le(c, 1); }
+static uint16_t read_u16(cursor *c) { return (uint16_t)read_le(c, 2); }
+static uint32_t read_u32(cursor *c) { return (uint32_t)read_le(c, 4); }
+static uint64_t read_u64(cursor *c) { return read_le(c, 8); }
+
+/* LEB128 values wider than 64 bits are garbage, not big numbers. */
+static uint64_t read_leb(cursor *c, bool is_signed)
+{
+    uint64_t v = 0;
+    unsigned shift = 0;
+    uint8_t byte;
+    do {
+        if (!take(c, 1))
+            return 0;
+        byte = *c->p++;
+        if (shift >= 64) {
+            if ((byte & 0x7f) != (is_signed && (int64_t)v < 0 ? 0x7f : 0)) {
+                c->ok = false;
+                return 0;
+            }
+        } else {
+            v |= (uint64_t)(byte & 0x7f) << shift;
+        }
+        shift += 7;
+    } while (byte & 0x80);
+    if (is_signed && shift < 64 && (byte & 0x40))
+        v |= ~(uint64_t)0 << shift;
+    return v;
+}
+
+static uint64_t read_uleb(cursor *c) { return read_leb(c, false); }
+static int64_t read_sleb(cursor *c) { return (int64_t)read_leb(c, true); }
+
+/* Read a DW_EH_PE_* encoded pointer.  The bytes are always consumed when the
+ * format is known (so a pointer we cannot resolve, like an indirect
+ * personality, can still be skipped); returns whether *out holds an address.
+ * datarel is relative to .eh_frame_hdr, the only place x86-64 uses it. */
+static bool read_encoded(cursor *c, uint8_t enc, uintptr_t datarel_base, uint64_t *out)
+{
+    uintptr_t field = (uintptr_t)c->p;
+    uint64_t v;
+    if (enc == DW_EH_PE_omit)
+        return false;
+    switch (enc & 0x0f) {
+    case DW_EH_PE_absptr:  v = read_u64(c); break;
+    case DW_EH_PE_uleb128: v = read_uleb(c); break;
+    case DW_EH_PE_udata2:  v = read_u16(c); break;
+    case DW_EH_PE_udata4:  v = read_u32(c); break;
+    case DW_EH_PE_udata8:  v = read_u64(c); break;
+    case DW_EH_PE_sleb128: v = (uint64_t)read_sleb(c); break;
+    case DW_EH_PE_sdata2:  v = (uint64_t)(int64_t)(int16_t)read_u16(c); break;
+    case DW_EH_PE_sdata4:  v = (uint64_t)(int64_t)(int32_t)read_u32(c); break;
+    case DW_EH_PE_sdata8:  v = read_u64(c); break;
+    default:
+        c->ok = false;   /* unknown size: nothing after it can be found */
+        return false;
+    }
+    if (!c->ok)
+        return false;
+    switch (enc & 0x70) {
+    case 0:
+        break;
+    case DW_EH_PE_pcrel:
+        v += field;
+        break;
+    case DW_EH_PE_datarel:
+        if (!datarel_base)
+            return false;
+        v += datarel_base;
+        break;
+    default:
+        /* textrel/funcrel have no base here; aligned needs padding first */
+        if ((enc & 0x70) == 0x50)
+            c->ok = false;
+        return false;
+    }
+    if (enc & DW_EH_PE_indirect)
+        return false;   /* the pointer is stored elsewhere: we never follow one */
+    *out = v;
+    return true;
+}
+
+/* ---- where reading is allowed ---- */
+
+/* End of the readable range containing p (NULL if p is in none). */
+static const uint8_t *readable_end(const btc_image *img, const uint8_t *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (int i = 0; i < img->nreadable && i < 8; i++)
+        if (a >= img->readable_lo[i] && a < img->readable_hi[i])
+            return (const uint8_t *)img->readable_hi[i];
+    return NULL;
+}
+
+/* Where .eh_frame records may lie: the section if its size is known,
+ * otherwise whatever is readable from its start. */
+typedef struct {
+    const btc_image *img;
+    const uint8_t *eh_frame, *eh_frame_end;
+} source;
+
+/* A cursor over the record (CIE or FDE) at p, bounded by its own length;
+ * ok is false if the record is a terminator, malformed or not readable. */
+static cursor record_at(const source *src, const uint8_t *p)
+{
+    const uint8_t *limit = readable_end(src->img, p);
+    if (src->eh_frame_end && (p < src->eh_frame || p >= src->eh_frame_end))
+        limit = NULL;
+    else if (limit && src->eh_frame_end && src->eh_frame_end < limit)
+        limit = src->eh_frame_end;
+    cursor c = cursor_over(p, limit ? limit : p);
+    uint32_t len = read_u32(&c);
+    /* 0xffffffff announces a 64-bit length: no x86-64 toolchain emits one
+     * into .eh_frame, and libgcc does not read it either. */
+    if (!c.ok || len == 0 || len == 0xffffffff || len > (size_t)(c.end - c.p)) {
+        c.ok = false;
+        return c;
+    }
+    c.end = c.p + len;
+    return c;
+}
+
+/* ---- CIE and FDE headers ---- */
+
+typedef struct {
+    const uint8_t *insns, *insns_end;   /* initial instructions */
+    uint64_t code_align;
+    int64_t data_align;
+    uint64_t ra_reg;
+    uint8_t fde_enc;
+    bool has_aug_data;                  /* 'z': FDEs carry an augmentation length */
+    bool signal;                        /* 'S' */
+} cie_info;
+
+typedef struct {
+    uint64_t lo, hi;                    /* [lo, hi) relative to the load bias */
+    const uint8_t *insns, *insns_end;
+    const uint8_t *addr;                /* the FDE itself: sort tie-break */
+    cie_info cie;
+} fde_info;
+
+/* Parse the 'z' augmentation data; false if it holds something we cannot
+ * skip (an unknown letter may carry data of unknown size). */
+static bool parse_augmentation(cursor *c, const char *aug, uintptr_t datarel_base, cie_info *out)
+{
+    uint64_t len = read_uleb(c);
+    if (!c->ok || len > (size_t)(c->end - c->p))
+        return false;
+    cursor data = cursor_over(c->p, c->p + len);
+    c->p += len;
+    uint64_t ignored;
+    for (const char *a = aug + 1; *a; a++) {
+        switch (*a) {
+        case 'L': read_u8(&data); break;                 /* LSDA encoding: FDE aug data, skipped */
+        case 'R': out->fde_enc = read_u8(&data); break;
+        case 'P': read_encoded(&data, read_u8(&data), datarel_base, &ignored); break;
+        case 'S': out->signal = true; break;
+        default: return false;
+        }
+    }
+    return data.ok;
+}
+
+static bool parse_cie(const source *src, const uint8_t *p, cie_info *out)
+{
+    cursor c = record_at(src, p);
+    if (read_u32(&c) != 0 || !c.ok)
+        return false;   /* CIE id 0 is what tells a CIE from an FDE in .eh_frame */
+    uint8_t version = read_u8(&c);
+    if (version != 1 && version != 3)
+        return false;
+    const char *aug = (const char *)c.p;
+    size_t aug_room = c.ok ? (size_t)(c.end - c.p) : 0;
+    const uint8_t *nul = memchr(c.p, 0, aug_room < MAX_AUGMENTATION ? aug_room : MAX_AUGMENTATION);
+    if (!nul)
+        return false;
+    c.p = nul + 1;
+    memset(out, 0, sizeof *out);
+    out->code_align = read_uleb(&c);
+    out->data_align = read_sleb(&c);
+    out->ra_reg = version == 1 ? read_u8(&c) : read_uleb(&c);
+    out->fde_enc = DW_EH_PE_absptr;
+    if (!c.ok)
+        return false;
+    if (aug[0] == 'z') {
+        out->has_aug_data = true;
+        if (!parse_augmentation(&c, aug, (uintptr_t)src->img->eh_frame_hdr, out))
+            return false;
+    } else if (aug[0]) {
+        return false;   /* without 'z' an augmentation's size is unknown */
+    }
+    out->insns = c.p;
+    out->insns_end = c.end;
+    return c.ok;
+}
+
+/* Parse the FDE at p (and its CIE); false for anything that is not a usable
+ * FDE: a CIE, garbage, or a range outside the 32-bit row space. */
+static bool parse_fde(const source *src, const uint8_t *p, fde_info *out)
+{
+    cursor c = record_at(src, p);
+    const uint8_t *id_field = c.p;
+    uint32_t cie_offset = read_u32(&c);
+    if (!c.ok || cie_offset == 0 || cie_offset > (uintptr_t)id_field)
+        return false;
+    /* In .eh_frame the CIE pointer counts back from the field itself. */
+    if (!parse_cie(src, id_field - cie_offset, &out->cie))
+        return false;
+    uintptr_t datarel_base = (uintptr_t)src->img->eh_frame_hdr;
+    uint64_t begin, range;
+    if (!read_encoded(&c, out->cie.fde_enc, datarel_base, &begin) ||
+        !read_encoded(&c, out->cie.fde_enc & 0x0f, 0, &range))
+        return false;
+    if (out->cie.has_aug_data) {
+        uint64_t len = read_uleb(&c);
+        if (!c.ok || len > (size_t)(c.end - c.p))
+            return false;
+        c.p += len;
+    }
+    uint64_t lo = begin - src->img->bias;
+    if (!c.ok || begin < src->img->bias || lo > UINT32_MAX || range > UINT32_MAX - lo)
+        return false;
+    out->lo = lo;
+    out->hi = lo + range;
+    out->insns = c.p;
+    out->insns_end = c.end;
+    out->addr = p;
+    return true;
+}
+
+/* ---- enumerating FDEs ---- */
+
+typedef struct {
+    fde_info *v;
+    size_t n, cap;
+} fde_list;
+
+static bool fde_list_push(fde_list *l, const fde_info *f)
+{
+    if (l->n == l->cap) {
+        if (l->cap >= MAX_FDES)
+            return false;
+        size_t cap = l->cap ? 2 * l->cap : 1024;
+        fde_info *v = realloc(l->v, cap * sizeof *v);
+        if (!v)
+            return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *f;
+    return true;
+}
+
+typedef struct {
+    uint8_t table_enc;
+    uint64_t count;
+    cursor table;          /* the (initial location, FDE address) pairs */
+    const uint8_t *eh_frame;
+} eh_frame_hdr;
+
+static bool parse_eh_frame_hdr(const btc_image *img, eh_frame_hdr *out)
+{
+    const uint8_t *hdr = img->eh_frame_hdr;
+    const uint8_t *end = hdr ? readable_end(img, hdr) : NULL;
+    if (!end)
+        return false;
+    cursor c = cursor_over(hdr, end);
+    uint8_t version = read_u8(&c);
+    uint8_t eh_frame_enc = read_u8(&c);
+    uint8_t count_enc = read_u8(&c);
+    out->table_enc = read_u8(&c);
+    uint64_t eh_frame = 0;
+    if (!c.ok || version != 1 || !read_encoded(&c, eh_frame_enc, (uintptr_t)hdr, &eh_frame))
+        return false;
+    out->eh_frame = (const uint8_t *)(uintptr_t)eh_frame;
+    if (!read_encoded(&c, count_enc, (uintptr_t)hdr, &out->count))
+        out->count = 0;   /* no search table; .eh_frame itself is still usable */
+    out->table = c;
+    return true;
+}
+
+/* The binary search table lists every FDE: it needs neither the section size
+ * nor a terminator. */
+static void collect_from_hdr(const source *src, const eh_frame_hdr *hdr, fde_list *out)
+{
+    /* Each entry must consume bytes, or a garbage count would spin for ever. */
+    switch (hdr->table_enc & 0x0f) {
+    case DW_EH_PE_udata2: case DW_EH_PE_udata4: case DW_EH_PE_udata8:
+    case DW_EH_PE_sdata2: case DW_EH_PE_sdata4: case DW_EH_PE_sdata8:
+    case DW_EH_PE_absptr:
+        break;
+    default:
+        return;
+    }
+    cursor c = hdr->table;
+    uintptr_t base = (uintptr_t)src->img->eh_frame_hdr;
+    for (uint64_t i = 0; i < hdr->count && c.ok; i++) {
+        uint64_t start, addr;
+        fde_info f;
+        read_encoded(&c, hdr->table_enc, base, &start);   /* the FDE says it again */
+        if (read_encoded(&c, hdr->table_enc, base, &addr) &&
+            parse_fde(src, (const uint8_t *)(uintptr_t)addr, &f) && !fde_list_push(out, &f))
+            return;
+    }
+}
+
+/* Without a search table: walk the records up to the section end or the
+ * zero-length terminator.  An absurd length ends the walk: what follows it
+ * cannot be located. */
+static void collect_from_eh_frame(const source *src, fde_list *out)
+{
+    const uint8_t *p = src->eh_frame;
+    for (;;) {
+        cursor c = record_at(src, p);
+        if (!c.ok)
+            return;
+        fde_info f;
+        bool is_fde = read_u32(&c) != 0;   /* a CIE has id 0 */
+        if (is_fde && parse_fde(src, p, &f) && !fde_list_push(out, &f))
+            return;
+        p = c.end;
+    }
+}
+
+static int compare_fdes(const void *a, const void *b)
+{
+    const fde_info *x = a, *y = b;
+    if (x->lo != y->lo)
+        return x->lo < y->lo ? -1 : 1;
+    if (x->addr != y->addr)
+        return x->addr < y->addr ? -1 : 1;
+    return 0;
+}
+
+/* ---- rows ---- */
+
+typedef struct {
+    btc_cfi_row *v;
+    uint32_t n, cap;
+    uint32_t limit;   /* rows allowed; one below MAX_ROWS until the final gap row */
+    bool full;        /* a row was refused: the limit, or no memory */
+} row_list;
+
+static bool same_rules(const btc_cfi_row *a, const btc_cfi_row *b)
+{
+    return a->cfa_off == b->cfa_off && a->cfa_kind == b->cfa_kind && a->cfa_reg == b->cfa_reg &&
+           a->signal == b->signal && a->ra_rule == b->ra_rule && a->rbp_rule == b->rbp_rule &&
+           a->rbx_rule == b->rbx_rule && a->ra_off == b->ra_off && a->rbp_off == b->rbp_off &&
+           a->rbx_off == b->rbx_off;
+}
+
+/* Record that `rules` hold from `pc` on.  A row only starts where the rules
+ * change: a row left with no byte to cover (same pc) is replaced, and rules
+ * equal to the previous row's extend that row, even across FDEs. */
+static bool add_row(row_list *l, const btc_cfi_row *rules, uint32_t pc)
+{
+    if (l->n && l->v[l->n - 1].pc == pc)
+        l->n--;
+    if (l->n && same_rules(&l->v[l->n - 1], rules))
+        return true;
+    if (l->n >= l->limit) {
+        l->full = true;
+        return false;
+    }
+    if (l->n == l->cap) {
+        uint32_t cap = l->cap ? 2 * l->cap : 4096;
+        if (cap > MAX_ROWS)
+            cap = MAX_ROWS;
+        btc_cfi_row *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            l->full = true;
+            return false;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n] = *rules;
+    l->v[l->n].pc = pc;
+    l->n++;
+    return true;
+}
+
+/* ---- the CFA program ---- */
+
+typedef struct {
+    const fde_info *fde;
+    uintptr_t bias;
+    uintptr_t datarel_base;
+    btc_cfi_row cur;        /* the rules in effect at loc (cur.pc unused) */
+    btc_cfi_row initial;    /* after the CIE's instructions: what DW_CFA_restore returns to */
+    btc_cfi_row saved[MAX_STATE_DEPTH];
+    int depth;
+    uint64_t loc;
+    bool in_cie;
+    bool done;              /* loc reached the end of the FDE's range */
+    row_list *rows;
+} cfa_machine;
+
+static bool fits_int16(int64_t v) { return v >= INT16_MIN && v <= INT16_MAX; }
+static bool fits_int32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
+
+/* The rule and offset fields of a tracked register; false for the others,
+ * whose rules the walk never needs. */
+static bool rule_slot(cfa_machine *m, btc_cfi_row *r, uint64_t reg, uint8_t **rule, int16_t **off)
+{
+    if (reg == m->fde->cie.ra_reg) {
+        *rule = &r->ra_rule;
+        *off = &r->ra_off;
+    } else if (reg == REG_RBP) {
+        *rule = &r->rbp_rule;
+        *off = &r->rbp_off;
+    } else if (reg == REG_RBX) {
+        *rule = &r->rbx_rule;
+        *off = &r->rbx_off;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+static void set_rule(cfa_machine *m, uint64_t reg, uint8_t rule, int64_t off)
+{
+    uint8_t *r;
+    int16_t *o;
+    if (!rule_slot(m, &m->cur, reg, &r, &o))
+        return;
+    if ((rule == BTC_RULE_AT_CFA || (rule & 15) == BTC_RULE_AT_REG) && !fits_int16(off))
+        rule = BTC_RULE_UNSUPPORTED;
+    *r = rule;
+    *o = rule == BTC_RULE_UNSUPPORTED ? 0 : (int16_t)off;
+}
+
+static void restore_rule(cfa_machine *m, uint64_t reg)
+{
+    uint8_t *r, *ir;
+    int16_t *o, *io;
+    if (rule_slot(m, &m->cur, reg, &r, &o) && rule_slot(m, &m->initial, reg, &ir, &io)) {
+        *r = *ir;
+        *o = *io;
+    }
+}
+
+static void set_cfa(cfa_machine *m, uint8_t kind, uint64_t reg, int64_t off)
+{
+    if (kind != BTC_CFA_UNSUPPORTED && (reg > UINT8_MAX || !fits_int32(off)))
+        kind = BTC_CFA_UNSUPPORTED;
+    m->cur.cfa_kind = kind;
+    m->cur.cfa_reg = kind == BTC_CFA_UNSUPPORTED ? 0 : (uint8_t)reg;
+    m->cur.cfa_off = kind == BTC_CFA_UNSUPPORTED ? 0 : (int32_t)off;
+}
+
+/* offset * data alignment factor, or false if it overflows. */
+static bool factored(const cfa_machine *m, int64_t v, int64_t *out)
+{
+    return !__builtin_mul_overflow(v, m->fde->cie.data_align, out);
+}
+
+/* Recognise the CFA expressions compilers emit:
+ *   bregN off; deref            stack realignment, glibc's __restore_rt
+ *   breg7 A; breg16 0; lit15; and; litT; ge; lit3; shl; plus     PLT stubs */
+static void set_cfa_expression(cfa_machine *m, cursor e)
+{
+    uint8_t op = read_u8(&e);
+    int64_t off = read_sleb(&e);
+    if (!e.ok || op < DW_OP_breg0 || op > DW_OP_breg0 + 31) {
+        set_cfa(m, BTC_CFA_UNSUPPORTED, 0, 0);
+        return;
+    }
+    if (read_u8(&e) == DW_OP_deref && e.ok && e.p == e.end) {
+        set_cfa(m, BTC_CFA_REG_DEREF, op - DW_OP_breg0, off);
+        return;
+    }
+    e.p--;   /* not deref: reread that byte as the PLT pattern's breg16 */
+    static const uint8_t plt_middle[] = { DW_OP_breg0 + REG_RIP, 0, DW_OP_lit0 + 15, DW_OP_and };
+    static const uint8_t plt_tail[] = { DW_OP_ge, DW_OP_lit0 + 3, DW_OP_shl, DW_OP_plus };
+    if (op == DW_OP_breg0 + REG_RSP && (size_t)(e.end - e.p) == sizeof plt_middle + 1 + sizeof plt_tail &&
+        !memcmp(e.p, plt_middle, sizeof plt_middle) &&
+        e.p[sizeof plt_middle] >= DW_OP_lit0 && e.p[sizeof plt_middle] <= DW_OP_lit0 + 15 &&
+        !memcmp(e.p + sizeof plt_middle + 1, plt_tail, sizeof plt_tail)) {
+        set_cfa(m, BTC_CFA_PLT, e.p[sizeof plt_middle] - DW_OP_lit0, off);
+        return;
+    }
+    set_cfa(m, BTC_CFA_UNSUPPORTED, 0, 0);
+}
+
+/* A register saved at bregN + off, N one of the registers the walk has.
+ * BTC_RULE_AT_REG keeps N in the rule's top 4 bits, so rip (16) cannot be a
+ * base: no compiler saves a register relative to rip anyway. */
+static void set_register_expression(cfa_machine *m, uint64_t reg, cursor e)
+{
+    uint8_t op = read_u8(&e);
+    int64_t off = read_sleb(&e);
+    unsigned base = op - DW_OP_breg0;
+    if (e.ok && e.p == e.end && (base == REG_RBX || base == REG_RBP || base == REG_RSP))
+        set_rule(m, reg, (uint8_t)(BTC_RULE_AT_REG | (base << 4)), off);
+    else
+        set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+}
+
+/* A DWARF expression block: uleb length, then the bytes. */
+static cursor read_block(cursor *c)
+{
+    uint64_t len = read_uleb(c);
+    if (!c->ok || len > (size_t)(c->end - c->p)) {
+        c->ok = false;
+        return cursor_over(c->p, c->p);
+    }
+    cursor b = cursor_over(c->p, c->p + len);
+    c->p += len;
+    return b;
+}
+
+/* Close the current row and move to new_loc; rows past the FDE's range are
+ * not the FDE's to describe. */
+static bool advance_to(cfa_machine *m, uint64_t new_loc)
+{
+    if (m->in_cie || new_loc < m->loc)
+        return false;
+    if (!add_row(m->rows, &m->cur, (uint32_t)m->loc))
+        return false;
+    m->loc = new_loc;
+    m->done = new_loc >= m->fde->hi;
+    return true;
+}
+
+static bool advance_by(cfa_machine *m, uint64_t delta)
+{
+    uint64_t scaled;
+    if (__builtin_mul_overflow(delta, m->fde->cie.code_align, &scaled) || scaled > UINT32_MAX)
+        return false;
+    return advance_to(m, m->loc + scaled);
+}
+
+/* Execute one instruction; false if the program is invalid. */
+static bool execute_one(cfa_machine *m, cursor *c)
+{
+    uint8_t op = read_u8(c);
+    uint64_t reg, u;
+    int64_t s, off = 0;
+    switch (op & 0xc0) {
+    case DW_CFA_advance_loc:
+        return advance_by(m, op & 0x3f);
+    case DW_CFA_offset:
+        u = read_uleb(c);
+        if (u <= INT64_MAX && factored(m, (int64_t)u, &off))
+            set_rule(m, op & 0x3f, BTC_RULE_AT_CFA, off);
+        else
+            set_rule(m, op & 0x3f, BTC_RULE_UNSUPPORTED, 0);
+        return c->ok;
+    case DW_CFA_restore:
+        if (m->in_cie)
+            return false;
+        restore_rule(m, op & 0x3f);
+        return true;
+    }
+    switch (op) {
+    case DW_CFA_nop:
+        return true;
+    case DW_CFA_set_loc: {
+        uint64_t addr;
+        if (!read_encoded(c, m->fde->cie.fde_enc, m->datarel_base, &addr) || addr < m->bias)
+            return false;
+        return advance_to(m, addr - m->bias);
+    }
+    case DW_CFA_advance_loc1:
+        return advance_by(m, read_u8(c)) && c->ok;
+    case DW_CFA_advance_loc2:
+        return advance_by(m, read_u16(c)) && c->ok;
+    case DW_CFA_advance_loc4:
+        return advance_by(m, read_u32(c)) && c->ok;
+    case DW_CFA_offset_extended:
+    case DW_CFA_GNU_negative_offset_extended:
+        reg = read_uleb(c);
+        u = read_uleb(c);
+        s = (int64_t)u;
+        if (op == DW_CFA_GNU_negative_offset_extended)
+            s = -s;
+        if (u <= INT64_MAX && factored(m, s, &off))
+            set_rule(m, reg, BTC_RULE_AT_CFA, off);
+        else
+            set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+        return c->ok;
+    case DW_CFA_offset_extended_sf:
+        reg = read_uleb(c);
+        s = read_sleb(c);
+        if (factored(m, s, &off))
+            set_rule(m, reg, BTC_RULE_AT_CFA, off);
+        else
+            set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+        return c->ok;
+    case DW_CFA_restore_extended:
+        reg = read_uleb(c);
+        if (m->in_cie)
+            return false;
+        restore_rule(m, reg);
+        return c->ok;
+    case DW_CFA_undefined:
+        set_rule(m, read_uleb(c), BTC_RULE_UNDEFINED, 0);
+        return c->ok;
+    case DW_CFA_same_value:
+        set_rule(m, read_uleb(c), BTC_RULE_SAME, 0);
+        return c->ok;
+    case DW_CFA_register:
+        reg = read_uleb(c);
+        u = read_uleb(c);
+        /* The walk keeps no other registers: only "saved in itself" works. */
+        set_rule(m, reg, reg == u ? BTC_RULE_SAME : BTC_RULE_UNSUPPORTED, 0);
+        return c->ok;
+    case DW_CFA_remember_state:
+        /* The whole row, CFA included, as gcc's .cfi_remember_state around
+         * an epilogue expects (and as libgcc and pyelftools do). */
+        if (m->depth == MAX_STATE_DEPTH)
+            return false;
+        m->saved[m->depth++] = m->cur;
+        return true;
+    case DW_CFA_restore_state:
+        if (m->depth == 0)
+            return false;
+        m->cur = m->saved[--m->depth];
+        return true;
+    case DW_CFA_def_cfa:
+        reg = read_uleb(c);
+        u = read_uleb(c);
+        set_cfa(m, u <= INT32_MAX ? BTC_CFA_REG : BTC_CFA_UNSUPPORTED, reg, (int64_t)u);
+        return c->ok;
+    case DW_CFA_def_cfa_sf:
+        reg = read_uleb(c);
+        s = read_sleb(c);
+        set_cfa(m, factored(m, s, &off) ? BTC_CFA_REG : BTC_CFA_UNSUPPORTED, reg, off);
+        return c->ok;
+    case DW_CFA_def_cfa_register:
+        /* Keeps the offset, so it only means something after a reg+offset rule. */
+        reg = read_uleb(c);
+        set_cfa(m, m->cur.cfa_kind == BTC_CFA_REG ? BTC_CFA_REG : BTC_CFA_UNSUPPORTED, reg,
+                m->cur.cfa_off);
+        return c->ok;
+    case DW_CFA_def_cfa_offset:
+        u = read_uleb(c);
+        set_cfa(m, m->cur.cfa_kind == BTC_CFA_REG && u <= INT32_MAX ? BTC_CFA_REG : BTC_CFA_UNSUPPORTED,
+                m->cur.cfa_reg, (int64_t)u);
+        return c->ok;
+    case DW_CFA_def_cfa_offset_sf:
+        s = read_sleb(c);
+        set_cfa(m, m->cur.cfa_kind == BTC_CFA_REG && factored(m, s, &off) ? BTC_CFA_REG
+                                                                          : BTC_CFA_UNSUPPORTED,
+                m->cur.cfa_reg, off);
+        return c->ok;
+    case DW_CFA_def_cfa_expression: {
+        cursor e = read_block(c);
+        if (c->ok)
+            set_cfa_expression(m, e);
+        return c->ok;
+    }
+    case DW_CFA_expression: {
+        reg = read_uleb(c);
+        cursor e = read_block(c);
+        if (c->ok)
+            set_register_expression(m, reg, e);
+        return c->ok;
+    }
+    case DW_CFA_val_offset:
+    case DW_CFA_val_offset_sf:
+        reg = read_uleb(c);
+        read_uleb(c);   /* same size as an sleb: the value is not needed */
+        set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+        return c->ok;
+    case DW_CFA_val_expression:
+        reg = read_uleb(c);
+        read_block(c);
+        set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+        return c->ok;
+    case DW_CFA_GNU_args_size:
+        read_uleb(c);
+        return c->ok;
+    default:
+        return false;   /* an unknown opcode: its operands cannot be skipped */
+    }
+}
+
+static bool run_program(cfa_machine *m, const uint8_t *p, const uint8_t *end)
+{
+    cursor c = cursor_over(p, end);
+    while (c.p < c.end && !m->done) {
+        if (!execute_one(m, &c))
+            return false;
+    }
+    return c.ok;
+}
+
+/* Append the rows of one FDE; false if its program is invalid (the caller
+ * then drops whatever it added). */
+static bool add_fde_rows(const fde_info *f, const btc_image *img, row_list *rows)
+{
+    cfa_machine m = {
+        .fde = f,
+        .bias = img->bias,
+        .datarel_base = (uintptr_t)img->eh_frame_hdr,
+        .cur = { .cfa_kind = BTC_CFA_UNSUPPORTED, .signal = f->cie.signal },
+        .loc = f->lo,
+        .in_cie = true,
+        .rows = rows,
+    };
+    if (!run_program(&m, f->cie.insns, f->cie.insns_end))
+        return false;
+    m.initial = m.cur;
+    m.in_cie = false;
+    m.depth = 0;
+    if (!run_program(&m, f->insns, f->insns_end))
+        return false;
+    return m.done || add_row(rows, &m.cur, (uint32_t)m.loc);
+}
+
+/* A row that ends the covered range: lookups from pc on find no FDE. */
+static bool add_gap_row(row_list *rows, uint64_t pc)
+{
+    btc_cfi_row none = { .cfa_kind = BTC_CFA_NONE };
+    return add_row(rows, &none, (uint32_t)pc);
+}
+
+/* Rows of the FDEs sorted by start; an FDE overlapping the previous one is
+ * skipped so that every pc has at most one row. */
+static bool build_rows(fde_info *fdes, size_t n, const btc_image *img, row_list *rows)
+{
+    if (n)
+        qsort(fdes, n, sizeof *fdes, compare_fdes);
+    rows->limit = MAX_ROWS - 1;
+    uint64_t covered_end = 0, program_bytes = 0;
+    bool any = false;
+    for (size_t i = 0; i < n; i++) {
+        const fde_info *f = &fdes[i];
+        if (f->hi <= f->lo || (any && f->lo < covered_end))
+            continue;
+        program_bytes += (size_t)(f->cie.insns_end - f->cie.insns) + (size_t)(f->insns_end - f->insns);
+        if (program_bytes > MAX_PROGRAM_BYTES)
+            break;
+        if (any && f->lo > covered_end && !add_gap_row(rows, covered_end))
+            return false;
+        uint32_t mark = rows->n;
+        if (!add_fde_rows(f, img, rows)) {
+            /* An invalid FDE covers nothing: the next gap row ends its
+             * predecessor.  A full table keeps the FDEs that fitted. */
+            rows->n = mark;
+            if (rows->full)
+                break;
+            continue;
+        }
+        covered_end = f->hi;
+        any = true;
+    }
+    rows->limit = MAX_ROWS;
+    return !any || add_gap_row(rows, covered_end);
+}
+
+/* ---- the table ---- */
+
+/* The smallest pages (from 16 bytes) that are no more than the rows: the
+ * index then costs at most 4 bytes per 20-byte row, and since rows crowd
+ * around prologues and epilogues, most pages (2 in 3 in libpython) hold no
+ * row boundary at all, so the lookup reads a single row. */
+static uint32_t choose_page_shift(uint32_t span, uint32_t nrows)
+{
+    uint32_t shift = 4;
+    while (shift < 16 && (span >> shift) >= nrows)
+        shift++;
+    return shift;
+}
+
+static bool build_page_index(btc_table *t)
+{
+    uint32_t span = t->rows[t->nrows - 1].pc - t->pc_lo;
+    t->page_shift = choose_page_shift(span, t->nrows);
+    t->npages = (span >> t->page_shift) + 1;
+    /* One extra entry so the last page also has an upper bound. */
+    t->page_first = malloc(((size_t)t->npages + 1) * sizeof *t->page_first);
+    if (!t->page_first)
+        return false;
+    uint32_t row = 0;
+    for (uint32_t k = 0; k < t->npages; k++) {
+        uint32_t page_pc = t->pc_lo + (k << t->page_shift);
+        while (row + 1 < t->nrows && t->rows[row + 1].pc <= page_pc)
+            row++;
+        t->page_first[k] = row;
+    }
+    t->page_first[t->npages] = t->nrows - 1;
+    return true;
+}
+
+static btc_table *table_from_rows(row_list *rows)
+{
+    btc_table *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    if (rows->n == 0)
+        return t;   /* a module without FDEs: every lookup misses */
+    btc_cfi_row *fit = realloc(rows->v, (size_t)rows->n * sizeof *fit);
+    t->rows = fit ? fit : rows->v;
+    t->nrows = rows->n;
+    rows->v = NULL;
+    t->pc_lo = t->rows[0].pc;
+    if (!build_page_index(t)) {
+        btc_table_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+btc_table *btc_table_build(const btc_image *img)
+{
+    source src = { .img = img, .eh_frame = img->eh_frame };
+    if (img->eh_frame && img->eh_frame_size)
+        src.eh_frame_end = img->eh_frame + img->eh_frame_size;
+    eh_frame_hdr hdr;
+    bool have_hdr = parse_eh_frame_hdr(img, &hdr);
+    if (!src.eh_frame && have_hdr)
+        src.eh_frame = hdr.eh_frame;
+    if (!src.eh_frame || !readable_end(img, src.eh_frame))
+        return NULL;
+
+    fde_list fdes = { 0 };
+    if (have_hdr)
+        collect_from_hdr(&src, &hdr, &fdes);
+    if (fdes.n == 0)
+        collect_from_eh_frame(&src, &fdes);
+    row_list rows = { 0 };
+    btc_table *t = NULL;
+    if (build_rows(fdes.v, fdes.n, img, &rows))
+        t = table_from_rows(&rows);
+    free(fdes.v);
+    free(rows.v);
+    return t;
+}
+
+void btc_table_free(btc_table *t)
+{
+    if (!t)
+        return;
+    free(t->rows);
+    free(t->page_first);
+    free(t);
+}
+
+const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc)
+{
+    /* Below pc_lo the subtraction wraps to a page past the end. */
+    uint32_t page = (rel_pc - t->pc_lo) >> t->page_shift;
+    if (page >= t->npages)
+        return NULL;   /* past the last row, which ends the last FDE */
+    uint32_t lo = t->page_first[page], hi = t->page_first[page + 1];
+    const btc_cfi_row *rows = t->rows;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) / 2;
+        if (rows[mid].pc <= rel_pc)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return rows[lo].cfa_kind == BTC_CFA_NONE ? NULL : &rows[lo];
+}
+
+/* Build a table from raw bytes as if they were a module's .eh_frame, and
+ * check the invariants lookups rely on.  Rows are relative to data - 2 GiB so
+ * that pc-relative FDEs of a copied section still land in the row space. */
+int btc_cfi_selftest_garbage(const uint8_t *data, size_t size)
+{
+    uintptr_t base = (uintptr_t)data;
+    btc_image img = {
+        .bias = base > 0x80000000u ? base - 0x80000000u : 0,
+        .eh_frame = data,
+        .eh_frame_size = size,
+        .readable_lo = { base },
+        .readable_hi = { base + size },
+        .nreadable = 1,
+    };
+    btc_table *t = btc_table_build(&img);
+    if (!t)
+        return -1;
+    int result = (int)t->nrows;
+    for (uint32_t i = 0; i < t->nrows; i++) {
+        const btc_cfi_row *found = btc_table_lookup(t, t->rows[i].pc);
+        bool sorted = i == 0 || t->rows[i - 1].pc < t->rows[i].pc;
+        if (!sorted || found != (t->rows[i].cfa_kind == BTC_CFA_NONE ? NULL : &t->rows[i]))
+            result = -2;
+    }
+    if (t->nrows && t->rows[t->nrows - 1].cfa_kind != BTC_CFA_NONE)
+        result = -2;
+    btc_table_free(t);
+    return result;
+}
