@@ -4,7 +4,8 @@ running stack and for suspended greenlets.
     bt = btcore.collect()          # raw capture: cheap, no strings
     print(bt)                      # resolved lazily, through a shared cache
 """
-from .backtrace import Backtrace, BacktraceError, append, collect, foreach
+from .backtrace import Backtrace, append, collect, foreach
+from .greenlets import BacktraceError
 from .frame import Frame
 from .resolve import cache
 

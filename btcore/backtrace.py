@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import struct
 
-import greenlet
-
 from ._native import ffi, lib
 from .frame import Frame
+from .greenlets import NOTHING, BacktraceError, target_of
 from .resolve import resolve_native, resolve_python
 
 DEFAULT_CAPACITY = 64
@@ -23,10 +22,7 @@ F_JOIN = lib.BTC_F_JOIN
 _TRUNCATED = lib.BTC_TRUNCATED
 _WANT_PYTHON = lib.BTC_WANT_PYTHON
 _WANT_NATIVE = lib.BTC_WANT_NATIVE
-
-
-class BacktraceError(RuntimeError):
-    """A capture that btcore refused (unsupported interpreter or greenlet build)."""
+_WANT_INTERNALS = lib.BTC_WANT_INTERNALS
 
 
 class Backtrace:
@@ -107,17 +103,6 @@ def _check_limit(limit, capacity: int) -> int:
     return min(limit, capacity)
 
 
-def _target_address(target) -> int:
-    """0 for the calling thread's own stack, else the greenlet's address."""
-    if target is None:
-        return 0
-    if not isinstance(target, greenlet.greenlet):
-        raise TypeError(f"target must be a greenlet or None, not {type(target).__name__}")
-    if target is greenlet.getcurrent():
-        return 0
-    raise NotImplementedError("collecting a greenlet other than the current one is not supported yet")
-
-
 _ERRORS = {
     lib.BTC_E_UNSUPPORTED: BacktraceError,
     lib.BTC_E_LAYOUT: BacktraceError,
@@ -130,11 +115,16 @@ _btc_collect = lib.btc_collect
 _new = object.__new__
 
 
-def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAULT_CAPACITY) -> Backtrace:
-    """Capture the raw frames of the calling thread's stack (or of `target`).
+def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAULT_CAPACITY,
+            internals=False) -> Backtrace:
+    """Capture the raw frames of the calling thread's stack, or of greenlet `target`.
 
-    The first frame is the caller of collect(); btcore's own frames never
-    appear.  No names are looked up here: see Backtrace.frames()/foreach().
+    Current stack: the first frame is the caller of collect(); btcore's own
+    frames never appear.  A suspended greenlet: from its switch() call site
+    (greenlet's switching machinery shown only with internals=True) down to
+    its entry, nothing of the stack below it.  A greenlet not started, or
+    dead: an empty Backtrace.  No names are looked up here: see
+    Backtrace.frames() and foreach().
     """
     # Written flat, without helper calls on the common path: this runs at
     # every greenlet spawn when ancestors are recorded, and Python call
@@ -142,12 +132,19 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     if type(capacity) is not int or not 0 < capacity <= MAX_CAPACITY:
         _check_capacity(capacity)
     limit = capacity if limit is None else _check_limit(limit, capacity)
-    target = 0 if target is None else _target_address(target)
+    target = 0 if target is None else target_of(target)
     bt = _new(Backtrace)
     raw = bt._raw = bytearray(capacity * 16)
     refs = bt._refs = []
+    bt._len = 0
+    bt.truncated = False
+    if target is NOTHING:
+        return bt
     want = (_WANT_PYTHON if python else 0) | (_WANT_NATIVE if native else 0)
-    rc = _btc_collect(target, id(raw), id(refs), limit, want, 1)
+    if internals:
+        want |= _WANT_INTERNALS
+    # Hide collect() itself when capturing the calling thread's own stack.
+    rc = _btc_collect(target, id(raw), id(refs), limit, want, 1 if target == 0 else 0)
     if rc < 0:
         raise _ERRORS.get(rc, BacktraceError)(ffi.string(lib.btc_last_error()).decode())
     bt._len = rc & (_TRUNCATED - 1)

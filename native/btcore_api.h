@@ -53,6 +53,16 @@ typedef struct {
 int btc_collect(uintptr_t target, uintptr_t frames, uintptr_t refs, int limit,
                 int want, int skip_python);
 
+/* Learn where greenlet keeps a suspended greenlet's saved stack state, from
+ * two suspended (non-main) greenlets of the calling thread whose stacks were
+ * partly copied to the heap: saved1 and saved2 bytes (both > 0, different,
+ * as their _stack_saved says), so exactly one place in greenlet's object can
+ * match both.  Returns 0, or BTC_E_LAYOUT (see btc_last_error()) on a
+ * greenlet build btcore does not recognise; until it succeeds, greenlet
+ * targets fail. */
+int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1,
+                       uintptr_t g2, intptr_t saved2);
+
 /* Why the last btc_collect() on this thread returned an error, in words. */
 const char *btc_last_error(void);
 
@@ -118,3 +128,35 @@ int btc_backtrace(uintptr_t *out, int max);
  * invariants; for fuzz tests.  Returns the row count, -1 if no table could be
  * built, -2 if the table breaks an invariant lookups rely on. */
 int btc_cfi_selftest_garbage(const uint8_t *data, size_t size);
+
+/* ---- symbolization: source locations from DWARF (dwarf.c) ---- */
+
+typedef struct {
+    const char *function;   /* raw name: mangled when DWARF has a linkage name; NULL if unknown */
+    const char *file;       /* path as the compiler recorded it; NULL if unknown */
+    int line;               /* 0 if unknown */
+} btc_srcframe;
+
+/* Like `addr2line -f -i` for the module-relative address vaddr (pc minus
+ * load bias) in the ELF file at path, or in its separate debug file (found
+ * by build-id under the debug root, or by .gnu_debuglink).  Innermost
+ * inlined call first, the physical function last.  Without DWARF for
+ * vaddr: one frame named from the symbol table (.symtab, else .dynsym;
+ * the nearest preceding function when none contains vaddr), file NULL.
+ * Strings are copied into buf, so they stay valid whatever other threads
+ * do.  Returns the number of frames written (at most max), 0 when neither
+ * DWARF nor a symbol covers vaddr (or the file is unreadable), -1 when buf
+ * is too small.
+ * Thread-safe; call it without the GIL (it may read and decode for ms). */
+int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int max,
+                       char *buf, size_t size);
+
+/* Bytes held by the per-file DWARF caches. */
+size_t btc_symbolize_memory(void);
+/* Keep at most max_files files decoded (default 16, clamped to 1..64);
+ * the least recently used one is dropped first. */
+void btc_symbolize_limit(int max_files);
+/* Drop every cached file. */
+void btc_symbolize_reset(void);
+/* Where separate debug files live (default /usr/lib/debug); drops the cache. */
+void btc_symbolize_debug_root(const char *dir);

@@ -118,7 +118,21 @@ typedef struct {
     int n;
     bool complete;     /* the walk reached its natural end, not our buffer's */
     bool skip_to_eval; /* drop native frames before the first eval-loop frame (btcore's own) */
+    bool greenlet;     /* a suspended greenlet: mark (or hide) greenlet's own frames */
+    bool internals;    /* show greenlet's switching machinery */
 } native_walk;
+
+/* Hide greenlet's switching machinery: the innermost frames (slp_switch up
+ * to the switch() call site) and the outermost (its start-up stub). */
+static int hide_greenlet_internals(native_walk *w)
+{
+    int first = 0;
+    while (first < w->n && btc_greenlet_internal(w->nat[first].pc - !w->nat[first].exact))
+        first++;
+    while (w->complete && w->n > first && btc_greenlet_internal(w->nat[w->n - 1].pc - 1))
+        w->n--;
+    return first;
+}
 
 static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
 {
@@ -130,6 +144,8 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
     for (; i < w->n; i++) {
         const btc_native_frame *f = &w->nat[i];
         int flags = f->exact ? BTC_F_EXACT : 0;
+        if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
+            flags |= BTC_F_INTERNAL;
         bool ok = true;
         if (in_eval_loop(f)) {
             flags |= BTC_F_EVAL;
@@ -162,16 +178,18 @@ static void python_only(sink *s, btc_pycursor *py)
 /* Native frames a walk may need beyond the output's size: btcore's own. */
 #define OWN_NATIVE_FRAMES 32
 
-static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool skip_to_eval)
+static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool skip_to_eval,
+                   bool greenlet)
 {
     if (!(want & BTC_WANT_NATIVE)) {
         python_only(s, py);
         return 0;
     }
     btc_native_frame stack_buf[STACK_NATIVE_FRAMES];
-    native_walk w = {.nat = stack_buf, .skip_to_eval = skip_to_eval};
+    native_walk w = {.nat = stack_buf, .skip_to_eval = skip_to_eval, .greenlet = greenlet};
     int max = s->max + OWN_NATIVE_FRAMES;
-    if (max > STACK_NATIVE_FRAMES && !(w.nat = malloc(max * sizeof *w.nat)))
+    btc_native_frame *heap = NULL;
+    if (max > STACK_NATIVE_FRAMES && !(w.nat = heap = malloc(max * sizeof *w.nat)))
         return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
     btc_modules_lock();
     btc_modules_refresh();
@@ -179,10 +197,14 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         find_eval_ranges();
     w.n = btc_unwind(ctx, w.nat, max);
     w.complete = w.n < max;
+    if (greenlet && !(want & BTC_WANT_INTERNALS)) {
+        int hidden = hide_greenlet_internals(&w);
+        w.nat += hidden;
+        w.n -= hidden;
+    }
     merge(s, &w, py, want);
     btc_modules_unlock();
-    if (w.nat != stack_buf)
-        free(w.nat);
+    free(heap);
     return 0;
 }
 
@@ -196,7 +218,27 @@ static int collect_current(sink *s, int want)
     ctx.mem.lo = ctx.regs.sp;
     btc_pycursor py;
     btc_py_cursor_current(&py);
-    return capture(&ctx, &py, s, want, true);
+    return capture(&ctx, &py, s, want, true, false);
+}
+
+/* A suspended greenlet (Python has checked it is started, not dead and not
+ * running): its saved registers and stack, and its saved Python frames. */
+static int collect_greenlet(sink *s, int want, PyObject *g)
+{
+    btc_context ctx;
+    int rc = btc_greenlet_context(g, &ctx);
+    if (rc < 0)
+        return rc;
+    PyObject *frame = PyObject_GetAttrString(g, "gr_frame");
+    if (!frame) {
+        PyErr_Clear();
+        return btc_fail(BTC_E_LAYOUT, "cannot read the greenlet's gr_frame");
+    }
+    btc_pycursor py;
+    btc_py_cursor_frame(&py, frame);   /* None: a greenlet without Python frames */
+    rc = capture(&ctx, &py, s, want, false, true);
+    Py_DECREF(frame);
+    return rc;
 }
 
 /* ---- the cffi API ---- */
@@ -220,7 +262,7 @@ int btc_collect(uintptr_t target, uintptr_t frames, uintptr_t refs, int limit, i
     else if (target == 0)
         rc = collect_current(&s, want);
     else
-        rc = btc_fail(BTC_E_NOT_GREENLET, "suspended greenlets are not supported yet");
+        rc = collect_greenlet(&s, want, (PyObject *)target);
     if (rc == 0)
         rc = s.n | (s.truncated ? BTC_TRUNCATED : 0);
 out:

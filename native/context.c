@@ -1,5 +1,9 @@
 /* Contexts of the calling thread: its registers and its stack range. */
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "context.h"
 
@@ -49,4 +53,40 @@ bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi)
     *lo = stack_lo;
     *hi = stack_hi;
     return true;
+}
+
+/* Parse /proc/self/maps with plain read(): no stdio, no allocation. */
+bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char buf[4096];
+    size_t have = 0;
+    bool found = false;
+    for (;;) {
+        ssize_t got = read(fd, buf + have, sizeof buf - 1 - have);
+        if (got <= 0)
+            break;
+        have += (size_t)got;
+        buf[have] = 0;
+        char *line = buf, *nl;
+        while (!found && (nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
+            char *end;
+            uintptr_t a = strtoull(line, &end, 16);
+            uintptr_t b = *end == '-' ? strtoull(end + 1, NULL, 16) : 0;
+            if (addr >= a && addr < b) {
+                *lo = a;
+                *hi = b;
+                found = true;
+            }
+            line = nl + 1;
+        }
+        if (found)
+            break;
+        have -= (size_t)(line - buf);   /* keep the partial last line */
+        memmove(buf, line, have);
+    }
+    close(fd);
+    return found;
 }

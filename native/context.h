@@ -9,6 +9,8 @@
 #ifndef BTC_CONTEXT_H
 #define BTC_CONTEXT_H
 
+#include <Python.h>
+
 #include "btcore.h"
 
 /* The registers the x86-64 walk tracks (DWARF numbers 16, 7, 6, 3). */
@@ -48,6 +50,16 @@ bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi);
 /* Store the caller's registers: its pc (as a return address), sp, rbp, rbx.
  * The caller must stay on the stack while a walk uses them. */
 void btc_get_regs(btc_regs *r);
+
+/* [lo, hi) of the memory mapping containing addr (from /proc/self/maps). */
+bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
+
+/* ---- suspended greenlets (greenlet_context.c) ---- */
+
+/* Fill ctx from a suspended greenlet's saved state (the GIL held). */
+int btc_greenlet_context(PyObject *g, btc_context *ctx);
+/* Is pc in greenlet's own module (its switching machinery)? */
+bool btc_greenlet_internal(uintptr_t pc);
 
 /* ---- the walker (unwind.c) ---- */
 

@@ -17,6 +17,12 @@ void btc_py_cursor_current(btc_pycursor *c)
     c->frame = ts->cframe ? ts->cframe->current_frame : NULL;
 }
 
+bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)
+{
+    c->frame = PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL;
+    return c->frame != NULL;
+}
+
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 {
     _PyInterpreterFrame *frame = (_PyInterpreterFrame *)c->frame;

@@ -35,6 +35,9 @@ typedef struct {
 bool btc_py_supported(void);
 /* The calling thread's innermost frame. */
 void btc_py_cursor_current(btc_pycursor *c);
+/* The chain from a frame object (a suspended greenlet's gr_frame); false
+ * if frame is not a frame object. */
+bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame);
 /* Step to the next (outer) frame; false at the end of the chain. */
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f);
 /* Names of the C functions that run the eval loop (NULL-terminated). */

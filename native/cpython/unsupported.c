@@ -13,6 +13,12 @@ bool btc_py_supported(void)
 
 void btc_py_cursor_current(btc_pycursor *c) { c->frame = NULL; }
 
+bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame BTC_UNUSED)
+{
+    c->frame = NULL;
+    return false;
+}
+
 bool btc_py_next(btc_pycursor *c BTC_UNUSED, btc_pyframe *f BTC_UNUSED) { return false; }
 
 #endif

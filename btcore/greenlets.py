@@ -1,0 +1,81 @@
+"""Which greenlet a capture targets, and the one-time check of greenlet's layout.
+
+btcore reads a suspended greenlet's saved stack state from greenlet's C++
+object.  Nothing about that object is taken on trust: the first capture of a
+suspended greenlet makes two greenlets in known states and has the native
+core locate and validate the state from them; a greenlet build it does not
+recognise is refused with BacktraceError, never guessed at.
+"""
+from __future__ import annotations
+
+import threading
+
+import greenlet
+
+from ._native import ffi, lib
+
+
+class BacktraceError(RuntimeError):
+    """A capture that btcore refused (unsupported interpreter or greenlet build)."""
+
+
+CURRENT = 0      # capture the calling thread's own stack
+NOTHING = None   # a greenlet with no stack to capture (not started, or dead)
+
+_learn_lock = threading.Lock()
+_learned: str | None = None   # "" once learned, else the reason it failed
+
+
+def _park():
+    greenlet.getcurrent().parent.switch()
+
+
+def _learn_layout() -> str:
+    """Show the native core two suspended greenlets with different, known
+    amounts of stack copied to the heap."""
+    from_main = greenlet.greenlet(_park)
+    from_main.switch()   # the caller reused the stack: all of it was copied
+    outcome = []
+
+    def parent():
+        # Starting `child` copies only parent's switching frames.
+        child = greenlet.greenlet(lambda: outcome.append(lib.btc_greenlet_learn(
+            id(greenlet.greenlet), id(from_main), from_main._stack_saved,
+            id(parent_greenlet), parent_greenlet._stack_saved)))
+        child.switch()
+
+    parent_greenlet = greenlet.greenlet(parent)
+    parent_greenlet.switch()
+    from_main.throw(greenlet.GreenletExit)
+    if outcome == [0]:
+        return ""
+    return ffi.string(lib.btc_last_error()).decode() or "greenlet layout check failed"
+
+
+def _ensure_layout() -> None:
+    global _learned
+    if _learned is None:
+        with _learn_lock:
+            if _learned is None:
+                _learned = _learn_layout()
+    if _learned:
+        raise BacktraceError(
+            f"cannot read suspended greenlets of greenlet {greenlet.__version__}: {_learned}")
+
+
+def target_of(target):
+    """CURRENT, NOTHING, or the address of a suspended greenlet to capture."""
+    if target is None:
+        return CURRENT
+    if not isinstance(target, greenlet.greenlet):
+        raise TypeError(f"target must be a greenlet or None, not {type(target).__name__}")
+    if target is greenlet.getcurrent():
+        return CURRENT
+    if not target:   # not started, or dead: no stack
+        return NOTHING
+    if target.gr_frame is None:
+        # greenlet's own rule (Greenlet::is_currently_running_in_some_thread):
+        # active with no saved frame means running.
+        raise RuntimeError("cannot collect a greenlet that is running in another thread")
+    _ensure_layout()
+    return id(target)

@@ -1,0 +1,193 @@
+/* The saved context of a suspended greenlet (greenlet 3.x on x86-64).
+ *
+ * greenlet keeps, in the C++ object behind PyGreenlet.pimpl, a StackState
+ *   { char *_stack_start, *stack_stop, *stack_copy; intptr_t _stack_saved; ... }
+ * _stack_start is the sp slp_switch had when it suspended the greenlet; the
+ * bytes [_stack_start, _stack_start + _stack_saved) were copied to stack_copy
+ * (the heap) because another greenlet needed that part of the stack; the rest
+ * is still in place, up to stack_stop.  slp_switch stored rbp and rbx in
+ * slots of its own frame (its CFI does not describe rbp).
+ *
+ * None of those offsets is taken on trust: btc_greenlet_learn() derives them
+ * from greenlets in known states and checks slp_switch's code; until it has
+ * succeeded, suspended greenlets are refused with a clear error.
+ */
+#include <Python.h>
+#include <string.h>
+
+#include "context.h"
+
+typedef struct {
+    uintptr_t start, stop, copy;
+    intptr_t saved;
+} stack_state;
+
+static struct {
+    bool ok;
+    size_t pimpl_off;          /* PyGreenlet.pimpl: the last field of the object */
+    size_t state_off;          /* StackState within the C++ object */
+    uintptr_t resume_pc;       /* in slp_switch, right after the call that saves the stack */
+    int bp_slot, bx_slot;      /* where slp_switch stored rbp/rbx, relative to its sp */
+    uintptr_t module_lo, module_hi;
+} layout;
+
+#define MAIN_STACK_STOP ((uintptr_t)-1)
+#define SCAN_WORDS 24           /* how far into the C++ object StackState may lie */
+#define MAX_GREENLET_STACK (1UL << 30)
+
+static void *pimpl_of(PyObject *g)
+{
+    return *(void **)((char *)g + layout.pimpl_off);
+}
+
+static stack_state state_at(const void *pimpl, size_t off)
+{
+    const uintptr_t *w = (const uintptr_t *)((const char *)pimpl + off);
+    return (stack_state){w[0], w[1], w[2], (intptr_t)w[3]};
+}
+
+/* Does s look like a suspended, started greenlet's StackState? */
+static bool plausible(const stack_state *s, intptr_t expect_saved)
+{
+    bool main = s->stop == MAIN_STACK_STOP;
+    return s->start > 1 && s->start < s->stop && (main || s->stop - s->start < MAX_GREENLET_STACK) &&
+           s->saved == expect_saved && s->saved >= 0 && (s->saved == 0) == (s->copy == 0) &&
+           (main || (uintptr_t)s->saved <= s->stop - s->start);
+}
+
+/* ---- slp_switch: where a suspended greenlet's registers are ---- */
+
+/* Find `mov %reg, disp8(%rsp)` (48 89 /r with ModRM mod=01 rm=100, SIB 0x24)
+ * in code; returns disp8 or -1. reg: 5 = rbp, 3 = rbx. */
+static int find_spill_slot(const uint8_t *code, size_t size, int reg)
+{
+    uint8_t modrm = (uint8_t)(0x44 | (reg << 3));
+    for (size_t i = 0; i + 5 <= size; i++)
+        if (code[i] == 0x48 && code[i + 1] == 0x89 && code[i + 2] == modrm && code[i + 3] == 0x24)
+            return code[i + 4];
+    return -1;
+}
+
+/* The pc after the first direct call (e8 rel32) in [lo, hi) to the start
+ * of one of the n callee ranges (a function and its .cold clones), or 0. */
+static uintptr_t after_call_to(uintptr_t lo, uintptr_t hi, const uintptr_t *callee, int n)
+{
+    for (uintptr_t p = lo; p + 5 <= hi; p++) {
+        const uint8_t *c = (const uint8_t *)p;
+        int32_t rel;
+        memcpy(&rel, c + 1, 4);
+        for (int i = 0; c[0] == 0xe8 && i < n; i++)
+            if (p + 5 + (intptr_t)rel == callee[i])
+                return p + 5;
+    }
+    return 0;
+}
+
+static int learn_switch_code(uintptr_t inside_module)
+{
+    uintptr_t lo[2], hi[2], tlo[4], thi[4];
+    btc_modules_lock();
+    btc_modules_refresh();
+    int n = btc_module_function_ranges(inside_module, "slp_switch", lo, hi, 2);
+    int t = btc_module_function_ranges(inside_module, "slp_save_state_trampoline", tlo, thi, 4);
+    btc_module *m = btc_module_find(inside_module);
+    if (m) {
+        layout.module_lo = m->lo;
+        layout.module_hi = m->hi;
+    }
+    btc_modules_unlock();
+    if (n != 1 || t < 1 || !m || lo[0] < m->lo || hi[0] > m->hi)
+        return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch or slp_save_state_trampoline not found "
+                                      "in its symbol table");
+    layout.resume_pc = after_call_to(lo[0], hi[0], tlo, t);
+    size_t prologue = layout.resume_pc ? layout.resume_pc - lo[0] : 0;
+    layout.bp_slot = find_spill_slot((const uint8_t *)lo[0], prologue, 5);
+    layout.bx_slot = find_spill_slot((const uint8_t *)lo[0], prologue, 3);
+    if (!layout.resume_pc || layout.bp_slot < 0 || layout.bx_slot < 0)
+        return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch does not have the x86-64 shape btcore "
+                                      "knows (rbp/rbx slots, call to slp_save_state_trampoline)");
+    return 0;
+}
+
+/* ---- learning StackState's place from greenlets in known states ---- */
+
+int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1, uintptr_t g2, intptr_t saved2)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyTypeObject *type = (PyTypeObject *)greenlet_type;
+    PyObject *a = (PyObject *)g1, *b = (PyObject *)g2;
+    int rc = 0, found = 0;
+    layout.ok = false;
+    /* PyGreenlet is {PyObject_HEAD; weakreflist; dict; pimpl}: pimpl is last. */
+    layout.pimpl_off = (size_t)type->tp_basicsize - sizeof(void *);
+    if (type->tp_basicsize != sizeof(PyObject) + 3 * sizeof(void *) ||
+        !PyObject_TypeCheck(a, type) || !PyObject_TypeCheck(b, type)) {
+        rc = btc_fail(BTC_E_LAYOUT, "greenlet objects do not have the layout of greenlet 3.x");
+        goto out;
+    }
+    if (!pimpl_of(a) || !pimpl_of(b)) {
+        rc = btc_fail(BTC_E_LAYOUT, "greenlet objects without an implementation");
+        goto out;
+    }
+    for (size_t off = 0; off < SCAN_WORDS * sizeof(void *); off += sizeof(void *)) {
+        stack_state sa = state_at(pimpl_of(a), off), sb = state_at(pimpl_of(b), off);
+        if (saved1 > 0 && saved2 > 0 && saved1 != saved2 && plausible(&sa, saved1) &&
+            plausible(&sb, saved2) && sa.stop != MAIN_STACK_STOP && sb.stop != MAIN_STACK_STOP) {
+            layout.state_off = off;
+            found++;
+        }
+    }
+    if (found != 1) {
+        rc = btc_fail(BTC_E_LAYOUT, "cannot locate greenlet's StackState (unknown greenlet build)");
+        goto out;
+    }
+    rc = learn_switch_code((uintptr_t)type->tp_dealloc);
+    layout.ok = rc == 0;
+out:
+    PyGILState_Release(gil);
+    return rc;
+}
+
+/* ---- the context of one suspended greenlet ---- */
+
+/* Where a main greenlet's stack ends: it has no stack_stop of its own. */
+static bool main_stack_end(uintptr_t start, uintptr_t *hi)
+{
+    uintptr_t lo;
+    if (btc_thread_stack(&lo, hi) && start >= lo && start < *hi)
+        return true;
+    return btc_mapping_bounds(start, &lo, hi);   /* another thread's main greenlet */
+}
+
+int btc_greenlet_context(PyObject *g, btc_context *ctx)
+{
+    if (!layout.ok)
+        return btc_fail(BTC_E_LAYOUT, "greenlet layout not learned");
+    if (!pimpl_of(g))
+        return btc_fail(BTC_E_LAYOUT, "greenlet without an implementation");
+    stack_state s = state_at(pimpl_of(g), layout.state_off);
+    if (!plausible(&s, s.saved))
+        return btc_fail(BTC_E_LAYOUT, "greenlet's saved stack state is inconsistent");
+    bool main = s.stop == MAIN_STACK_STOP;
+    uintptr_t stack_hi = 0;
+    if (main && !main_stack_end(s.start, &stack_hi))
+        return btc_fail(BTC_E_LAYOUT, "cannot find the stack of a suspended main greenlet");
+    memset(ctx, 0, sizeof *ctx);
+    ctx->mem.lo = s.start;
+    ctx->mem.hi = main ? stack_hi : s.stop;
+    ctx->mem.spill_lo = s.start;
+    ctx->mem.spill_hi = s.start + (uintptr_t)s.saved;
+    ctx->mem.spill = (const uint8_t *)s.copy;
+    ctx->last_cfa = main ? 0 : s.stop;
+    ctx->regs.ip = layout.resume_pc;
+    ctx->regs.sp = s.start;
+    if (!btc_mem_read(&ctx->mem, s.start + layout.bp_slot, &ctx->regs.bp) ||
+        !btc_mem_read(&ctx->mem, s.start + layout.bx_slot, &ctx->regs.bx))
+        return btc_fail(BTC_E_LAYOUT, "greenlet's saved registers are outside its stack");
+    return 0;
+}
+
+bool btc_greenlet_internal(uintptr_t pc)
+{
+    return pc >= layout.module_lo && pc < layout.module_hi;
+}
