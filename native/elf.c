@@ -1,0 +1,645 @@
+/* ELF files on disk: section contents and function symbols.
+ *
+ * Everything is read with pread() into heap buffers, never mmap()ed: a file
+ * truncated or rewritten under us must show up as a short read (an error
+ * here), not as a SIGBUS in the middle of a backtrace.  Every header, offset,
+ * size, index and string taken from the file is checked before use, and
+ * every allocation is bounded by the file's size (or by MAX_SECTION for
+ * decompressed data), so garbage input yields NULL/0, never a crash.
+ *
+ * Only 64-bit little-endian ELF (the x86-64 ABI btcore supports) is read.
+ */
+#include <dlfcn.h>
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "btcore.h"
+#include "dwarf.h"
+
+/* No section we need is anywhere near this; a bigger one is garbage. */
+#define MAX_SECTION ((uint64_t)1 << 30)
+/* ELF allows up to 2^32 sections through extended numbering; real files
+ * have a few dozen, huge objects a few thousand. */
+#define MAX_SECTIONS 65536
+/* How many sorted symbols before a miss we look back through for a larger
+ * symbol that still covers the address (nested or overlapping symbols). */
+#define CONTAINER_LOOKBACK 8
+
+typedef struct {
+    uint64_t lo, size;
+    const char *name;     /* points into a string table the btc_elf keeps */
+    uint16_t shndx;
+    uint8_t from_symtab;  /* .symtab names are preferred over .dynsym aliases */
+} elf_sym;
+
+struct btc_elf {
+    int fd;
+    uint64_t file_size;
+    Elf64_Shdr *shdrs;
+    uint32_t shnum;
+    btc_bytes shstrtab;
+    btc_bytes strtab, dynstr;   /* the string tables symbol names point into */
+    elf_sym *syms;              /* sorted by lo, preferred alias first */
+    size_t nsyms;
+};
+
+/* ---- reading the file ---- */
+
+/* Exactly size bytes at off, or false (short read: truncated file). */
+static bool read_exact(int fd, uint64_t off, void *buf, size_t size)
+{
+    uint8_t *p = buf;
+    while (size) {
+        ssize_t n = pread(fd, p, size, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        p += n;
+        off += (uint64_t)n;
+        size -= (size_t)n;
+    }
+    return true;
+}
+
+static bool range_in_file(const btc_elf *e, uint64_t off, uint64_t size)
+{
+    return off <= e->file_size && size <= e->file_size - off;
+}
+
+/* A heap copy of [off, off+size) with a NUL byte after it, so string tables
+ * and strings at their end are always terminated. */
+static bool read_bytes(const btc_elf *e, uint64_t off, uint64_t size, btc_bytes *out)
+{
+    if (size > MAX_SECTION || !range_in_file(e, off, size))
+        return false;
+    uint8_t *data = malloc(size + 1);
+    if (!data)
+        return false;
+    if (!read_exact(e->fd, off, data, size)) {
+        free(data);
+        return false;
+    }
+    data[size] = 0;
+    out->data = data;
+    out->size = size;
+    return true;
+}
+
+void btc_bytes_free(btc_bytes *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->size = 0;
+}
+
+/* ---- headers and sections ---- */
+
+static bool valid_ehdr(const Elf64_Ehdr *h)
+{
+    return memcmp(h->e_ident, ELFMAG, SELFMAG) == 0 && h->e_ident[EI_CLASS] == ELFCLASS64 &&
+           h->e_ident[EI_DATA] == ELFDATA2LSB && h->e_shentsize == sizeof(Elf64_Shdr);
+}
+
+/* Section headers, with extended numbering (e_shnum == 0 and
+ * e_shstrndx == SHN_XINDEX keep the real values in section 0). */
+static bool read_section_headers(btc_elf *e, const Elf64_Ehdr *h)
+{
+    Elf64_Shdr first;
+    if (h->e_shoff == 0 || !range_in_file(e, h->e_shoff, sizeof first) ||
+        !read_exact(e->fd, h->e_shoff, &first, sizeof first))
+        return false;
+    uint64_t shnum = h->e_shnum ? h->e_shnum : first.sh_size;
+    uint64_t shstrndx = h->e_shstrndx == SHN_XINDEX ? first.sh_link : h->e_shstrndx;
+    if (shnum == 0 || shnum > MAX_SECTIONS || shstrndx >= shnum ||
+        !range_in_file(e, h->e_shoff, shnum * sizeof(Elf64_Shdr)))
+        return false;
+    e->shdrs = malloc(shnum * sizeof(Elf64_Shdr));
+    if (!e->shdrs || !read_exact(e->fd, h->e_shoff, e->shdrs, shnum * sizeof(Elf64_Shdr)))
+        return false;
+    e->shnum = (uint32_t)shnum;
+    const Elf64_Shdr *s = &e->shdrs[shstrndx];
+    return s->sh_type == SHT_STRTAB && read_bytes(e, s->sh_offset, s->sh_size, &e->shstrtab);
+}
+
+static const char *section_name(const btc_elf *e, const Elf64_Shdr *s)
+{
+    return s->sh_name < e->shstrtab.size ? (const char *)e->shstrtab.data + s->sh_name : "";
+}
+
+static const Elf64_Shdr *find_section(const btc_elf *e, const char *name)
+{
+    for (uint32_t i = 1; i < e->shnum; i++)
+        if (e->shdrs[i].sh_type != SHT_NOBITS && strcmp(section_name(e, &e->shdrs[i]), name) == 0)
+            return &e->shdrs[i];
+    return NULL;
+}
+
+static bool read_section(const btc_elf *e, const Elf64_Shdr *s, btc_bytes *out)
+{
+    return s->sh_type != SHT_NOBITS && read_bytes(e, s->sh_offset, s->sh_size, out);
+}
+
+/* ---- compressed sections (SHF_COMPRESSED and legacy .zdebug_*) ----
+ *
+ * zlib is loaded with dlopen() rather than linked, so the extension needs
+ * no extra library at link time and still loads where libz is missing:
+ * compressed debug sections then simply count as absent. */
+
+#if __has_include(<zlib.h>)
+#include <zlib.h>   /* types and constants only: the functions come from dlsym */
+
+static struct {
+    pthread_once_t once;
+    int (*init)(z_streamp, const char *, int);
+    int (*inflate)(z_streamp, int);
+    int (*end)(z_streamp);
+} zlib = {.once = PTHREAD_ONCE_INIT};
+
+static void resolve_zlib(void)
+{
+    void *h = dlopen("libz.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!h)
+        return;
+    zlib.inflate = (int (*)(z_streamp, int))dlsym(h, "inflate");
+    zlib.end = (int (*)(z_streamp))dlsym(h, "inflateEnd");
+    zlib.init = (int (*)(z_streamp, const char *, int))dlsym(h, "inflateInit_");
+    if (!zlib.inflate || !zlib.end)
+        zlib.init = NULL;
+}
+
+static bool load_zlib(void)
+{
+    pthread_once(&zlib.once, resolve_zlib);
+    return zlib.init != NULL;
+}
+
+/* Inflate a zlib stream into exactly out_size bytes. */
+static bool inflate_exact(const uint8_t *in, size_t in_size, uint8_t *out, size_t out_size)
+{
+    if (in_size > UINT32_MAX || out_size > UINT32_MAX || !load_zlib())
+        return false;
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    z.next_in = (Bytef *)in;
+    z.avail_in = (uInt)in_size;
+    z.next_out = out;
+    z.avail_out = (uInt)out_size;
+    if (zlib.init(&z, ZLIB_VERSION, (int)sizeof z) != Z_OK)
+        return false;
+    int rc = zlib.inflate(&z, Z_FINISH);
+    zlib.end(&z);
+    return rc == Z_STREAM_END && z.total_out == out_size;
+}
+#else
+/* Built without zlib's header (Debian: zlib1g-dev): compressed sections
+ * count as absent. */
+static bool inflate_exact(const uint8_t *in BTC_UNUSED, size_t in_size BTC_UNUSED,
+                          uint8_t *out BTC_UNUSED, size_t out_size BTC_UNUSED)
+{
+    return false;
+}
+#endif
+
+/* Replace a compressed section image by its contents. */
+static bool decompress(btc_bytes *b, size_t header_size, uint64_t out_size)
+{
+    if (header_size > b->size || out_size > MAX_SECTION)
+        return false;
+    uint8_t *out = malloc(out_size + 1);
+    if (!out)
+        return false;
+    if (!inflate_exact(b->data + header_size, b->size - header_size, out, out_size)) {
+        free(out);
+        return false;
+    }
+    out[out_size] = 0;
+    free(b->data);
+    b->data = out;
+    b->size = out_size;
+    return true;
+}
+
+static bool decompress_shf(btc_bytes *b)
+{
+    Elf64_Chdr ch;
+    if (b->size < sizeof ch)
+        return false;
+    memcpy(&ch, b->data, sizeof ch);
+    return ch.ch_type == ELFCOMPRESS_ZLIB && decompress(b, sizeof ch, ch.ch_size);
+}
+
+/* ".zdebug_x": "ZLIB", 8-byte big-endian size, zlib stream. */
+static bool decompress_zdebug(btc_bytes *b)
+{
+    if (b->size < 12 || memcmp(b->data, "ZLIB", 4) != 0)
+        return false;
+    uint64_t size = 0;
+    for (int i = 4; i < 12; i++)
+        size = size << 8 | b->data[i];
+    return decompress(b, 12, size);
+}
+
+bool btc_elf_read_section(btc_elf *e, const char *name, btc_bytes *out)
+{
+    out->data = NULL;
+    out->size = 0;
+    const Elf64_Shdr *s = find_section(e, name);
+    if (s) {
+        if (!read_section(e, s, out))
+            return false;
+        if ((s->sh_flags & SHF_COMPRESSED) && !decompress_shf(out)) {
+            btc_bytes_free(out);
+            return false;
+        }
+        return true;
+    }
+    if (strncmp(name, ".debug_", 7) != 0)
+        return false;
+    char zname[64];
+    if ((size_t)snprintf(zname, sizeof zname, ".zdebug_%s", name + 7) >= sizeof zname)
+        return false;
+    s = find_section(e, zname);
+    if (!s || !read_section(e, s, out))
+        return false;
+    if (!decompress_zdebug(out)) {
+        btc_bytes_free(out);
+        return false;
+    }
+    return true;
+}
+
+/* ---- symbols ---- */
+
+static bool is_function(const btc_elf *e, const Elf64_Sym *s)
+{
+    int type = ELF64_ST_TYPE(s->st_info);
+    if ((type != STT_FUNC && type != STT_GNU_IFUNC) || s->st_value == 0)
+        return false;
+    if (s->st_shndx == SHN_UNDEF || s->st_shndx >= e->shnum)
+        return false;   /* also rejects SHN_ABS, SHN_COMMON and SHN_XINDEX */
+    return (e->shdrs[s->st_shndx].sh_flags & SHF_EXECINSTR) != 0;
+}
+
+/* Append the function symbols of one symbol table; its string table is kept
+ * in *strings.  A missing or malformed table adds nothing. */
+static bool load_symbols(btc_elf *e, uint32_t type, btc_bytes *strings)
+{
+    const Elf64_Shdr *tab = NULL;
+    for (uint32_t i = 1; i < e->shnum && !tab; i++)
+        if (e->shdrs[i].sh_type == type)
+            tab = &e->shdrs[i];
+    if (!tab || tab->sh_entsize != sizeof(Elf64_Sym) || tab->sh_link == 0 || tab->sh_link >= e->shnum ||
+        e->shdrs[tab->sh_link].sh_type != SHT_STRTAB)
+        return true;
+    btc_bytes raw;
+    if (!read_section(e, tab, &raw))
+        return true;
+    if (!read_section(e, &e->shdrs[tab->sh_link], strings)) {
+        btc_bytes_free(&raw);
+        return true;
+    }
+    size_t count = raw.size / sizeof(Elf64_Sym);
+    elf_sym *grown = realloc(e->syms, (e->nsyms + count + 1) * sizeof *grown);
+    if (!grown) {
+        btc_bytes_free(&raw);
+        return false;
+    }
+    e->syms = grown;
+    for (size_t i = 0; i < count; i++) {
+        Elf64_Sym s;
+        memcpy(&s, raw.data + i * sizeof s, sizeof s);
+        if (!is_function(e, &s) || s.st_name >= strings->size || strings->data[s.st_name] == 0)
+            continue;
+        e->syms[e->nsyms++] = (elf_sym){
+            .lo = s.st_value,
+            .size = s.st_size,
+            .name = (const char *)strings->data + s.st_name,
+            .shndx = s.st_shndx,
+            .from_symtab = type == SHT_SYMTAB,
+        };
+    }
+    btc_bytes_free(&raw);
+    return true;
+}
+
+/* By address; among aliases the one to report first: sized, from .symtab,
+ * then by name so the order does not depend on qsort. */
+static int compare_syms(const void *pa, const void *pb)
+{
+    const elf_sym *a = pa, *b = pb;
+    if (a->lo != b->lo)
+        return a->lo < b->lo ? -1 : 1;
+    if ((a->size != 0) != (b->size != 0))
+        return a->size ? -1 : 1;
+    if (a->from_symtab != b->from_symtab)
+        return a->from_symtab ? -1 : 1;
+    return strcmp(a->name, b->name);
+}
+
+/* ---- public interface ---- */
+
+btc_elf *btc_elf_open(const char *path)
+{
+    btc_elf *e = calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    Elf64_Ehdr h;
+    if (e->fd < 0 || fstat(e->fd, &st) != 0 || !S_ISREG(st.st_mode))
+        goto fail;
+    e->file_size = (uint64_t)st.st_size;
+    if (!range_in_file(e, 0, sizeof h) || !read_exact(e->fd, 0, &h, sizeof h) || !valid_ehdr(&h) ||
+        !read_section_headers(e, &h))
+        goto fail;
+    if (!load_symbols(e, SHT_SYMTAB, &e->strtab) || !load_symbols(e, SHT_DYNSYM, &e->dynstr))
+        goto fail;
+    if (e->nsyms)
+        qsort(e->syms, e->nsyms, sizeof *e->syms, compare_syms);
+    return e;
+fail:
+    btc_elf_close(e);
+    return NULL;
+}
+
+void btc_elf_close(btc_elf *e)
+{
+    if (!e)
+        return;
+    if (e->fd >= 0)
+        close(e->fd);
+    free(e->shdrs);
+    btc_bytes_free(&e->shstrtab);
+    btc_bytes_free(&e->strtab);
+    btc_bytes_free(&e->dynstr);
+    free(e->syms);
+    free(e);
+}
+
+/* Index of the last symbol with lo <= vaddr, moved back to the first
+ * (preferred) of its aliases; -1 if every symbol lies above vaddr. */
+static ptrdiff_t preceding_symbol(const btc_elf *e, uint64_t vaddr)
+{
+    size_t lo = 0, hi = e->nsyms;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->syms[mid].lo <= vaddr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return -1;
+    size_t i = lo - 1;
+    while (i > 0 && e->syms[i - 1].lo == e->syms[i].lo)
+        i--;
+    return (ptrdiff_t)i;
+}
+
+static bool sym_covers(const elf_sym *s, uint64_t vaddr)
+{
+    return vaddr >= s->lo && vaddr - s->lo < s->size;
+}
+
+static bool section_covers(const btc_elf *e, uint16_t shndx, uint64_t vaddr)
+{
+    const Elf64_Shdr *s = &e->shdrs[shndx];
+    return vaddr >= s->sh_addr && vaddr - s->sh_addr < s->sh_size;
+}
+
+const char *btc_elf_symbolize(btc_elf *e, uintptr_t vaddr, uintptr_t *sym_vaddr)
+{
+    if (!e)
+        return NULL;
+    ptrdiff_t i = preceding_symbol(e, vaddr);
+    if (i < 0)
+        return NULL;
+    const elf_sym *found = NULL;
+    /* A sized symbol that contains vaddr; usually the nearest one, but a
+     * larger symbol may enclose a smaller one that ends before vaddr. */
+    for (ptrdiff_t k = i; k >= 0 && k > i - CONTAINER_LOOKBACK && !found; k--)
+        if (sym_covers(&e->syms[k], vaddr))
+            found = &e->syms[k];
+    /* Otherwise (no size, or only .dynsym survived stripping) the nearest
+     * preceding function in the same section, reported as name+offset. */
+    if (!found && section_covers(e, e->syms[i].shndx, vaddr))
+        found = &e->syms[i];
+    if (!found)
+        return NULL;
+    if (sym_vaddr)
+        *sym_vaddr = (uintptr_t)found->lo;
+    return found->name;
+}
+
+/* name itself, or name followed by '.' and a clone suffix (".cold", ".part.0"). */
+static bool names_function(const char *sym, const char *name, size_t len)
+{
+    return strncmp(sym, name, len) == 0 && (sym[len] == 0 || sym[len] == '.');
+}
+
+static bool range_listed(const uintptr_t *lo, const uintptr_t *hi, int n, uint64_t l, uint64_t h)
+{
+    for (int k = 0; k < n; k++)
+        if (lo[k] == l && hi[k] == h)
+            return true;
+    return false;
+}
+
+int btc_elf_function_ranges(btc_elf *e, const char *name, uintptr_t *lo, uintptr_t *hi, int max)
+{
+    if (!e || !name)
+        return 0;
+    size_t len = strlen(name);
+    int n = 0;
+    for (size_t i = 0; i < e->nsyms && n < max; i++) {
+        const elf_sym *s = &e->syms[i];
+        if (s->size == 0 || !names_function(s->name, name, len))
+            continue;
+        /* The same function often appears in both .symtab and .dynsym. */
+        if (range_listed(lo, hi, n, s->lo, s->lo + s->size))
+            continue;
+        lo[n] = (uintptr_t)s->lo;
+        hi[n] = (uintptr_t)(s->lo + s->size);
+        n++;
+    }
+    return n;
+}
+
+/* ---- separate debug files ----
+ *
+ * Distributions strip DWARF into a second file and leave a pointer behind:
+ * the build-id note (looked up under <root>/.build-id/xx/rest.debug) and
+ * the .gnu_debuglink section (a file name and the CRC-32 of that file). */
+
+#define MAX_BUILD_ID 64
+
+bool btc_elf_has_section(btc_elf *e, const char *name)
+{
+    return find_section(e, name) != NULL;
+}
+
+/* The bytes of the NT_GNU_BUILD_ID note; 0 when there is none. */
+static size_t read_build_id(btc_elf *e, uint8_t out[MAX_BUILD_ID])
+{
+    btc_bytes notes;
+    if (!btc_elf_read_section(e, ".note.gnu.build-id", &notes))
+        return 0;
+    size_t found = 0;
+    const uint8_t *p = notes.data, *end = notes.data + notes.size;
+    while (!found && end - p >= 12) {
+        uint32_t namesz, descsz, type;
+        memcpy(&namesz, p, 4);
+        memcpy(&descsz, p + 4, 4);
+        memcpy(&type, p + 8, 4);
+        p += 12;
+        uint64_t name_room = ((uint64_t)namesz + 3) & ~3ull, desc_room = ((uint64_t)descsz + 3) & ~3ull;
+        if (name_room > (uint64_t)(end - p) || desc_room > (uint64_t)(end - p) - name_room)
+            break;
+        if (type == NT_GNU_BUILD_ID && namesz == 4 && memcmp(p, "GNU", 4) == 0 && descsz > 0 &&
+            descsz <= MAX_BUILD_ID) {
+            memcpy(out, p + name_room, descsz);
+            found = descsz;
+        }
+        p += name_room + desc_room;
+    }
+    btc_bytes_free(&notes);
+    return found;
+}
+
+static uint32_t crc_table[256];
+static pthread_once_t crc_table_once = PTHREAD_ONCE_INIT;
+
+static void fill_crc_table(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+/* zlib's CRC-32, which is what .gnu_debuglink records. */
+static uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t n)
+{
+    pthread_once(&crc_table_once, fill_crc_table);
+    crc = ~crc;
+    while (n--)
+        crc = crc_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* The CRC-32 of a whole file. */
+static bool file_crc32(const btc_elf *e, uint32_t *crc)
+{
+    enum { CHUNK = 1 << 16 };
+    uint8_t *buf = malloc(CHUNK);
+    if (!buf)
+        return false;
+    uint32_t c = 0;
+    uint64_t off = 0;
+    bool ok = true;
+    while (ok && off < e->file_size) {
+        size_t n = e->file_size - off < CHUNK ? (size_t)(e->file_size - off) : CHUNK;
+        ok = read_exact(e->fd, off, buf, n);
+        c = crc32_update(c, buf, n);
+        off += n;
+    }
+    free(buf);
+    *crc = c;
+    return ok;
+}
+
+/* A candidate debug file is accepted only if it has DWARF and provably
+ * belongs to e: same build-id when both have one, else the recorded CRC. */
+static btc_elf *open_matching(const char *path, const uint8_t *id, size_t id_len, const uint32_t *crc)
+{
+    btc_elf *d = btc_elf_open(path);
+    if (!d)
+        return NULL;
+    uint8_t did[MAX_BUILD_ID];
+    size_t did_len = read_build_id(d, did);
+    bool same;
+    uint32_t dcrc;
+    if (id_len && did_len)
+        same = id_len == did_len && memcmp(id, did, id_len) == 0;
+    else
+        same = crc && file_crc32(d, &dcrc) && dcrc == *crc;
+    if (same && (btc_elf_has_section(d, ".debug_info") || btc_elf_has_section(d, ".zdebug_info")))
+        return d;
+    btc_elf_close(d);
+    return NULL;
+}
+
+static btc_elf *open_by_build_id(const uint8_t *id, size_t len, const char *root)
+{
+    if (len < 2)
+        return NULL;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s/.build-id/%02x/", root, id[0]);
+    for (size_t i = 1; i < len && n > 0 && (size_t)n < sizeof path - 3; i++)
+        n += snprintf(path + n, sizeof path - (size_t)n, "%02x", id[i]);
+    if (n <= 0 || (size_t)n + sizeof ".debug" > sizeof path)
+        return NULL;
+    strcpy(path + n, ".debug");
+    return open_matching(path, id, len, NULL);
+}
+
+/* .gnu_debuglink: the file name and the CRC that follows it (4-aligned). */
+static bool read_debuglink(btc_elf *e, char *name, size_t size, uint32_t *crc)
+{
+    btc_bytes link;
+    if (!btc_elf_read_section(e, ".gnu_debuglink", &link))
+        return false;
+    size_t len = strnlen((const char *)link.data, link.size);
+    size_t crc_at = (len + 4) & ~(size_t)3;
+    bool ok = len > 0 && len < size && crc_at + 4 <= link.size;
+    if (ok) {
+        memcpy(name, link.data, len + 1);
+        memcpy(crc, link.data + crc_at, 4);
+    }
+    btc_bytes_free(&link);
+    return ok;
+}
+
+/* Where GDB looks for a debuglink target: beside the file, in .debug/
+ * beside it, and under the debug root with the file's directory. */
+static btc_elf *open_by_debuglink(btc_elf *e, const char *path, const char *root, const uint8_t *id,
+                                  size_t id_len)
+{
+    char name[256];
+    uint32_t crc;
+    if (!read_debuglink(e, name, sizeof name, &crc))
+        return NULL;
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path) : 1;
+    const char *dir = slash ? path : ".";
+    const char *forms[] = {"%.*s/%s", "%.*s/.debug/%s", "%s%.*s/%s"};
+    for (size_t k = 0; k < sizeof forms / sizeof *forms; k++) {
+        char candidate[4096];
+        int n = k < 2 ? snprintf(candidate, sizeof candidate, forms[k], dir_len, dir, name)
+                      : snprintf(candidate, sizeof candidate, forms[k], root, dir_len, dir, name);
+        if (n <= 0 || (size_t)n >= sizeof candidate || strcmp(candidate, path) == 0)
+            continue;
+        btc_elf *d = open_matching(candidate, id, id_len, &crc);
+        if (d)
+            return d;
+    }
+    return NULL;
+}
+
+btc_elf *btc_elf_open_debug_file(btc_elf *e, const char *path, const char *debug_root)
+{
+    uint8_t id[MAX_BUILD_ID];
+    size_t id_len = read_build_id(e, id);
+    btc_elf *d = open_by_build_id(id, id_len, debug_root);
+    return d ? d : open_by_debuglink(e, path, debug_root, id, id_len);
+}

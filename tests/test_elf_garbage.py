@@ -1,0 +1,130 @@
+"""Garbage in, no crash out: ELF and DWARF readers (native/elf.c, dwarf.c)
+and the demangler on truncated and mutated input.
+
+Each batch runs in a child process so that a crash shows up as a failed
+test with the seed to reproduce it, not as a dead test session.  Every
+variant is written to a new path: the engine caches files by path and
+inode/size/mtime, and a rewrite within one mtime tick could look unchanged.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+C_SOURCE = r"""
+static int counter;
+static inline __attribute__((always_inline)) int helper(int x) { counter += x * 3; return counter ^ x; }
+__attribute__((noinline)) static int hidden(int x) { return helper(x) + 7; }
+int outer(int x) { int r = helper(x + 1); return r + hidden(r); }
+int split(int x) { if (__builtin_expect(x == 12345, 0)) { counter++; __builtin_trap(); } return helper(x); }
+"""
+
+CHILD = textwrap.dedent(r"""
+    import os, random, sys
+    from elftools.elf.elffile import ELFFile
+    from btcore._native import ffi, lib
+
+    original, workdir, seed, variants = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    data = open(original, "rb").read()
+    with open(original, "rb") as f:
+        elf = ELFFile(f)
+        debug = [(s["sh_offset"], s["sh_size"]) for s in elf.iter_sections()
+                 if s.name.startswith((".debug", ".zdebug")) and s["sh_size"]]
+        headers = [(0, 64), (elf["e_shoff"], elf["e_shnum"] * elf["e_shentsize"])]
+        funcs = [(s["st_value"], s["st_size"]) for s in elf.get_section_by_name(".symtab").iter_symbols()
+                 if s["st_info"]["type"] == "STT_FUNC" and s["st_size"]]
+    addrs = sorted({lo + k for lo, size in funcs for k in range(0, size, 3)})
+    out = ffi.new("btc_srcframe[8]")
+    buf = ffi.new("char[4096]")
+    rng = random.Random(seed)
+
+    def mutate():
+        b = bytearray(data)
+        kind = rng.choice(["truncate", "debug", "debug", "headers", "anywhere"])
+        if kind == "truncate":
+            return bytes(b[:rng.randrange(len(b))])
+        regions = debug if kind == "debug" else headers if kind == "headers" else [(0, len(b))]
+        for _ in range(rng.randint(1, 40)):
+            off, size = rng.choice(regions)
+            at = off + rng.randrange(size)
+            b[at] = rng.choice([0, 0xff, 0x80, 0x7f, rng.randrange(256)])
+        return bytes(b)
+
+    for i in range(variants):
+        path = os.path.join(workdir, "v%d_%d.so" % (seed, i))
+        with open(path, "wb") as f:
+            f.write(mutate())
+        for a in addrs:
+            n = lib.btc_symbolize_file(path.encode(), a, out, len(out), buf, len(buf))
+            assert -1 <= n <= len(out), n
+            for k in range(max(n, 0)):   # the strings must be readable
+                if out[k].function != ffi.NULL:
+                    ffi.string(out[k].function)
+                if out[k].file != ffi.NULL:
+                    ffi.string(out[k].file)
+        lib.btc_symbolize_reset()
+        os.unlink(path)
+    print("ok")
+""")
+
+DEMANGLE_CHILD = textwrap.dedent(r"""
+    import random, sys
+    from btcore._native import ffi, lib
+    rng = random.Random(int(sys.argv[1]))
+    seeds = [b"_RNvCs1234_7mycrate3foo", b"_RNvXCs1234_5helloNtB2_3FooNtNtCsk_4core3fmt5Debug3fmt",
+             b"_RINvCs1_1a1fTRShmEE", b"_ZN3std2rt10lang_start17h9a1b2c3d4e5f6a7bE",
+             b"_ZN4core3ptr13drop_in_place$LT$u8$GT$17h0123456789abcdefE", b"_ZNSt6vectorIiSaIiEE9push_backERKi"]
+    alphabet = b"0123456789_$.ENCMXYIBKLRQPOSATpsuvhj" + bytes(range(97, 123))
+    buf = ffi.new("char[256]")
+    for _ in range(20000):
+        name = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 6)):
+            op, at = rng.randrange(3), rng.randrange(len(name))
+            if op == 0:
+                name[at] = rng.choice(alphabet)
+            elif op == 1:
+                name.insert(at, rng.choice(alphabet))
+            elif len(name) > 2:
+                del name[at]
+        for size in (256, 9):
+            assert lib.btc_demangle(bytes(name), buf, size) in (0, -1)
+    print("ok")
+""")
+
+
+def run_child(script, *args):
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (args, done.returncode, done.stderr[-3000:])
+
+
+@pytest.fixture(scope="module", params=[("-gdwarf-5",), ("-gdwarf-4",), ("-gdwarf-5", "-Wl,--compress-debug-sections=zlib")],
+                ids=["dwarf5", "dwarf4", "zlib"])
+def library(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("garbage")
+    src = d / "g.c"
+    src.write_text(C_SOURCE)
+    so = d / "g.so"
+    subprocess.run(["gcc", "-O2", "-g", "-shared", "-fPIC", *request.param, "-o", str(so), str(src)], check=True)
+    return str(so)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_mutated_and_truncated_files(library, tmp_path, seed):
+    run_child(CHILD, library, tmp_path, seed, 150)
+
+
+def test_mutated_libpython_debug_sections(tmp_path):
+    """A few variants of a big real file: DWARF 5 with every form gcc uses."""
+    import sysconfig
+    lib = os.path.realpath(os.path.join(sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")))
+    script = CHILD.replace("range(0, size, 3)", "range(0, size, max(1, size // 2))")
+    run_child(script, lib, tmp_path, 9, 6)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_mutated_mangled_names(seed):
+    run_child(DEMANGLE_CHILD, seed)
