@@ -1,0 +1,348 @@
+"""btcore.collect(): what a capture of the calling thread contains, and in
+which order.
+
+Oracles, all independent of btcore:
+  * the interpreter's own frame chain (sys._getframe / f_back): names, files
+    and f_lineno of every Python frame;
+  * glibc's backtrace() taken inside the native fixture (tests/fixtures/chain.cpp):
+    the return addresses of every native frame from the fixture to the
+    bottom of the stack;
+  * the fixture's ELF symbol table read with pyelftools (chain_symbols):
+    which function a return address falls in.
+"""
+import contextlib
+import os
+import sys
+
+import greenlet
+import pytest
+
+import btcore
+from conftest import build_chain as bc
+
+BTCORE_DIR = os.path.dirname(os.path.realpath(btcore.__file__)) + os.sep
+EVAL_LOOP = "_PyEval_EvalFrameDefault"
+BIG = 4096   # capacity large enough for any stack in these tests
+
+
+# ---------------------------------------------------------------- helpers
+
+def interp_chain(frame):
+    """The interpreter's view: [(qualname, filename, f_lineno)] from frame outward."""
+    out = []
+    while frame is not None:
+        out.append((frame.f_code.co_qualname, frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return out
+
+
+@contextlib.contextmanager
+def oracle_at_collect(into):
+    """Records into[] the interpreter's frame chain of collect()'s caller at
+    the moment it calls collect() (a profile hook on collect's 'call' event),
+    so that the innermost frame's f_lineno is known exactly too."""
+    code = btcore.collect.__code__
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code is code and not into:
+            into.append(interp_chain(frame.f_back))
+
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+def py_view(frames):
+    return [(f.function, f.file, f.line) for f in frames if f.kind == "python"]
+
+
+def is_eval_loop(f):
+    return f.kind == "native" and (f.function or "").split(".")[0] == EVAL_LOOP
+
+
+def assert_no_btcore_frames(frames):
+    """btcore's own frames, Python or native, never appear."""
+    for f in frames:
+        for path in (f.module, f.file):
+            assert not (path and os.path.realpath(path).startswith(BTCORE_DIR)), f"btcore frame: {f}"
+        name = f.function or ""
+        assert not name.startswith(("btc_", "_cffi_f_btc", "_cffi_d_btc")), f"btcore frame: {f}"
+
+
+def in_fn(addr, symbols, name):
+    lo, hi = symbols[name]
+    return lo < addr <= hi   # a return address may equal the end (call as last insn)
+
+
+# ---------------------------------------------------------------- basics
+
+def test_first_frame_is_the_caller():
+    bt, line = btcore.collect(), sys._getframe().f_lineno
+    frames = bt.frames()
+    assert frames, "empty backtrace"
+    first = frames[0]
+    assert first.kind == "python"
+    assert (first.function, first.file, first.line) == (
+        "test_first_frame_is_the_caller", __file__, line)
+    assert_no_btcore_frames(frames)
+
+
+def test_python_only_matches_interpreter_frame_chain():
+    def level3():
+        bt, oracle = btcore.collect(native=False, capacity=BIG), interp_chain(sys._getframe())
+        return bt, oracle
+
+    def level2():
+        return level3()
+
+    def level1():
+        return level2()
+
+    bt, oracle = level1()
+    frames = bt.frames()
+    assert all(f.kind == "python" for f in frames), [f for f in frames if f.kind != "python"]
+    assert not bt.truncated
+    # names, files and line numbers, frame by frame, down to the outermost
+    assert py_view(frames) == oracle
+    assert [f.function.rsplit(".", 1)[-1] for f in frames] == [
+        name.rsplit(".", 1)[-1] for name, _, _ in oracle]
+
+
+def test_merged_python_frames_match_interpreter_frame_chain():
+    def inner():
+        bt, oracle = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
+        return bt, oracle
+
+    bt, oracle = inner()
+    frames = bt.frames()
+    assert not bt.truncated
+    assert py_view(frames) == oracle
+    assert frames[0].kind == "python" and frames[0].function.endswith("inner")
+    # the merge replaced every eval-loop frame by the Python frames it runs
+    assert not [f for f in frames if is_eval_loop(f)]
+    assert_no_btcore_frames(frames)
+
+
+def test_native_only():
+    bt = btcore.collect(python=False, capacity=BIG)
+    frames = bt.frames()
+    assert frames and not bt.truncated
+    assert all(f.kind == "native" for f in frames), [f for f in frames if f.kind != "native"]
+    assert all(isinstance(f.ip, int) and f.ip > 0 for f in frames)
+    assert any(is_eval_loop(f) for f in frames), [f.function for f in frames]
+    assert_no_btcore_frames(frames)
+    # the bottom of the stack is reached: the program's entry point
+    names = [f.function for f in frames if not f.inlined]
+    assert "main" in names or "Py_BytesMain" in names, names
+
+
+def test_current_greenlet_target_is_the_same_as_none():
+    a, b = btcore.collect(capacity=BIG), btcore.collect(greenlet.getcurrent(), capacity=BIG)
+    fa, fb = a.frames(), b.frames()
+    assert [(f.kind, f.function, f.module, f.line) for f in fa] == \
+        [(f.kind, f.function, f.module, f.line) for f in fb]
+    assert [f.ip for f in fa] == [f.ip for f in fb]
+
+
+def test_inside_a_greenlet_python_frames_match_interpreter():
+    result = {}
+
+    def run():
+        def deeper():
+            a, oracle = btcore.collect(native=False, capacity=BIG), interp_chain(sys._getframe())
+            b = btcore.collect(greenlet.getcurrent(), native=False, capacity=BIG)
+            m = btcore.collect(capacity=BIG)
+            result.update(a=a, b=b, m=m, oracle=oracle)
+        deeper()
+
+    greenlet.greenlet(run).switch()
+    oracle = result["oracle"]
+    assert py_view(result["a"].frames()) == oracle
+    # same frames, the innermost one line (b) and two lines (m) further on
+    name, file, line = oracle[0]
+    assert py_view(result["b"].frames()) == [(name, file, line + 1)] + oracle[1:]
+    merged = result["m"].frames()
+    assert py_view(merged) == [(name, file, line + 2)] + oracle[1:]
+    assert_no_btcore_frames(merged)
+
+
+# ---------------------------------------------------------------- through native code
+
+def test_merged_order_through_native_chain(chain, chain_symbols):
+    """Python -> chain_entry -> chain_static -> btfix::Walker<int>::descend
+    -> (cffi extern "Python") -> Python -> collect(): every frame in order."""
+    ffi, lib, so_path = chain
+    got = {}
+
+    def in_callback(tag):
+        bt, oracle = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
+        got["bt"], got["oracle"] = bt, oracle
+        return 0
+
+    chain.set_callback(in_callback)
+    lib.chain_entry(1)
+    chain.finish()
+
+    frames, oracle = got["bt"].frames(), got["oracle"]
+    assert not got["bt"].truncated
+    assert_no_btcore_frames(frames)
+
+    # Python frames: exactly the interpreter's chain, across the native part
+    assert py_view(frames) == oracle
+    assert [o[0] for o in oracle[:3]] == [
+        "test_merged_order_through_native_chain.<locals>.in_callback",
+        "_dispatch_factory.<locals>._chain_dispatch",
+        "test_merged_order_through_native_chain"]
+
+    # Landmarks: all Python frames + the native frames of the fixture module
+    def landmark(f):
+        if f.kind == "python":
+            return ("py", f.function)
+        if f.module and os.path.realpath(f.module) == so_path:
+            return ("c", f.function)
+        return None
+
+    marks = [m for m in map(landmark, frames) if m]
+    expected = [("py", oracle[0][0]), ("py", oracle[1][0]),
+                ("c", bc.NAME_PY_CALLBACK),
+                ("c", bc.NAME_DESCEND),
+                ("c", bc.NAME_CHAIN_STATIC),
+                ("c", bc.NAME_CHAIN_ENTRY),
+                ("c", "_cffi_f_chain_entry(_object*, _object*)")]
+    expected += [("py", o[0]) for o in oracle[2:]]
+    assert marks == expected
+
+    # Adjacency in the full list: the fixture's frames are consecutive ...
+    i_cb = next(i for i, f in enumerate(frames)
+                if landmark(f) == ("c", bc.NAME_PY_CALLBACK))
+    assert [frames[i].function for i in range(i_cb, i_cb + 5)] == [
+        bc.NAME_PY_CALLBACK, bc.NAME_DESCEND, bc.NAME_CHAIN_STATIC, bc.NAME_CHAIN_ENTRY,
+        "_cffi_f_chain_entry(_object*, _object*)"]
+    assert all(f.kind == "native" and not f.inlined for f in frames[i_cb:i_cb + 5])
+    # ... their return addresses lie in the functions the ELF symtab names
+    for f, sym in zip(frames[i_cb:i_cb + 4],
+                      ["chain_py_callback", "_ZN5btfix6WalkerIiE7descendEi", "chain_static", "chain_entry"]):
+        assert in_fn(f.ip, chain_symbols, sym), (f, sym, chain_symbols[sym])
+        assert f.offset == f.ip - chain_symbols[sym][0]
+        assert os.path.realpath(f.module) == so_path
+    # ... between the callback's Python frames and the fixture: native only
+    # (cffi's callback machinery and libpython's call path), at least one
+    i_disp = next(i for i, f in enumerate(frames) if f.kind == "python"
+                  and f.function == oracle[1][0])
+    between = frames[i_disp + 1:i_cb]
+    assert between and all(f.kind == "native" for f in between)
+    # ... and between the cffi wrapper and the test function: native only
+    i_test = next(i for i, f in enumerate(frames) if f.kind == "python"
+                  and f.function == oracle[2][0])
+    assert i_test > i_cb + 5
+    assert all(f.kind == "native" for f in frames[i_cb + 5:i_test])
+
+    # demangled names, exactly
+    assert bc.NAME_DESCEND == "btfix::Walker<int>::descend(int)"
+    assert bc.NAME_CHAIN_STATIC == "chain_static"
+
+
+def test_native_addresses_match_glibc_backtrace(chain, chain_symbols):
+    """Differential test against glibc's backtrace().
+
+    Inside btfix::Walker<int>::descend, the fixture calls glibc backtrace()
+    (g_glibc_bt), then the Python callback, where we take
+    collect(python=False).  Both captures share every frame from the caller
+    of descend outward: glibc's entries [1:] are the return addresses into
+    chain_static, chain_entry, _cffi_f_chain_entry, libpython, ... down to
+    the bottom of the stack, and they must equal the outer suffix of ours,
+    address by address, with nothing extra after it.  glibc's entry [0] is
+    not compared as an address: it is the return address of the call to
+    backtrace() inside descend, while ours is the return address of the call
+    to chain_py_callback in the same activation of descend; we check that
+    both lie in descend.  Our frames inner to that are the callback path
+    (cffi, libpython, the eval loop running the callback), which glibc
+    never saw.
+    """
+    ffi, lib, so_path = chain
+    got = {}
+
+    def in_callback(tag):
+        got["bt"] = btcore.collect(python=False, capacity=BIG)
+        return 0
+
+    lib.g_glibc_bt_enabled = 1
+    try:
+        chain.set_callback(in_callback)
+        lib.chain_entry(0)
+        chain.finish()
+    finally:
+        lib.g_glibc_bt_enabled = 0
+
+    glibc = chain.glibc_backtrace()
+    assert 4 <= len(glibc) < 1024, "glibc backtrace() missing or overflowed"
+    # the oracle itself is sane
+    assert in_fn(glibc[0], chain_symbols, "_ZN5btfix6WalkerIiE7descendEi")
+    assert in_fn(glibc[1], chain_symbols, "chain_static")
+    assert in_fn(glibc[2], chain_symbols, "chain_entry")
+
+    bt = got["bt"]
+    assert not bt.truncated
+    frames = bt.frames()
+    assert all(f.kind == "native" for f in frames)
+    assert_no_btcore_frames(frames)
+    ours = [f.ip for f in frames if not f.inlined]
+
+    shared = glibc[1:]
+    assert len(ours) > len(shared)
+    k = len(ours) - len(shared)   # our index of descend's frame
+    assert [hex(a) for a in ours[k:]] == [hex(a) for a in shared], \
+        "collect(python=False) disagrees with glibc backtrace() on the shared outer frames"
+    assert in_fn(ours[k - 1], chain_symbols, "_ZN5btfix6WalkerIiE7descendEi")
+    assert ours[k - 1] != glibc[0]
+    assert in_fn(ours[k - 2], chain_symbols, "chain_py_callback")
+    # the callback path holds an eval loop (the Python callback runs in one)
+    assert any(is_eval_loop(f) for f in frames[:k])
+
+
+@pytest.mark.parametrize("depth", [0, 1, 7, 40])
+def test_native_recursion_depth(chain, chain_symbols, depth):
+    """recurse_then_call(n): n+1 frames of recurse_then_call, all present and
+    consecutive, between the callback and the test function."""
+    ffi, lib, so_path = chain
+    got = {}
+
+    def in_callback(tag):
+        bt, oracle = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
+        got["bt"], got["oracle"] = bt, oracle
+        return 0
+
+    chain.call(lib.recurse_then_call, depth, in_callback)
+    frames = got["bt"].frames()
+    assert py_view(frames) == got["oracle"]
+    rec = [i for i, f in enumerate(frames) if f.function == bc.NAME_RECURSE]
+    assert len(rec) == depth + 1
+    assert rec == list(range(rec[0], rec[0] + depth + 1))
+    assert all(in_fn(frames[i].ip, chain_symbols, "recurse_then_call") for i in rec)
+    assert frames[rec[0] - 1].function == bc.NAME_PY_CALLBACK
+    assert frames[rec[-1] + 1].function == "_cffi_f_recurse_then_call(_object*, _object*)"
+    assert_no_btcore_frames(frames)
+
+
+def test_python_frame_lines_in_multiline_calls():
+    """Line numbers come from the instruction offset of each frame, as the
+    interpreter computes f_lineno (a call spread over several lines)."""
+    seen = []
+
+    def leaf(*args):
+        with oracle_at_collect(seen):
+            bt = btcore.collect(
+                native=False,
+                capacity=BIG,
+            )
+        return bt
+
+    bt = leaf(
+        1,
+        2,
+        (lambda: 3)(),
+    )
+    assert seen, "profile hook did not see collect()"
+    assert py_view(bt.frames()) == seen[0]

@@ -1,0 +1,104 @@
+"""collect() from 8 threads at once, many times each: every result is that
+thread's own stack (each thread recurses to its own depth), checked against
+the interpreter's frame chain, with and without native frames, and through
+the native fixture at a per-thread native depth."""
+import sys
+import threading
+
+import btcore
+from conftest import build_chain as bc
+
+NTHREADS = 8
+ITERATIONS = 400
+BIG = 4096
+
+
+def interp_chain(frame):
+    out = []
+    while frame is not None:
+        out.append((frame.f_code.co_qualname, frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return out
+
+
+def py_view(frames):
+    return [(f.function, f.file, f.line) for f in frames if f.kind == "python"]
+
+
+def descend(n, fn):
+    if n <= 0:
+        return fn()
+    return descend(n - 1, fn)
+
+
+def check_here(depth, tid):
+    """At the bottom of this thread's recursion: three captures, each must be
+    exactly this thread's stack."""
+    merged, oracle = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
+    pyonly = btcore.collect(native=False, capacity=BIG)
+    native = btcore.collect(python=False, capacity=BIG)
+
+    assert not merged.truncated and not pyonly.truncated and not native.truncated
+    mf = merged.frames()
+    assert py_view(mf) == oracle, f"thread {tid}: merged python frames differ"
+    pf = pyonly.frames()
+    assert py_view(pf)[1:] == oracle[1:] and len(pf) == len(oracle)
+    assert pf[0].function == "check_here"
+    assert sum(1 for f in pf if f.function == "descend") == depth + 1
+    nf = native.frames()
+    assert nf and all(f.kind == "native" for f in nf)
+    # the thread's own bottom: thread start machinery, not the main thread's
+    names = [f.function or "" for f in nf]
+    assert "main" not in names and "Py_BytesMain" not in names, names
+    # libpython's thread entry points (static symbols, in its .symtab)
+    assert "thread_run" in names and "pythread_wrapper" in names, names
+    # merged native frames are those of the native-only capture (minus the eval loop)
+    return len(mf)
+
+
+def test_collect_from_8_threads(chain):
+    ffi, lib, so_path = chain
+    barrier = threading.Barrier(NTHREADS)
+    errors = []
+    done = [0] * NTHREADS
+
+    def worker(tid):
+        depth = 3 + 9 * tid          # a different Python depth per thread
+        ndepth = tid * 3             # and a different native depth
+        try:
+            barrier.wait()
+            for it in range(ITERATIONS):
+                descend(depth, lambda: check_here(depth, tid))
+                if it % 5 == 0:
+                    got = {}
+
+                    def cb(tag):
+                        bt, oracle = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
+                        got["bt"], got["oracle"] = bt, oracle
+                        return 0
+
+                    descend(depth, lambda: chain.call(lib.recurse_then_call, ndepth, cb))
+                    frames = got["bt"].frames()
+                    assert py_view(frames) == got["oracle"], f"thread {tid}"
+                    rec = [f for f in frames if f.function == bc.NAME_RECURSE]
+                    assert len(rec) == ndepth + 1, f"thread {tid}: {len(rec)} != {ndepth + 1}"
+                done[tid] += 1
+        except BaseException as e:   # reported by the main thread
+            errors.append((tid, e))
+            barrier.abort()
+
+    threads = [threading.Thread(target=worker, args=(i,), name=f"bt-{i}") for i in range(NTHREADS)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)   # switch threads often: interleave captures and resolutions
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+    finally:
+        sys.setswitchinterval(old)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        tid, e = errors[0]
+        raise AssertionError(f"{len(errors)} thread(s) failed; first: thread {tid}: {e!r}") from e
+    assert done == [ITERATIONS] * NTHREADS
