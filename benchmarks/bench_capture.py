@@ -29,9 +29,7 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+sys.path.insert(0, HERE)   # peers.py; btcore itself must be installed (pip install .)
 
 import peers  # noqa: E402
 
@@ -75,11 +73,11 @@ def at_depth(depth, fn):
 def first_collect_ms(n=5):
     code = ("import time, btcore; t = time.perf_counter(); btcore.collect(); "
             "print(time.perf_counter() - t)")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     vals = []
     for _ in range(n):
-        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+        # -P: a source checkout in the current directory must not shadow the
+        # installed package.
+        out = subprocess.run([sys.executable, "-P", "-c", code],
                              capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
             raise RuntimeError("fresh-process collect failed:\n" + out.stderr)

@@ -96,7 +96,9 @@ DEMANGLE_CHILD = textwrap.dedent(r"""
 
 def run_child(script, *args):
     env = dict(os.environ, PYTHONFAULTHANDLER="1")
-    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+    # -P: the current directory (a source checkout, whose btcore/ has no
+    # compiled core) must not shadow the installed package.
+    done = subprocess.run([sys.executable, "-P", "-c", script, *map(str, args)], capture_output=True, text=True,
                           env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", (args, done.returncode, done.stderr[-3000:])
 
