@@ -78,9 +78,41 @@ def _text(p) -> str | None:
     return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else None
 
 
+_CYTHON_PREFIXES = ("__pyx_pw_", "__pyx_pf_", "__pyx_f_", "__pyx_gb_", "__pyx_pymod_")
+
+
+def _cython_name(name: str) -> str | None:
+    """gevent.hub.Hub.run for __pyx_pw_6gevent_3hub_3Hub_5run.
+
+    Cython encodes the module and class path as length-prefixed parts; the
+    last part is the function's name, after a counter for def functions.
+    """
+    rest = next((name[len(p):] for p in _CYTHON_PREFIXES if name.startswith(p)), None)
+    parts = []
+    while rest:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        if not digits:   # cdef functions: the bare name follows the path
+            parts.append(rest)
+            break
+        size = int(rest[:digits])
+        body = rest[digits:]
+        if len(body) > size and body[size] == "_":   # a path part, then more
+            parts.append(body[:size])
+            rest = body[size + 1:]
+        else:                                        # counter + function name
+            parts.append(body if len(body) == size else rest.lstrip("0123456789") or body)
+            rest = ""
+    return ".".join(parts) + " [cython]" if parts else None
+
+
 def demangle(name: str | None) -> str | None:
-    """Readable form of a symbol name (C++ Itanium); the name itself otherwise."""
-    if not name or not name.startswith("_Z"):
+    """Readable form of a symbol name: C++ (Itanium) and Rust demangled,
+    Cython-generated names as dotted paths; the name itself otherwise."""
+    if not name:
+        return name
+    if name.startswith("__pyx_"):
+        return _cython_name(name) or name
+    if not name.startswith(("_Z", "_R")):
         return name
     buf = _buffer()
     if lib.btc_demangle(name.encode(), buf, _NAME_BUFFER) == 0:
@@ -88,14 +120,31 @@ def demangle(name: str | None) -> str | None:
     return name
 
 
+_MAX_INLINE_LEVELS = 32
+
+
+def _source_levels(module: str, vaddr: int) -> list:
+    """(function, file, line) per level from DWARF, innermost inlined call first."""
+    out = ffi.new("btc_srcframe[]", _MAX_INLINE_LEVELS)
+    n = lib.btc_symbolize_file(module.encode(), vaddr, out, _MAX_INLINE_LEVELS, _buffer(), _NAME_BUFFER)
+    return [(_text(f.function), _text(f.file), f.line or None) for f in out[0:max(n, 0)]]
+
+
 def _resolve_native(pc: int, exact: bool) -> tuple:
+    lookup = pc if exact else pc - 1
     info = ffi.new("btc_syminfo *")
-    if lib.btc_describe_native(pc if exact else pc - 1, info, _buffer(), _NAME_BUFFER) != 0:
+    if lib.btc_describe_native(lookup, info, _buffer(), _NAME_BUFFER) != 0:
         return (Frame(NATIVE, pc, None, None, None, None, None),)
     module = _text(info.module)
     symbol = _text(info.symbol)
     offset = pc - info.symbol_addr if symbol else pc - info.module_base
-    return (Frame(NATIVE, pc, module, demangle(symbol), offset, None, None),)
+    levels = _source_levels(module, lookup - info.module_base) if module else []
+    if not levels or levels[-1][1] is None:   # no DWARF: the symbol table's name
+        return (Frame(NATIVE, pc, module, demangle(symbol), offset, None, None),)
+    *inlined, (function, file, line) = levels
+    frames = [Frame(NATIVE, pc, module, demangle(f), None, fl, ln, inlined=True) for f, fl, ln in inlined]
+    frames.append(Frame(NATIVE, pc, module, demangle(function or symbol), offset, file, line))
+    return tuple(frames)
 
 
 def _line_of(code, lasti: int) -> int | None:

@@ -428,9 +428,11 @@ const char *btc_elf_symbolize(btc_elf *e, uintptr_t vaddr, uintptr_t *sym_vaddr)
     for (ptrdiff_t k = i; k >= 0 && k > i - CONTAINER_LOOKBACK && !found; k--)
         if (sym_covers(&e->syms[k], vaddr))
             found = &e->syms[k];
-    /* Otherwise (no size, or only .dynsym survived stripping) the nearest
-     * preceding function in the same section, reported as name+offset. */
-    if (!found && section_covers(e, e->syms[i].shndx, vaddr))
+    /* Otherwise the nearest preceding function, if its extent is unknown
+     * (size 0) and it is in the same section.  A sized symbol that ends
+     * before vaddr is not vaddr's function (stripped files keep only
+     * .dynsym, whose neighbours are unrelated exports): no name then. */
+    if (!found && e->syms[i].size == 0 && section_covers(e, e->syms[i].shndx, vaddr))
         found = &e->syms[i];
     if (!found)
         return NULL;
