@@ -61,8 +61,18 @@ class Backtrace:
                 yield flags, resolve_native(addr, flags)
 
     def frames(self) -> list[Frame]:
-        """The resolved frames, innermost first."""
+        """The resolved frames, innermost first (a native frame whose code
+        had calls inlined into it resolves to several Frames)."""
         return [frame for _, frames in self._resolved() for frame in frames]
+
+    def joins(self) -> list[int]:
+        """Indexes into frames() where a backtrace added by append() begins."""
+        starts, count = [], 0
+        for flags, frames in self._resolved():
+            if flags & F_JOIN:
+                starts.append(count)
+            count += len(frames)
+        return starts
 
     def format(self, most_recent_first: bool = False) -> str:
         """Readable text; Python-style "most recent call last" by default."""
@@ -132,15 +142,15 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     if type(capacity) is not int or not 0 < capacity <= MAX_CAPACITY:
         _check_capacity(capacity)
     limit = capacity if limit is None else _check_limit(limit, capacity)
-    target = 0 if target is None else target_of(target)
+    target, want = (0, 0) if target is None else target_of(target)
     bt = _new(Backtrace)
     raw = bt._raw = bytearray(capacity * 16)
     refs = bt._refs = []
     bt._len = 0
     bt.truncated = False
-    if target is NOTHING:
+    want |= (_WANT_PYTHON if python else 0) | (_WANT_NATIVE if native else 0)
+    if target is NOTHING or not (python or native):
         return bt
-    want = (_WANT_PYTHON if python else 0) | (_WANT_NATIVE if native else 0)
     if internals:
         want |= _WANT_INTERNALS
     # Hide collect() itself when capturing the calling thread's own stack.

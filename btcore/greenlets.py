@@ -19,7 +19,7 @@ class BacktraceError(RuntimeError):
     """A capture that btcore refused (unsupported interpreter or greenlet build)."""
 
 
-CURRENT = 0      # capture the calling thread's own stack
+CURRENT = 0      # capture the calling thread's own stack (address 0 in btc_collect)
 NOTHING = None   # a greenlet with no stack to capture (not started, or dead)
 
 _learn_lock = threading.Lock()
@@ -63,19 +63,26 @@ def _ensure_layout() -> None:
             f"cannot read suspended greenlets of greenlet {greenlet.__version__}: {_learned}")
 
 
+def _root(g):
+    while g.parent is not None:
+        g = g.parent
+    return g
+
+
 def target_of(target):
-    """CURRENT, NOTHING, or the address of a suspended greenlet to capture."""
-    if target is None:
-        return CURRENT
+    """(CURRENT or NOTHING or a greenlet's address, extra capture flags).
+
+    Only what cannot change is decided here; whether a greenlet is running,
+    suspended or dead is checked again in C under the GIL, since another
+    thread may switch between this check and the capture.
+    """
     if not isinstance(target, greenlet.greenlet):
         raise TypeError(f"target must be a greenlet or None, not {type(target).__name__}")
-    if target is greenlet.getcurrent():
-        return CURRENT
+    current = greenlet.getcurrent()
+    if target is current:
+        return CURRENT, 0
     if not target:   # not started, or dead: no stack
-        return NOTHING
-    if target.gr_frame is None:
-        # greenlet's own rule (Greenlet::is_currently_running_in_some_thread):
-        # active with no saved frame means running.
-        raise RuntimeError("cannot collect a greenlet that is running in another thread")
+        return NOTHING, 0
     _ensure_layout()
-    return id(target)
+    # greenlets cannot change threads, and a parent is always in the same thread
+    return id(target), (lib.BTC_WANT_OWN_THREAD if _root(target) is _root(current) else 0)

@@ -30,6 +30,7 @@ typedef struct {
 #define BTC_WANT_PYTHON    1
 #define BTC_WANT_NATIVE    2
 #define BTC_WANT_INTERNALS 4
+#define BTC_WANT_OWN_THREAD 8   /* the target greenlet belongs to the calling thread */
 
 /* Return value of btc_collect(): the number of frames written, plus
  * BTC_TRUNCATED when frames were dropped at the outer end; or a negative

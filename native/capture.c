@@ -221,22 +221,35 @@ static int collect_current(sink *s, int want)
     return capture(&ctx, &py, s, want, true, false);
 }
 
-/* A suspended greenlet (Python has checked it is started, not dead and not
- * running): its saved registers and stack, and its saved Python frames. */
+/* A greenlet other than the calling thread's current one.  Its state is
+ * checked here, under the GIL: checks made in Python before this call may be
+ * stale, since the GIL can change hands between bytecodes. */
 static int collect_greenlet(sink *s, int want, PyObject *g)
 {
-    btc_context ctx;
-    int rc = btc_greenlet_context(g, &ctx);
-    if (rc < 0)
-        return rc;
+    int active = PyObject_IsTrue(g);   /* greenlet's __bool__: started and not dead */
+    if (active <= 0) {
+        PyErr_Clear();
+        return 0;                      /* no stack: an empty backtrace */
+    }
     PyObject *frame = PyObject_GetAttrString(g, "gr_frame");
     if (!frame) {
         PyErr_Clear();
         return btc_fail(BTC_E_LAYOUT, "cannot read the greenlet's gr_frame");
     }
-    btc_pycursor py;
-    btc_py_cursor_frame(&py, frame);   /* None: a greenlet without Python frames */
-    rc = capture(&ctx, &py, s, want, false, true);
+    /* greenlet's own rule: active with no saved frame is running.  In the
+     * calling thread, a greenlet that is not current cannot be running: it
+     * is suspended in code without Python frames. */
+    int rc = 0;
+    if (frame == Py_None && !(want & BTC_WANT_OWN_THREAD))
+        rc = btc_fail(BTC_E_RUNNING, "cannot collect a greenlet that is running in another thread");
+    btc_context ctx;
+    if (rc == 0)
+        rc = btc_greenlet_context(g, &ctx);
+    if (rc == 0) {
+        btc_pycursor py;
+        btc_py_cursor_frame(&py, frame);   /* None: no Python frames */
+        rc = capture(&ctx, &py, s, want, false, true);
+    }
     Py_DECREF(frame);
     return rc;
 }

@@ -57,13 +57,13 @@ static bool step(const btc_cfi_row *row, const btc_context *ctx, btc_regs *r, ui
     uintptr_t cfa;
     if (!compute_cfa(row, r, m, &cfa))
         return false;
+    *cfa_out = cfa;   /* even if the step fails: the caller checks whose frame this is */
     /* A frame's CFA lies above its sp; a signal frame's CFA is the sp the
      * interrupted code had, which may be anywhere in the view. */
     if (!row->signal && cfa <= r->sp)
         return false;
     if (cfa < m->lo || cfa > m->hi)
         return false;
-    *cfa_out = cfa;
     if (row->ra_rule == BTC_RULE_UNDEFINED)
         return false;   /* the outermost frame (_start, clone, thread start) */
     btc_regs next = *r;
