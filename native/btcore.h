@@ -6,6 +6,8 @@
  *   unwind.c              the one DWARF CFI walker, for every context
  *   elf.c                 ELF files on disk: sections, symbols
  *   cpython/pyNNN.c       one unit per CPython version family: frame chain
+ *   evalloop.c            which native pcs run the eval loop
+ *   greenlet_context.c    the saved context of a suspended greenlet
  *   capture.c             btc_collect(): context -> walk -> merge -> frames
  */
 #ifndef BTCORE_H
@@ -75,6 +77,13 @@ const btc_table *btc_module_table(btc_module *m);
 /* btc_elf_function_ranges() on the module containing `inside`, as absolute
  * addresses. */
 int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max);
+
+/* ---- the interpreter's eval loop (evalloop.c) ---- */
+
+/* Find the eval loop's code ranges once (with the module lock held). */
+void btc_eval_ranges_init(void);
+/* Is pc (already adjusted for return addresses) in the eval loop? */
+bool btc_in_eval_loop(uintptr_t pc);
 
 /* ---- ELF files on disk (elf.c): read with pread into the heap, never mmap,
  * so a file truncated under us is an error, not a SIGBUS. ---- */

@@ -21,30 +21,9 @@ int btc_fail(int code, const char *reason)
 
 const char *btc_last_error(void) { return last_error; }
 
-/* ---- where the eval loop's code lies (main part and .cold clones) ---- */
-
-#define MAX_EVAL_RANGES 16
-static uintptr_t eval_lo[MAX_EVAL_RANGES], eval_hi[MAX_EVAL_RANGES];
-static int n_eval = -1;   /* -1: not looked up yet */
-
-/* Called under the module lock. */
-static void find_eval_ranges(void)
-{
-    n_eval = 0;
-    /* Any exported CPython function locates the interpreter's module. */
-    uintptr_t inside = (uintptr_t)&PyEval_EvalCode;
-    for (const char *const *name = btc_py_eval_functions; *name && n_eval < MAX_EVAL_RANGES; name++)
-        n_eval += btc_module_function_ranges(inside, *name, eval_lo + n_eval, eval_hi + n_eval,
-                                             MAX_EVAL_RANGES - n_eval);
-}
-
 static bool in_eval_loop(const btc_native_frame *f)
 {
-    uintptr_t pc = f->exact ? f->pc : f->pc - 1;
-    for (int i = 0; i < n_eval; i++)
-        if (pc >= eval_lo[i] && pc < eval_hi[i])
-            return true;
-    return false;
+    return btc_in_eval_loop(f->exact ? f->pc : f->pc - 1);
 }
 
 /* ---- the output ---- */
@@ -193,8 +172,7 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
     btc_modules_lock();
     btc_modules_refresh();
-    if (n_eval < 0)
-        find_eval_ranges();
+    btc_eval_ranges_init();
     w.n = btc_unwind(ctx, w.nat, max);
     w.complete = w.n < max;
     if (greenlet && !(want & BTC_WANT_INTERNALS)) {
