@@ -48,7 +48,7 @@ def _show(title, bt):
     print()
 
 
-def demo(out=sys.stdout) -> int:
+def demo() -> int:
     def current_stack(item):
         _show("current stack, inside sorted()'s key callback", btcore.collect())
         return item

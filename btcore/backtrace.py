@@ -5,7 +5,7 @@ import struct
 
 from ._native import ffi, lib
 from .frame import Frame
-from .greenlets import NOTHING, BacktraceError, target_of
+from .greenlets import CURRENT, NOTHING, BacktraceError, current_target, target_of
 from .resolve import resolve_native, resolve_python
 
 DEFAULT_CAPACITY = 64
@@ -23,6 +23,7 @@ _TRUNCATED = lib.BTC_TRUNCATED
 _WANT_PYTHON = lib.BTC_WANT_PYTHON
 _WANT_NATIVE = lib.BTC_WANT_NATIVE
 _WANT_INTERNALS = lib.BTC_WANT_INTERNALS
+_WANT_CURRENT = lib.BTC_WANT_CURRENT
 
 
 class Backtrace:
@@ -142,7 +143,7 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     if type(capacity) is not int or not 0 < capacity <= MAX_CAPACITY:
         _check_capacity(capacity)
     limit = capacity if limit is None else _check_limit(limit, capacity)
-    target, want = (0, 0) if target is None else target_of(target)
+    target, want = current_target() if target is None else target_of(target)
     bt = _new(Backtrace)
     raw = bt._raw = bytearray(capacity * 16)
     refs = bt._refs = []
@@ -154,7 +155,8 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     if internals:
         want |= _WANT_INTERNALS
     # Hide collect() itself when capturing the calling thread's own stack.
-    rc = _btc_collect(target, id(raw), id(refs), limit, want, 1 if target == 0 else 0)
+    own_stack = target == CURRENT or want & _WANT_CURRENT
+    rc = _btc_collect(target, id(raw), id(refs), limit, want, 1 if own_stack else 0)
     if rc < 0:
         raise _ERRORS.get(rc, BacktraceError)(ffi.string(lib.btc_last_error()).decode())
     bt._len = rc & (_TRUNCATED - 1)

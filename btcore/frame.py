@@ -18,7 +18,9 @@ class Frame:
               for the innermost frame of a context); python: None
     module    native: path of the ELF object; python: the source file
     function  demangled function name, or Python qualified name (None if unknown)
-    offset    native: pc - function start (None if the function is unknown)
+    offset    native: pc - function start; pc - load address of the module when
+              no symbol covers the pc; None for inlined calls and for a pc in
+              no module
     file      source file (None if unknown)
     line      source line (None if unknown)
     inlined   True for a call the compiler inlined into the frame that follows it

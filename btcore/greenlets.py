@@ -52,13 +52,17 @@ def _learn_layout() -> str:
     return ffi.string(lib.btc_last_error()).decode() or "greenlet layout check failed"
 
 
-def _ensure_layout() -> None:
+def _layout_known() -> bool:
     global _learned
     if _learned is None:
         with _learn_lock:
             if _learned is None:
                 _learned = _learn_layout()
-    if _learned:
+    return not _learned
+
+
+def _ensure_layout() -> None:
+    if not _layout_known():
         raise BacktraceError(
             f"cannot read suspended greenlets of greenlet {greenlet.__version__}: {_learned}")
 
@@ -67,6 +71,16 @@ def _root(g):
     while g.parent is not None:
         g = g.parent
     return g
+
+
+def current_target():
+    """The calling thread's stack: in a greenlet other than the main one,
+    only down to that greenlet's bottom (below it lie the frames of whoever
+    first switched into it, which may be anything by now)."""
+    current = greenlet.getcurrent()
+    if current.parent is None or not _layout_known():
+        return CURRENT, 0
+    return id(current), lib.BTC_WANT_CURRENT
 
 
 def target_of(target):
@@ -80,7 +94,7 @@ def target_of(target):
         raise TypeError(f"target must be a greenlet or None, not {type(target).__name__}")
     current = greenlet.getcurrent()
     if target is current:
-        return CURRENT, 0
+        return current_target()
     if not target:   # not started, or dead: no stack
         return NOTHING, 0
     _ensure_layout()

@@ -31,6 +31,8 @@ typedef struct {
 #define BTC_WANT_NATIVE    2
 #define BTC_WANT_INTERNALS 4
 #define BTC_WANT_OWN_THREAD 8   /* the target greenlet belongs to the calling thread */
+#define BTC_WANT_CURRENT   16   /* the target is the calling thread's current (non-main)
+                                   greenlet: walk this stack, down to its bottom only */
 
 /* Return value of btc_collect(): the number of frames written, plus
  * BTC_TRUNCATED when frames were dropped at the outer end; or a negative
@@ -47,7 +49,8 @@ typedef struct {
  * caller: frames is a bytearray, refs a list to which the code object of
  * every Python frame captured is appended, in frame order (so a backtrace
  * keeps what it references valid without any C-side bookkeeping).
- * target: 0 for the calling thread, or a greenlet.
+ * target: 0 for the calling thread's whole stack, or a greenlet (suspended,
+ * or the current one with BTC_WANT_CURRENT).
  * limit: at most that many frames are kept.  skip_python: innermost Python
  * frames to drop (btcore's own API frames).
  * Runs with the GIL held. */

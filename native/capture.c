@@ -1,7 +1,7 @@
 /* btc_collect(): pick a context, walk it, merge Python frames into the eval
  * loop's native frames, and hand back raw frames.
  *
- * Runs with the GIL held (cffi releases it around the call; we take it back):
+ * Runs with the GIL held (btcore's cffi wrappers keep it, see _build.py):
  * the frame chain and the code objects' reference counts belong to it.
  */
 #include <Python.h>
@@ -186,7 +186,9 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
     return 0;
 }
 
-static int collect_current(sink *s, int want)
+/* The calling thread's stack; in a greenlet, down to that greenlet's bottom
+ * (last_cfa != 0): below it lie frames of whoever started the greenlet. */
+static int collect_current(sink *s, int want, uintptr_t last_cfa)
 {
     btc_context ctx = {0};
     uintptr_t lo;
@@ -194,9 +196,17 @@ static int collect_current(sink *s, int want)
     if (!btc_thread_stack(&lo, &ctx.mem.hi))
         return btc_fail(BTC_E_UNSUPPORTED, "cannot find the thread's stack");
     ctx.mem.lo = ctx.regs.sp;
+    ctx.last_cfa = last_cfa;
     btc_pycursor py;
     btc_py_cursor_current(&py);
-    return capture(&ctx, &py, s, want, true, false);
+    return capture(&ctx, &py, s, want, true, last_cfa != 0);
+}
+
+static int collect_current_greenlet(sink *s, int want, PyObject *g)
+{
+    uintptr_t stop;
+    int rc = btc_greenlet_stack_stop(g, &stop);
+    return rc < 0 ? rc : collect_current(s, want, stop);
 }
 
 /* A greenlet other than the calling thread's current one.  Its state is
@@ -251,7 +261,9 @@ int btc_collect(uintptr_t target, uintptr_t frames, uintptr_t refs, int limit, i
     if (!btc_py_supported())
         rc = BTC_E_UNSUPPORTED;
     else if (target == 0)
-        rc = collect_current(&s, want);
+        rc = collect_current(&s, want, 0);
+    else if (want & BTC_WANT_CURRENT)
+        rc = collect_current_greenlet(&s, want, (PyObject *)target);
     else
         rc = collect_greenlet(&s, want, (PyObject *)target);
     if (rc == 0)

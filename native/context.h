@@ -58,6 +58,9 @@ bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
 
 /* Fill ctx from a suspended greenlet's saved state (the GIL held). */
 int btc_greenlet_context(PyObject *g, btc_context *ctx);
+/* The bottom of the calling thread's current greenlet: frames whose CFA lies
+ * above it belong to whoever started it (0: a main greenlet, no bottom). */
+int btc_greenlet_stack_stop(PyObject *g, uintptr_t *stop);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "gil.h"
 #include "dwarf.h"
 
 /* ---- bounded reader ---- */
@@ -1475,6 +1476,7 @@ int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int
 {
     if (!path || !out || max < 1 || !buf)
         return 0;
+    PyThreadState *gil = btc_gil_release();
     pthread_mutex_lock(&cache_lock);
     int n = btc_dwarf_lookup(cached_dwarf(path), vaddr, out, max);
     char *cursor = buf;
@@ -1482,6 +1484,7 @@ int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int
         if (!copy_string(&out[i].function, &cursor, buf + size) || !copy_string(&out[i].file, &cursor, buf + size))
             n = -1;
     pthread_mutex_unlock(&cache_lock);
+    btc_gil_restore(gil);
     return n;
 }
 

@@ -187,6 +187,23 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx)
     return 0;
 }
 
+int btc_greenlet_stack_stop(PyObject *g, uintptr_t *stop)
+{
+    if (!layout.ok || !pimpl_of(g))
+        return btc_fail(BTC_E_LAYOUT, "greenlet layout not learned");
+    stack_state s = state_at(pimpl_of(g), layout.state_off);
+    uintptr_t lo, hi;
+    if (s.stop == MAIN_STACK_STOP) {
+        *stop = 0;
+        return 0;
+    }
+    /* A running greenlet's stack_stop lies in this thread's stack, above us. */
+    if (!btc_thread_stack(&lo, &hi) || s.stop <= (uintptr_t)&lo || s.stop >= hi)
+        return btc_fail(BTC_E_LAYOUT, "the current greenlet's stack_stop is not in this thread's stack");
+    *stop = s.stop;
+    return 0;
+}
+
 bool btc_greenlet_internal(uintptr_t pc)
 {
     return pc >= layout.module_lo && pc < layout.module_hi;

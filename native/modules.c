@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "btcore.h"
+#include "gil.h"
 
 static pthread_mutex_t modules_mutex = PTHREAD_MUTEX_INITIALIZER;
 static btc_module **modules;    /* sorted by lo */
@@ -248,6 +249,7 @@ static const char *copy_out(const char *s, char **buf, size_t *left)
 int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size)
 {
     memset(out, 0, sizeof *out);
+    PyThreadState *gil = btc_gil_release();   /* the first call per module reads its symbols */
     btc_modules_lock();
     btc_modules_refresh();
     btc_module *m = btc_module_find(pc);
@@ -261,6 +263,7 @@ int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size)
         out->symbol_addr = sym ? sym_vaddr + m->bias : 0;
     }
     btc_modules_unlock();
+    btc_gil_restore(gil);
     return m ? 0 : -1;
 }
 

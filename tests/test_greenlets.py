@@ -842,3 +842,26 @@ def test_collect_greenlets_switching_in_another_thread_is_safe():
         t.join(10)
     assert outcomes["ok"] > 0 and outcomes["running"] > 0, outcomes
     assert outcomes["bad"] == 0, (dict(outcomes), bad)
+
+
+def test_collect_inside_a_greenlet_stops_at_its_bottom():
+    """collect() in a running greenlet: its own frames only.  Below the
+    greenlet's stack_stop lie the frames of whoever first switched into it
+    (here creator(), which has moved on by then); they must not appear."""
+    def inner():
+        return btcore.collect(capacity=BIG), btcore.collect(capacity=BIG, internals=True)
+
+    def creator():
+        return greenlet.greenlet(inner).switch()
+
+    bt, with_internals = creator()
+    names = [f.function for f in bt.frames()]
+    assert [f.function for f in bt.frames() if f.kind == "python"] == [
+        "test_collect_inside_a_greenlet_stops_at_its_bottom.<locals>.inner"]
+    assert "test_collect_inside_a_greenlet_stops_at_its_bottom.<locals>.creator" not in names
+    assert not any(n and ("g_initialstub" in n or n in ("main", "Py_BytesMain")) for n in names)
+    # internals=True shows greenlet's start-up frames at the bottom, and still
+    # nothing of the creator below them.
+    inner_names = [f.function or "" for f in with_internals.frames()]
+    assert "g_initialstub" in inner_names[-1] or any("g_initialstub" in n for n in inner_names[-3:])
+    assert "test_collect_inside_a_greenlet_stops_at_its_bottom.<locals>.creator" not in inner_names
