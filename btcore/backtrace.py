@@ -5,7 +5,7 @@ import struct
 
 from ._native import ffi, lib
 from .frame import Frame
-from .greenlets import CURRENT, NOTHING, BacktraceError, current_target, target_of
+from .greenlets import CURRENT, NOTHING, BacktraceError, layout_known, target_of
 from .resolve import resolve_native, resolve_python
 
 DEFAULT_CAPACITY = 64
@@ -19,11 +19,12 @@ _KIND_AT, _FLAGS_AT = 12, 13
 
 KIND_PYTHON = lib.BTC_KIND_PYTHON
 F_JOIN = lib.BTC_F_JOIN
-_TRUNCATED = lib.BTC_TRUNCATED
+_E_NEED_LAYOUT = lib.BTC_E_NEED_LAYOUT
 _WANT_PYTHON = lib.BTC_WANT_PYTHON
 _WANT_NATIVE = lib.BTC_WANT_NATIVE
 _WANT_INTERNALS = lib.BTC_WANT_INTERNALS
-_WANT_CURRENT = lib.BTC_WANT_CURRENT
+_WANT_HIDE_CALLER = lib.BTC_WANT_HIDE_CALLER
+_WANT_WHOLE_STACK = lib.BTC_WANT_WHOLE_STACK
 
 
 class Backtrace:
@@ -32,30 +33,32 @@ class Backtrace:
     Holds only addresses, instruction offsets and the code objects of its
     Python frames (so they stay valid for resolution later, whatever happens
     to the functions); names are resolved lazily by frames(), format() and
-    foreach().  Memory: 16 bytes per frame of capacity, plus one reference
-    per Python frame.
+    foreach().  Memory: 16 bytes per frame held, plus one reference per
+    Python frame; never more than `capacity` frames.
     """
 
-    __slots__ = ("_raw", "_refs", "_len", "truncated", "__weakref__")
+    # The capture fills these slots directly (native/capture.c): keep the
+    # names in step with btc_bind_backtrace().
+    __slots__ = ("_raw", "_refs", "_capacity", "truncated", "__weakref__")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
-        self._raw = bytearray(_check_capacity(capacity) * RECORD.size)
-        self._refs: list = []
-        self._len = 0
+        """An empty backtrace, e.g. to append() others into."""
+        self._capacity = _check_capacity(capacity)
+        self._raw = bytearray()
+        self._refs = ()
         self.truncated = False
 
     def __len__(self) -> int:
-        return self._len
+        return len(self._raw) >> 4
 
     @property
     def capacity(self) -> int:
-        return len(self._raw) // RECORD.size
+        return self._capacity
 
     def _resolved(self):
         """(flags, Frames) for each raw frame, innermost first."""
         refs = iter(self._refs)
-        view = memoryview(self._raw)[: self._len * RECORD.size]
-        for addr, lasti, kind, flags, _ in RECORD.iter_unpack(view):
+        for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw):
             if kind == KIND_PYTHON:
                 yield flags, resolve_python(next(refs), lasti)
             else:
@@ -93,7 +96,7 @@ class Backtrace:
 
     def __repr__(self) -> str:
         more = " truncated" if self.truncated else ""
-        return f"<btcore.Backtrace {self._len}/{self.capacity} frames{more}>"
+        return f"<btcore.Backtrace {len(self)}/{self.capacity} frames{more}>"
 
 
 def _check_capacity(capacity) -> int:
@@ -121,6 +124,8 @@ _ERRORS = {
     lib.BTC_E_NOT_GREENLET: TypeError,
 }
 
+if lib.btc_bind_backtrace(id(Backtrace)) != 0:
+    raise ImportError(ffi.string(lib.btc_last_error()).decode())
 
 _btc_collect = lib.btc_collect
 _new = object.__new__
@@ -131,11 +136,12 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     """Capture the raw frames of the calling thread's stack, or of greenlet `target`.
 
     Current stack: the first frame is the caller of collect(); btcore's own
-    frames never appear.  A suspended greenlet: from its switch() call site
-    (greenlet's switching machinery shown only with internals=True) down to
-    its entry, nothing of the stack below it.  A greenlet not started, or
-    dead: an empty Backtrace.  No names are looked up here: see
-    Backtrace.frames() and foreach().
+    frames never appear; in a greenlet, down to that greenlet's entry.  A
+    suspended greenlet: from its switch() call site (greenlet's switching
+    machinery shown only with internals=True) down to its entry, nothing of
+    the stack below it.  A greenlet not started, or dead: an empty
+    Backtrace.  No names are looked up here: see Backtrace.frames() and
+    foreach().
     """
     # Written flat, without helper calls on the common path: this runs at
     # every greenlet spawn when ancestors are recorded, and Python call
@@ -143,24 +149,21 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     if type(capacity) is not int or not 0 < capacity <= MAX_CAPACITY:
         _check_capacity(capacity)
     limit = capacity if limit is None else _check_limit(limit, capacity)
-    target, want = current_target() if target is None else target_of(target)
-    bt = _new(Backtrace)
-    raw = bt._raw = bytearray(capacity * 16)
-    refs = bt._refs = []
-    bt._len = 0
-    bt.truncated = False
+    target, want = (CURRENT, 0) if target is None else target_of(target)
+    if target is CURRENT:   # this stack: hide collect() itself
+        want = _WANT_HIDE_CALLER
     want |= (_WANT_PYTHON if python else 0) | (_WANT_NATIVE if native else 0)
-    if target is NOTHING or not (python or native):
-        return bt
     if internals:
         want |= _WANT_INTERNALS
-    # Hide collect() itself when capturing the calling thread's own stack.
-    own_stack = target == CURRENT or want & _WANT_CURRENT
-    rc = _btc_collect(target, id(raw), id(refs), limit, want, 1 if own_stack else 0)
+    bt = _new(Backtrace)
+    if target is NOTHING or not (python or native):
+        bt.__init__(capacity)
+        return bt
+    rc = _btc_collect(target, id(bt), capacity, limit, want)
+    if rc == _E_NEED_LAYOUT:   # first capture inside a greenlet: learn greenlet's layout
+        rc = _btc_collect(target, id(bt), capacity, limit, want | (0 if layout_known() else _WANT_WHOLE_STACK))
     if rc < 0:
         raise _ERRORS.get(rc, BacktraceError)(ffi.string(lib.btc_last_error()).decode())
-    bt._len = rc & (_TRUNCATED - 1)
-    bt.truncated = rc >= _TRUNCATED
     return bt
 
 
@@ -173,17 +176,17 @@ def append(to: Backtrace, add: Backtrace) -> int:
     if not isinstance(to, Backtrace) or not isinstance(add, Backtrace):
         raise TypeError("append() takes two Backtrace objects")
     size = RECORD.size
-    n = min(add._len, to.capacity - to._len)
-    if add._len > n:
+    have = len(to)
+    n = min(len(add), to._capacity - have)
+    if len(add) > n:
         to.truncated = True
     if n <= 0:
         return 0
-    start = to._len * size
-    to._raw[start : start + n * size] = add._raw[: n * size]
-    to._raw[start + _FLAGS_AT] |= F_JOIN
-    python_frames = sum(1 for i in range(n) if add._raw[i * size + _KIND_AT] == KIND_PYTHON)
-    to._refs.extend(add._refs[:python_frames])
-    to._len += n
+    copied = add._raw[: n * size]
+    copied[_FLAGS_AT] |= F_JOIN
+    python_frames = sum(1 for i in range(n) if copied[i * size + _KIND_AT] == KIND_PYTHON)
+    to._raw += copied
+    to._refs += add._refs[:python_frames]
     to.truncated = to.truncated or add.truncated
     return n
 

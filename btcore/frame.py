@@ -18,9 +18,9 @@ class Frame:
               for the innermost frame of a context); python: None
     module    native: path of the ELF object; python: the source file
     function  demangled function name, or Python qualified name (None if unknown)
-    offset    native: pc - function start; pc - load address of the module when
-              no symbol covers the pc; None for inlined calls and for a pc in
-              no module
+    offset    native: pc - start of the function's symbol; when no symbol names
+              the pc, pc - the module's load address (function is then None,
+              or named by DWARF only: offset None); None for inlined calls
     file      source file (None if unknown)
     line      source line (None if unknown)
     inlined   True for a call the compiler inlined into the frame that follows it
@@ -36,15 +36,18 @@ class Frame:
     inlined: bool = False
 
     def format(self) -> str:
-        """One line, in the style of a Python traceback."""
+        """One line (two with a source location), in the style of a Python traceback."""
         if self.kind == PYTHON:
             return f'  File "{self.file}", line {self.line}, in {self.function}'
-        where = self.function or "??"
-        if self.function and self.offset is not None and not self.inlined:
-            where += f"+{self.offset:#x}"
         module = os.path.basename(self.module) if self.module else "??"
-        text = f"  [{module}] {where}"
-        text += " (inlined)" if self.inlined else f" at {self.ip:#x}" if self.ip is not None else ""
+        if self.function is None:   # offset from the module's load address, if any
+            where = f"+{self.offset:#x}" if self.offset is not None else ""
+            text = f"  [{module}{where}] ?? at {self.ip:#x}"
+        elif self.inlined:
+            text = f"  [{module}] {self.function} (inlined)"
+        else:
+            where = f"+{self.offset:#x}" if self.offset is not None else ""
+            text = f"  [{module}] {self.function}{where} at {self.ip:#x}"
         if self.file:
             text += f"\n    {self.file}" + (f":{self.line}" if self.line else "")
         return text

@@ -52,7 +52,8 @@ def _learn_layout() -> str:
     return ffi.string(lib.btc_last_error()).decode() or "greenlet layout check failed"
 
 
-def _layout_known() -> bool:
+def layout_known() -> bool:
+    """Learn greenlet's layout if not done yet; False if it is not recognised."""
     global _learned
     if _learned is None:
         with _learn_lock:
@@ -62,7 +63,7 @@ def _layout_known() -> bool:
 
 
 def _ensure_layout() -> None:
-    if not _layout_known():
+    if not layout_known():
         raise BacktraceError(
             f"cannot read suspended greenlets of greenlet {greenlet.__version__}: {_learned}")
 
@@ -71,16 +72,6 @@ def _root(g):
     while g.parent is not None:
         g = g.parent
     return g
-
-
-def current_target():
-    """The calling thread's stack: in a greenlet other than the main one,
-    only down to that greenlet's bottom (below it lie the frames of whoever
-    first switched into it, which may be anything by now)."""
-    current = greenlet.getcurrent()
-    if current.parent is None or not _layout_known():
-        return CURRENT, 0
-    return id(current), lib.BTC_WANT_CURRENT
 
 
 def target_of(target):
@@ -94,7 +85,7 @@ def target_of(target):
         raise TypeError(f"target must be a greenlet or None, not {type(target).__name__}")
     current = greenlet.getcurrent()
     if target is current:
-        return current_target()
+        return CURRENT, 0
     if not target:   # not started, or dead: no stack
         return NOTHING, 0
     _ensure_layout()

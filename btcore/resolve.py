@@ -143,7 +143,9 @@ def _resolve_native(pc: int, exact: bool) -> tuple:
         return (Frame(NATIVE, pc, module, demangle(symbol), offset, None, None),)
     *inlined, (function, file, line) = levels
     frames = [Frame(NATIVE, pc, module, demangle(f), None, fl, ln, inlined=True) for f, fl, ln in inlined]
-    frames.append(Frame(NATIVE, pc, module, demangle(function or symbol), offset, file, line))
+    # The offset is from the symbol's start: unknown if only DWARF named it.
+    frames.append(Frame(NATIVE, pc, module, demangle(function or symbol), offset if symbol else None,
+                        file, line))
     return tuple(frames)
 
 

@@ -31,31 +31,29 @@ typedef struct {
 #define BTC_WANT_NATIVE    2
 #define BTC_WANT_INTERNALS 4
 #define BTC_WANT_OWN_THREAD 8   /* the target greenlet belongs to the calling thread */
-#define BTC_WANT_CURRENT   16   /* the target is the calling thread's current (non-main)
-                                   greenlet: walk this stack, down to its bottom only */
+#define BTC_WANT_HIDE_CALLER 16 /* drop the innermost Python frame (btcore's API function) */
+#define BTC_WANT_WHOLE_STACK 32 /* in a greenlet, walk past its bottom (layout unknown) */
 
-/* Return value of btc_collect(): the number of frames written, plus
- * BTC_TRUNCATED when frames were dropped at the outer end; or a negative
- * BTC_E_* code (nothing written, no reference held). */
-#define BTC_TRUNCATED       0x1000000
+/* Errors of btc_collect() (see btc_last_error() for the reason in words). */
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
 #define BTC_E_NOT_GREENLET  -2
 #define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
 #define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
+#define BTC_E_NEED_LAYOUT   -5   /* learn greenlet's layout (btc_greenlet_learn) and retry */
 
-/* Capture the stack of `target` into a Python bytearray of btc_frame
- * records (its size sets the capacity).
- * All objects are passed by address (CPython's id()) and kept alive by the
- * caller: frames is a bytearray, refs a list to which the code object of
- * every Python frame captured is appended, in frame order (so a backtrace
- * keeps what it references valid without any C-side bookkeeping).
- * target: 0 for the calling thread's whole stack, or a greenlet (suspended,
- * or the current one with BTC_WANT_CURRENT).
- * limit: at most that many frames are kept.  skip_python: innermost Python
- * frames to drop (btcore's own API frames).
- * Runs with the GIL held. */
-int btc_collect(uintptr_t target, uintptr_t frames, uintptr_t refs, int limit,
-                int want, int skip_python);
+/* Capture the stack of `target` into the btcore.Backtrace at address
+ * `backtrace` (CPython's id(); the caller keeps it alive), setting its
+ * slots: _raw (a bytearray of the btc_frame records captured), _refs (a
+ * tuple of the code object of every Python frame, in frame order, so the
+ * Backtrace keeps what it names valid), _capacity and truncated.
+ * target: 0 for the calling thread (in a greenlet: down to its bottom), or
+ * a greenlet of any thread (suspended: its own stack; not started or dead:
+ * nothing).  limit: at most that many frames (<= capacity).
+ * Returns 0 or a negative BTC_E_* code.  Runs with the GIL held. */
+int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want);
+
+/* Tell the capture where btcore.Backtrace's slots are (checked, once). */
+int btc_bind_backtrace(uintptr_t backtrace_type);
 
 /* Learn where greenlet keeps a suspended greenlet's saved stack state, from
  * two suspended (non-main) greenlets of the calling thread whose stacks were
@@ -121,6 +119,15 @@ typedef struct {
  * returns the number of rows the module has (build the table if needed), or
  * -1 when no module contains pc.  *bias receives the module's load bias. */
 int btc_cfi_rows(uintptr_t pc, btc_cfi_row *out, int max, uintptr_t *bias);
+
+/* [lo, hi) (absolute) of the FDE that covers pc, in the loaded module
+ * containing pc; 0, or -1 if no FDE covers it. */
+int btc_cfi_fde_range(uintptr_t pc, uintptr_t *lo, uintptr_t *hi);
+
+/* The eval loop's code ranges [lo, hi) as the merge sees them (named parts
+ * first, then unnamed parts found from their jumps); returns how many there
+ * are (writes at most max). */
+int btc_eval_ranges(uintptr_t *lo, uintptr_t *hi, int max);
 
 /* Native-only capture of the calling C stack, for benchmarks and
  * differential tests: writes return addresses like glibc's backtrace(),

@@ -5,6 +5,7 @@
  * the frame chain and the code objects' reference counts belong to it.
  */
 #include <Python.h>
+#include <structmember.h>
 
 #include "context.h"
 #include "cpython/pyframes.h"
@@ -33,7 +34,8 @@ typedef struct {
     int n, max;
     bool truncated;
     int skip_python;    /* btcore's own API frames, innermost first */
-    PyObject *refs;     /* list: the code object of each Python frame emitted */
+    PyObject **codes;   /* the code object of each Python frame emitted (borrowed) */
+    int ncodes;
 } sink;
 
 static bool emit(sink *s, uintptr_t addr, int lasti, int kind, int flags)
@@ -51,7 +53,7 @@ static bool emit(sink *s, uintptr_t addr, int lasti, int kind, int flags)
     return true;
 }
 
-/* Emit one Python frame; its code object goes to the refs list. */
+/* Emit one Python frame, noting its code object for the Backtrace to hold. */
 static bool emit_python(sink *s, const btc_pyframe *pf, int flags)
 {
     if (pf->hidden)
@@ -62,11 +64,10 @@ static bool emit_python(sink *s, const btc_pyframe *pf, int flags)
     }
     if (pf->entry)
         flags |= BTC_F_ENTRY;
-    if (s->n < s->max && PyList_Append(s->refs, pf->code) < 0) {
-        PyErr_Clear();   /* out of memory: a shorter backtrace */
-        s->max = s->n;
-    }
-    return emit(s, (uintptr_t)pf->code, pf->lasti, BTC_KIND_PYTHON, flags);
+    if (!emit(s, (uintptr_t)pf->code, pf->lasti, BTC_KIND_PYTHON, flags))
+        return false;
+    s->codes[s->ncodes++] = pf->code;
+    return true;
 }
 
 /* The Python frames one eval-loop call runs: up to and including its entry
@@ -202,13 +203,6 @@ static int collect_current(sink *s, int want, uintptr_t last_cfa)
     return capture(&ctx, &py, s, want, true, last_cfa != 0);
 }
 
-static int collect_current_greenlet(sink *s, int want, PyObject *g)
-{
-    uintptr_t stop;
-    int rc = btc_greenlet_stack_stop(g, &stop);
-    return rc < 0 ? rc : collect_current(s, want, stop);
-}
-
 /* A greenlet other than the calling thread's current one.  Its state is
  * checked here, under the GIL: checks made in Python before this call may be
  * stale, since the GIL can change hands between bytecodes. */
@@ -235,43 +229,122 @@ static int collect_greenlet(sink *s, int want, PyObject *g)
         rc = btc_greenlet_context(g, &ctx);
     if (rc == 0) {
         btc_pycursor py;
-        btc_py_cursor_frame(&py, frame);   /* None: no Python frames */
+        btc_py_cursor_greenlet(&py, frame, &ctx.mem);   /* None: no Python frames */
         rc = capture(&ctx, &py, s, want, false, true);
     }
     Py_DECREF(frame);
     return rc;
 }
 
-/* ---- the cffi API ---- */
+/* ---- the Backtrace object the capture fills ---- */
 
-int btc_collect(uintptr_t target, uintptr_t frames, uintptr_t refs, int limit, int want, int skip_python)
+/* Offsets of btcore.Backtrace's slots, checked once by btc_bind_backtrace(). */
+static struct {
+    PyTypeObject *type;
+    Py_ssize_t raw, refs, capacity, truncated;
+} bt_slots;
+
+static bool slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
+    bool ok = d && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+              ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+    if (ok)
+        *offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_XDECREF(d);
+    PyErr_Clear();
+    return ok;
+}
+
+int btc_bind_backtrace(uintptr_t backtrace_type)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *buf = (PyObject *)frames, *list = (PyObject *)refs;
-    int rc;
-    if (!PyByteArray_CheckExact(buf) || !PyList_CheckExact(list)) {
-        rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: frames must be a bytearray and refs a list");
-        goto out;
+    PyTypeObject *type = (PyTypeObject *)backtrace_type;
+    bool ok = PyType_Check((PyObject *)type) && slot_offset(type, "_raw", &bt_slots.raw) &&
+              slot_offset(type, "_refs", &bt_slots.refs) &&
+              slot_offset(type, "_capacity", &bt_slots.capacity) &&
+              slot_offset(type, "truncated", &bt_slots.truncated);
+    bt_slots.type = ok ? type : NULL;
+    PyGILState_Release(gil);
+    return ok ? 0 : btc_fail(BTC_E_UNSUPPORTED, "btcore.Backtrace does not have the slots btcore expects");
+}
+
+static void set_slot(PyObject *bt, Py_ssize_t offset, PyObject *value)
+{
+    PyObject **slot = (PyObject **)((char *)bt + offset);
+    PyObject *old = *slot;
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+/* Hand the frames and the code objects they name to the Backtrace: a
+ * bytearray of exactly the frames captured (append() grows it up to the
+ * capacity) and a tuple of code objects, in frame order. */
+static int fill_backtrace(PyObject *bt, const sink *s, int capacity)
+{
+    PyObject *raw = PyByteArray_FromStringAndSize((const char *)s->out, (Py_ssize_t)s->n * sizeof(btc_frame));
+    PyObject *refs = PyTuple_New(s->ncodes);
+    PyObject *cap = PyLong_FromLong(capacity);
+    if (!raw || !refs || !cap) {
+        Py_XDECREF(raw);
+        Py_XDECREF(refs);
+        Py_XDECREF(cap);
+        PyErr_Clear();
+        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
     }
-    int capacity = (int)(PyByteArray_GET_SIZE(buf) / sizeof(btc_frame));
-    sink s = {.out = (btc_frame *)PyByteArray_AS_STRING(buf),
-              .max = limit < capacity ? limit : capacity,
-              .skip_python = skip_python,
-              .refs = list};
+    for (int i = 0; i < s->ncodes; i++) {
+        Py_INCREF(s->codes[i]);
+        PyTuple_SET_ITEM(refs, i, s->codes[i]);
+    }
+    set_slot(bt, bt_slots.raw, raw);
+    set_slot(bt, bt_slots.refs, refs);
+    set_slot(bt, bt_slots.capacity, cap);
+    set_slot(bt, bt_slots.truncated, Py_NewRef(s->truncated ? Py_True : Py_False));
+    return 0;
+}
+
+/* ---- the cffi API ---- */
+
+#define STACK_FRAMES 256
+
+static int dispatch(sink *s, uintptr_t target, int want)
+{
     if (!btc_py_supported())
-        rc = BTC_E_UNSUPPORTED;
-    else if (target == 0)
-        rc = collect_current(&s, want, 0);
-    else if (want & BTC_WANT_CURRENT)
-        rc = collect_current_greenlet(&s, want, (PyObject *)target);
-    else
-        rc = collect_greenlet(&s, want, (PyObject *)target);
+        return BTC_E_UNSUPPORTED;
+    if (target != 0)
+        return collect_greenlet(s, want, (PyObject *)target);
+    uintptr_t bottom;
+    int rc = btc_greenlet_current_bottom(&bottom, !(want & BTC_WANT_WHOLE_STACK));
+    return rc < 0 ? rc : collect_current(s, want, bottom);
+}
+
+int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *bt = (PyObject *)backtrace;
+    btc_frame frames_buf[STACK_FRAMES];
+    PyObject *codes_buf[STACK_FRAMES];
+    sink s = {.out = frames_buf, .codes = codes_buf,
+              .max = limit < capacity ? limit : capacity,
+              .skip_python = (want & BTC_WANT_HIDE_CALLER) ? 1 : 0};
+    int rc = 0;
+    if (!bt_slots.type || !Py_IS_TYPE(bt, bt_slots.type) || capacity < 0 || s.max < 0)
+        rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: not a btcore.Backtrace, or a bad size");
+    else if (s.max > STACK_FRAMES && (!(s.out = malloc(s.max * sizeof *s.out)) ||
+                                      !(s.codes = malloc(s.max * sizeof *s.codes))))
+        rc = btc_fail(BTC_E_UNSUPPORTED, "out of memory");
     if (rc == 0)
-        rc = s.n | (s.truncated ? BTC_TRUNCATED : 0);
-out:
+        rc = dispatch(&s, target, want);
+    if (rc == 0)
+        rc = fill_backtrace(bt, &s, capacity);
+    if (s.out != frames_buf)
+        free(s.out);
+    if (s.codes != codes_buf)
+        free(s.codes);
     PyGILState_Release(gil);
     return rc;
 }
+
 int btc_backtrace(uintptr_t *out, int max)
 {
     btc_native_frame nat[STACK_NATIVE_FRAMES];

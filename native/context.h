@@ -59,8 +59,10 @@ bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
 /* Fill ctx from a suspended greenlet's saved state (the GIL held). */
 int btc_greenlet_context(PyObject *g, btc_context *ctx);
 /* The bottom of the calling thread's current greenlet: frames whose CFA lies
- * above it belong to whoever started it (0: a main greenlet, no bottom). */
-int btc_greenlet_stack_stop(PyObject *g, uintptr_t *stop);
+ * above it belong to whoever first switched into it.  0 for a main greenlet
+ * (the whole stack).  If greenlet's layout is not learned yet: BTC_E_NEED_LAYOUT
+ * when need_it, else 0. */
+int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 

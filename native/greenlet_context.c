@@ -57,14 +57,46 @@ static bool plausible(const stack_state *s, intptr_t expect_saved)
 
 /* ---- slp_switch: where a suspended greenlet's registers are ---- */
 
-/* Find `mov %reg, disp8(%rsp)` (48 89 /r with ModRM mod=01 rm=100, SIB 0x24)
- * in code; returns disp8 or -1. reg: 5 = rbp, 3 = rbx. */
+/* Bytes between rbp and rsp after a frame-pointer prologue
+ * `push %rbp; mov %rsp,%rbp; push %r..*; sub $n,%rsp` at code (*at: the
+ * byte after it), or -1 if code does not start that way. */
+static int frame_pointer_prologue(const uint8_t *code, size_t size, size_t *at)
+{
+    if (size < 8 || code[0] != 0x55 || code[1] != 0x48 || code[2] != 0x89 || code[3] != 0xe5)
+        return -1;
+    size_t i = 4;
+    int below = 0;
+    while (i + 2 <= size && ((code[i] >= 0x50 && code[i] <= 0x57) ||
+                             (code[i] == 0x41 && code[i + 1] >= 0x50 && code[i + 1] <= 0x57))) {
+        i += code[i] == 0x41 ? 2 : 1;
+        below += 8;
+    }
+    if (i + 4 <= size && code[i] == 0x48 && code[i + 1] == 0x83 && code[i + 2] == 0xec) {
+        below += code[i + 3];
+        i += 4;
+    }
+    *at = i;
+    return below;
+}
+
+/* Where slp_switch stores reg (5 = rbp, 3 = rbx), relative to its sp after
+ * the prologue; -1 if not found.  Without frame pointers: `mov %reg,
+ * disp8(%rsp)` (48 89 /r, ModRM mod=01 rm=100, SIB 0x24).  With them (the
+ * default for extensions of CPython 3.15): `mov %reg, disp8(%rbp)` (ModRM
+ * mod=01 rm=101) after the frame-pointer prologue; the rbp stored is then
+ * slp_switch's own, the frame base its CFI (CFA = rbp + 16) needs. */
 static int find_spill_slot(const uint8_t *code, size_t size, int reg)
 {
     uint8_t modrm = (uint8_t)(0x44 | (reg << 3));
     for (size_t i = 0; i + 5 <= size; i++)
         if (code[i] == 0x48 && code[i + 1] == 0x89 && code[i + 2] == modrm && code[i + 3] == 0x24)
             return code[i + 4];
+    size_t i;
+    int below = frame_pointer_prologue(code, size, &i);
+    modrm = (uint8_t)(0x45 | (reg << 3));
+    for (; below >= 0 && i + 4 <= size; i++)
+        if (code[i] == 0x48 && code[i + 1] == 0x89 && code[i + 2] == modrm)
+            return below + (int8_t)code[i + 3] >= 0 ? below + (int8_t)code[i + 3] : -1;
     return -1;
 }
 
@@ -187,21 +219,45 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx)
     return 0;
 }
 
-int btc_greenlet_stack_stop(PyObject *g, uintptr_t *stop)
+/* greenlet's C API (greenlet.h): getcurrent() and "is this a main greenlet". */
+static void **greenlet_api;
+#define GREENLET_GETCURRENT 4
+#define GREENLET_MAIN 8
+
+static PyObject *current_greenlet(void)
 {
-    if (!layout.ok || !pimpl_of(g))
-        return btc_fail(BTC_E_LAYOUT, "greenlet layout not learned");
-    stack_state s = state_at(pimpl_of(g), layout.state_off);
-    uintptr_t lo, hi;
-    if (s.stop == MAIN_STACK_STOP) {
-        *stop = 0;
-        return 0;
+    if (!greenlet_api && !(greenlet_api = PyCapsule_Import("greenlet._C_API", 0))) {
+        PyErr_Clear();
+        return NULL;
     }
-    /* A running greenlet's stack_stop lies in this thread's stack, above us. */
-    if (!btc_thread_stack(&lo, &hi) || s.stop <= (uintptr_t)&lo || s.stop >= hi)
-        return btc_fail(BTC_E_LAYOUT, "the current greenlet's stack_stop is not in this thread's stack");
-    *stop = s.stop;
-    return 0;
+    PyObject *g = ((PyObject * (*)(void)) greenlet_api[GREENLET_GETCURRENT])();
+    if (!g)
+        PyErr_Clear();
+    return g;
+}
+
+int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it)
+{
+    *bottom = 0;
+    PyObject *g = current_greenlet();
+    if (!g || ((int (*)(PyObject *))greenlet_api[GREENLET_MAIN])(g)) {
+        Py_XDECREF(g);
+        return 0;   /* a main greenlet (or no greenlet at all): the whole stack */
+    }
+    int rc = 0;
+    if (!layout.ok) {
+        rc = need_it ? btc_fail(BTC_E_NEED_LAYOUT, "greenlet layout not learned yet") : 0;
+    } else {
+        stack_state s = state_at(pimpl_of(g), layout.state_off);
+        uintptr_t lo, hi;
+        /* A running greenlet's stack_stop lies in this thread's stack, above us. */
+        if (btc_thread_stack(&lo, &hi) && s.stop > (uintptr_t)&lo && s.stop < hi)
+            *bottom = s.stop;
+        else
+            rc = btc_fail(BTC_E_LAYOUT, "the current greenlet's stack_stop is not in this thread's stack");
+    }
+    Py_DECREF(g);
+    return rc;
 }
 
 bool btc_greenlet_internal(uintptr_t pc)

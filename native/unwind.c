@@ -2,7 +2,9 @@
  * signal handler) goes through btc_unwind(); only the context differs. */
 #include "context.h"
 
-static uintptr_t reg_value(const btc_regs *r, unsigned dwarf_reg, bool *ok)
+#define BTC_HOT static inline __attribute__((always_inline))
+
+BTC_HOT uintptr_t reg_value(const btc_regs *r, unsigned dwarf_reg, bool *ok)
 {
     switch (dwarf_reg) {
     case 7: return r->sp;
@@ -13,7 +15,7 @@ static uintptr_t reg_value(const btc_regs *r, unsigned dwarf_reg, bool *ok)
     }
 }
 
-static bool compute_cfa(const btc_cfi_row *row, const btc_regs *r, const btc_memview *m,
+BTC_HOT bool compute_cfa(const btc_cfi_row *row, const btc_regs *r, const btc_memview *m,
                         uintptr_t *cfa)
 {
     bool ok = true;
@@ -34,7 +36,7 @@ static bool compute_cfa(const btc_cfi_row *row, const btc_regs *r, const btc_mem
 }
 
 /* Apply one register rule; the value is unchanged for BTC_RULE_SAME. */
-static bool apply_rule(uint8_t rule, int16_t off, uintptr_t cfa, const btc_regs *r,
+BTC_HOT bool apply_rule(uint8_t rule, int16_t off, uintptr_t cfa, const btc_regs *r,
                        const btc_memview *m, uintptr_t *value)
 {
     bool ok = true;
@@ -51,7 +53,7 @@ static bool apply_rule(uint8_t rule, int16_t off, uintptr_t cfa, const btc_regs 
 }
 
 /* One step from callee registers r to caller registers; false ends the walk. */
-static bool step(const btc_cfi_row *row, const btc_context *ctx, btc_regs *r, uintptr_t *cfa_out)
+BTC_HOT bool step(const btc_cfi_row *row, const btc_context *ctx, btc_regs *r, uintptr_t *cfa_out)
 {
     const btc_memview *m = &ctx->mem;
     uintptr_t cfa;

@@ -340,7 +340,12 @@ def test_frame_fields():
     assert named
     for f in named:
         assert f.module and os.path.isabs(f.module) or f.module == ""
-        assert isinstance(f.offset, int) and f.offset >= 0
+        if f.offset is None:   # named by DWARF alone: no symbol gives its start
+            assert f.file is not None
+        else:
+            assert isinstance(f.offset, int) and f.offset >= 0
+    # libpython has full symbols: its frames all have offsets
+    assert any(f.offset is not None and "libpython" in f.module for f in named)
 
 
 # ---------------------------------------------------------------- lifetime
