@@ -143,8 +143,10 @@ def _resolve_native(pc: int, exact: bool) -> tuple:
         return (Frame(NATIVE, pc, module, demangle(symbol), offset, None, None),)
     *inlined, (function, file, line) = levels
     frames = [Frame(NATIVE, pc, module, demangle(f), None, fl, ln, inlined=True) for f, fl, ln in inlined]
-    # The offset is from the symbol's start: unknown if only DWARF named it.
-    frames.append(Frame(NATIVE, pc, module, demangle(function or symbol), offset if symbol else None,
+    # The physical frame is named like addr2line names it: by its symbol
+    # (whose demangled form carries C++ parameter types), else by DWARF; its
+    # offset is from the symbol's start, unknown when only DWARF names it.
+    frames.append(Frame(NATIVE, pc, module, demangle(symbol or function), offset if symbol else None,
                         file, line))
     return tuple(frames)
 

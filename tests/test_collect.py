@@ -18,6 +18,7 @@ import greenlet
 import pytest
 
 import btcore
+import conftest
 from conftest import build_chain as bc
 
 BTCORE_DIR = os.path.dirname(os.path.realpath(btcore.__file__)) + os.sep
@@ -59,7 +60,8 @@ def py_view(frames):
 
 
 def is_eval_loop(f):
-    return f.kind == "native" and (f.function or "").split(".")[0] == EVAL_LOOP
+    # named, or (stripped interpreters) an unnamed part of the loop: see conftest
+    return conftest.is_eval_loop(f)
 
 
 def assert_no_btcore_frames(frames):
@@ -210,7 +212,7 @@ def test_merged_order_through_native_chain(chain, chain_symbols):
                 ("c", bc.NAME_DESCEND),
                 ("c", bc.NAME_CHAIN_STATIC),
                 ("c", bc.NAME_CHAIN_ENTRY),
-                ("c", "_cffi_f_chain_entry")]
+                ("c", "_cffi_f_chain_entry(_object*, _object*)")]
     expected += [("py", o[0]) for o in oracle[2:]]
     assert marks == expected
 
@@ -219,7 +221,7 @@ def test_merged_order_through_native_chain(chain, chain_symbols):
                 if landmark(f) == ("c", bc.NAME_PY_CALLBACK))
     assert [frames[i].function for i in range(i_cb, i_cb + 5)] == [
         bc.NAME_PY_CALLBACK, bc.NAME_DESCEND, bc.NAME_CHAIN_STATIC, bc.NAME_CHAIN_ENTRY,
-        "_cffi_f_chain_entry"]
+        "_cffi_f_chain_entry(_object*, _object*)"]
     assert all(f.kind == "native" and not f.inlined for f in frames[i_cb:i_cb + 5])
     # ... their return addresses lie in the functions the ELF symtab names
     for f, sym in zip(frames[i_cb:i_cb + 4],
@@ -236,7 +238,9 @@ def test_merged_order_through_native_chain(chain, chain_symbols):
     # ... and between the cffi wrapper and the test function: native only
     i_test = next(i for i, f in enumerate(frames) if f.kind == "python"
                   and f.function == oracle[2][0])
-    assert i_test > i_cb + 5
+    # (3.14+ specialises calls of C functions: the eval loop may call the
+    # cffi wrapper directly, with no libpython frame in between)
+    assert i_test > i_cb + 5 or (sys.version_info >= (3, 14) and i_test == i_cb + 5)
     assert all(f.kind == "native" for f in frames[i_cb + 5:i_test])
 
     # demangled names, exactly
@@ -322,7 +326,7 @@ def test_native_recursion_depth(chain, chain_symbols, depth):
     assert rec == list(range(rec[0], rec[0] + depth + 1))
     assert all(in_fn(frames[i].ip, chain_symbols, "recurse_then_call") for i in rec)
     assert frames[rec[0] - 1].function == bc.NAME_PY_CALLBACK
-    assert frames[rec[-1] + 1].function == "_cffi_f_recurse_then_call"
+    assert frames[rec[-1] + 1].function == "_cffi_f_recurse_then_call(_object*, _object*)"
     assert_no_btcore_frames(frames)
 
 
