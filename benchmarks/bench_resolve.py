@@ -100,6 +100,26 @@ def cold_run(addrs):
     return json.loads(out)
 
 
+def warm_frames_ns(depth=30, total=10_000):
+    """ns per Frame for Backtrace.frames() once every address is cached:
+    what an introspection command pays the second time it prints a stack."""
+    import btcore
+
+    def deepest(n):
+        return deepest(n - 1) if n else btcore.collect(capacity=256)
+
+    bt = deepest(depth)
+    per_call = len(bt.frames())   # the first call resolves and fills the cache
+    calls = max(1, total // per_call)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            bt.frames()
+        best = min(best, (time.perf_counter_ns() - t0) / (calls * per_call))
+    return best, calls * per_call
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -119,6 +139,9 @@ def main():
     print(f"warm, C API per address (no Python cache): {warm / len(addrs) * 1e9:8.0f} ns")
     print(f"memory held by the native caches: {runs[0]['memory'] / 2**20:.1f} MiB "
           f"(process max RSS grew {runs[0]['rss_growth_kb'] / 1024:.1f} MiB)")
+    ns, n = warm_frames_ns()
+    print(f"warm, Backtrace.frames() through the frame cache: {ns:6.0f} ns per frame over {n} frames "
+          f"(target <= 1000) {'PASS' if ns <= 1000 else 'MISS'}")
 
 
 if __name__ == "__main__":

@@ -55,14 +55,11 @@ class Backtrace:
     def capacity(self) -> int:
         return self._capacity
 
-    def _resolved(self):
+    def _resolved(self) -> list:
         """(flags, Frames) for each raw frame, innermost first."""
         refs = iter(self._refs)
-        for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw):
-            if kind == KIND_PYTHON:
-                yield flags, resolve_python(next(refs), lasti)
-            else:
-                yield flags, resolve_native(addr, flags)
+        return [(flags, resolve_python(next(refs), lasti) if kind == KIND_PYTHON else resolve_native(addr, flags))
+                for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw)]
 
     def frames(self) -> list[Frame]:
         """The resolved frames, innermost first (a native frame whose code

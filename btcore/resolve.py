@@ -21,30 +21,34 @@ F_EXACT = lib.BTC_F_EXACT
 class FrameCache:
     """Bounded, thread-safe map: native pc or (code address, offset) -> Frames.
 
-    Least recently used entries are evicted past `maxsize`.  A Python entry
-    also holds its code object, so that the address in its key cannot be
-    reused by another object while the entry lives.
+    Lookups take no lock (a dict read is atomic under the GIL) and do no
+    bookkeeping, so a hit costs one dict probe; past `maxsize` the oldest
+    entries are evicted first (insertion order).  A Python entry also pins
+    its code object, so that the address in its key cannot be reused by
+    another object while the entry lives.
     """
 
     def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE):
-        self._entries: OrderedDict = OrderedDict()
+        self._frames: dict = {}
+        self._pins: dict = {}
         self._lock = threading.Lock()
         self.maxsize = maxsize
-
-    def get(self, key):
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return entry[0]
+        self.get = self._frames.get
 
     def put(self, key, frames: tuple, pin=None) -> tuple:
         with self._lock:
-            entry = self._entries.setdefault(key, (frames, pin))
-            while len(self._entries) > self.maxsize:
-                self._entries.popitem(last=False)
-            return entry[0]
+            kept = self._frames.setdefault(key, frames)
+            if pin is not None and kept is frames:
+                self._pins[key] = pin
+            self._evict(self.maxsize)
+            return kept
+
+    def _evict(self, keep: int) -> None:
+        frames, pins = self._frames, self._pins
+        while len(frames) > keep:
+            oldest = next(iter(frames))
+            del frames[oldest]
+            pins.pop(oldest, None)
 
     def resize(self, maxsize: int) -> None:
         """Change the bound (entries past it are evicted now)."""
@@ -52,15 +56,14 @@ class FrameCache:
             raise ValueError(f"cache size must be a positive int, got {maxsize!r}")
         with self._lock:
             self.maxsize = maxsize
-            while len(self._entries) > maxsize:
-                self._entries.popitem(last=False)
+            self._evict(maxsize)
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
+            self._evict(0)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._frames)
 
 
 cache = FrameCache()
@@ -165,18 +168,11 @@ def _resolve_python(code, lasti: int) -> tuple:
 
 def resolve_native(pc: int, flags: int) -> tuple:
     """The Frames at a native pc (more than one when calls were inlined)."""
-    exact = bool(flags & F_EXACT)
-    key = -pc if exact else pc
-    frames = cache.get(key)
-    if frames is None:
-        frames = cache.put(key, _resolve_native(pc, exact))
-    return frames
+    key = -pc if flags & F_EXACT else pc
+    return cache.get(key) or cache.put(key, _resolve_native(pc, bool(flags & F_EXACT)))
 
 
 def resolve_python(code, lasti: int) -> tuple:
     """The Frame of a Python code object at an instruction offset."""
     key = (id(code), lasti)
-    frames = cache.get(key)
-    if frames is None:
-        frames = cache.put(key, _resolve_python(code, lasti), pin=code)
-    return frames
+    return cache.get(key) or cache.put(key, _resolve_python(code, lasti), pin=code)
