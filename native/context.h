@@ -78,5 +78,7 @@ typedef struct {
  * outside the view, no progress) ends the walk: a shorter backtrace, never a
  * crash.  Must be called with the module lock held. */
 int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max);
+/* Forget cached rows: their tables are about to be freed (module lock held). */
+void btc_unwind_forget(void);
 
 #endif

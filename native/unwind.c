@@ -1,5 +1,7 @@
 /* The one DWARF CFI walker: every context (current thread, suspended greenlet,
  * signal handler) goes through btc_unwind(); only the context differs. */
+#include <string.h>
+
 #include "context.h"
 
 #define BTC_HOT static inline __attribute__((always_inline))
@@ -79,21 +81,50 @@ BTC_HOT bool step(const btc_cfi_row *row, const btc_context *ctx, btc_regs *r, u
     return next.ip != 0;
 }
 
+/* pc -> CFI row, direct-mapped: a stack is walked again and again through
+ * the same call sites, and the row tables are large (1.4 MB for libpython),
+ * so a hit here saves the module search and the table's cache misses.
+ * Rows live as long as their table: btc_unwind_forget() empties the cache
+ * whenever the module list is rebuilt.  Used under the module lock. */
+#define ROW_CACHE_BITS 10
+static struct {
+    uintptr_t pc;
+    const btc_cfi_row *row;   /* NULL: no module or no FDE covers pc */
+} row_cache[1 << ROW_CACHE_BITS];
+
+void btc_unwind_forget(void)
+{
+    memset(row_cache, 0, sizeof row_cache);
+}
+
+static const btc_cfi_row *find_row(uintptr_t pc)
+{
+    btc_module *m = btc_module_find(pc);
+    const btc_table *t = m ? btc_module_table(m) : NULL;
+    return t ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
+}
+
+BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
+{
+    size_t i = (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
+    if (row_cache[i].pc != pc) {
+        row_cache[i].row = find_row(pc);
+        row_cache[i].pc = pc;
+    }
+    return row_cache[i].row;
+}
+
 int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
 {
     btc_regs r = ctx->regs;
     bool exact = ctx->ip_is_exact;
-    btc_module *m = NULL;
     int n = 0;
     while (n < max) {
         /* A return address points after the call: look up the call itself. */
         uintptr_t pc = exact ? r.ip : r.ip - 1;
-        if (!m || pc < m->lo || pc >= m->hi)
-            m = btc_module_find(pc);
-        if (!m)
-            break;
-        const btc_table *t = btc_module_table(m);
-        const btc_cfi_row *row = t ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
+        const btc_cfi_row *row = pc ? cached_row(pc) : NULL;
+        if (!row && !btc_module_find(pc))
+            break;   /* in no module: not a frame at all */
         uintptr_t cfa = 0;
         bool more = row && step(row, ctx, &r, &cfa);
         if (cfa && ctx->last_cfa && cfa > ctx->last_cfa)
