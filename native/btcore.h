@@ -35,6 +35,8 @@ typedef struct btc_table {
     uint32_t pc_lo;        /* first row's pc */
     uint32_t npages;
     uint32_t *page_first;  /* page k: index of the row covering pc_lo + (k << page_shift) */
+    uint32_t *fde_ranges;  /* [lo0, hi0, lo1, hi1, ...]: the FDEs the rows came from, sorted */
+    uint32_t nfdes;
 } btc_table;
 
 /* Where a module's unwind data is, as the loader mapped it. */
@@ -53,6 +55,10 @@ btc_table *btc_table_build(const btc_image *img);
 void btc_table_free(btc_table *t);
 /* The row covering pc (relative to bias), or NULL if no FDE covers it. */
 const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc);
+/* [lo, hi) of the FDE covering rel_pc (relative to bias); false if none.
+ * Rows with equal rules merge across FDEs: this keeps the functions apart
+ * (evalloop.c uses it to find a stripped eval loop's unnamed parts). */
+bool btc_table_fde(const btc_table *t, uint32_t rel_pc, uint32_t *lo, uint32_t *hi);
 
 /* ---- loaded modules (modules.c) ---- */
 
@@ -84,6 +90,10 @@ int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo
 void btc_eval_ranges_init(void);
 /* Is pc (already adjusted for return addresses) in the eval loop? */
 bool btc_in_eval_loop(uintptr_t pc);
+/* For a pc in an unnamed part of the eval loop (a stripped interpreter):
+ * the name an unstripped build gives that part ("_PyEval_EvalFrameDefault.cold")
+ * and its start; NULL otherwise.  With the module lock held. */
+const char *btc_eval_part_name(uintptr_t pc, uintptr_t *lo);
 
 /* ---- ELF files on disk (elf.c): read with pread into the heap, never mmap,
  * so a file truncated under us is an error, not a SIGBUS. ---- */

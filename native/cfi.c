@@ -463,6 +463,8 @@ typedef struct {
     uint32_t n, cap;
     uint32_t limit;   /* rows allowed; one below MAX_ROWS until the final gap row */
     bool full;        /* a row was refused: the limit, or no memory */
+    uint32_t *fde_ranges;   /* [lo, hi) pairs of the FDEs whose rows were kept */
+    uint32_t nfdes;
 } row_list;
 
 static bool same_rules(const btc_cfi_row *a, const btc_cfi_row *b)
@@ -847,6 +849,7 @@ static bool build_rows(fde_info *fdes, size_t n, const btc_image *img, row_list 
 {
     if (n)
         qsort(fdes, n, sizeof *fdes, compare_fdes);
+    rows->fde_ranges = n ? malloc(2 * n * sizeof *rows->fde_ranges) : NULL;   /* optional */
     rows->limit = MAX_ROWS - 1;
     uint64_t covered_end = 0, program_bytes = 0;
     bool any = false;
@@ -870,6 +873,11 @@ static bool build_rows(fde_info *fdes, size_t n, const btc_image *img, row_list 
         }
         covered_end = f->hi;
         any = true;
+        if (rows->fde_ranges) {   /* n slots were allocated: one per FDE at most */
+            rows->fde_ranges[2 * rows->nfdes] = (uint32_t)f->lo;
+            rows->fde_ranges[2 * rows->nfdes + 1] = (uint32_t)f->hi;
+            rows->nfdes++;
+        }
     }
     rows->limit = MAX_ROWS;
     return !any || add_gap_row(rows, covered_end);
@@ -920,6 +928,9 @@ static btc_table *table_from_rows(row_list *rows)
     t->rows = fit ? fit : rows->v;
     t->nrows = rows->n;
     rows->v = NULL;
+    t->fde_ranges = rows->fde_ranges;
+    t->nfdes = t->fde_ranges ? rows->nfdes : 0;
+    rows->fde_ranges = NULL;
     t->pc_lo = t->rows[0].pc;
     if (!build_page_index(t)) {
         btc_table_free(t);
@@ -951,6 +962,7 @@ btc_table *btc_table_build(const btc_image *img)
         t = table_from_rows(&rows);
     free(fdes.v);
     free(rows.v);
+    free(rows.fde_ranges);
     return t;
 }
 
@@ -960,6 +972,7 @@ void btc_table_free(btc_table *t)
         return;
     free(t->rows);
     free(t->page_first);
+    free(t->fde_ranges);
     free(t);
 }
 
@@ -979,6 +992,41 @@ const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc)
             hi = mid - 1;
     }
     return rows[lo].cfa_kind == BTC_CFA_NONE ? NULL : &rows[lo];
+}
+
+bool btc_table_fde(const btc_table *t, uint32_t rel_pc, uint32_t *lo, uint32_t *hi)
+{
+    /* The last FDE starting at or below rel_pc. */
+    uint32_t a = 0, b = t->nfdes;
+    while (a < b) {
+        uint32_t mid = a + (b - a) / 2;
+        if (t->fde_ranges[2 * mid] <= rel_pc)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    if (a == 0 || rel_pc >= t->fde_ranges[2 * (a - 1) + 1])
+        return false;
+    *lo = t->fde_ranges[2 * (a - 1)];
+    *hi = t->fde_ranges[2 * (a - 1) + 1];
+    return true;
+}
+
+int btc_cfi_fde_range(uintptr_t pc, uintptr_t *lo, uintptr_t *hi)
+{
+    int rc = -1;
+    btc_modules_lock();
+    btc_modules_refresh();
+    btc_module *m = btc_module_find(pc);
+    const btc_table *t = m ? btc_module_table(m) : NULL;
+    uint32_t a, b;
+    if (t && pc >= m->bias && pc - m->bias <= UINT32_MAX && btc_table_fde(t, (uint32_t)(pc - m->bias), &a, &b)) {
+        *lo = m->bias + a;
+        *hi = m->bias + b;
+        rc = 0;
+    }
+    btc_modules_unlock();
+    return rc;
 }
 
 /* Build a table from raw bytes as if they were a module's .eh_frame, and

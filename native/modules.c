@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "btcore.h"
+#include "context.h"
 #include "gil.h"
 
 static pthread_mutex_t modules_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -132,6 +133,7 @@ static void rebuild(void)
 {
     module_list ml = {0};
     dl_iterate_phdr(collect_module, &ml);
+    btc_unwind_forget();
     for (int i = 0; i < nmodules; i++)
         module_free(modules[i]);   /* those not taken over: unloaded */
     free(modules);
@@ -257,6 +259,9 @@ int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size)
         uintptr_t sym_vaddr = 0;
         btc_elf *elf = module_elf(m);
         const char *sym = elf ? btc_elf_symbolize(elf, pc - m->bias, &sym_vaddr) : NULL;
+        uintptr_t part_lo;
+        if (!sym && (sym = btc_eval_part_name(pc, &part_lo)))   /* a stripped eval loop's unnamed part */
+            sym_vaddr = part_lo - m->bias;
         out->module = copy_out(m->path, &buf, &size);
         out->module_base = m->bias;
         out->symbol = copy_out(sym, &buf, &size);

@@ -14,19 +14,27 @@ bool btc_py_supported(void) { return true; }
 void btc_py_cursor_current(btc_pycursor *c)
 {
     PyThreadState *ts = PyThreadState_Get();
-    c->frame = ts->cframe ? ts->cframe->current_frame : NULL;
+    *c = (btc_pycursor){.frame = ts->cframe ? ts->cframe->current_frame : NULL};
 }
 
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)
 {
-    c->frame = PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL;
+    *c = (btc_pycursor){.frame = PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL};
     return c->frame != NULL;
+}
+
+/* greenlet does not relink frames on 3.11: a suspended chain is a chain. */
+bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview *mem)
+{
+    bool ok = btc_py_cursor_frame(c, frame);
+    c->mem = mem;
+    return ok;
 }
 
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 {
     _PyInterpreterFrame *frame = (_PyInterpreterFrame *)c->frame;
-    if (!frame)
+    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES)
         return false;
     f->code = (PyObject *)frame->f_code;
     f->lasti = _PyInterpreterFrame_LASTI(frame) * (int)sizeof(_Py_CODEUNIT);

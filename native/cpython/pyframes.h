@@ -3,18 +3,32 @@
  * Exactly one unit in native/cpython/ implements this for the Python the
  * module is compiled against (each unit compiles to nothing on other
  * versions; unsupported.c covers the rest).  Adding a version family means
- * adding one unit and one BTC_PY_FAMILY line below.
+ * adding one unit and one BTC_PY_FAMILY line below (see docs/platforms.md).
  * Every function here is called with the GIL held.
+ *
+ *   py311.c   3.11        tstate->cframe->current_frame; _PyInterpreterFrame.is_entry
+ *   py312.c   3.12        cframe; a shim frame (owner FRAME_OWNED_BY_CSTACK) per eval-loop call
+ *   py313.c   3.13        tstate->current_frame; shim owned by FRAME_OWNED_BY_CSTACK
+ *   py314.c   3.14, 3.15  _PyStackRef code; shim owned by FRAME_OWNED_BY_INTERPRETER
+ * chain.h holds what 3.12+ share: shim frames, greenlet's "exposed" chains.
  */
 #ifndef BTC_PYFRAMES_H
 #define BTC_PYFRAMES_H
 
 #include <Python.h>
 
-#include "../btcore.h"
+#include "../context.h"
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#if defined(Py_GIL_DISABLED)
+#define BTC_PY_FAMILY 0   /* free-threaded builds: frames are read differently (not supported) */
+#elif PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
 #define BTC_PY_FAMILY 311
+#elif PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+#define BTC_PY_FAMILY 312
+#elif PY_VERSION_HEX >= 0x030D0000 && PY_VERSION_HEX < 0x030E0000
+#define BTC_PY_FAMILY 313
+#elif PY_VERSION_HEX >= 0x030E0000 && PY_VERSION_HEX < 0x03100000
+#define BTC_PY_FAMILY 314   /* 3.14 and 3.15 */
 #else
 #define BTC_PY_FAMILY 0
 #endif
@@ -22,6 +36,11 @@
 /* A position in a thread's chain of interpreter frames. */
 typedef struct {
     const void *frame;
+    /* A suspended greenlet's chain: C-stack frames are read through this view
+     * (NULL: the calling thread's own chain, read in place). */
+    const btc_memview *mem;
+    bool exposed;       /* greenlet may have relinked the chain ("exposed" frames, 3.12+) */
+    int steps;          /* frames visited: bounds a corrupt (cyclic) chain */
 } btc_pycursor;
 
 typedef struct {
@@ -35,12 +54,22 @@ typedef struct {
 bool btc_py_supported(void);
 /* The calling thread's innermost frame. */
 void btc_py_cursor_current(btc_pycursor *c);
-/* The chain from a frame object (a suspended greenlet's gr_frame); false
- * if frame is not a frame object. */
+/* The chain from a frame object; false if frame is not a frame object. */
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame);
+/* The chain of a suspended greenlet from its gr_frame; mem is the view of
+ * its stack (btc_context.mem), which must outlive the cursor.  On 3.12+
+ * greenlet relinks a suspended greenlet's frames past the eval loop's shim
+ * frames (Greenlet::expose_frames); the family unit recovers the entry
+ * boundaries from the links greenlet saved.  False if frame is not a frame
+ * object. */
+bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview *mem);
 /* Step to the next (outer) frame; false at the end of the chain. */
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f);
 /* Names of the C functions that run the eval loop (NULL-terminated). */
 extern const char *const btc_py_eval_functions[];
+
+/* A chain longer than this is corrupt (CPython's default recursion limit is
+ * 1000; the frame stack is bounded by memory, but a backtrace is not). */
+#define BTC_PY_MAX_FRAMES 100000
 
 #endif

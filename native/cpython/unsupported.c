@@ -7,13 +7,20 @@ const char *const btc_py_eval_functions[] = {NULL};
 
 bool btc_py_supported(void)
 {
-    btc_fail(BTC_E_UNSUPPORTED, "btcore has no frame reader for this CPython version");
+    btc_fail(BTC_E_UNSUPPORTED, "btcore has no frame reader for this CPython version "
+             "(supported: 3.11 to 3.15, GIL builds; see docs/platforms.md)");
     return false;
 }
 
 void btc_py_cursor_current(btc_pycursor *c) { c->frame = NULL; }
 
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame BTC_UNUSED)
+{
+    c->frame = NULL;
+    return false;
+}
+
+bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame BTC_UNUSED, const btc_memview *mem BTC_UNUSED)
 {
     c->frame = NULL;
     return false;

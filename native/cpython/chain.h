@@ -1,0 +1,166 @@
+/* The frame chain of CPython 3.12 and later, shared by the family units.
+ *
+ * Since 3.12 every call of the eval loop pushes a shim frame that lives in
+ * the C frame of _PyEval_EvalFrameDefault (owner FRAME_OWNED_BY_CSTACK on
+ * 3.12/3.13, FRAME_OWNED_BY_INTERPRETER on 3.14+: the value is 3 on all of
+ * them, and every owner >= it is "not a Python frame", as in CPython's
+ * _PyFrame_IsIncomplete).  3.15 also ends each thread's chain with such a
+ * sentinel (tstate->base_frame).  A Python frame is the entry frame of its
+ * eval-loop call when the frame before it (outer) is a shim.
+ *
+ * Suspended greenlets (greenlet 3.x on 3.12+): while a greenlet is not
+ * running, greenlet "exposes" its frames (Greenlet::expose_frames): each
+ * complete frame's `previous` is rewritten to skip the shims in between,
+ * the outermost one's to NULL, and the original link is kept in the first
+ * word of the frame object's spare storage (frame_obj->_f_frame_data[0]),
+ * to be put back on resume.  The shims themselves lie on the greenlet's C
+ * stack, which may have been copied to the heap: they are read only through
+ * the greenlet's memory view, and an original link is believed only when it
+ * leads, through shims inside that view, back to the exposed link.  When it
+ * does not (a greenlet that exposes differently, or none at all), the entry
+ * flag falls back to what the chain itself says: the merge degrades, it
+ * never reads outside the view.
+ *
+ * The including unit defines, before including this file:
+ *   BTC_FRAME_CODE(f)     the frame's code object (PyObject *), for Python frames
+ *   BTC_FRAME_INSTR(f)    the frame's instruction pointer (its LASTI base)
+ *   btc_thread_frame(ts)  the thread's innermost _PyInterpreterFrame
+ * with the internal headers that define _PyInterpreterFrame, struct _frame
+ * and the FRAME_OWNED_BY_* constants.
+ */
+#ifndef BTC_CPYTHON_CHAIN_H
+#define BTC_CPYTHON_CHAIN_H
+
+#include <string.h>
+
+#include "pyframes.h"
+
+/* Owners from here on are shims and sentinels: 3 on every family so far
+ * (FRAME_OWNED_BY_CSTACK in 3.12/3.13, FRAME_OWNED_BY_INTERPRETER in 3.14+). */
+#ifndef BTC_BOUNDARY_OWNER
+#define BTC_BOUNDARY_OWNER 3
+#endif
+/* Shims between two Python frames: one per eval-loop call. */
+#define BTC_MAX_SHIMS 4
+
+typedef _PyInterpreterFrame btc_iframe;
+
+static bool in_view(const btc_memview *m, const void *p)
+{
+    return m && (uintptr_t)p >= m->lo && (uintptr_t)p < m->hi;
+}
+
+/* A frame's owner and previous link.  Frames on a suspended greenlet's
+ * stack (shims) are read through its memory view, others in place. */
+static bool read_link(const btc_pycursor *c, const btc_iframe *p, int *owner, const btc_iframe **prev)
+{
+    if (!in_view(c->mem, p)) {
+        *owner = p->owner;
+        *prev = p->previous;
+        return true;
+    }
+    uintptr_t a = (uintptr_t)p, ow, pw;
+    uintptr_t oa = a + offsetof(btc_iframe, owner);
+    if (!btc_mem_read(c->mem, oa & ~(uintptr_t)7, &ow) ||
+        !btc_mem_read(c->mem, a + offsetof(btc_iframe, previous), &pw))
+        return false;
+    *owner = (signed char)(ow >> (8 * (oa & 7)));
+    *prev = (const btc_iframe *)pw;
+    return true;
+}
+
+/* Does the link greenlet saved (`saved`) reach the exposed link (`exposed`)
+ * through shims only, all on the greenlet's stack? */
+static bool saved_link_is_shims(const btc_pycursor *c, const btc_iframe *saved, const btc_iframe *exposed)
+{
+    for (int i = 0; i < BTC_MAX_SHIMS && saved; i++) {
+        int owner;
+        const btc_iframe *prev;
+        if (!in_view(c->mem, saved) || !read_link(c, saved, &owner, &prev) || owner < BTC_BOUNDARY_OWNER)
+            return false;
+        /* exposed == NULL: the greenlet's outermost Python frame; whatever
+         * lies below its shim (NULL, 3.15's base frame) is not its own. */
+        if (prev == exposed || !exposed)
+            return true;
+        saved = prev;
+    }
+    return false;
+}
+
+/* Is fr (a Python frame, previous link `next`) the entry frame of its
+ * eval-loop call? */
+static bool entry_frame(const btc_pycursor *c, const btc_iframe *fr, const btc_iframe *next)
+{
+    if (c->exposed && fr->frame_obj) {
+        const btc_iframe *saved;
+        memcpy(&saved, &fr->frame_obj->_f_frame_data[0], sizeof saved);
+        if (saved != next && saved_link_is_shims(c, saved, next))
+            return true;
+    }
+    if (!next)
+        return true;
+    int owner;
+    const btc_iframe *ignored;
+    return read_link(c, next, &owner, &ignored) && owner >= BTC_BOUNDARY_OWNER;
+}
+
+static bool chain_end(btc_pycursor *c)
+{
+    c->frame = NULL;
+    return false;
+}
+
+bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
+{
+    const btc_iframe *fr = c->frame, *prev;
+    int owner;
+    for (;;) {   /* shims and sentinels are not Python frames */
+        if (!fr || ++c->steps > BTC_PY_MAX_FRAMES || !read_link(c, fr, &owner, &prev))
+            return chain_end(c);
+        if (owner < BTC_BOUNDARY_OWNER)
+            break;
+        fr = prev;
+    }
+    /* A Python frame never lives on a C stack: if this one seems to, the
+     * chain is not what we think it is. */
+    if (in_view(c->mem, fr))
+        return chain_end(c);
+    PyObject *code = BTC_FRAME_CODE(fr);
+    if (!code || !PyCode_Check(code))
+        return chain_end(c);
+    const char *first = (const char *)code + offsetof(PyCodeObject, co_code_adaptive);
+    int lasti = (int)((const char *)BTC_FRAME_INSTR(fr) - first);
+    f->code = code;
+    f->lasti = lasti;
+    /* CPython's _PyFrame_IsIncomplete for a frame that is not a shim. */
+    f->hidden = owner != FRAME_OWNED_BY_GENERATOR &&
+                lasti / (int)sizeof(_Py_CODEUNIT) < ((PyCodeObject *)code)->_co_firsttraceable;
+    f->entry = entry_frame(c, fr, prev);
+    c->frame = prev;
+    return true;
+}
+
+bool btc_py_supported(void) { return true; }
+
+void btc_py_cursor_current(btc_pycursor *c)
+{
+    *c = (btc_pycursor){.frame = btc_thread_frame(PyThreadState_Get())};
+}
+
+bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)
+{
+    *c = (btc_pycursor){.frame = PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL};
+    return c->frame != NULL;
+}
+
+bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview *mem)
+{
+    bool ok = btc_py_cursor_frame(c, frame);
+    c->mem = mem;
+    c->exposed = true;
+    return ok;
+}
+
+const char *const btc_py_eval_functions[] = {"_PyEval_EvalFrameDefault", NULL};
+
+#endif
