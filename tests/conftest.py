@@ -52,3 +52,136 @@ def chain_symbols(chain):
                 syms[s.name] = (s["st_value"], s["st_value"] + s["st_size"])
     bias = chain.fn_addr(build_chain.FN_CHAIN_ENTRY) - syms["chain_entry"][0]
     return {name: (lo + bias, hi + bias) for name, (lo, hi) in syms.items()}
+
+
+# ---- the interpreter's own module, found at run time ----
+#
+# The host's CPython is a shared libpython with full DWARF; Debian's python3.X
+# links libpython statically into the executable and strips it (.dynsym only,
+# no DWARF).  Tests ask these helpers what they can rely on instead of
+# hard-coding either shape.
+
+EVAL_LOOP = "_PyEval_EvalFrameDefault"
+
+
+def _mapping_of(addr):
+    """(path, load bias) of the file mapping containing addr, from /proc/self/maps."""
+    first = {}
+    found = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 6 or not parts[5].startswith("/"):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            path = parts[5]
+            if int(parts[2], 16) == 0:
+                first.setdefault(path, lo)
+            if lo <= addr < hi:
+                found = path
+    if found is None:
+        raise RuntimeError(f"no file mapping contains {addr:#x}")
+    from elftools.elf.elffile import ELFFile
+    with open(found, "rb") as f:
+        elf = ELFFile(f)
+        is_exec = elf["e_type"] == "ET_EXEC"
+        vaddr0 = min(s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+    return os.path.realpath(found), 0 if is_exec else first[found] - (vaddr0 & ~0xfff)
+
+
+def _interpreter_module():
+    import ctypes
+    addr = ctypes.cast(ctypes.pythonapi.PyEval_EvalCode, ctypes.c_void_p).value
+    return _mapping_of(addr)
+
+
+INTERPRETER_PATH, INTERPRETER_BIAS = _interpreter_module()
+
+
+def _sections(path):
+    from elftools.elf.elffile import ELFFile
+    with open(path, "rb") as f:
+        return {s.name for s in ELFFile(f).iter_sections()}
+
+
+_INTERP_SECTIONS = _sections(INTERPRETER_PATH)
+# The interpreter module has DWARF (file:line oracles work) / a full symbol
+# table (static functions such as thread_run have names).
+INTERPRETER_HAS_DWARF = ".debug_info" in _INTERP_SECTIONS
+INTERPRETER_HAS_SYMTAB = ".symtab" in _INTERP_SECTIONS
+INTERPRETER_IS_LIBPYTHON = "libpython" in os.path.basename(INTERPRETER_PATH)
+
+needs_interpreter_dwarf = pytest.mark.skipif(
+    not INTERPRETER_HAS_DWARF,
+    reason=f"the interpreter module {INTERPRETER_PATH} has no DWARF (a stripped distribution "
+           "build): no file:line oracle")
+
+
+def _eval_loop_ranges():
+    """Absolute [lo, hi) ranges of the eval loop, found independently of
+    btcore: the named parts from the symbol table (pyelftools), and, for a
+    stripped build, the unnamed parts its direct jumps lead to (objdump
+    decodes the jumps; pyelftools gives the FDE covering each target; a
+    target whose FDE begins like a function, CFA = rsp + 8, is a tail call)."""
+    import re
+    import subprocess
+    from elftools.elf.elffile import ELFFile
+    named = []
+    with open(INTERPRETER_PATH, "rb") as f:
+        elf = ELFFile(f)
+        for secname in (".symtab", ".dynsym"):
+            sec = elf.get_section_by_name(secname)
+            if sec is None:
+                continue
+            for s in sec.iter_symbols():
+                if (s.name == EVAL_LOOP or s.name.startswith(EVAL_LOOP + ".")) and s["st_size"]:
+                    r = (s["st_value"], s["st_value"] + s["st_size"])
+                    if r not in named:
+                        named.append(r)
+        if INTERPRETER_HAS_SYMTAB:
+            return [(lo + INTERPRETER_BIAS, hi + INTERPRETER_BIAS) for lo, hi in named]
+        targets = set()
+        for lo, hi in named:
+            out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={lo:#x}",
+                                  f"--stop-address={hi:#x}", INTERPRETER_PATH],
+                                 capture_output=True, text=True, check=True).stdout
+            for m in re.finditer(r"^\s*[0-9a-f]+:\s+j[a-z]+\s+([0-9a-f]+)\b", out, re.M):
+                t = int(m.group(1), 16)
+                if not any(a <= t < b for a, b in named):
+                    targets.add(t)
+        parts = []
+        for entry in elf.get_dwarf_info().EH_CFI_entries():
+            if type(entry).__name__ != "FDE":
+                continue
+            lo = entry.header["initial_location"]
+            hi = lo + entry.header["address_range"]
+            if any(lo <= t < hi for t in targets):
+                cfa = entry.get_decoded().table[0]["cfa"]
+                if not (cfa.reg == 7 and cfa.offset == 8):
+                    parts.append((lo, hi))
+    return [(lo + INTERPRETER_BIAS, hi + INTERPRETER_BIAS) for lo, hi in named + parts]
+
+
+_eval_ranges_cache = []
+
+
+def eval_loop_ranges():
+    if not _eval_ranges_cache:
+        _eval_ranges_cache.append(_eval_loop_ranges())
+    return _eval_ranges_cache[0]
+
+
+def is_eval_loop(f):
+    """A native frame of the eval loop (named, or an unnamed part of it)."""
+    if f.kind != "native":
+        return False
+    if (f.function or "").split(".")[0] == EVAL_LOOP:
+        return True
+    pc = f.ip - 1   # return addresses (the innermost frame is never the eval loop here)
+    return f.function is None and any(lo <= pc < hi for lo, hi in eval_loop_ranges())
+
+
+def in_interpreter(f):
+    """A native frame of the interpreter's module (libpython, or the
+    python3.X executable it is linked into)."""
+    return f.kind == "native" and bool(f.module) and os.path.realpath(f.module) == INTERPRETER_PATH

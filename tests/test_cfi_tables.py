@@ -19,9 +19,12 @@ from elftools.dwarf.callframe import FDE, RegisterRule
 from elftools.dwarf.dwarf_expr import DWARFExprParser
 from elftools.elf.elffile import ELFFile
 
+import conftest
 from btcore._native import ffi, lib
 
-LIBPYTHON = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"
+# The interpreter's module, found at run time: the host's libpython, or
+# Debian's statically linked python3.X executable.
+LIBPYTHON = conftest.INTERPRETER_PATH
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
 # x86-64 DWARF register numbers the rows track.
@@ -238,6 +241,28 @@ def test_rows_equal_pyelftools(module_cfi):
     name, ours, fdes = module_cfi
     assert len(fdes) > 50, name
     assert mismatches(ours, fdes) == []
+
+
+def test_fde_ranges_equal_pyelftools(module_cfi):
+    """btc_cfi_fde_range(pc): the [lo, hi) of the one FDE covering pc, as
+    pyelftools lists them (rows merge across FDEs, the ranges must not);
+    none in the gaps between FDEs.  evalloop.c relies on it to find the
+    unnamed parts of a stripped interpreter's eval loop."""
+    name, _, fdes = module_cfi
+    _, pc = MODULES[name]()
+    bias = ffi.new("uintptr_t *")
+    assert lib.btc_cfi_rows(pc, ffi.NULL, 0, bias) > 0
+    lo_p, hi_p = ffi.new("uintptr_t *"), ffi.new("uintptr_t *")
+    rng = random.Random(7)
+    for lo, hi, _ in (fdes if len(fdes) <= 500 else rng.sample(fdes, 500)):
+        for p in sorted({lo, hi - 1, rng.randrange(lo, hi)}):
+            assert lib.btc_cfi_fde_range(bias[0] + p, lo_p, hi_p) == 0, (name, hex(p))
+            assert (lo_p[0] - bias[0], hi_p[0] - bias[0]) == (lo, hi), (name, hex(p))
+    gaps = [(a[1], b[0]) for a, b in zip(fdes, fdes[1:]) if a[1] < b[0]]
+    assert gaps, name
+    for a, b in gaps[:300]:
+        assert lib.btc_cfi_fde_range(bias[0] + a, lo_p, hi_p) == -1, (name, hex(a))
+        assert lib.btc_cfi_fde_range(bias[0] + b - 1, lo_p, hi_p) == -1, (name, hex(b - 1))
 
 
 def test_rows_use_the_expression_forms(module_cfi):

@@ -20,21 +20,13 @@ import pytest
 import btcore
 import conftest
 from conftest import build_chain as bc
+from oracles import interp_chain, py_view, BIG
 
 BTCORE_DIR = os.path.dirname(os.path.realpath(btcore.__file__)) + os.sep
 EVAL_LOOP = "_PyEval_EvalFrameDefault"
-BIG = 4096   # capacity large enough for any stack in these tests
 
 
 # ---------------------------------------------------------------- helpers
-
-def interp_chain(frame):
-    """The interpreter's view: [(qualname, filename, f_lineno)] from frame outward."""
-    out = []
-    while frame is not None:
-        out.append((frame.f_code.co_qualname, frame.f_code.co_filename, frame.f_lineno))
-        frame = frame.f_back
-    return out
 
 
 @contextlib.contextmanager
@@ -53,10 +45,6 @@ def oracle_at_collect(into):
         yield
     finally:
         sys.setprofile(None)
-
-
-def py_view(frames):
-    return [(f.function, f.file, f.line) for f in frames if f.kind == "python"]
 
 
 def cffi_name(name):
@@ -403,3 +391,14 @@ def test_corrupt_return_address_ends_the_walk(chain, garbage):
         assert names[-1] == "corrupt_return_address_then_call"
     # ...and no Python frame is lost.
     assert py_view(frames) == got["oracle"]
+
+
+def test_eval_loop_ranges_match_an_independent_reading():
+    """The native frames the merge gives to Python are the eval loop's: its
+    named parts (symbol table) and, in a stripped interpreter, the unnamed
+    parts its direct jumps lead to (objdump + pyelftools in conftest)."""
+    from btcore._native import ffi, lib
+    lo, hi = ffi.new("uintptr_t[16]"), ffi.new("uintptr_t[16]")
+    n = lib.btc_eval_ranges(lo, hi, 16)
+    assert 0 < n <= 16
+    assert sorted(zip(lo[0:n], hi[0:n])) == sorted(conftest.eval_loop_ranges())

@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+import conftest
+
 C_SOURCE = r"""
 static int counter;
 static inline __attribute__((always_inline)) int helper(int x) { counter += x * 3; return counter ^ x; }
@@ -119,10 +121,10 @@ def test_mutated_and_truncated_files(library, tmp_path, seed):
     run_child(CHILD, library, tmp_path, seed, 150)
 
 
+@conftest.needs_interpreter_dwarf
 def test_mutated_libpython_debug_sections(tmp_path):
     """A few variants of a big real file: DWARF 5 with every form gcc uses."""
-    import sysconfig
-    lib = os.path.realpath(os.path.join(sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")))
+    lib = conftest.INTERPRETER_PATH
     script = CHILD.replace("range(0, size, 3)", "range(0, size, max(1, size // 2))")
     run_child(script, lib, tmp_path, 9, 6)
 

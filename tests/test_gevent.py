@@ -20,27 +20,11 @@ import greenlet  # noqa: E402
 
 import btcore  # noqa: E402
 from conftest import build_chain as bc  # noqa: E402
+from oracles import interp_chain, py_view, short, BIG
 
-BIG = 4096
 GEVENT_DIR = os.path.dirname(os.path.realpath(gevent.__file__)) + os.sep
 GREENLET_DIR = os.path.dirname(os.path.realpath(greenlet.__file__)) + os.sep
 LOOP_FUNCTIONS = ("ev_run", "uv_run")
-
-
-def interp_chain(frame):
-    out = []
-    while frame is not None:
-        out.append((frame.f_code.co_qualname, frame.f_code.co_filename, frame.f_lineno))
-        frame = frame.f_back
-    return out
-
-
-def py_view(frames):
-    return [(f.function, f.file, f.line) for f in frames if f.kind == "python"]
-
-
-def short(name):
-    return (name or "").rsplit(".", 1)[-1]
 
 
 def in_dir(f, d):

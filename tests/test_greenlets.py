@@ -28,9 +28,10 @@ import greenlet
 import pytest
 
 import btcore
+import conftest
 from conftest import build_chain as bc
+from oracles import interp_chain, py_view, short, BIG
 
-BIG = 4096
 EVAL_LOOP = "_PyEval_EvalFrameDefault"
 GREENLET_DIR = os.path.dirname(os.path.realpath(greenlet.__file__)) + os.sep
 # cffi's wrappers, compared without their C++ parameter list (the demangled
@@ -44,25 +45,10 @@ PROCESS_BOTTOM = {"main", "Py_BytesMain", "Py_RunMain", "_start", "__libc_start_
 
 # ---------------------------------------------------------------- helpers
 
-def interp_chain(frame):
-    """The interpreter's view: [(qualname, filename, f_lineno)] from frame outward."""
-    out = []
-    while frame is not None:
-        out.append((frame.f_code.co_qualname, frame.f_code.co_filename, frame.f_lineno))
-        frame = frame.f_back
-    return out
-
-
-def py_view(frames):
-    return [(f.function, f.file, f.line) for f in frames if f.kind == "python"]
-
-
-def short(name):
-    return (name or "").rsplit(".", 1)[-1]
-
 
 def is_eval_loop(f):
-    return f.kind == "native" and (f.function or "").split(".")[0] == EVAL_LOOP
+    # named, or (stripped interpreters) an unnamed part of the loop: see conftest
+    return conftest.is_eval_loop(f)
 
 
 def is_greenlet_frame(f):
@@ -170,7 +156,7 @@ def test_suspended_through_native_chain_shows_only_its_own_stack(chain, chain_sy
         # but libpython's call path
         i_first_py = frames.index(first_py)
         assert 0 < i_first_py <= 6, [f.function for f in frames[:i_first_py + 1]]
-        assert all(f.kind == "native" and "libpython" in (f.module or "")
+        assert all(conftest.in_interpreter(f)
                    for f in frames[:i_first_py]), [(f.function, f.module) for f in frames[:i_first_py]]
 
         # every landmark, in order
@@ -194,7 +180,7 @@ def test_suspended_through_native_chain_shows_only_its_own_stack(chain, chain_sy
         i_run = max(i for i, f in enumerate(frames) if f.kind == "python")
         assert short(frames[i_run].function) == "run"
         tail = frames[i_run + 1:]
-        assert len([f for f in tail if not f.inlined]) <= 4 and all("libpython" in (f.module or "") for f in tail), \
+        assert len([f for f in tail if not f.inlined]) <= 4 and all(conftest.in_interpreter(f) for f in tail), \
             [(f.function, f.module) for f in tail]
 
         # nothing of the main greenlet's stack: none of its Python frames ...
@@ -422,7 +408,8 @@ def test_unspilled_capture_under_python_recursion_through_builtin():
         assert [short(f.function) for f in fb if f.kind == "python"].count("dive") == levels + 1
         # run's lambda + one eval-loop call per sort key call
         assert sum(map(is_eval_loop, got["b_nat"].frames())) == levels + 1
-        assert sum(1 for f in fb if f.function == "builtin_sorted") == levels
+        if conftest.INTERPRETER_HAS_SYMTAB:   # a static function: stripped builds do not name it
+            assert sum(1 for f in fb if f.function == "builtin_sorted") == levels
     finally:
         finish(a)
         finish(c, b)
@@ -525,7 +512,9 @@ def test_limit_python_native_capacity_on_a_greenlet():
         assert not full.truncated
         ff = full.frames()
         n = len(full)
-        assert n >= 25   # 21 nest + the lambda + native call paths
+        # 21 nest + the lambda + native call paths (3.13+ call Python from
+        # the switch with fewer C frames in between)
+        assert n >= (25 if sys.version_info < (3, 13) else 23)
         for k in (1, 3, 10, n - 1):
             lim = btcore.collect(g, limit=k, capacity=BIG)
             assert len(lim) == k and lim.truncated
@@ -832,6 +821,12 @@ def test_collect_greenlets_switching_in_another_thread_is_safe():
             py = [short(f.function) for f in bt.frames() if f.kind == "python"]
             if py == ["pingpong"] * 4 + ["<lambda>"] and not bt.truncated:
                 outcomes["ok"] += 1
+            elif len(bt) == 0 and sys.version_info >= (3, 14):
+                # 3.14+: greenlet itself transiently reports a greenlet that
+                # is switching in another thread as not started (bool(g) and
+                # g.dead both False): no stack, an empty Backtrace (see
+                # docs/platforms.md).  Never a wrong or partial one.
+                outcomes["transient"] += 1
             else:
                 outcomes["bad"] += 1
                 if len(bad) < 3:
