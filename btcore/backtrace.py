@@ -8,8 +8,8 @@ from .frame import Frame
 from .greenlets import CURRENT, NOTHING, BacktraceError, layout_known, target_of
 from .resolve import resolve_native, resolve_python
 
-DEFAULT_CAPACITY = 64
-MAX_CAPACITY = 1 << 16
+DEFAULT_CAPACITY = lib.BTC_DEFAULT_CAPACITY
+MAX_CAPACITY = lib.BTC_MAX_CAPACITY
 JOIN_MARKER = "  ==== appended backtrace boundary ===="
 
 # One btc_frame record (native/btcore_api.h): addr, lasti, kind, flags, reserved.
@@ -162,6 +162,13 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     if rc < 0:
         raise _ERRORS.get(rc, BacktraceError)(ffi.string(lib.btc_last_error()).decode())
     return bt
+
+
+# The calls that capture this thread's stack with plain arguments go through
+# a builtin (native/pycollect.c), which hands every other call to the
+# function above: a Python-level call costs about as much as the capture.
+if lib.btc_install_collect(id(globals()), id(collect), id(Backtrace)) != 0:
+    raise ImportError("btcore: cannot install the builtin collect()")
 
 
 def append(to: Backtrace, add: Backtrace) -> int:

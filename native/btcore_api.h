@@ -55,6 +55,14 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
 /* Tell the capture where btcore.Backtrace's slots are (checked, once). */
 int btc_bind_backtrace(uintptr_t backtrace_type);
 
+#define BTC_DEFAULT_CAPACITY 64
+#define BTC_MAX_CAPACITY 65536
+
+/* Put the builtin collect() (native/pycollect.c) into the module namespace
+ * dict at `namespace`: it does the common calls in C and hands every other
+ * call to python_impl, the Python collect().  Returns 0 or -1. */
+int btc_install_collect(uintptr_t namespace, uintptr_t python_impl, uintptr_t backtrace_type);
+
 /* Learn where greenlet keeps a suspended greenlet's saved stack state, from
  * two suspended (non-main) greenlets of the calling thread whose stacks were
  * partly copied to the heap: saved1 and saved2 bytes (both > 0, different,

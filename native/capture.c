@@ -53,8 +53,11 @@ static bool emit(sink *s, uintptr_t addr, int lasti, int kind, int flags)
     return true;
 }
 
-/* Emit one Python frame, noting its code object for the Backtrace to hold. */
-static bool emit_python(sink *s, const btc_pyframe *pf, int flags)
+/* One Python frame from the chain: dropped if tracebacks hide it or it is
+ * btcore's own (skip_python), else counted in *users and, if emit_it,
+ * emitted (its code object noted for the Backtrace to hold).  False when
+ * the output is full. */
+static bool take_python(sink *s, const btc_pyframe *pf, int flags, bool emit_it, int *users)
 {
     if (pf->hidden)
         return true;
@@ -62,6 +65,9 @@ static bool emit_python(sink *s, const btc_pyframe *pf, int flags)
         s->skip_python--;
         return true;
     }
+    (*users)++;
+    if (!emit_it)
+        return true;
     if (pf->entry)
         flags |= BTC_F_ENTRY;
     if (!emit(s, (uintptr_t)pf->code, pf->lasti, BTC_KIND_PYTHON, flags))
@@ -72,22 +78,23 @@ static bool emit_python(sink *s, const btc_pyframe *pf, int flags)
 
 /* The Python frames one eval-loop call runs: up to and including its entry
  * frame.  Returns how many frames the chain gave (0: chain exhausted). */
-static int emit_eval_call(sink *s, btc_pycursor *py)
+static int take_eval_call(sink *s, btc_pycursor *py, bool emit_it, int *users)
 {
     btc_pyframe pf;
     int taken = 0;
     while (btc_py_next(py, &pf)) {
         taken++;
-        if (!emit_python(s, &pf, 0) || pf.entry)
+        if (!take_python(s, &pf, 0, emit_it, users) || pf.entry)
             break;
     }
     return taken;
 }
 
-static void emit_rest_unmerged(sink *s, btc_pycursor *py)
+static void emit_rest(sink *s, btc_pycursor *py, int flags)
 {
     btc_pyframe pf;
-    while (btc_py_next(py, &pf) && emit_python(s, &pf, BTC_F_UNMERGED))
+    int users = 0;
+    while (btc_py_next(py, &pf) && take_python(s, &pf, flags, true, &users))
         ;
 }
 
@@ -97,7 +104,7 @@ typedef struct {
     btc_native_frame *nat;
     int n;
     bool complete;     /* the walk reached its natural end, not our buffer's */
-    bool skip_to_eval; /* drop native frames before the first eval-loop frame (btcore's own) */
+    bool own_first;    /* the innermost frames are btcore's own: drop them (see merge) */
     bool greenlet;     /* a suspended greenlet: mark (or hide) greenlet's own frames */
     bool internals;    /* show greenlet's switching machinery */
 } native_walk;
@@ -114,26 +121,32 @@ static int hide_greenlet_internals(native_walk *w)
     return first;
 }
 
+/* Replace each eval-loop frame with the Python frames it runs.  A capture
+ * of the calling thread starts inside btcore: its native frames (the C core,
+ * the call into it) and its skip_python Python frames are dropped, up to the
+ * first eval-loop call that runs a frame of the user's. */
 static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
 {
     bool want_py = want & BTC_WANT_PYTHON, want_native = want & BTC_WANT_NATIVE;
-    int i = 0;
-    if (w->skip_to_eval)
-        while (i < w->n && !in_eval_loop(&w->nat[i]))
-            i++;
-    for (; i < w->n; i++) {
+    bool own = w->own_first;
+    for (int i = 0; i < w->n; i++) {
         const btc_native_frame *f = &w->nat[i];
         int flags = f->exact ? BTC_F_EXACT : 0;
         if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;
         if (in_eval_loop(f)) {
+            int users = 0;
+            int taken = take_eval_call(s, py, want_py, &users);
+            if (own && users == 0 && taken > 0)
+                continue;   /* an eval-loop call running only btcore's own Python frames */
+            own = false;
             flags |= BTC_F_EVAL;
-            if (!want_py)
+            if (!want_py && want_native)
                 ok = emit(s, f->pc, -1, BTC_KIND_NATIVE, flags);
-            else if (emit_eval_call(s, py) == 0 && want_native)
+            else if (taken == 0 && want_native)
                 ok = emit(s, f->pc, -1, BTC_KIND_NATIVE, flags | BTC_F_UNMERGED);
-        } else if (want_native) {
+        } else if (want_native && !own) {
             ok = emit(s, f->pc, -1, BTC_KIND_NATIVE, flags);
         }
         if (!ok || s->truncated)
@@ -142,14 +155,12 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
     if (!w->complete)
         s->truncated = s->n == s->max;
     if (want_py)
-        emit_rest_unmerged(s, py);
+        emit_rest(s, py, BTC_F_UNMERGED);
 }
 
 static void python_only(sink *s, btc_pycursor *py)
 {
-    btc_pyframe pf;
-    while (btc_py_next(py, &pf) && emit_python(s, &pf, 0))
-        ;
+    emit_rest(s, py, 0);
 }
 
 /* ---- contexts ---- */
@@ -158,7 +169,7 @@ static void python_only(sink *s, btc_pycursor *py)
 /* Native frames a walk may need beyond the output's size: btcore's own. */
 #define OWN_NATIVE_FRAMES 32
 
-static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool skip_to_eval,
+static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
                    bool greenlet)
 {
     if (!(want & BTC_WANT_NATIVE)) {
@@ -166,7 +177,7 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         return 0;
     }
     btc_native_frame stack_buf[STACK_NATIVE_FRAMES];
-    native_walk w = {.nat = stack_buf, .skip_to_eval = skip_to_eval, .greenlet = greenlet};
+    native_walk w = {.nat = stack_buf, .own_first = own_first, .greenlet = greenlet};
     int max = s->max + OWN_NATIVE_FRAMES;
     btc_native_frame *heap = NULL;
     if (max > STACK_NATIVE_FRAMES && !(w.nat = heap = malloc(max * sizeof *w.nat)))

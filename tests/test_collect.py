@@ -32,13 +32,12 @@ EVAL_LOOP = "_PyEval_EvalFrameDefault"
 @contextlib.contextmanager
 def oracle_at_collect(into):
     """Records into[] the interpreter's frame chain of collect()'s caller at
-    the moment it calls collect() (a profile hook on collect's 'call' event),
-    so that the innermost frame's f_lineno is known exactly too."""
-    code = btcore.collect.__code__
-
+    the moment it calls collect() (a profile hook on the builtin's 'c_call'
+    event, whose frame is the caller's), so that the innermost frame's
+    f_lineno is known exactly too."""
     def hook(frame, event, arg):
-        if event == "call" and frame.f_code is code and not into:
-            into.append(interp_chain(frame.f_back))
+        if event == "c_call" and arg is btcore.collect and not into:
+            into.append(interp_chain(frame))
 
     sys.setprofile(hook)
     try:
@@ -402,3 +401,16 @@ def test_eval_loop_ranges_match_an_independent_reading():
     n = lib.btc_eval_ranges(lo, hi, 16)
     assert 0 < n <= 16
     assert sorted(zip(lo[0:n], hi[0:n])) == sorted(conftest.eval_loop_ranges())
+
+
+def test_builtin_and_python_paths_capture_the_same_frames():
+    """collect() does plain calls in C and hands the others (here python=1,
+    not a bool) to its Python implementation; both must hide btcore's own
+    frames alike and capture the same stack from the same call site."""
+    def site(**kw):
+        return btcore.collect(capacity=BIG, **kw)
+
+    fast, slow = site(python=True), site(python=1)
+    key = [(f.kind, f.function, f.file, f.line, f.ip) for f in fast.frames()]
+    assert key == [(f.kind, f.function, f.file, f.line, f.ip) for f in slow.frames()]
+    assert fast.frames()[0].function.endswith("site")

@@ -1,0 +1,114 @@
+/* btcore.collect() as a CPython builtin, for its common calls.
+ *
+ * A Python-level collect() costs about as much as the capture itself (a
+ * call with keyword arguments, a cffi call, the checks).  This builtin takes
+ * the calls that capture the calling thread's stack with plain arguments
+ * (target None; limit None or an int; capacity an int in range; python,
+ * native, internals True or False) and does them in C; every other call —
+ * a greenlet target, unusual argument types, any error, a first capture
+ * inside a greenlet that needs greenlet's layout learned — is handed to the
+ * Python implementation, which validates and raises exactly as documented.
+ * Being a builtin, it adds no Python frame to hide.
+ */
+#include <Python.h>
+
+#include "btcore.h"
+
+static PyObject *python_collect;   /* btcore.backtrace's collect(), for every other call */
+static PyTypeObject *backtrace_type;
+static PyObject *kw_target, *kw_limit, *kw_python, *kw_native, *kw_capacity, *kw_internals;
+
+static bool small_int(PyObject *v, long lo, long hi, int *out)
+{
+    if (!PyLong_CheckExact(v))
+        return false;
+    int overflow;
+    long x = PyLong_AsLongAndOverflow(v, &overflow);
+    if (overflow || x < lo || x > hi)
+        return false;
+    *out = (int)x;
+    return true;
+}
+
+/* A keyword argument the fast path understands: false means "let Python do it". */
+static bool take_keyword(PyObject *key, PyObject *v, int *capacity, int *limit, int *want)
+{
+    int flag = 0;
+    if (key == kw_target)
+        return v == Py_None;
+    if (key == kw_capacity)
+        return small_int(v, 1, BTC_MAX_CAPACITY, capacity);
+    if (key == kw_limit)
+        return v == Py_None || small_int(v, 0, INT_MAX, limit);
+    if (v != Py_True && v != Py_False)
+        return false;
+    if (key == kw_python)
+        flag = BTC_WANT_PYTHON;
+    else if (key == kw_native)
+        flag = BTC_WANT_NATIVE;
+    else if (key == kw_internals)
+        flag = BTC_WANT_INTERNALS;   /* in a greenlet: its start-up frames */
+    else
+        return false;
+    *want = v == Py_True ? (*want | flag) : (*want & ~flag);
+    return true;
+}
+
+static PyObject *collect_builtin(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    (void)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int capacity = BTC_DEFAULT_CAPACITY, limit = -1, want = BTC_WANT_PYTHON | BTC_WANT_NATIVE;
+    bool plain = nargs == 0 || (nargs == 1 && args[0] == Py_None);
+    for (Py_ssize_t i = 0; plain && i < nkw; i++)
+        plain = take_keyword(PyTuple_GET_ITEM(kwnames, i), args[nargs + i], &capacity, &limit, &want);
+    if (plain && (want & (BTC_WANT_PYTHON | BTC_WANT_NATIVE))) {
+        PyObject *bt = backtrace_type->tp_alloc(backtrace_type, 0);
+        if (!bt)
+            return NULL;
+        if (limit < 0 || limit > capacity)
+            limit = capacity;
+        if (btc_collect(0, (uintptr_t)bt, capacity, limit, want) == 0)
+            return bt;
+        Py_DECREF(bt);   /* an error, or greenlet's layout to learn: Python's turn */
+    }
+    return PyObject_Vectorcall(python_collect, args, nargsf, kwnames);
+}
+
+static PyMethodDef collect_def = {
+    "collect", (PyCFunction)(void (*)(void))collect_builtin, METH_FASTCALL | METH_KEYWORDS,
+    "collect(target=None, *, limit=None, python=True, native=True, capacity=64,"
+    " internals=False)\n--\n\n"
+    "Capture the raw frames of the calling thread's stack, or of greenlet `target`.\n\n"
+    "A builtin for the common calls; see btcore/backtrace.py (collect) for the\n"
+    "full description: every other call is handed to it."};
+
+static PyObject *intern(const char *s)
+{
+    return PyUnicode_InternFromString(s);
+}
+
+int btc_install_collect(uintptr_t namespace, uintptr_t python_impl, uintptr_t backtrace)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *ns = (PyObject *)namespace;
+    int rc = -1;
+    if (!(kw_target = intern("target")) || !(kw_limit = intern("limit")) || !(kw_python = intern("python")) ||
+        !(kw_native = intern("native")) || !(kw_capacity = intern("capacity")) ||
+        !(kw_internals = intern("internals")) || !PyDict_Check(ns) || !PyType_Check((PyObject *)backtrace))
+        goto out;
+    PyObject *module = PyDict_GetItemString(ns, "__name__");   /* borrowed */
+    PyObject *fn = PyCFunction_NewEx(&collect_def, NULL, module);
+    if (!fn)
+        goto out;
+    python_collect = Py_NewRef((PyObject *)python_impl);
+    backtrace_type = (PyTypeObject *)Py_NewRef((PyObject *)backtrace);
+    rc = PyDict_SetItemString(ns, "collect", fn);
+    Py_DECREF(fn);
+out:
+    if (rc < 0)
+        PyErr_Clear();
+    PyGILState_Release(gil);
+    return rc;
+}
