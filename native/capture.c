@@ -224,7 +224,10 @@ static int collect_greenlet(sink *s, int want, PyObject *g)
         PyErr_Clear();
         return 0;                      /* no stack: an empty backtrace */
     }
-    PyObject *frame = PyObject_GetAttrString(g, "gr_frame");
+    static PyObject *gr_frame;   /* interned once: this runs per capture */
+    if (!gr_frame && !(gr_frame = PyUnicode_InternFromString("gr_frame")))
+        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+    PyObject *frame = PyObject_GetAttr(g, gr_frame);
     if (!frame) {
         PyErr_Clear();
         return btc_fail(BTC_E_LAYOUT, "cannot read the greenlet's gr_frame");

@@ -63,6 +63,11 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx);
  * (the whole stack).  If greenlet's layout is not learned yet: BTC_E_NEED_LAYOUT
  * when need_it, else 0. */
 int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it);
+/* What a collect() target is, for the builtin's fast path (GIL held):
+ * UNKNOWN when it is not a greenlet or greenlet's layout is not learned yet
+ * (the Python implementation then decides). */
+enum { BTC_TARGET_UNKNOWN, BTC_TARGET_CURRENT, BTC_TARGET_THIS_THREAD, BTC_TARGET_OTHER_THREAD };
+int btc_greenlet_target(PyObject *target);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 

@@ -219,10 +219,12 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx)
     return 0;
 }
 
-/* greenlet's C API (greenlet.h): getcurrent() and "is this a main greenlet". */
+/* greenlet's C API (greenlet.h): its type, getcurrent(), parent, "is main". */
 static void **greenlet_api;
+#define GREENLET_TYPE 0
 #define GREENLET_GETCURRENT 4
 #define GREENLET_MAIN 8
+#define GREENLET_GET_PARENT 11
 
 static PyObject *current_greenlet(void)
 {
@@ -234,6 +236,37 @@ static PyObject *current_greenlet(void)
     if (!g)
         PyErr_Clear();
     return g;
+}
+
+/* The root of g's parent chain: its thread's main greenlet (new reference). */
+static PyObject *root_of(PyObject *g)
+{
+    PyObject *(*parent_of)(PyObject *) = (PyObject * (*)(PyObject *)) greenlet_api[GREENLET_GET_PARENT];
+    Py_INCREF(g);
+    for (PyObject *p; (p = parent_of(g)) != NULL;) {
+        Py_DECREF(g);
+        g = p;
+    }
+    PyErr_Clear();
+    return g;
+}
+
+int btc_greenlet_target(PyObject *target)
+{
+    PyObject *current = current_greenlet();
+    if (!current)
+        return BTC_TARGET_UNKNOWN;
+    int kind = BTC_TARGET_UNKNOWN;
+    if (target == current)
+        kind = BTC_TARGET_CURRENT;
+    else if (layout.ok && PyObject_TypeCheck(target, (PyTypeObject *)greenlet_api[GREENLET_TYPE])) {
+        PyObject *a = root_of(target), *b = root_of(current);
+        kind = a == b ? BTC_TARGET_THIS_THREAD : BTC_TARGET_OTHER_THREAD;
+        Py_DECREF(a);
+        Py_DECREF(b);
+    }
+    Py_DECREF(current);
+    return kind;
 }
 
 int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it)

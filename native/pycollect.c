@@ -2,17 +2,17 @@
  *
  * A Python-level collect() costs about as much as the capture itself (a
  * call with keyword arguments, a cffi call, the checks).  This builtin takes
- * the calls that capture the calling thread's stack with plain arguments
- * (target None; limit None or an int; capacity an int in range; python,
- * native, internals True or False) and does them in C; every other call —
- * a greenlet target, unusual argument types, any error, a first capture
- * inside a greenlet that needs greenlet's layout learned — is handed to the
- * Python implementation, which validates and raises exactly as documented.
- * Being a builtin, it adds no Python frame to hide.
+ * the calls with plain arguments (target None or a greenlet once greenlet's
+ * layout is learned; limit None or an int; capacity an int in range;
+ * python, native, internals True or False) and does them in C; every other
+ * call — unusual argument types, any error (a greenlet running in another
+ * thread, ...), the first capture that needs greenlet's layout learned — is
+ * handed to the Python implementation, which validates and raises exactly
+ * as documented.  Being a builtin, it adds no Python frame to hide.
  */
 #include <Python.h>
 
-#include "btcore.h"
+#include "context.h"
 
 static PyObject *python_collect;   /* btcore.backtrace's collect(), for every other call */
 static PyTypeObject *backtrace_type;
@@ -34,8 +34,6 @@ static bool small_int(PyObject *v, long lo, long hi, int *out)
 static bool take_keyword(PyObject *key, PyObject *v, int *capacity, int *limit, int *want)
 {
     int flag = 0;
-    if (key == kw_target)
-        return v == Py_None;
     if (key == kw_capacity)
         return small_int(v, 1, BTC_MAX_CAPACITY, capacity);
     if (key == kw_limit)
@@ -60,16 +58,33 @@ static PyObject *collect_builtin(PyObject *self, PyObject *const *args, size_t n
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     int capacity = BTC_DEFAULT_CAPACITY, limit = -1, want = BTC_WANT_PYTHON | BTC_WANT_NATIVE;
-    bool plain = nargs == 0 || (nargs == 1 && args[0] == Py_None);
-    for (Py_ssize_t i = 0; plain && i < nkw; i++)
-        plain = take_keyword(PyTuple_GET_ITEM(kwnames, i), args[nargs + i], &capacity, &limit, &want);
+    PyObject *target = nargs == 1 ? args[0] : Py_None;
+    bool plain = nargs <= 1;
+    for (Py_ssize_t i = 0; plain && i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i);
+        if (key == kw_target) {
+            target = args[nargs + i];
+            plain = nargs == 0;   /* given twice: Python raises the TypeError */
+        } else {
+            plain = take_keyword(key, args[nargs + i], &capacity, &limit, &want);
+        }
+    }
+    uintptr_t address = 0;   /* the calling thread's own stack */
+    if (plain && target != Py_None) {
+        switch (btc_greenlet_target(target)) {
+        case BTC_TARGET_CURRENT: break;
+        case BTC_TARGET_THIS_THREAD: want |= BTC_WANT_OWN_THREAD; /* fall through */
+        case BTC_TARGET_OTHER_THREAD: address = (uintptr_t)target; break;
+        default: plain = false;
+        }
+    }
     if (plain && (want & (BTC_WANT_PYTHON | BTC_WANT_NATIVE))) {
         PyObject *bt = backtrace_type->tp_alloc(backtrace_type, 0);
         if (!bt)
             return NULL;
         if (limit < 0 || limit > capacity)
             limit = capacity;
-        if (btc_collect(0, (uintptr_t)bt, capacity, limit, want) == 0)
+        if (btc_collect(address, (uintptr_t)bt, capacity, limit, want) == 0)
             return bt;
         Py_DECREF(bt);   /* an error, or greenlet's layout to learn: Python's turn */
     }
