@@ -46,6 +46,19 @@ def oracle_at_collect(into):
         sys.setprofile(None)
 
 
+def collect_in_callback(chain, cfunc, arg):
+    """collect() and the interpreter's own chain, both taken inside the
+    fixture's Python callback while cfunc(arg) runs."""
+    got = {}
+
+    def in_callback(tag):
+        got["bt"], got["oracle"] = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
+        return 0
+
+    chain.call(cfunc, arg, in_callback)
+    return got["bt"], got["oracle"]
+
+
 def cffi_name(name):
     """cffi's wrapper functions without their parameter list: whether the
     C++ compiler gives the static wrapper a mangled linkage name (g++ 12
@@ -308,16 +321,9 @@ def test_native_recursion_depth(chain, chain_symbols, depth):
     """recurse_then_call(n): n+1 frames of recurse_then_call, all present and
     consecutive, between the callback and the test function."""
     ffi, lib, so_path = chain
-    got = {}
-
-    def in_callback(tag):
-        bt, oracle = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
-        got["bt"], got["oracle"] = bt, oracle
-        return 0
-
-    chain.call(lib.recurse_then_call, depth, in_callback)
-    frames = got["bt"].frames()
-    assert py_view(frames) == got["oracle"]
+    bt, oracle = collect_in_callback(chain, lib.recurse_then_call, depth)
+    frames = bt.frames()
+    assert py_view(frames) == oracle
     rec = [i for i, f in enumerate(frames) if f.function == bc.NAME_RECURSE]
     assert len(rec) == depth + 1
     assert rec == list(range(rec[0], rec[0] + depth + 1))
@@ -371,14 +377,8 @@ def test_corrupt_return_address_ends_the_walk(chain, garbage):
         garbage = int(ffi.cast("uintptr_t", keep))
     elif garbage == "stack":  # inside the main thread's stack
         garbage = main_stack_address()
-    got = {}
-
-    def in_callback(tag):
-        got["bt"], got["oracle"] = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
-        return 0
-
-    chain.call(lib.corrupt_return_address_then_call, garbage, in_callback)
-    frames = got["bt"].frames()
+    bt, oracle = collect_in_callback(chain, lib.corrupt_return_address_then_call, garbage)
+    frames = bt.frames()
     names = [f.function for f in frames if f.kind == "native"]
     assert "corrupt_return_address_then_call" in names
     assert names.index("corrupt_return_address_then_call") > names.index(bc.NAME_PY_CALLBACK)
@@ -389,7 +389,7 @@ def test_corrupt_return_address_ends_the_walk(chain, garbage):
     if kind != "text":
         assert names[-1] == "corrupt_return_address_then_call"
     # ...and no Python frame is lost.
-    assert py_view(frames) == got["oracle"]
+    assert py_view(frames) == oracle
 
 
 def test_eval_loop_ranges_match_an_independent_reading():
