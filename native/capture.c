@@ -105,8 +105,7 @@ typedef struct {
     int n;
     bool complete;     /* the walk reached its natural end, not our buffer's */
     bool own_first;    /* the innermost frames are btcore's own: drop them (see merge) */
-    bool greenlet;     /* a suspended greenlet: mark (or hide) greenlet's own frames */
-    bool internals;    /* show greenlet's switching machinery */
+    bool greenlet;     /* a greenlet's stack: mark (or hide) greenlet's own frames */
 } native_walk;
 
 /* Hide greenlet's switching machinery: the innermost frames (slp_switch up
