@@ -215,12 +215,11 @@ def _park_spec(i):
     return native, (i * 3) % 11
 
 
-def test_300_greenlets_parked_at_various_depths_exact(chain, chain_symbols):
-    """320 greenlets parked at different native recursion depths
-    (recurse_then_call(n): n+1 frames) and Python depths (park(k): k+1
-    frames): every capture has exactly the expected frames, in order; then
-    again after resuming them all in random order (different spills)."""
-    ffi, lib, so_path = chain
+def parking_run(chain, native, depth):
+    """The body of a greenlet that parks `depth` + 1 Python frames deep
+    (park), under native + 1 frames of recurse_then_call (native None: no
+    native part), switching "parked" to the greenlet that creates it until
+    resumed with "stop"."""
     main = greenlet.getcurrent()
 
     def park(k):
@@ -230,19 +229,25 @@ def test_300_greenlets_parked_at_various_depths_exact(chain, chain_symbols):
             pass
         return 0
 
-    def make_run(native, depth):
-        def on_callback(tag):
+    def on_callback(tag):
+        return park(depth)
+
+    def run():
+        if native is None:
             return park(depth)
+        chain.set_callback(on_callback)   # read by the callback right away
+        return chain.lib.recurse_then_call(native)
+    return run
 
-        def run():
-            if native is None:
-                return park(depth)
-            chain.set_callback(on_callback)   # read by the callback right away
-            return lib.recurse_then_call(native)
-        return run
 
+def test_300_greenlets_parked_at_various_depths_exact(chain, chain_symbols):
+    """320 greenlets parked at different native recursion depths
+    (recurse_then_call(n): n+1 frames) and Python depths (park(k): k+1
+    frames): every capture has exactly the expected frames, in order; then
+    again after resuming them all in random order (different spills)."""
+    ffi, lib, so_path = chain
     specs = [_park_spec(i) for i in range(320)]
-    gs = [greenlet.greenlet(make_run(n, d)) for n, d in specs]
+    gs = [greenlet.greenlet(parking_run(chain, n, d)) for n, d in specs]
     try:
         for g in gs:
             assert g.switch() == "parked"
@@ -648,31 +653,14 @@ def _pingpong_thread(n_greenlets, stop, started, errors, switches):
 
 def test_collect_own_greenlets_while_other_threads_switch(chain, chain_symbols):
     ffi, lib, so_path = chain
-    main = greenlet.getcurrent()
     stop = threading.Event()
     started, errors = [], []
     switches = [[0] for _ in range(4)]
     threads = [threading.Thread(target=_pingpong_thread, args=(6, stop, started, errors, sw),
                                 daemon=True) for sw in switches]
 
-    def park(k):
-        if k:
-            return park(k - 1)
-        while main.switch("parked") != "stop":
-            pass
-        return 0
-
-    def make(native, depth):
-        def cb(tag):
-            return park(depth)
-
-        def run():
-            chain.set_callback(cb)
-            return lib.recurse_then_call(native)
-        return run
-
     specs = [(i % 9, i % 6) for i in range(40)]
-    gs = [greenlet.greenlet(make(n, d)) for n, d in specs]
+    gs = [greenlet.greenlet(parking_run(chain, n, d)) for n, d in specs]
     for g in gs:
         assert g.switch() == "parked"
     old = sys.getswitchinterval()
@@ -692,7 +680,7 @@ def test_collect_own_greenlets_while_other_threads_switch(chain, chain_symbols):
                 frames = bt.frames()
                 assert not bt.truncated
                 assert [short(f.function) for f in frames if f.kind == "python"] == \
-                    ["park"] * (d + 1) + ["cb", "_chain_dispatch", "run"]
+                    ["park"] * (d + 1) + ["on_callback", "_chain_dispatch", "run"]
                 rec = [i for i, f in enumerate(frames) if f.function == bc.NAME_RECURSE]
                 assert len(rec) == n + 1 and rec == list(range(rec[0], rec[0] + n + 1))
                 assert all(in_fn(frames[i].ip, chain_symbols, "recurse_then_call") for i in rec)
@@ -788,11 +776,14 @@ def test_collect_greenlets_switching_in_another_thread_is_safe():
     either running (RuntimeError) or suspended; a capture that succeeds must
     be a correct one, never garbage or an empty backtrace."""
     stop, ready = threading.Event(), threading.Event()
-    box = {}
+    box, parked = {}, set()
 
     def pingpong(k, name):
         if k:
             return pingpong(k - 1, name)
+        parked.add(name)
+        if len(parked) == 2:   # both started: captures may begin
+            ready.set()
         while not stop.is_set():
             box[name].switch()
 
@@ -800,7 +791,6 @@ def test_collect_greenlets_switching_in_another_thread_is_safe():
         a = greenlet.greenlet(lambda: pingpong(3, "b"))
         b = greenlet.greenlet(lambda: pingpong(3, "a"))
         box.update(a=a, b=b)
-        ready.set()
         a.switch()
 
     old = sys.getswitchinterval()
@@ -821,12 +811,6 @@ def test_collect_greenlets_switching_in_another_thread_is_safe():
             py = [short(f.function) for f in bt.frames() if f.kind == "python"]
             if py == ["pingpong"] * 4 + ["<lambda>"] and not bt.truncated:
                 outcomes["ok"] += 1
-            elif len(bt) == 0 and sys.version_info >= (3, 14):
-                # 3.14+: greenlet itself transiently reports a greenlet that
-                # is switching in another thread as not started (bool(g) and
-                # g.dead both False): no stack, an empty Backtrace (see
-                # docs/platforms.md).  Never a wrong or partial one.
-                outcomes["transient"] += 1
             else:
                 outcomes["bad"] += 1
                 if len(bad) < 3:
