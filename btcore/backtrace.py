@@ -118,7 +118,6 @@ _ERRORS = {
     lib.BTC_E_UNSUPPORTED: BacktraceError,
     lib.BTC_E_LAYOUT: BacktraceError,
     lib.BTC_E_RUNNING: RuntimeError,
-    lib.BTC_E_NOT_GREENLET: TypeError,
 }
 
 if lib.btc_bind_backtrace(id(Backtrace)) != 0:
@@ -140,9 +139,8 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     Backtrace.  No names are looked up here: see Backtrace.frames() and
     foreach().
     """
-    # Written flat, without helper calls on the common path: this runs at
-    # every greenlet spawn when ancestors are recorded, and Python call
-    # overhead would otherwise cost more than the capture itself.
+    # The Python implementation: the builtin installed below does the plain
+    # calls itself and hands this function every other one.
     if type(capacity) is not int or not 0 < capacity <= MAX_CAPACITY:
         _check_capacity(capacity)
     limit = capacity if limit is None else _check_limit(limit, capacity)
@@ -164,9 +162,9 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     return bt
 
 
-# The calls that capture this thread's stack with plain arguments go through
-# a builtin (native/pycollect.c), which hands every other call to the
-# function above: a Python-level call costs about as much as the capture.
+# btcore.collect is a builtin (native/pycollect.c) doing the calls with plain
+# arguments in C, and handing every other call to the function above: a
+# Python-level call costs about as much as the capture itself.
 if lib.btc_install_collect(id(globals()), id(collect), id(Backtrace)) != 0:
     raise ImportError("btcore: cannot install the builtin collect()")
 

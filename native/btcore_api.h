@@ -36,7 +36,6 @@ typedef struct {
 
 /* Errors of btc_collect() (see btc_last_error() for the reason in words). */
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
-#define BTC_E_NOT_GREENLET  -2
 #define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
 #define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
 #define BTC_E_NEED_LAYOUT   -5   /* learn greenlet's layout (btc_greenlet_learn) and retry */
