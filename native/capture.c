@@ -34,7 +34,7 @@ typedef struct {
     int n, max;
     bool truncated;
     int skip_python;    /* btcore's own API frames, innermost first */
-    PyObject **codes;   /* the code object of each Python frame emitted (borrowed) */
+    PyObject **codes;   /* the code object of each Python frame emitted (a reference each) */
     int ncodes;
 } sink;
 
@@ -72,7 +72,9 @@ static bool take_python(sink *s, const btc_pyframe *pf, int flags, bool emit_it,
         flags |= BTC_F_ENTRY;
     if (!emit(s, (uintptr_t)pf->code, pf->lasti, BTC_KIND_PYTHON, flags))
         return false;
-    s->codes[s->ncodes++] = pf->code;
+    /* Held from now on: the allocations that build the Backtrace may run a
+     * collection, and finalizers may let another thread end these frames. */
+    s->codes[s->ncodes++] = Py_NewRef(pf->code);
     return true;
 }
 
@@ -290,10 +292,18 @@ static void set_slot(PyObject *bt, Py_ssize_t offset, PyObject *value)
     Py_XDECREF(old);
 }
 
+static void release_codes(sink *s)
+{
+    for (int i = 0; i < s->ncodes; i++)
+        Py_DECREF(s->codes[i]);
+    s->ncodes = 0;
+}
+
 /* Hand the frames and the code objects they name to the Backtrace: a
  * bytearray of exactly the frames captured (append() grows it up to the
- * capacity) and a tuple of code objects, in frame order. */
-static int fill_backtrace(PyObject *bt, const sink *s, int capacity)
+ * capacity) and a tuple of code objects, in frame order (the tuple takes
+ * the sink's references). */
+static int fill_backtrace(PyObject *bt, sink *s, int capacity)
 {
     PyObject *raw = PyByteArray_FromStringAndSize((const char *)s->out, (Py_ssize_t)s->n * sizeof(btc_frame));
     PyObject *refs = PyTuple_New(s->ncodes);
@@ -303,12 +313,12 @@ static int fill_backtrace(PyObject *bt, const sink *s, int capacity)
         Py_XDECREF(refs);
         Py_XDECREF(cap);
         PyErr_Clear();
+        release_codes(s);
         return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
     }
-    for (int i = 0; i < s->ncodes; i++) {
-        Py_INCREF(s->codes[i]);
+    for (int i = 0; i < s->ncodes; i++)
         PyTuple_SET_ITEM(refs, i, s->codes[i]);
-    }
+    s->ncodes = 0;
     set_slot(bt, bt_slots.raw, raw);
     set_slot(bt, bt_slots.refs, refs);
     set_slot(bt, bt_slots.capacity, cap);
@@ -350,6 +360,7 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
         rc = dispatch(&s, target, want);
     if (rc == 0)
         rc = fill_backtrace(bt, &s, capacity);
+    release_codes(&s);   /* only left over when the capture failed */
     if (s.out != frames_buf)
         free(s.out);
     if (s.codes != codes_buf)
