@@ -1,4 +1,4 @@
 # cffi compiles the native unwind core (native/) into btcore._native at install time.
 from setuptools import setup
 
-setup(cffi_modules=["btcore/_build.py:ffibuilder"])
+setup(cffi_modules=["src/btcore/_build.py:ffibuilder"])

@@ -11,13 +11,14 @@ import sysconfig
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NATIVE = os.path.join(os.path.dirname(HERE), "native")
+ROOT = os.path.dirname(os.path.dirname(HERE))   # src/btcore -> checkout root
+NATIVE = os.path.join(ROOT, "native")
 
 
 def _sources():
     found = glob.glob(os.path.join(NATIVE, "*.c")) + glob.glob(os.path.join(NATIVE, "cpython", "*.c"))
     # setuptools wants paths relative to setup.py
-    return sorted(os.path.relpath(p, os.path.dirname(HERE)) for p in found)
+    return sorted(os.path.relpath(p, ROOT) for p in found)
 
 
 def _cdef():
