@@ -141,6 +141,15 @@ int btc_eval_ranges(uintptr_t *lo, uintptr_t *hi, int max);
  * starting with the caller of this function. */
 int btc_backtrace(uintptr_t *out, int max);
 
+/* Test-only: btc_mem_read() through the stack view [lo, hi) (no spill):
+ * 1 and *out set if the aligned 8-byte word at addr may be read, else 0. */
+int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out);
+
+/* Test-only: btc_unwind() from the exact pc ip and stack pointer sp (rbp,
+ * rbx zero) through the stack view [lo, hi); writes the frames' pcs (at most
+ * max, <= 16) and returns how many. */
+int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uintptr_t *pcs, int max);
+
 /* Build a CFI table from `data` as if it were a module's .eh_frame (no
  * .eh_frame_hdr, readable range = the buffer) and check the table's
  * invariants; for fuzz tests.  Returns the row count, -1 if no table could be

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Mutation smoke test: does the suite catch what it claims to catch?
+
+Each entry of MUTATIONS is a one-line change of the product (native/ or
+src/btcore/) that a test is meant to catch.  For each one: copy the
+checkout to a scratch directory, apply the change, build and install the
+mutant into a scratch target directory (put first on PYTHONPATH, so the
+environment running this script is never modified), then run the test
+named as its killer, and if that passes, the whole suite (pytest -x).
+A failing run = killed.
+
+Exit status 1 if any mutation survives, if its original text is not found
+exactly once (so the list cannot rot silently when the code changes), or if
+a mutant does not build.  Run it with the interpreter of an environment that
+has btcore's test dependencies and `wheel` (or setuptools >= 70.1):
+
+    python tests/mutations/run.py [--only SUBSTRING] [--timeout SECONDS]
+
+Adding a mutation is one entry below: the file, its exact original text
+(unique in that file), the replacement, the test that should kill it, and
+what the mutation breaks.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import NamedTuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Mutation(NamedTuple):
+    path: str
+    original: str
+    replacement: str
+    killer: str
+    breaks: str
+    note: str = ""
+
+
+MUTATIONS = [
+    Mutation("native/context.h", "addr > m->hi - 8", "addr > m->hi",
+             "tests/test_contracts.py::test_stack_view_reads_exactly_lo_to_hi",
+             "the stack view reads one word past its end"),
+    Mutation("native/context.h", "BTC_UNLIKELY(addr & 7) || ", "",
+             "tests/test_contracts.py::test_stack_view_reads_exactly_lo_to_hi",
+             "the stack view reads misaligned words"),
+    Mutation("native/context.h", "addr < m->lo ||", "addr < m->lo - 8 ||",
+             "tests/test_contracts.py::test_stack_view_reads_exactly_lo_to_hi",
+             "the stack view reads one word below its start"),
+    Mutation("native/unwind.c", "if (cfa < m->lo || cfa > m->hi)", "if (cfa < m->lo || cfa > m->hi + 8)",
+             "tests/test_contracts.py::test_walker_refuses_a_frame_past_the_views_end",
+             "a frame address 8 bytes past the view's end is accepted"),
+    Mutation("native/unwind.c", "memset(row_cache, 0, sizeof row_cache);", "(void)row_cache;",
+             "tests/test_modules.py",
+             "the walker's row cache is not emptied when the module list changes",
+             "expected killed after merge with the safety branch (same-address library test)"),
+    Mutation("src/btcore/resolve.py", "        while len(frames) > keep:", "        while False:",
+             "tests/test_contracts.py::test_frame_cache_stays_within_its_bound",
+             "the frame cache never evicts (unbounded)"),
+    Mutation("src/btcore/resolve.py", "pin=code)", "pin=None)",
+             "tests/test_contracts.py::test_cached_python_entry_keeps_its_code_object_alive",
+             "cached Python entries do not pin their code object"),
+    Mutation("native/greenlet_context.c", "ctx->last_cfa = main ? 0 : s.stop;", "ctx->last_cfa = 0;",
+             "tests/test_greenlets.py",
+             "a suspended greenlet's capture runs past its bottom into its parent's frames"),
+    Mutation("native/greenlet_context.c", "ctx->mem.spill_hi = s.start + (uintptr_t)s.saved;",
+             "ctx->mem.spill_hi = s.start;",
+             "tests/test_greenlets.py",
+             "a suspended greenlet's heap-saved stack part is read from the (reused) stack instead"),
+    Mutation("src/btcore/resolve.py", "lookup = pc if exact else pc - 1", "lookup = pc",
+             "tests/test_symbolize.py",
+             "return addresses are symbolized at the next instruction, not at the call"),
+]
+
+IGNORED = shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache")
+
+
+def apply(copy: str, m: Mutation) -> str | None:
+    """Write the mutant into the copy; None, or why it cannot be applied."""
+    path = os.path.join(copy, m.path)
+    with open(os.path.join(ROOT, m.path)) as f:
+        text = f.read()
+    if text.count(m.original) != 1:
+        return f"original text found {text.count(m.original)} times (must be exactly once)"
+    with open(path, "w") as f:
+        f.write(text.replace(m.original, m.replacement))
+    return None
+
+
+def restore(copy: str, m: Mutation) -> None:
+    shutil.copyfile(os.path.join(ROOT, m.path), os.path.join(copy, m.path))
+
+
+def build(copy: str, target: str) -> str | None:
+    # A fresh build every time: setuptools does not see header changes, so
+    # an incremental build could install the previous mutant.
+    shutil.rmtree(os.path.join(copy, "build"), ignore_errors=True)
+    shutil.rmtree(target, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--target", target, "."], cwd=copy, capture_output=True, text=True)
+    return None if done.returncode == 0 else done.stderr[-2000:]
+
+
+def pytest_fails(copy: str, target: str, args: list, timeout: float) -> bool:
+    env = dict(os.environ, PYTHONPATH=target + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *args],
+                              cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return True   # a hang is caught too: the suite would never finish
+    return done.returncode != 0
+
+
+def run_one(copy: str, target: str, m: Mutation, timeout: float) -> str:
+    problem = apply(copy, m)
+    if problem:
+        return "ERROR: " + problem
+    try:
+        problem = build(copy, target)
+        if problem:
+            return "ERROR: mutant does not build:\n" + problem
+        if pytest_fails(copy, target, [m.killer], timeout):
+            return "killed"
+        if pytest_fails(copy, target, [], timeout):
+            return "killed (by another test than the named one)"
+        return "SURVIVED"
+    finally:
+        restore(copy, m)
+
+
+def baseline_problem(copy: str, target: str, chosen: list, timeout: float) -> str | None:
+    """The unmutated product must build and pass every named killer test,
+    else a 'killed' verdict would mean nothing."""
+    problem = build(copy, target)
+    if problem:
+        return "the unmutated checkout does not build:\n" + problem
+    killers = sorted({m.killer for m in chosen})
+    if pytest_fails(copy, target, killers, timeout):
+        return "the unmutated checkout fails a killer test: " + " ".join(killers)
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run the mutations whose file or text contains this")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per pytest run")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if args.only in m.path or args.only in m.original]
+    failures = 0
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="btcore-mutations-") as scratch:
+        copy, target = os.path.join(scratch, "src"), os.path.join(scratch, "site")
+        shutil.copytree(ROOT, copy, ignore=IGNORED)
+        baseline = baseline_problem(copy, target, chosen, args.timeout)
+        if baseline:
+            print("ERROR: " + baseline)
+            return 1
+        for m in chosen:
+            t0 = time.monotonic()
+            verdict = run_one(copy, target, m, args.timeout)
+            failures += not verdict.startswith("killed")
+            note = f"  [{m.note}]" if m.note else ""
+            print(f"{verdict.splitlines()[0]:<12} {time.monotonic() - t0:5.0f}s  {m.path}: {m.breaks}{note}", flush=True)
+            if "\n" in verdict:
+                print(verdict, flush=True)
+    print(f"{len(chosen) - failures}/{len(chosen)} killed in {time.monotonic() - start:.0f}s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Contracts checked directly, each by the input that tells a right
+implementation from an off-by-one one (tests that a one-line mutation of the
+product must fail; tests/mutations/run.py checks that they do):
+
+* the stack view [lo, hi): the last readable word is hi - 8; hi, misaligned
+  addresses and addresses below lo are refused;
+* the walker refuses a frame whose CFA lies past the view's end, even when
+  the return address itself would be readable;
+* the shared frame cache stays within its bound;
+* a cached Python entry keeps its code object alive (its key holds the code
+  object's address) until the cache drops the entry.
+"""
+import gc
+import subprocess
+import weakref
+
+import pytest
+
+import btcore
+from btcore._native import ffi, lib
+
+WORD = 8
+
+
+@pytest.fixture
+def view():
+    """A 16-word buffer and the view [lo, hi) over its middle 8 words, so a
+    read just past either end of the view is still inside the buffer (a
+    wrongly accepted read returns a value instead of faulting)."""
+    buf = ffi.new("uintptr_t[16]", [0x1000 + i for i in range(16)])
+    lo = int(ffi.cast("uintptr_t", buf)) + 4 * WORD
+    return buf, lo, lo + 8 * WORD
+
+
+def read(lo, hi, addr):
+    out = ffi.new("uintptr_t *")
+    return out[0] if lib.btc_test_mem_read(lo, hi, addr, out) else None
+
+
+def test_stack_view_reads_exactly_lo_to_hi(view):
+    """Guards btc_mem_read's bounds: [lo, hi - 8] aligned, nothing else."""
+    buf, lo, hi = view
+    assert read(lo, hi, lo) == buf[4]
+    assert read(lo, hi, hi - WORD) == buf[11]       # the last word of the view
+    assert read(lo, hi, hi) is None                 # one word past it
+    assert read(lo, hi, hi - WORD + 4) is None      # misaligned, straddling hi
+    assert read(lo, hi, lo + 4) is None             # misaligned inside
+    assert read(lo, hi, lo - WORD) is None          # below lo
+
+
+# A function whose CFI says: CFA = rsp + 16, return address at CFA - 16 (at
+# rsp).  Unlike the usual CFA - 8, the return address of a frame whose CFA
+# is hi + 8 lies inside the view, so only the walker's CFA check can refuse
+# that frame.
+ODD_CFI = r"""
+__asm__(".text\n.globl odd_cfi\n.type odd_cfi,@function\nodd_cfi:\n"
+        ".cfi_startproc\n.cfi_def_cfa %rsp, 16\n.cfi_offset 16, -16\n"
+        "nop\nnop\nnop\nret\n.cfi_endproc\n.size odd_cfi, .-odd_cfi\n");
+"""
+
+
+@pytest.fixture(scope="module")
+def odd_cfi_pc(tmp_path_factory):
+    """A pc inside odd_cfi, past its CFI's first row (the library stays loaded)."""
+    import cffi
+    d = tmp_path_factory.mktemp("odd_cfi")
+    (d / "odd.c").write_text(ODD_CFI)
+    so = d / "odd.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(d / "odd.c")], check=True)
+    loader = cffi.FFI()
+    loader.cdef("void odd_cfi(void);")
+    odd = loader.dlopen(str(so))
+    yield int(loader.cast("uintptr_t", odd.odd_cfi)) + 1
+    del odd
+
+
+def test_walker_refuses_a_frame_past_the_views_end(view, odd_cfi_pc):
+    """Guards the walker's CFA bound: a CFA above hi ends the walk."""
+    pc = odd_cfi_pc
+    buf, lo, hi = view
+    for i in range(16):
+        buf[i] = pc       # every saved return address: back into odd_cfi
+    pcs = ffi.new("uintptr_t[16]")
+
+    # CFA = hi exactly: inside the view, the walk takes the step
+    assert lib.btc_test_unwind(pc, hi - 16, lo, hi, pcs, 16) == 2
+    assert list(pcs[0:2]) == [pc, pc]
+    # CFA = hi + 8: refused, although the return address (at hi - 8) is readable
+    assert read(lo, hi, hi - WORD) == pc
+    assert lib.btc_test_unwind(pc, hi - 8, lo, hi, pcs, 16) == 1
+
+
+def distinct_code_objects(n):
+    """n functions, each its own code object, each returning a capture of
+    its own frame (so every resolution below adds new cache entries)."""
+    src = "".join(f"def f{i}():\n    return btcore.collect(native=False, limit=2)\n" for i in range(n))
+    namespace = {"btcore": btcore}
+    exec(compile(src, "<contracts>", "exec"), namespace)
+    return [namespace[f"f{i}"] for i in range(n)]
+
+
+@pytest.fixture
+def small_cache():
+    old = btcore.cache.maxsize
+    btcore.cache.resize(50)
+    yield btcore.cache
+    btcore.cache.resize(old)
+
+
+def test_frame_cache_stays_within_its_bound(small_cache):
+    """Guards eviction: many distinct resolutions never grow the cache past maxsize."""
+    for fn in distinct_code_objects(300):
+        assert fn().frames()
+        assert len(small_cache) <= 50
+    assert len(small_cache) == 50
+
+
+def test_cached_python_entry_keeps_its_code_object_alive():
+    """Guards the pin: a cache key holds id(code), so the code object must
+    live as long as the entry (else a new object at that address would
+    resolve to the dead one's name)."""
+    fn, = distinct_code_objects(1)
+    code = weakref.ref(fn.__code__)
+    bt = fn()
+    assert bt.frames()[0].function == "f0"
+    del fn, bt
+    gc.collect()
+    assert code() is not None, "the cached entry let its code object die"
+    btcore.cache.clear()
+    gc.collect()
+    assert code() is None, "something other than the cache kept the code object"
