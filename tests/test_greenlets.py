@@ -130,7 +130,12 @@ def test_suspended_through_native_chain_shows_only_its_own_stack(chain, chain_sy
         return lib.chain_entry(1)
 
     g = greenlet.greenlet(run)
-    assert g.switch() == "parked"
+    lib.g_glibc_bt_enabled = 1   # the address oracle (see "address oracle" below)
+    try:
+        assert g.switch() == "parked"
+    finally:
+        lib.g_glibc_bt_enabled = 0
+    glibc = chain.glibc_backtrace()
     # the main greenlet's stack, for "nothing below g": captured here, with
     # the same callers as the collect(g) below
     main_bt, main_oracle = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
@@ -153,7 +158,9 @@ def test_suspended_through_native_chain_shows_only_its_own_stack(chain, chain_sy
         assert not [f for f in frames if is_greenlet_frame(f)], \
             [f.function for f in frames if is_greenlet_frame(f)]
         # nothing between the switch() call site and the innermost Python frame
-        # but libpython's call path
+        # but libpython's call path (a structural bound, not an address
+        # oracle: these frames are inner to descend, where glibc's trace was
+        # taken, so they did not exist when it was)
         i_first_py = frames.index(first_py)
         assert 0 < i_first_py <= 6, [f.function for f in frames[:i_first_py + 1]]
         assert all(conftest.in_interpreter(f)
@@ -176,12 +183,17 @@ def test_suspended_through_native_chain_shows_only_its_own_stack(chain, chain_sy
             assert in_fn(f.ip, chain_symbols, sym), (f, sym)
 
         # g's entry is the last Python frame; below it only the native call
-        # path from greenlet's bootstrap into run() (libpython), no more
+        # path from greenlet's bootstrap into run() (libpython): exactly
+        # glibc's frames down to greenlet's start-up stub (hidden here)
         i_run = max(i for i, f in enumerate(frames) if f.kind == "python")
         assert short(frames[i_run].function) == "run"
         tail = frames[i_run + 1:]
-        assert len([f for f in tail if not f.inlined]) <= 4 and all(conftest.in_interpreter(f) for f in tail), \
-            [(f.function, f.module) for f in tail]
+        assert all(conftest.in_interpreter(f) for f in tail), [(f.function, f.module) for f in tail]
+        # (native-only: the merged capture shows eval loops as Python frames)
+        native = btcore.collect(g, python=False, capacity=BIG).frames()
+        ours, theirs = shared_with_glibc(native, glibc, chain_symbols)
+        assert [hex(pc) for pc in ours] == [hex(pc) for pc in theirs[:len(ours)]]
+        assert in_greenlet_module(theirs[len(ours)]), hex(theirs[len(ours)])
 
         # nothing of the main greenlet's stack: none of its Python frames ...
         main_py = {(f.function, f.file) for f in main_bt.frames() if f.kind == "python"}
@@ -439,6 +451,115 @@ def test_suspended_main_greenlet():
     assert (short(first.function), first.line) == ("test_suspended_main_greenlet", line)
     assert "Py_BytesMain" in {f.function for f in frames}
     assert not [f for f in frames if is_greenlet_frame(f)]
+
+
+# ---------------------------------------------------------------- address oracle: glibc backtrace()
+#
+# Inside Walker<int>::descend the fixture takes glibc's backtrace() (when
+# g_glibc_bt_enabled), then calls back into Python, which parks the stack
+# (switches away).  A later capture of the parked stack and glibc's trace
+# share every frame from descend's caller (chain_static) outward; those must
+# be equal address for address.  Not comparable, by definition:
+#   * descend itself: glibc's entry [0] is the return address of the call to
+#     backtrace(), ours that of the later call to the callback (both are
+#     checked to lie in descend);
+#   * our frames inner to descend (the callback, the eval loop, the switch):
+#     they did not exist when glibc looked.
+
+
+def glibc_trace_of_parked(chain, park_in_callback):
+    """Run chain_entry in the current greenlet with glibc's trace enabled;
+    park_in_callback parks the stack from inside the callback.  Read the
+    trace (chain.glibc_backtrace()) before the fixture runs again."""
+    chain.lib.g_glibc_bt_enabled = 1
+    try:
+        chain.set_callback(park_in_callback)
+        chain.lib.chain_entry(1)
+        chain.finish()
+    finally:
+        chain.lib.g_glibc_bt_enabled = 0
+
+
+def shared_with_glibc(frames, glibc, chain_symbols):
+    """(ours, theirs): the physical native pcs of a capture from descend's
+    caller outward, and glibc's trace from the same frame outward."""
+    assert 4 <= len(glibc) < 1024, "glibc backtrace() missing or overflowed"
+    assert in_fn(glibc[0], chain_symbols, "_ZN5btfix6WalkerIiE7descendEi")
+    assert in_fn(glibc[1], chain_symbols, "chain_static")
+    pcs = [f.ip for f in frames if f.kind == "native" and not f.inlined]
+    k = next(i for i, pc in enumerate(pcs) if in_fn(pc, chain_symbols, "_ZN5btfix6WalkerIiE7descendEi"))
+    assert pcs[k] != glibc[0]   # see above: a later call site in the same activation
+    return pcs[k + 1:], glibc[1:]
+
+
+def in_greenlet_module(pc):
+    """Is pc in greenlet's extension module (from /proc/self/maps, not btcore)?"""
+    return conftest._mapping_of(pc)[0].startswith(GREENLET_DIR)
+
+
+def test_suspended_greenlet_native_frames_equal_glibc_backtrace(chain, chain_symbols):
+    """Guards the suspended-greenlet walk address by address: g's physical
+    frames from chain_static down to g's bottom (g_initialstub, shown with
+    internals=True) are glibc's, in order.  glibc's trace goes on past g's
+    bottom into the stack of the greenlet that first switched into g (this
+    test function's g.switch()): those frames are not g's, and btcore must
+    stop exactly where they begin."""
+    main = greenlet.getcurrent()
+
+    def park(tag):
+        main.switch("parked")
+        return 0
+
+    g = greenlet.greenlet(lambda: glibc_trace_of_parked(chain, park))
+    assert g.switch() == "parked"
+    glibc = chain.glibc_backtrace()
+    try:
+        frames = btcore.collect(g, python=False, internals=True, capacity=BIG).frames()
+        ours, theirs = shared_with_glibc(frames, glibc, chain_symbols)
+        assert len(theirs) > len(ours)
+        assert [hex(pc) for pc in ours] == [hex(pc) for pc in theirs[:len(ours)]]
+        # g's last frame is greenlet's start-up stub; the next one glibc saw
+        # is the starting greenlet's switch (in greenlet's module too)
+        assert "g_initialstub" in (frames[-1].function or "")
+        assert in_greenlet_module(theirs[len(ours)]), hex(theirs[len(ours)])
+    finally:
+        finish(g)
+
+
+def test_suspended_thread_native_frames_equal_glibc_backtrace(chain, chain_symbols):
+    """Guards the walk of another thread's stack address by address: thread T
+    runs chain_entry in its main greenlet, the callback switches to a
+    greenlet that blocks, so T's main greenlet is suspended in the fixture
+    (btcore captures another thread's stack only as a suspended greenlet:
+    docs/api.md).  Its physical frames from chain_static down to the
+    thread's first frame (clone) are glibc's, all of them, in order."""
+    blocked, release = threading.Event(), threading.Event()
+    box = {}
+
+    def block():
+        blocked.set()
+        release.wait(30)
+
+    def park(tag):
+        greenlet.greenlet(block).switch()
+        return 0
+
+    def thread_main():
+        box["tmain"] = greenlet.getcurrent()
+        glibc_trace_of_parked(chain, park)
+
+    t = threading.Thread(target=thread_main, daemon=True)
+    t.start()
+    try:
+        assert blocked.wait(10)
+        glibc = chain.glibc_backtrace()
+        frames = btcore.collect(box["tmain"], python=False, capacity=BIG).frames()
+        ours, theirs = shared_with_glibc(frames, glibc, chain_symbols)
+        assert [hex(pc) for pc in ours] == [hex(pc) for pc in theirs]
+    finally:
+        release.set()
+        t.join(10)
+    assert not t.is_alive()
 
 
 # ---------------------------------------------------------------- edge cases
