@@ -122,9 +122,11 @@ def oracle_levels(levels):
 
 
 def function_symbols(path):
-    """[(name, lo, size)] of the sized function symbols in .symtab (pyelftools)."""
+    """[(name, lo, size)] of the sized function symbols in .symtab, or in
+    .dynsym for a stripped file (pyelftools)."""
     with open(path, "rb") as f:
-        symtab = ELFFile(f).get_section_by_name(".symtab")
+        elf = ELFFile(f)
+        symtab = elf.get_section_by_name(".symtab") or elf.get_section_by_name(".dynsym")
         return [(s.name, s["st_value"], s["st_size"]) for s in symtab.iter_symbols()
                 if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] and s["st_size"]]
 
@@ -156,11 +158,20 @@ def line_program_file(path, vaddr):
 def assert_agrees(path, addrs, allow_binutils_file_bug=False):
     expected = addr2line(path, addrs)
     bug_cases = 0
+    sized = None
     for a in addrs:
         mine, theirs = resolve(path, a), oracle_levels(expected[a])
         if theirs == [(None, None, 0)]:
             theirs = []
         if mine == theirs:
+            continue
+        if not mine and [(fi, ln) for _, fi, ln in theirs] == [(None, 0)]:
+            # No DWARF, and addr2line names the nearest preceding symbol even
+            # when that symbol's size says it ends before a (in a stripped
+            # file: an unrelated export); btcore names nothing then
+            # (docs/api.md).  Only allowed where no sized symbol covers a.
+            sized = sized or function_symbols(path)
+            assert not [n for n, lo, size in sized if lo <= a < lo + size], (hex(a), mine, theirs)
             continue
         # Only the innermost file may differ, and only by the binutils bug.
         assert allow_binutils_file_bug, (hex(a), mine, theirs)
@@ -203,28 +214,43 @@ def clib(tmp_path_factory):
 
 
 # ---- libpython ----
+#
+# The interpreter's module as installed, and a copy stripped the way
+# distributions strip theirs (.dynsym kept, .symtab and DWARF gone).  On a
+# stripped interpreter (Debian's python3.X) both are stripped, and addr2line
+# still names functions there, from .dynsym: the oracle exists on both.
 
-@conftest.needs_interpreter_dwarf
-def test_libpython_200_functions_match_addr2line():
-    funcs = function_symbols(LIBPYTHON)
+@pytest.fixture
+def interpreter(interpreter_module):
+    return interpreter_module
+
+
+def has_dwarf(path):
+    with open(path, "rb") as f:
+        return ELFFile(f).get_section_by_name(".debug_info") is not None
+
+
+def test_libpython_200_functions_match_addr2line(interpreter):
+    funcs = function_symbols(interpreter)
     rng = random.Random(4)
     addrs = sorted({lo + rng.randrange(size) for _, lo, size in rng.sample(funcs, 200)})
-    assert_agrees(LIBPYTHON, addrs, allow_binutils_file_bug=True)
+    assert_agrees(interpreter, addrs, allow_binutils_file_bug=True)
 
 
-@conftest.needs_interpreter_dwarf
-def test_libpython_eval_loop_inline_chains_match_addr2line():
-    (lo, size), = {(lo, size) for name, lo, size in function_symbols(LIBPYTHON)
+def test_libpython_eval_loop_inline_chains_match_addr2line(interpreter):
+    (lo, size), = {(lo, size) for name, lo, size in function_symbols(interpreter)
                    if name == "_PyEval_EvalFrameDefault"}
     rng = random.Random(5)
     addrs = sorted({lo + rng.randrange(size) for _ in range(300)})
-    assert max(len(resolve(LIBPYTHON, a)) for a in addrs) >= 3   # inlined calls are there
-    assert_agrees(LIBPYTHON, addrs)
+    if has_dwarf(interpreter):
+        assert max(len(resolve(interpreter, a)) for a in addrs) >= 3   # inlined calls are there
+    assert_agrees(interpreter, addrs)
 
 
-@conftest.needs_interpreter_dwarf
-def test_real_trace_in_libpython_matches_addr2line():
-    """Return addresses of a live stack (glibc backtrace), minus one."""
+def test_real_trace_in_libpython_matches_addr2line(interpreter):
+    """Return addresses of a live stack (glibc backtrace), minus one: in a
+    stripped module most of them lie in static functions, which addr2line
+    and btcore both name by the nearest preceding .dynsym function."""
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_resolve.py")
     import importlib.util
     spec = importlib.util.spec_from_file_location("bench_resolve", script)
@@ -232,7 +258,7 @@ def test_real_trace_in_libpython_matches_addr2line():
     spec.loader.exec_module(bench)
     addrs = [int(a, 16) for a in bench.trace_addresses(6)]
     assert len(addrs) >= 30
-    assert_agrees(LIBPYTHON, addrs)
+    assert_agrees(interpreter, addrs)
 
 
 # ---- a C library with a forced-inline helper ----
