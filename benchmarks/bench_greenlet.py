@@ -1,64 +1,41 @@
-"""Capture cost of a suspended greenlet: btcore.collect(g) against its peers.
+"""Capture cost of a suspended greenlet, like for like.
 
-g is parked at the bottom of a D-deep (default 30) Python recursion.  Time per
-call (median of several repeats of timeit-style loops):
+g is parked at the bottom of a D-deep (default 30) Python recursion; every
+method is timed in interleaved rounds (benchmarks/timing.py), from inside
+another greenlet h at the same depth, and each ratio is the median of the
+per-round ratios, with their min-max.
 
-  btcore.collect(g)                          merged Python + native, suspended greenlet
-  btcore.collect(g, python=False)            native only           (for information)
-  btcore.collect(g, native=False)            Python only           (for information)
-  traceback.extract_stack(g.gr_frame)        Python only, the stdlib way
-  btcore.collect()                           the current stack, inside a greenlet
-                                             at the same depth
+Like-for-like rows (the targets):
+  Python-only raw capture of g:  collect(g, native=False) vs a pure-Python
+                                 loop over g.gr_frame collecting (f_code, f_lasti)
+                                 target: >= 3x faster
+  merged capture, g vs the current stack at the same depth:
+                                 collect(g) vs collect() in h
+                                 target: <= 1.5x the time
+For information (not like for like): traceback.extract_stack(g.gr_frame),
+which also resolves names and reads source lines.
 
-Targets:
-  collect(g) >= 30x  faster than traceback.extract_stack(g.gr_frame)
-  collect(g) <= 1.5x collect() of the current stack at the same depth
-
-Usage: python benchmarks/bench_greenlet.py [--repeat N] [--depth D]
-Prints a table; exits 0 whatever the result (this is a report, not a test).
+Runs against the installed btcore (pip install .), from any directory.
+Usage: python benchmarks/bench_greenlet.py [--rounds N] [--depth D]
+Prints a table; exits 0 whatever the result (a report, not a test).
 """
 import argparse
-import os
 import statistics
 import sys
-import time
 import traceback
 
+import greenlet
 
-import greenlet  # noqa: E402
-
-import btcore  # noqa: E402
-
-
-def loops_for(fn, target_s=0.02):
-    """Size a loop like timeit: one run of it takes >= target_s."""
-    loops = 1
-    while True:
-        t0 = time.perf_counter_ns()
-        for _ in range(loops):
-            fn()
-        dt = time.perf_counter_ns() - t0
-        if dt >= target_s * 1e9 or loops >= 1 << 22:
-            return loops
-        loops *= 2 if dt > target_s * 1e8 else 10
+import btcore
+from timing import interleaved, ratio
 
 
-def one_run(fn, loops):
-    t0 = time.perf_counter_ns()
-    for _ in range(loops):
-        fn()
-    return (time.perf_counter_ns() - t0) / loops
-
-
-def interleaved(fns, repeat):
-    """{name: median ns per call}: the runs of all fns are interleaved, round
-    after round, so that a change of machine load hits them alike."""
-    loops = {name: loops_for(fn) for name, fn in fns.items()}
-    runs = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            runs[name].append(one_run(fn, loops[name]))
-    return {name: statistics.median(r) for name, r in runs.items()}
+def frame_loop(frame):
+    out = []
+    while frame is not None:
+        out.append((frame.f_code, frame.f_lasti))
+        frame = frame.f_back
+    return out
 
 
 def at_depth(depth, fn):
@@ -69,73 +46,67 @@ def at_depth(depth, fn):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=15)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", "--repeat", type=int, default=15)
     ap.add_argument("--depth", type=int, default=30)
     args = ap.parse_args()
-    depth, repeat = args.depth, args.repeat
+    depth = args.depth
 
     parent = greenlet.getcurrent()
     g = greenlet.greenlet(lambda: at_depth(depth, parent.switch))
     g.switch()
-    assert g and g.gr_frame is not None
+    assert g.gr_frame is not None
 
     bt = btcore.collect(g)
     assert not bt.truncated, "default capacity too small for this depth"
     n_py = sum(1 for f in bt.frames() if f.kind == "python")
-    n_all = len(bt)
-    n_tb = len(traceback.extract_stack(g.gr_frame))
-    assert n_tb == n_py, (n_tb, n_py)
-
-    # The current stack at the same depth: inside another greenlet h, so
-    # that its stack has the same shape as g's.  h runs the measurements:
-    # every method is timed round after round from the same place.
+    assert len(traceback.extract_stack(g.gr_frame)) == n_py == len(frame_loop(g.gr_frame))
     out = {}
 
     def measure():
         b = btcore.collect()
-        out["frames"] = len(b)
-        out["py"] = sum(1 for f in b.frames() if f.kind == "python")
-        out["rows"] = interleaved({
+        out["current"] = (len(b), sum(1 for f in b.frames() if f.kind == "python"))
+        out["runs"] = interleaved({
             "collect(g)": lambda: btcore.collect(g),
-            "collect(g, python=False)": lambda: btcore.collect(g, python=False),
-            "collect(g, native=False)": lambda: btcore.collect(g, native=False),
-            "traceback.extract_stack(g.gr_frame)": lambda: traceback.extract_stack(g.gr_frame),
             "collect() current stack, same depth": btcore.collect,
-        }, repeat)
+            "collect(g, native=False)": lambda: btcore.collect(g, native=False),
+            "Python loop over g.gr_frame": lambda: frame_loop(g.gr_frame),
+            "collect(g, python=False)": lambda: btcore.collect(g, python=False),
+            "traceback.extract_stack(g.gr_frame)": lambda: traceback.extract_stack(g.gr_frame),
+        }, args.rounds)
 
     h = greenlet.greenlet(lambda: at_depth(depth, measure))
     h.switch()
     g.switch()   # let g finish
-    rows, cur = out["rows"], {"frames": out["frames"], "py": out["py"]}
-    cur["ns"] = rows["collect() current stack, same depth"]
-
-    t_g = rows["collect(g)"]
-    tb_ratio = rows["traceback.extract_stack(g.gr_frame)"] / t_g
-    cur_ratio = t_g / cur["ns"]
+    runs = out["runs"]
 
     print(f"Python {sys.version.split()[0]}, greenlet {greenlet.__version__}, depth {depth}, "
-          f"median of {repeat}")
-    print(f"collect(g): {n_all} frames ({n_py} Python); current stack: {cur['frames']} frames "
-          f"({cur['py']} Python)")
+          f"{args.rounds} interleaved rounds")
+    print(f"collect(g): {len(bt)} frames ({n_py} Python); current stack: {out['current'][0]} frames "
+          f"({out['current'][1]} Python)")
     print()
-    w = max(map(len, rows))
-    print(f"{'method':<{w}}  {'ns/call':>10}")
-    print(f"{'-' * w}  {'-' * 10}")
-    for name, ns in rows.items():
-        print(f"{name:<{w}}  {ns:>10,.0f}")
+    w = max(map(len, runs))
+    print(f"{'method':<{w}}  {'ns/call median':>15}  {'(min-max)':>17}")
+    print(f"{'-' * w}  {'-' * 15}  {'-' * 17}")
+    for name, values in runs.items():
+        print(f"{name:<{w}}  {statistics.median(values):>15,.0f}  "
+              f"{f'({min(values):,.0f}-{max(values):,.0f})':>17}")
     print()
-    targets = [
-        ("collect(g) vs traceback.extract_stack(g.gr_frame)", f"{tb_ratio:.1f}x faster",
-         ">= 30x faster", tb_ratio >= 30),
-        ("collect(g) vs collect() current stack", f"{cur_ratio:.2f}x the time",
-         "<= 1.5x", cur_ratio <= 1.5),
+    rows = [
+        ("like for like: Python loop / collect(g, native=False)",
+         ratio(runs["Python loop over g.gr_frame"], runs["collect(g, native=False)"]),
+         ">= 3x faster", lambda v: v >= 3),
+        ("like for like: collect(g) / collect() current stack",
+         ratio(runs["collect(g)"], runs["collect() current stack, same depth"]), "<= 1.5x", lambda v: v <= 1.5),
+        ("information: extract_stack(g.gr_frame) / collect(g)",
+         ratio(runs["traceback.extract_stack(g.gr_frame)"], runs["collect(g)"]), "", None),
     ]
-    w2 = max(len(t[0]) for t in targets)
-    print(f"{'target':<{w2}}  {'measured':>16}  {'goal':>14}  result")
-    print(f"{'-' * w2}  {'-' * 16}  {'-' * 14}  ------")
-    for name, got, goal, ok in targets:
-        print(f"{name:<{w2}}  {got:>16}  {goal:>14}  {'PASS' if ok else 'MISS'}")
+    w2 = max(len(r[0]) for r in rows)
+    print(f"{'ratio (median of per-round ratios, min-max)':<{w2}}  {'measured':>22}  {'target':>13}  result")
+    print(f"{'-' * w2}  {'-' * 22}  {'-' * 13}  ------")
+    for name, value, goal, ok in rows:
+        verdict = "" if ok is None else ("PASS" if ok(value.median) else "MISS")
+        print(f"{name:<{w2}}  {value.text():>22}  {goal:>13}  {verdict}")
 
 
 if __name__ == "__main__":

@@ -1,35 +1,54 @@
 """Symbolization cost: btcore's native DWARF engine against binutils addr2line.
 
-  cold   first resolution of a real ~40-frame trace whose native frames lie in
-         libpython, in a fresh process (file opened, sections read, units
-         decoded), against one batched `addr2line -f -i -C` run over the same
-         addresses (a whole process, which is what a tool shelling out pays)
-  warm   the same addresses again through the C API (the Python-level frame
-         cache sits on top of this and is cheaper still)
-  memory bytes the native caches hold afterwards (btc_symbolize_memory)
+A real ~40-frame trace whose native frames lie in the interpreter's module
+(libpython, or a static python3.X): a child process recurses through C
+(map -> lambda -> ...), takes glibc backtrace() through ctypes and prints the
+return addresses (minus one: the call instruction) that fall in that module,
+as module-relative addresses.
 
-The trace is real: a child process recurses through C (map -> lambda -> ...)
-and takes glibc backtrace() through ctypes, then prints the return
-addresses (minus one: the call instruction) that fall in libpython, as
-module-relative addresses.
+Like for like (the target), timed as whole processes, start to exit, in
+interleaved rounds (benchmarks/timing.py):
+  btcore   python -P -c: import btcore's core, resolve every address cold
+           (file opened, sections read, units decoded), demangle, print
+  addr2line -f -i -C over the same addresses, one batched run
+  target: btcore / addr2line <= 2 (a tool that shells out to addr2line pays
+  its whole process; one that uses btcore pays interpreter start and import,
+  printed on its own as `python -P -c pass`)
+For information: inside one process, the cold resolution alone and the warm
+C API; the memory the native caches hold; Backtrace.frames() through the
+frame cache.
 
-Run: python benchmarks/bench_resolve.py [--rounds N]
-Needs btcore._native built from this tree (pip install -e . or the build
-script) and binutils.
+Runs against the installed btcore (pip install .), from any directory; needs
+binutils.  Usage: python benchmarks/bench_resolve.py [--rounds N]
 """
 import argparse
+import ctypes
 import json
 import os
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 
-LIBPYTHON = os.path.join(sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME"))
+from timing import interleaved_processes, ratio, spread
+
+
+def interpreter_module():
+    """The file the interpreter's code is in (the mapping of PyEval_EvalCode)."""
+    addr = ctypes.cast(ctypes.pythonapi.PyEval_EvalCode, ctypes.c_void_p).value
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi and len(parts) > 5:
+                return os.path.realpath(parts[5])
+    raise RuntimeError("no file mapping holds the interpreter's code")
+
+
+LIBPYTHON = interpreter_module()
 
 CAPTURE = r"""
-import ctypes, sys
+import ctypes, os, sys
 libc = ctypes.CDLL(None)
 buf = (ctypes.c_void_p * 256)()
 def deepest(n):
@@ -40,62 +59,64 @@ count = deepest(int(sys.argv[1]))
 maps = []
 for line in open("/proc/self/maps"):
     parts = line.split()
-    if len(parts) >= 6 and parts[5] == sys.argv[2]:
+    if len(parts) >= 6 and os.path.realpath(parts[5]) == sys.argv[2]:
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         maps.append((lo, hi, int(parts[2], 16)))
-base = min(lo - off for lo, hi, off in maps)
+with open(sys.argv[2], "rb") as f:
+    is_exec = f.read(18)[16] == 2          # ET_EXEC: addresses are the file's own
+base = 0 if is_exec else min(lo - off for lo, hi, off in maps)
 pcs = [buf[i] - 1 for i in range(count) if buf[i]]
 print(" ".join("%x" % (pc - base) for pc in pcs if any(lo <= pc < hi for lo, hi, _ in maps)))
 """
 
-COLD = r"""
-import json, resource, sys, time
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+RESOLVE = r"""
+import sys
 from btcore._native import ffi, lib
 path = sys.argv[1].encode()
-addrs = [int(a, 16) for a in sys.argv[2:]]
 out = ffi.new("btc_srcframe[64]")
 buf = ffi.new("char[65536]")
 name = ffi.new("char[4096]")
 
-def resolve_all():
+def resolve_all(addrs, show):
     frames = 0
     for a in addrs:
         n = lib.btc_symbolize_file(path, a, out, 64, buf, len(buf))
-        for i in range(n):
-            if out[i].function != ffi.NULL:
-                lib.btc_demangle(out[i].function, name, len(name))
+        for i in range(max(n, 0)):
+            if out[i].function != ffi.NULL and lib.btc_demangle(out[i].function, name, len(name)) == 0 and show:
+                print(ffi.string(name).decode(), ffi.string(out[i].file).decode() if out[i].file else "??",
+                      out[i].line)
         frames += max(n, 0)
     return frames
+"""
 
+WHOLE = RESOLVE + r"""
+resolve_all([int(a, 16) for a in sys.argv[2:]], show=True)
+"""
+
+IN_PROCESS = RESOLVE + r"""
+import json, resource, time
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+addrs = [int(a, 16) for a in sys.argv[2:]]
 t0 = time.perf_counter()
-frames = resolve_all()
+frames = resolve_all(addrs, show=False)
 cold = time.perf_counter() - t0
 t0 = time.perf_counter()
 for _ in range(20):
-    resolve_all()
+    resolve_all(addrs, show=False)
 warm = (time.perf_counter() - t0) / 20
-print(json.dumps({"cold_s": cold, "warm_s": warm, "frames": frames,
-                  "memory": lib.btc_symbolize_memory(),
+print(json.dumps({"cold_s": cold, "warm_s": warm, "frames": frames, "memory": lib.btc_symbolize_memory(),
                   "rss_growth_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0}))
 """
 
 
 def trace_addresses(depth):
-    out = subprocess.run([sys.executable, "-c", CAPTURE, str(depth), os.path.realpath(LIBPYTHON)],
-                         capture_output=True, text=True, check=True).stdout.split()
-    return out
+    """Module-relative return addresses (minus one, hex) of a live stack."""
+    return subprocess.run([sys.executable, "-c", CAPTURE, str(depth), LIBPYTHON],
+                          capture_output=True, text=True, check=True).stdout.split()
 
 
-def addr2line_seconds(addrs):
-    t0 = time.perf_counter()
-    subprocess.run(["addr2line", "-f", "-i", "-C", "-e", LIBPYTHON] + ["0x" + a for a in addrs],
-                   capture_output=True, check=True)
-    return time.perf_counter() - t0
-
-
-def cold_run(addrs):
-    out = subprocess.run([sys.executable, "-c", COLD, os.path.realpath(LIBPYTHON)] + addrs,
+def in_process_run(addrs):
+    out = subprocess.run([sys.executable, "-P", "-c", IN_PROCESS, LIBPYTHON] + addrs,
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)
 
@@ -120,25 +141,37 @@ def warm_frames_ns(depth=30, total=10_000):
     return best, calls * per_call
 
 
+def ms(values):
+    return spread([v * 1e3 for v in values]).text(1)
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--depth", type=int, default=6, help="map() levels; each adds ~6 libpython frames")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--depth", type=int, default=6, help="map() levels; each adds ~6 interpreter frames")
     args = ap.parse_args()
     addrs = trace_addresses(args.depth)
-    runs = [cold_run(addrs) for _ in range(args.rounds)]
-    oracle = [addr2line_seconds(addrs) for _ in range(args.rounds)]
-    cold = statistics.median(r["cold_s"] for r in runs)
-    a2l = statistics.median(oracle)
-    warm = statistics.median(r["warm_s"] for r in runs)
-    frames = runs[0]["frames"]
-    print(f"trace: {len(addrs)} native frames in {LIBPYTHON}, {frames} source frames with inlines")
-    print(f"cold, btcore native (fresh process, median of {args.rounds}): {cold * 1e3:8.2f} ms")
-    print(f"one batched addr2line -f -i -C run:                    {a2l * 1e3:8.2f} ms")
-    print(f"cold ratio btcore / addr2line: {cold / a2l:.2f} (target <= 2, stretch < 1)")
-    print(f"warm, C API per address (no Python cache): {warm / len(addrs) * 1e9:8.0f} ns")
-    print(f"memory held by the native caches: {runs[0]['memory'] / 2**20:.1f} MiB "
-          f"(process max RSS grew {runs[0]['rss_growth_kb'] / 1024:.1f} MiB)")
+    runs = interleaved_processes({
+        "btcore": [sys.executable, "-P", "-c", WHOLE, LIBPYTHON] + addrs,
+        "addr2line": ["addr2line", "-f", "-i", "-C", "-e", LIBPYTHON] + ["0x" + a for a in addrs],
+        "python start": [sys.executable, "-P", "-c", "pass"],
+    }, args.rounds)
+    inside = [in_process_run(addrs) for _ in range(3)]
+    whole = ratio(runs["btcore"], runs["addr2line"])
+
+    print(f"trace: {len(addrs)} native frames in {LIBPYTHON}, {inside[0]['frames']} source frames with inlines")
+    print(f"whole processes, {args.rounds} interleaved rounds, ms median (min-max):")
+    print(f"  btcore: start, import, resolve cold, print   {ms(runs['btcore']):>22}")
+    print(f"  addr2line -f -i -C, one batched run          {ms(runs['addr2line']):>22}")
+    print(f"  for reference: python start alone (-P -c pass){ms(runs['python start']):>21}")
+    print(f"like for like: whole-process btcore / addr2line: {whole.text()} (target <= 2) "
+          f"{'PASS' if whole.median <= 2 else 'MISS'}")
+    cold = statistics.median(r["cold_s"] for r in inside)
+    warm = statistics.median(r["warm_s"] for r in inside)
+    print(f"information, inside one process (median of {len(inside)}): cold resolution {cold * 1e3:.2f} ms; "
+          f"warm C API {warm / len(addrs) * 1e9:.0f} ns per address (no Python cache)")
+    print(f"memory held by the native caches: {inside[0]['memory'] / 2**20:.1f} MiB "
+          f"(process max RSS grew {inside[0]['rss_growth_kb'] / 1024:.1f} MiB)")
     ns, n = warm_frames_ns()
     print(f"warm, Backtrace.frames() through the frame cache: {ns:6.0f} ns per frame over {n} frames "
           f"(target <= 1000) {'PASS' if ns <= 1000 else 'MISS'}")

@@ -9,7 +9,8 @@ source) a small C module exposing:
   recurse_then(depth, which, max)
                            depth native frames, then the capture `which`
                            (PEER_GLIBC / PEER_UNWIND / PEER_NOOP); returns its count
-  noop()                   the cost of a cffi call, for reference
+  noop()                   the cost of a cffi call (the same wrapper shape and GIL
+                           handling as btcore's btc_backtrace), to subtract
   peer_addr(i)             entry i of the last capture's buffer (for checks)
 
 libunwind is opened with dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL) and
@@ -44,7 +45,13 @@ uintptr_t glibc_backtrace_addr(void);
 uintptr_t unw_backtrace_addr(void);
 """
 
+# Same call overhead as btcore's own entry points: btcore's build keeps the
+# GIL across its cffi calls (src/btcore/_build.py), so the peers do too.
 SOURCE = r"""
+#undef Py_BEGIN_ALLOW_THREADS
+#undef Py_END_ALLOW_THREADS
+#define Py_BEGIN_ALLOW_THREADS {
+#define Py_END_ALLOW_THREADS }
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <stdint.h>

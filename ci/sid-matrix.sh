@@ -417,7 +417,7 @@ for v in $VERSIONS; do
         t=$(now)
         run_step "$v" bench "$BENCH_CMD" || true
         timings+=", bench $(( $(now) - t ))s"
-        RATIOS=$(awk '/^target /{on=1} on&&/^$/{exit} on' "$LOGDIR/python$v.log" | tail -n +3)
+        RATIOS=$(awk '/^ratio \(/{on=1} on&&/^$/{exit} on' "$LOGDIR/python$v.log" | tail -n +3)
         BENCH_OUT[$v]="$RATIOS"
     fi
     if [ -n "$failed" ]; then

@@ -251,11 +251,16 @@ def test_real_trace_in_libpython_matches_addr2line(interpreter):
     """Return addresses of a live stack (glibc backtrace), minus one: in a
     stripped module most of them lie in static functions, which addr2line
     and btcore both name by the nearest preceding .dynsym function."""
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_resolve.py")
     import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_resolve", script)
+    import sys
+    benchmarks = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+    spec = importlib.util.spec_from_file_location("bench_resolve", os.path.join(benchmarks, "bench_resolve.py"))
     bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    sys.path.insert(0, benchmarks)   # its helper module, timing.py
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(benchmarks)
     addrs = [int(a, 16) for a in bench.trace_addresses(6)]
     assert len(addrs) >= 30
     assert_agrees(interpreter, addrs)
