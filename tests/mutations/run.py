@@ -76,6 +76,7 @@ MUTATIONS = [
              "return addresses are symbolized at the next instruction, not at the call"),
 ]
 
+BUILD_HERE = False   # set by main(): can_build_here()
 IGNORED = shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache")
 
 
@@ -95,12 +96,22 @@ def restore(copy: str, m: Mutation) -> None:
     shutil.copyfile(os.path.join(ROOT, m.path), os.path.join(copy, m.path))
 
 
+def can_build_here() -> bool:
+    """Can pip build a wheel with this environment's own setuptools (no
+    isolated build environment: ~7 s per mutant instead of ~20 s)?"""
+    done = subprocess.run([sys.executable, "-c", "import setuptools.command.bdist_wheel"], capture_output=True)
+    if done.returncode == 0:
+        return True
+    return subprocess.run([sys.executable, "-c", "import wheel.bdist_wheel"], capture_output=True).returncode == 0
+
+
 def build(copy: str, target: str) -> str | None:
     # A fresh build every time: setuptools does not see header changes, so
     # an incremental build could install the previous mutant.
     shutil.rmtree(os.path.join(copy, "build"), ignore_errors=True)
     shutil.rmtree(target, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+    isolation = ["--no-build-isolation"] if BUILD_HERE else []
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *isolation,
                            "--target", target, "."], cwd=copy, capture_output=True, text=True)
     return None if done.returncode == 0 else done.stderr[-2000:]
 
@@ -150,6 +161,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per pytest run")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if args.only in m.path or args.only in m.original]
+    global BUILD_HERE
+    BUILD_HERE = can_build_here()
+    if not BUILD_HERE:
+        print("note: no bdist_wheel here (pip install wheel): building each mutant in an isolated environment")
     failures = 0
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="btcore-mutations-") as scratch:
