@@ -256,7 +256,7 @@ static int collect_greenlet(sink *s, int want, PyObject *g)
 /* Offsets of btcore.Backtrace's slots, checked once by btc_bind_backtrace(). */
 static struct {
     PyTypeObject *type;
-    Py_ssize_t raw, refs, capacity, truncated;
+    Py_ssize_t raw, refs, capacity, truncated, target;
 } bt_slots;
 
 static bool slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
@@ -278,7 +278,8 @@ int btc_bind_backtrace(uintptr_t backtrace_type)
     bool ok = PyType_Check((PyObject *)type) && slot_offset(type, "_raw", &bt_slots.raw) &&
               slot_offset(type, "_refs", &bt_slots.refs) &&
               slot_offset(type, "_capacity", &bt_slots.capacity) &&
-              slot_offset(type, "truncated", &bt_slots.truncated);
+              slot_offset(type, "truncated", &bt_slots.truncated) &&
+              slot_offset(type, "_target", &bt_slots.target);
     bt_slots.type = ok ? type : NULL;
     PyGILState_Release(gil);
     return ok ? 0 : btc_fail(BTC_E_UNSUPPORTED, "btcore.Backtrace does not have the slots btcore expects");
@@ -290,6 +291,15 @@ static void set_slot(PyObject *bt, Py_ssize_t offset, PyObject *value)
     PyObject *old = *slot;
     *slot = value;
     Py_XDECREF(old);
+}
+
+void btc_backtrace_remember_target(PyObject *bt, PyObject *target)
+{
+    PyObject *ref = PyWeakref_NewRef(target, NULL);   /* reuses the greenlet's plain weakref if it has one */
+    if (ref)
+        set_slot(bt, bt_slots.target, ref);
+    else
+        PyErr_Clear();   /* only format()'s header line is lost */
 }
 
 static void release_codes(sink *s)
