@@ -29,10 +29,10 @@ from __future__ import annotations
 import os
 import re
 import sys
-from fnmatch import translate
 
 from .frame import NATIVE, PYTHON, Frame
 
+# Each entry is a function name, or a name prefix followed by *.
 # Functions that deliver a call: the caller is a Python frame or C code, the
 # callee the next frame that is shown.
 CALL_PLUMBING = (
@@ -45,7 +45,7 @@ CALL_PLUMBING = (
     # Python/ceval.c, Include/internal/pycore_ceval.h
     "_PyEval_Vector", "_PyEval_EvalFrame", "PyEval_EvalCode", "PyEval_EvalCodeEx",
     # 3.14+: calls made by the eval loop through stack references
-    "_Py_VectorCall*_StackRefSteal", "_PyObject_MaybeCallSpecial*",
+    "_Py_VectorCall_StackRefSteal", "_Py_VectorCallInstrumentation_StackRefSteal", "_PyObject_MaybeCallSpecial*",
     # Objects/classobject.c, descrobject.c, methodobject.c: bound methods and
     # method descriptors of C functions
     "method_vectorcall", "method_vectorcall_*", "method_call", "cfunction_vectorcall_*", "cfunction_call",
@@ -80,7 +80,10 @@ _EXECUTABLE = os.path.realpath(sys.executable) if sys.executable else None
 
 
 def _matcher(patterns):
-    return re.compile("|".join(translate(p) for p in patterns)).match
+    """A test for names listed in patterns: each a name, or a prefix followed by *."""
+    exact = frozenset(p for p in patterns if not p.endswith("*"))
+    prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
+    return lambda name: name in exact or name.startswith(prefixes)
 
 
 _is_plumbing_name = _matcher(CALL_PLUMBING)
@@ -99,7 +102,7 @@ def _in_interpreter(frame: Frame) -> bool:
 def is_plumbing(frame: Frame) -> bool:
     """A frame of the interpreter's call machinery (see CALL_PLUMBING)."""
     name = _name(frame)
-    return frame.kind == NATIVE and name is not None and _in_interpreter(frame) and bool(_is_plumbing_name(name))
+    return frame.kind == NATIVE and name is not None and _in_interpreter(frame) and _is_plumbing_name(name)
 
 
 def is_start_up(frame: Frame) -> bool:
@@ -108,7 +111,7 @@ def is_start_up(frame: Frame) -> bool:
         return any(frame.file and frame.file.endswith(tail) and (names is None or frame.function in names)
                    for tail, names in START_UP_PYTHON)
     name = _name(frame)
-    return name is not None and bool(frame.module) and bool(_is_start_up_name(name))
+    return name is not None and bool(frame.module) and _is_start_up_name(name)
 
 
 class Folded:
