@@ -1,6 +1,7 @@
 """The README's two set-up commands: CI runs them verbatim, and the main job
 works from the checkout root (where the source tree once shadowed the
 installed package: `No module named 'btcore._native'`)."""
+import functools
 import os
 import re
 import subprocess
@@ -26,9 +27,34 @@ def test_ci_runs_both_readme_commands_verbatim():
         assert command in ci_lines, f"README command not run verbatim by .ci/run: {command}"
 
 
-def test_demo_runs_from_the_checkout_root():
+@functools.lru_cache(maxsize=None)
+def _demo_from_checkout_root():
     # exactly what the README's first command does after its install step
-    done = subprocess.run([sys.executable, "-m", "btcore", "demo"], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "btcore", "demo"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
+
+
+def test_demo_runs_from_the_checkout_root():
+    done = _demo_from_checkout_root()
     assert done.returncode == 0, done.stderr[-3000:]
     assert "greenlet" in done.stdout and "_through_sorted" in done.stdout
+
+
+def _normal(line):
+    """A line of demo output with what differs between runs and installs
+    (thread id, the installed package's path) replaced."""
+    line = re.sub(r"\(id \d+\)", "(id N)", line)
+    return re.sub(r'File "[^"]*/btcore/', 'File ".../btcore/', line)
+
+
+def test_readme_sample_is_the_demo_output():
+    """guards: README's sample is what the demo prints today (line for line,
+    thread id and install path aside)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        sample = re.findall(r"```\n(=== .*?)\n```", f.read(), re.S)
+    assert len(sample) == 1
+    sample_lines = sample[0].splitlines()
+    printed = _demo_from_checkout_root().stdout.splitlines()
+    start = next(i for i, line in enumerate(printed) if line == sample_lines[0])
+    got = printed[start:start + len(sample_lines)]
+    assert [_normal(line) for line in got] == [_normal(line) for line in sample_lines]
