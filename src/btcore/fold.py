@@ -14,7 +14,8 @@ counts them ("... 4 interpreter frames"):
 * start-up: the outermost frames of a backtrace (of each part joined by
   append()), from the process or thread entry inwards, as long as each is
   named in START_UP (native) or belongs to the interpreter's start-up Python
-  code (runpy, threading's bootstrap) or is call plumbing.
+  code (runpy, threading's bootstrap) or is call plumbing; frames with no
+  name on the way are passed over and stay shown.
 
 Never folded: a frame with no function name, a frame of any module other
 than the interpreter (extension modules, libc outside start-up, C++), a
@@ -26,6 +27,7 @@ one table serves every version.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -90,19 +92,19 @@ _is_plumbing_name = _matcher(CALL_PLUMBING)
 _is_start_up_name = _matcher(START_UP)
 
 
-def _name(frame: Frame) -> str | None:
-    return _CLONE_SUFFIX.sub("", frame.function) if frame.function else None
-
-
-def _in_interpreter(frame: Frame) -> bool:
-    module = frame.module
-    return bool(module) and (module == _EXECUTABLE or bool(_INTERPRETER.fullmatch(os.path.basename(module))))
+@functools.lru_cache(maxsize=4096)   # format() asks again for every frame it prints
+def _native_kind(module: str | None, function: str | None) -> tuple:
+    """(call plumbing?, start-up?) for a named native frame of a known module."""
+    if not module or not function:
+        return False, False
+    name = _CLONE_SUFFIX.sub("", function)
+    in_interpreter = module == _EXECUTABLE or bool(_INTERPRETER.fullmatch(os.path.basename(module)))
+    return in_interpreter and _is_plumbing_name(name), _is_start_up_name(name)
 
 
 def is_plumbing(frame: Frame) -> bool:
     """A frame of the interpreter's call machinery (see CALL_PLUMBING)."""
-    name = _name(frame)
-    return frame.kind == NATIVE and name is not None and _in_interpreter(frame) and _is_plumbing_name(name)
+    return frame.kind == NATIVE and _native_kind(frame.module, frame.function)[0]
 
 
 def is_start_up(frame: Frame) -> bool:
@@ -110,8 +112,7 @@ def is_start_up(frame: Frame) -> bool:
     if frame.kind == PYTHON:
         return any(frame.file and frame.file.endswith(tail) and (names is None or frame.function in names)
                    for tail, names in START_UP_PYTHON)
-    name = _name(frame)
-    return name is not None and bool(frame.module) and _is_start_up_name(name)
+    return _native_kind(frame.module, frame.function)[1]
 
 
 class Folded:
@@ -128,25 +129,31 @@ class Folded:
         return f"  ... {self.count} {kind} frame{plural} (verbose=True shows them)"
 
 
-def _start_up_run(frames: list, hidden: list) -> int:
-    """Index of the first frame of the outermost start-up run (len(frames) if none)."""
-    first, named = len(frames), False
-    while first and (hidden[first - 1] or is_start_up(frames[first - 1])):
-        first -= 1
-        named = named or not hidden[first]
-    return first if named else len(frames)
+def _start_up(frames: list, hidden: list) -> set:
+    """Indexes of the start-up frames: from the outermost frame inwards, each
+    start-up or plumbing frame, passing over (and leaving shown) frames with
+    no name, up to the first other frame; none if no frame is named in
+    START_UP."""
+    found = set()
+    for i in reversed(range(len(frames))):
+        if hidden[i] or is_start_up(frames[i]):
+            found.add(i)
+        elif frames[i].kind == PYTHON or frames[i].function:
+            break
+    return found if any(not hidden[i] for i in found) else set()
 
 
 def fold(frames: list) -> list:
     """frames (innermost first) with each run of hidden frames replaced by a Folded."""
     hidden = [is_plumbing(f) for f in frames]
-    start_up = _start_up_run(frames, hidden)
+    start_up = _start_up(frames, hidden)
     out = []
     for i, frame in enumerate(frames):
-        if not (hidden[i] or i >= start_up):
+        if not (hidden[i] or i in start_up):
             out.append(frame)
         elif out and isinstance(out[-1], Folded):
+            out[-1].start_up = out[-1].start_up or i in start_up
             out[-1].count += 1
         else:
-            out.append(Folded(1, i >= start_up))
+            out.append(Folded(1, i in start_up))
     return out

@@ -1,6 +1,7 @@
 """Frame: one resolved frame of a backtrace."""
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import linecache
 import os
@@ -74,6 +75,7 @@ class Frame:
 _ABI_SUFFIXES = tuple(s for s in importlib.machinery.EXTENSION_SUFFIXES if s != ".so")
 
 
+@functools.lru_cache(maxsize=4096)   # a few modules, printed again and again
 def short_module(module: str | None) -> str:
     """The readable name of a native module: its file name, without an ABI tag."""
     if not module:
@@ -87,6 +89,7 @@ def short_module(module: str | None) -> str:
 _SOURCE_ROOT = re.compile(r"[A-Za-z][\w+]*-\d+(\.\d+)+[\w.+-]*")
 
 
+@functools.lru_cache(maxsize=4096)
 def short_path(path: str) -> str:
     """A source path as the default view prints it.
 
