@@ -293,13 +293,28 @@ static void set_slot(PyObject *bt, Py_ssize_t offset, PyObject *value)
     Py_XDECREF(old);
 }
 
+/* The weak references handed to Backtraces are also kept in a small ring:
+ * PyWeakref_NewRef() returns a greenlet's existing plain weak reference for
+ * the cost of an incref, so capturing the same greenlet again allocates
+ * nothing.  Bounded: the oldest is dropped (the GIL guards the ring). */
+#define KEPT_TARGET_REFS 256
+static PyObject *kept_target_refs[KEPT_TARGET_REFS];
+static unsigned kept_target_next;
+
 void btc_backtrace_remember_target(PyObject *bt, PyObject *target)
 {
-    PyObject *ref = PyWeakref_NewRef(target, NULL);   /* reuses the greenlet's plain weakref if it has one */
-    if (ref)
-        set_slot(bt, bt_slots.target, ref);
-    else
+    PyObject *ref = PyWeakref_NewRef(target, NULL);
+    if (!ref) {
         PyErr_Clear();   /* only format()'s header line is lost */
+        return;
+    }
+    if (Py_REFCNT(ref) == 1) {   /* a new one: keep it for the next capture of target */
+        PyObject **slot = &kept_target_refs[kept_target_next++ % KEPT_TARGET_REFS];
+        PyObject *old = *slot;
+        *slot = Py_NewRef(ref);
+        Py_XDECREF(old);
+    }
+    set_slot(bt, bt_slots.target, ref);
 }
 
 static void release_codes(sink *s)
