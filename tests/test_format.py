@@ -287,3 +287,14 @@ def test_greenlet_header_other_thread():
     finally:
         release.set()
         t.join()
+
+
+def test_eval_loop_frames_left_native_stay_shown():
+    """guards: an eval-loop frame that is not replaced by Python frames
+    (python=False here; an unmerged one alike) stands for Python code and is
+    never folded."""
+    bt = btcore.collect(python=False, capacity=1024)
+    loops = [f for f in bt.frames() if conftest.is_eval_loop(f)]
+    assert loops
+    shown, hidden = align(bt)
+    assert all(f in shown for f in loops)
