@@ -298,3 +298,20 @@ def test_eval_loop_frames_left_native_stay_shown():
     assert loops
     shown, hidden = align(bt)
     assert all(f in shown for f in loops)
+
+
+def test_thread_start_up_folded():
+    """guards: a thread's entry (clone3, start_thread, thread_run, threading's
+    bootstrap) folds like the process's start-up."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(btcore.collect(capacity=256)))
+    t.start()
+    t.join()
+    bt = out[0]
+    outer = [f.function for f in bt.frames()][::-1]
+    lines = bt.format().splitlines()
+    if None not in outer[:outer.index("Thread.run")]:   # else a stripped libc or interpreter
+        m = MARKER.match(lines[1])
+        assert m and m.group(2) == "start-up" and int(m.group(1)) == outer.index("Thread.run")
+        assert lines[2].endswith(", in Thread.run")
+    assert "_bootstrap" not in bt.format()
