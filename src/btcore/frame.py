@@ -46,8 +46,10 @@ class Frame:
         and full paths)."""
         if self.kind == PYTHON:
             text = f'  File "{self.file}", line {self.line}, in {self.function}'
-            source = linecache.getline(self.file, self.line).strip() if self.file and self.line else ""
-            return f"{text}\n    {source}" if source and not verbose else text
+            if verbose or not (self.file and self.line):
+                return text
+            source = linecache.getline(self.file, self.line).strip()
+            return f"{text}\n    {source}" if source else text
         if verbose or self.function is None:
             return self._format_verbose()
         text = f"  [{short_module(self.module)}] {self.function}" + (" (inlined)" if self.inlined else "")
