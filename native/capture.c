@@ -256,7 +256,7 @@ static int collect_greenlet(sink *s, int want, PyObject *g)
 /* Offsets of btcore.Backtrace's slots, checked once by btc_bind_backtrace(). */
 static struct {
     PyTypeObject *type;
-    Py_ssize_t raw, refs, capacity, truncated;
+    Py_ssize_t raw, refs, capacity, truncated, target;
 } bt_slots;
 
 static bool slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
@@ -278,7 +278,8 @@ int btc_bind_backtrace(uintptr_t backtrace_type)
     bool ok = PyType_Check((PyObject *)type) && slot_offset(type, "_raw", &bt_slots.raw) &&
               slot_offset(type, "_refs", &bt_slots.refs) &&
               slot_offset(type, "_capacity", &bt_slots.capacity) &&
-              slot_offset(type, "truncated", &bt_slots.truncated);
+              slot_offset(type, "truncated", &bt_slots.truncated) &&
+              slot_offset(type, "_target", &bt_slots.target);
     bt_slots.type = ok ? type : NULL;
     PyGILState_Release(gil);
     return ok ? 0 : btc_fail(BTC_E_UNSUPPORTED, "btcore.Backtrace does not have the slots btcore expects");
@@ -290,6 +291,30 @@ static void set_slot(PyObject *bt, Py_ssize_t offset, PyObject *value)
     PyObject *old = *slot;
     *slot = value;
     Py_XDECREF(old);
+}
+
+/* The weak references handed to Backtraces are also kept in a small ring:
+ * PyWeakref_NewRef() returns a greenlet's existing plain weak reference for
+ * the cost of an incref, so capturing the same greenlet again allocates
+ * nothing.  Bounded: the oldest is dropped (the GIL guards the ring). */
+#define KEPT_TARGET_REFS 256
+static PyObject *kept_target_refs[KEPT_TARGET_REFS];
+static unsigned kept_target_next;
+
+void btc_backtrace_remember_target(PyObject *bt, PyObject *target)
+{
+    PyObject *ref = PyWeakref_NewRef(target, NULL);
+    if (!ref) {
+        PyErr_Clear();   /* only format()'s header line is lost */
+        return;
+    }
+    if (Py_REFCNT(ref) == 1) {   /* a new one: keep it for the next capture of target */
+        PyObject **slot = &kept_target_refs[kept_target_next++ % KEPT_TARGET_REFS];
+        PyObject *old = *slot;
+        *slot = Py_NewRef(ref);
+        Py_XDECREF(old);
+    }
+    set_slot(bt, bt_slots.target, ref);
 }
 
 static void release_codes(sink *s)

@@ -68,6 +68,9 @@ int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it);
  * (the Python implementation then decides). */
 enum { BTC_TARGET_UNKNOWN, BTC_TARGET_CURRENT, BTC_TARGET_THIS_THREAD, BTC_TARGET_OTHER_THREAD };
 int btc_greenlet_target(PyObject *target);
+/* Remember collect()'s greenlet target in a Backtrace, weakly, for format()'s
+ * header (capture.c; GIL held). */
+void btc_backtrace_remember_target(PyObject *bt, PyObject *target);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 

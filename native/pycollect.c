@@ -84,8 +84,11 @@ static PyObject *collect_builtin(PyObject *self, PyObject *const *args, size_t n
             return NULL;
         if (limit < 0 || limit > capacity)
             limit = capacity;
-        if (btc_collect(address, (uintptr_t)bt, capacity, limit, want) == 0)
+        if (btc_collect(address, (uintptr_t)bt, capacity, limit, want) == 0) {
+            if (target != Py_None)
+                btc_backtrace_remember_target(bt, target);
             return bt;
+        }
         Py_DECREF(bt);   /* an error, or greenlet's layout to learn: Python's turn */
     }
     return PyObject_Vectorcall(python_collect, args, nargsf, kwnames);

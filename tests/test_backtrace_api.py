@@ -142,7 +142,7 @@ def py_site_b():
 
 def test_append_join_shows_in_format():
     """format() shows where the appended backtrace begins.  With Python frames
-    only, every frame is one 'File' line; "most recent call last" prints the
+    only, every frame is one 'File' line in verbose form; "most recent call last" prints the
     appended (outer) backtrace first: ... site_b, <join>, <module> ... site_a.
     Without a join no other line sits between two frame lines."""
     def frame_line(ln):
@@ -152,12 +152,12 @@ def test_append_join_shows_in_format():
     def body_of(text):   # every line but the header
         return [ln for ln in text.splitlines() if ln.strip() and "most recent call" not in ln]
 
-    body = body_of(a.format())
+    body = body_of(a.format(verbose=True))
     assert all(frame_line(ln) for ln in body), "a fresh capture has only frame lines"
     assert sum(map(frame_line, body)) == len(a)
 
     assert btcore.append(a, b) == len(b)
-    lines = body_of(a.format())
+    lines = body_of(a.format(verbose=True))
     i_b = next(i for i, ln in enumerate(lines) if ln.endswith(" in py_site_b"))
     i_next = next(i for i in range(i_b + 1, len(lines)) if frame_line(lines[i]))
     between = [ln for ln in lines[i_b + 1:i_next] if ln.strip()]
@@ -290,12 +290,17 @@ def test_format_python_style(chain):
     leaf = f'  File "{__file__}", line {line}, in formatted_leaf'
     assert leaf in lines
     assert lines.index(leaf) > max(i for i, ln in enumerate(lines) if "test_format_python_style" in ln)
-    # native frames: module and address
+    # native frames: the default view names the module without its ABI tag
+    # and the function; the verbose view adds the full file name and address
     descend = next(f for f in bt.frames() if f.function == "btfix::Walker<int>::descend(int)")
     dl = [ln for ln in lines if "btfix::Walker<int>::descend(int)" in ln]
     assert len(dl) == 1
-    assert os.path.basename(so_path) in dl[0]
-    assert f"{descend.ip:#x}" in dl[0] or f"{descend.ip:x}" in dl[0]
+    assert dl[0].startswith("  [_btfix_chain.so] btfix::Walker<int>::descend(int) at ")
+    assert f"{descend.ip:x}" not in dl[0]
+    verbose = [ln for ln in bt.format(verbose=True).splitlines() if "btfix::Walker<int>::descend(int)" in ln]
+    assert len(verbose) == 1
+    assert os.path.basename(so_path) in verbose[0]
+    assert f"{descend.ip:#x}" in verbose[0]
     # outer frames come first
     i_desc = lines.index(dl[0])
     i_static = next(i for i, ln in enumerate(lines) if "chain_static" in ln)

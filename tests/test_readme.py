@@ -1,10 +1,16 @@
 """The README's two set-up commands: CI runs them verbatim, and the main job
 works from the checkout root (where the source tree once shadowed the
-installed package: `No module named 'btcore._native'`)."""
+installed package: `No module named 'btcore._native'`); its sample output is
+what the demo prints."""
+import functools
 import os
 import re
 import subprocess
 import sys
+
+import pytest
+
+import conftest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,9 +32,37 @@ def test_ci_runs_both_readme_commands_verbatim():
         assert command in ci_lines, f"README command not run verbatim by .ci/run: {command}"
 
 
-def test_demo_runs_from_the_checkout_root():
+@functools.lru_cache(maxsize=None)
+def _demo_from_checkout_root():
     # exactly what the README's first command does after its install step
-    done = subprocess.run([sys.executable, "-m", "btcore", "demo"], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "btcore", "demo"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
+
+
+def test_demo_runs_from_the_checkout_root():
+    done = _demo_from_checkout_root()
     assert done.returncode == 0, done.stderr[-3000:]
     assert "greenlet" in done.stdout and "_through_sorted" in done.stdout
+
+
+def _normal(line):
+    """A line of demo output with what differs between runs and installs
+    (thread id, the installed package's path) replaced."""
+    line = re.sub(r"\(id \d+\)", "(id N)", line)
+    return re.sub(r'File "[^"]*/btcore/', 'File ".../btcore/', line)
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11) or not conftest.INTERPRETER_IS_LIBPYTHON
+                    or not conftest.INTERPRETER_HAS_DWARF,
+                    reason="the README sample is the demo on CPython 3.11 with a shared libpython with DWARF")
+def test_readme_sample_is_the_demo_output():
+    """guards: README's sample is what the demo prints today (line for line,
+    thread id and install path aside)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        sample = re.findall(r"```\n(=== .*?)\n```", f.read(), re.S)
+    assert len(sample) == 1
+    sample_lines = sample[0].splitlines()
+    printed = _demo_from_checkout_root().stdout.splitlines()
+    start = next(i for i, line in enumerate(printed) if line == sample_lines[0])
+    got = printed[start:start + len(sample_lines)]
+    assert [_normal(line) for line in got] == [_normal(line) for line in sample_lines]

@@ -2,7 +2,8 @@
 
 Shows the current stack going Python -> C -> Python, then several greenlets
 parked at different places (some inside C code that called back into
-Python), each with its own merged stack.
+Python), each with its own merged stack, in the readable default view; then
+the first greenlet again with every frame (format(verbose=True)).
 """
 from __future__ import annotations
 
@@ -42,29 +43,44 @@ def _deep_python(depth):
     return _park()
 
 
-def _show(title, bt):
-    print(f"=== {title}: {len(bt)} frames")
-    print(bt.format())
+class _Worker(greenlet.greenlet):
+    """A greenlet with a name, which format()'s header line shows."""
+
+    def __init__(self, name, run):
+        super().__init__(run)
+        self.name = name
+
+    def __repr__(self):
+        return f"<Worker {self.name!r}>"
+
+
+def _show(title, text):
+    print(f"=== {title}")
+    print(text)
     print()
 
 
 def demo() -> int:
     def current_stack(item):
-        _show("current stack, inside sorted()'s key callback", btcore.collect())
+        _show("the current stack, inside sorted()'s key callback", btcore.collect())
         return item
 
     sorted([1], key=current_stack)   # one item: one call of the key function
 
     parked = {
-        "parked inside sorted() -> key callback": greenlet.greenlet(_through_sorted),
-        "parked inside re.sub() -> replacement callback": greenlet.greenlet(_through_regex),
-        "parked inside json.loads() -> object_hook": greenlet.greenlet(_through_json),
-        "parked 5 Python calls deep": greenlet.greenlet(lambda: _deep_python(5)),
+        "inside sorted() -> key callback": _Worker("sorter", _through_sorted),
+        "inside re.sub() -> replacement callback": _Worker("regex", _through_regex),
+        "inside json.loads() -> object_hook": _Worker("json", _through_json),
+        "5 Python calls deep": _Worker("deep", lambda: _deep_python(5)),
     }
     for g in parked.values():
         g.switch()
     for title, g in parked.items():
-        _show(f"greenlet {title} (stack_saved={g._stack_saved})", btcore.collect(g))
+        saved = f"{g._stack_saved} bytes of its stack copied to the heap"
+        _show(f"a greenlet parked {title} ({saved})", btcore.collect(g).format())
+    first_title, first = next(iter(parked.items()))
+    _show(f"the greenlet parked {first_title} again, every frame: format(verbose=True)",
+          btcore.collect(first).format(verbose=True))
     for g in parked.values():
         g.throw(greenlet.GreenletExit)
     return 0

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import struct
+import weakref
 
 from ._native import ffi, lib
+from .fold import fold
 from .frame import Frame
-from .greenlets import CURRENT, NOTHING, BacktraceError, layout_known, target_of
+from .greenlets import CURRENT, NOTHING, BacktraceError, describe, layout_known, target_of
 from .resolve import resolve_native, resolve_python
 
 DEFAULT_CAPACITY = lib.BTC_DEFAULT_CAPACITY
@@ -38,8 +40,9 @@ class Backtrace:
     """
 
     # The capture fills these slots directly (native/capture.c): keep the
-    # names in step with btc_bind_backtrace().
-    __slots__ = ("_raw", "_refs", "_capacity", "truncated", "__weakref__")
+    # names in step with btc_bind_backtrace().  _target: a weak reference to
+    # the greenlet given to collect(), for format()'s header; unset otherwise.
+    __slots__ = ("_raw", "_refs", "_capacity", "truncated", "_target", "__weakref__")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         """An empty backtrace, e.g. to append() others into."""
@@ -75,19 +78,43 @@ class Backtrace:
             count += len(frames)
         return starts
 
-    def format(self, most_recent_first: bool = False) -> str:
-        """Readable text; Python-style "most recent call last" by default."""
-        entries = []   # innermost first; each entry is one frame's text
-        for flags, frames in self._resolved():
-            if flags & F_JOIN:
+    def format(self, most_recent_first: bool = False, verbose: bool = False) -> str:
+        """Readable text, Python-style "most recent call last" by default.
+
+        The default view prints Python frames with their source line and
+        folds the interpreter's call plumbing and start-up frames into
+        counted marker lines (see btcore/fold.py); verbose=True prints every
+        frame with its address and full source path.  A backtrace of a
+        greenlet starts with a line describing that greenlet as it is now.
+        """
+        entries = []   # innermost first
+        for joined, frames in self._parts():
+            if joined:
                 entries.append(JOIN_MARKER)
-            entries.extend(f.format() for f in frames)
+            shown = frames if verbose else fold(frames)
+            entries.extend(f.format(verbose) if isinstance(f, Frame) else f.format() for f in shown)
         if self.truncated:
             entries.append("  ... (outer frames truncated)")
         if not most_recent_first:
             entries.reverse()
         order = "most recent call first" if most_recent_first else "most recent call last"
-        return "\n".join([f"Backtrace ({order}):"] + entries)
+        return "\n".join(self._header() + [f"Backtrace ({order}):"] + entries)
+
+    def _parts(self) -> list:
+        """(begins with an append() join, Frames innermost first) per part."""
+        parts = [(False, [])]
+        for flags, frames in self._resolved():
+            if flags & F_JOIN:
+                parts.append((True, []))
+            parts[-1][1].extend(frames)
+        return parts
+
+    def _header(self) -> list:
+        target = getattr(self, "_target", None)
+        if target is None:
+            return []
+        g = target()
+        return [f"Greenlet {describe(g)}" if g is not None else "Greenlet (no longer exists)"]
 
     __str__ = format
 
@@ -144,19 +171,21 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     if type(capacity) is not int or not 0 < capacity <= MAX_CAPACITY:
         _check_capacity(capacity)
     limit = capacity if limit is None else _check_limit(limit, capacity)
-    target, want = (CURRENT, 0) if target is None else target_of(target)
-    if target is CURRENT:   # this stack: hide collect() itself
+    where, want = (CURRENT, 0) if target is None else target_of(target)
+    if where is CURRENT:   # this stack: hide collect() itself
         want = _WANT_HIDE_CALLER
     want |= (_WANT_PYTHON if python else 0) | (_WANT_NATIVE if native else 0)
     if internals:
         want |= _WANT_INTERNALS
     bt = _new(Backtrace)
-    if target is NOTHING or not (python or native):
+    if target is not None:   # for format()'s header; weak: a Backtrace keeps no greenlet alive
+        bt._target = weakref.ref(target)
+    if where is NOTHING or not (python or native):
         bt.__init__(capacity)
         return bt
-    rc = _btc_collect(target, id(bt), capacity, limit, want)
+    rc = _btc_collect(where, id(bt), capacity, limit, want)
     if rc == _E_NEED_LAYOUT:   # first capture inside a greenlet: learn greenlet's layout
-        rc = _btc_collect(target, id(bt), capacity, limit, want | (0 if layout_known() else _WANT_WHOLE_STACK))
+        rc = _btc_collect(where, id(bt), capacity, limit, want | (0 if layout_known() else _WANT_WHOLE_STACK))
     if rc < 0:
         raise _ERRORS.get(rc, BacktraceError)(ffi.string(lib.btc_last_error()).decode())
     return bt

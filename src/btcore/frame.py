@@ -1,7 +1,11 @@
 """Frame: one resolved frame of a backtrace."""
 from __future__ import annotations
 
+import functools
+import importlib.machinery
+import linecache
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,10 +39,25 @@ class Frame:
     line: Optional[int]
     inlined: bool = False
 
-    def format(self) -> str:
-        """One line (two with a source location), in the style of a Python traceback."""
+    def format(self, verbose: bool = False) -> str:
+        """This frame as Backtrace.format() prints it, in the style of a Python
+        traceback: a Python frame with its source line; a native frame as
+        [module] function at file:line (verbose: also offset and address,
+        and full paths)."""
         if self.kind == PYTHON:
-            return f'  File "{self.file}", line {self.line}, in {self.function}'
+            text = f'  File "{self.file}", line {self.line}, in {self.function}'
+            if verbose or not (self.file and self.line):
+                return text
+            source = linecache.getline(self.file, self.line).strip()
+            return f"{text}\n    {source}" if source else text
+        if verbose or self.function is None:
+            return self._format_verbose()
+        text = f"  [{short_module(self.module)}] {self.function}" + (" (inlined)" if self.inlined else "")
+        if self.file:
+            text += f" at {short_path(self.file)}" + (f":{self.line}" if self.line else "")
+        return text
+
+    def _format_verbose(self) -> str:
         module = os.path.basename(self.module) if self.module else "??"
         if self.function is None:   # offset from the module's load address, if any
             where = f"+{self.offset:#x}" if self.offset is not None else ""
@@ -51,3 +70,42 @@ class Frame:
         if self.file:
             text += f"\n    {self.file}" + (f":{self.line}" if self.line else "")
         return text
+
+
+# Extension modules' file names carry the interpreter's ABI tag
+# (_json.cpython-311-x86_64-linux-gnu.so): the default view shows _json.so.
+_ABI_SUFFIXES = tuple(s for s in importlib.machinery.EXTENSION_SUFFIXES if s != ".so")
+
+
+@functools.lru_cache(maxsize=4096)   # a few modules, printed again and again
+def short_module(module: str | None) -> str:
+    """The readable name of a native module: its file name, without an ABI tag."""
+    if not module:
+        return "??"
+    name = os.path.basename(module)
+    tag = next((s for s in _ABI_SUFFIXES if name.endswith(s)), None)
+    return name[: -len(tag)] + ".so" if tag else name
+
+
+# A versioned source tree's top directory: Python-3.11.7, glibc-2.36, greenlet-3.5.6.
+_SOURCE_ROOT = re.compile(r"[A-Za-z][\w+]*-\d+(\.\d+)+[\w.+-]*")
+
+
+@functools.lru_cache(maxsize=4096)
+def short_path(path: str) -> str:
+    """A source path as the default view prints it.
+
+    Normalised (./ and a/../ removed); an absolute path inside a versioned
+    source tree is shown relative to its top directory
+    (/tmp/build/Python-3.11.7/Objects/call.c -> Objects/call.c); any other
+    absolute path of more than three components as .../ and its last two;
+    a relative path as it is.
+    """
+    path = os.path.normpath(path)
+    if not os.path.isabs(path):
+        return path
+    parts = path.split("/")
+    roots = [i for i, part in enumerate(parts[:-1]) if _SOURCE_ROOT.fullmatch(part)]
+    if roots:
+        return "/".join(parts[roots[-1] + 1:])
+    return path if len(parts) <= 4 else ".../" + "/".join(parts[-2:])

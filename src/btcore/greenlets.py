@@ -91,3 +91,30 @@ def target_of(target):
     _ensure_layout()
     # greenlets cannot change threads, and a parent is always in the same thread
     return id(target), (lib.BTC_WANT_OWN_THREAD if _root(target) is _root(current) else 0)
+
+
+def _state(g, in_this_thread: bool) -> str:
+    """Read from greenlet's own slots: gevent's Greenlet overrides __bool__ and dead."""
+    base = greenlet.greenlet
+    if base.dead.__get__(g):
+        return "dead"
+    if not base.__bool__(g):
+        return "not started"
+    if in_this_thread:   # a thread runs one greenlet at a time: the current one
+        return "running" if g is greenlet.getcurrent() else "suspended"
+    return "suspended" if base.gr_frame.__get__(g) is not None else "running"
+
+
+def describe(g) -> str:
+    """repr, state and thread of greenlet g, as they are now (format time)."""
+    try:
+        text = repr(g)
+    except Exception:   # a subclass's __repr__ must not break a backtrace
+        text = object.__repr__(g)
+    in_this_thread = _root(g) is _root(greenlet.getcurrent())
+    if in_this_thread:
+        thread = threading.current_thread()
+        where = f"thread {thread.name} (id {thread.ident})"
+    else:
+        where = "another thread"
+    return f"{text}: {_state(g, in_this_thread)}, {where}"
