@@ -22,6 +22,23 @@ int btc_fail(int code, const char *reason)
 
 const char *btc_last_error(void) { return last_error; }
 
+int btc_fail_python(int code, const char *what)
+{
+    static __thread char text[256];
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *shown = value ? PyObject_Str(value) : NULL;
+    const char *detail = shown ? PyUnicode_AsUTF8(shown) : NULL;
+    snprintf(text, sizeof text, "%s: %s: %s", what, type ? ((PyTypeObject *)type)->tp_name : "?",
+             detail ? detail : "?");
+    PyErr_Clear();   /* from PyObject_Str, if it failed: the original is what we report */
+    Py_XDECREF(shown);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return btc_fail(code, text);
+}
+
 static bool in_eval_loop(const btc_native_frame *f)
 {
     return btc_in_eval_loop(f->exact ? f->pc : f->pc - 1);
@@ -220,19 +237,14 @@ static int collect_current(sink *s, int want, uintptr_t last_cfa)
  * stale, since the GIL can change hands between bytecodes. */
 static int collect_greenlet(sink *s, int want, PyObject *g)
 {
-    int active = PyObject_IsTrue(g);   /* greenlet's __bool__: started and not dead */
-    if (active <= 0) {
-        PyErr_Clear();
-        return 0;                      /* no stack: an empty backtrace */
-    }
-    static PyObject *gr_frame;   /* interned once: this runs per capture */
-    if (!gr_frame && !(gr_frame = PyUnicode_InternFromString("gr_frame")))
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
-    PyObject *frame = PyObject_GetAttr(g, gr_frame);
-    if (!frame) {
-        PyErr_Clear();
-        return btc_fail(BTC_E_LAYOUT, "cannot read the greenlet's gr_frame");
-    }
+    int active = btc_greenlet_active(g);   /* started and not dead, as greenlet itself says */
+    if (active < 0)
+        return BTC_E_UNSUPPORTED;
+    if (!active)
+        return 0;                          /* no stack: an empty backtrace */
+    PyObject *frame = btc_greenlet_frame(g);
+    if (!frame)
+        return BTC_E_LAYOUT;
     /* greenlet's own rule: active with no saved frame is running.  In the
      * calling thread, a greenlet that is not current cannot be running: it
      * is suspended in code without Python frames. */

@@ -68,6 +68,13 @@ int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it);
  * (the Python implementation then decides). */
 enum { BTC_TARGET_UNKNOWN, BTC_TARGET_CURRENT, BTC_TARGET_THIS_THREAD, BTC_TARGET_OTHER_THREAD };
 int btc_greenlet_target(PyObject *target);
+/* greenlet's own "started and not dead" (its C API, not g.__bool__, which
+ * subclasses override): 1 or 0; -1 if g is not a greenlet (reason set). */
+int btc_greenlet_active(PyObject *g);
+/* g's gr_frame read through greenlet's own descriptor (new reference; None
+ * when it has no Python frame); NULL with the reason set on failure.  Call
+ * after btc_greenlet_active(). */
+PyObject *btc_greenlet_frame(PyObject *g);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 

@@ -219,23 +219,58 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx)
     return 0;
 }
 
-/* greenlet's C API (greenlet.h): its type, getcurrent(), parent, "is main". */
+/* greenlet's C API (greenlet.h): its type, getcurrent(), "is main", "is
+ * active", parent.  These read greenlet's own state: a subclass overriding
+ * __bool__, dead or gr_frame (gevent's Greenlet does) cannot change them. */
 static void **greenlet_api;
 #define GREENLET_TYPE 0
 #define GREENLET_GETCURRENT 4
 #define GREENLET_MAIN 8
+#define GREENLET_ACTIVE 10
 #define GREENLET_GET_PARENT 11
+
+static bool have_api(void)
+{
+    if (!greenlet_api && !(greenlet_api = PyCapsule_Import("greenlet._C_API", 0)))
+        return btc_fail_python(false, "cannot import greenlet's C API");
+    return true;
+}
 
 static PyObject *current_greenlet(void)
 {
-    if (!greenlet_api && !(greenlet_api = PyCapsule_Import("greenlet._C_API", 0))) {
-        PyErr_Clear();
+    if (!have_api())
         return NULL;
-    }
     PyObject *g = ((PyObject * (*)(void)) greenlet_api[GREENLET_GETCURRENT])();
     if (!g)
-        PyErr_Clear();
+        btc_fail_python(0, "greenlet.getcurrent() failed");
     return g;
+}
+
+int btc_greenlet_active(PyObject *g)
+{
+    if (!have_api())
+        return -1;
+    if (!PyObject_TypeCheck(g, (PyTypeObject *)greenlet_api[GREENLET_TYPE]))
+        return btc_fail(-1, "not a greenlet");
+    return ((int (*)(PyObject *))greenlet_api[GREENLET_ACTIVE])(g);
+}
+
+PyObject *btc_greenlet_frame(PyObject *g)
+{
+    static PyObject *getter;   /* greenlet.greenlet.gr_frame, the base type's descriptor */
+    if (!getter) {
+        PyTypeObject *type = (PyTypeObject *)greenlet_api[GREENLET_TYPE];
+        getter = PyDict_GetItemString(type->tp_dict, "gr_frame");   /* borrowed; the type holds it */
+        if (!getter || !Py_TYPE(getter)->tp_descr_get) {
+            getter = NULL;
+            btc_fail(0, "greenlet.greenlet has no gr_frame descriptor");
+            return NULL;
+        }
+    }
+    PyObject *frame = Py_TYPE(getter)->tp_descr_get(getter, g, NULL);
+    if (!frame)
+        btc_fail_python(0, "cannot read the greenlet's gr_frame");
+    return frame;
 }
 
 /* The root of g's parent chain: its thread's main greenlet (new reference). */
@@ -247,8 +282,7 @@ static PyObject *root_of(PyObject *g)
         Py_DECREF(g);
         g = p;
     }
-    PyErr_Clear();
-    return g;
+    return g;   /* the root: no parent, and no exception (GET_PARENT sets none there) */
 }
 
 int btc_greenlet_target(PyObject *target)
@@ -273,8 +307,10 @@ int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it)
 {
     *bottom = 0;
     PyObject *g = current_greenlet();
-    if (!g || ((int (*)(PyObject *))greenlet_api[GREENLET_MAIN])(g)) {
-        Py_XDECREF(g);
+    if (!g)
+        return BTC_E_UNSUPPORTED;   /* the reason is in btc_last_error() */
+    if (((int (*)(PyObject *))greenlet_api[GREENLET_MAIN])(g)) {
+        Py_DECREF(g);
         return 0;   /* a main greenlet (or no greenlet at all): the whole stack */
     }
     int rc = 0;

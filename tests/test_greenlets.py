@@ -607,6 +607,73 @@ def test_greenlet_subclass():
         finish(s, r)
 
 
+class _LyingState(greenlet.greenlet):
+    """A subclass whose truth value, length, dead and gr_frame all lie, and
+    count how often anyone asks: btcore must read greenlet's own state."""
+    asked = 0
+
+    def __bool__(self):
+        type(self).asked += 1
+        return not greenlet.greenlet.__bool__(self)   # the opposite of the truth
+
+    def __len__(self):
+        type(self).asked += 1
+        return 0
+
+    @property
+    def dead(self):
+        type(self).asked += 1
+        return True
+
+    @property
+    def gr_frame(self):
+        type(self).asked += 1
+        return None
+
+
+class _RaisingState(greenlet.greenlet):
+    """__bool__ and __len__ raise (GreenletExit, and another exception)."""
+    exc = greenlet.GreenletExit
+
+    def __bool__(self):
+        raise self.exc("from __bool__")
+
+    def __len__(self):
+        raise self.exc("from __len__")
+
+
+class _RaisingOther(_RaisingState):
+    exc = KeyError
+
+
+@pytest.mark.parametrize("cls", [_LyingState, _RaisingState, _RaisingOther])
+def test_greenlet_state_is_greenlets_own_never_bool_or_len(cls):
+    """Guards issue 8.2 / 9.6: not started / suspended / dead come from greenlet's
+    own state; a subclass's __bool__/__len__/dead/gr_frame are never consulted,
+    and nothing they raise is swallowed or leaks."""
+    _LyingState.asked = 0
+    main = greenlet.getcurrent()
+
+    def park():
+        main.switch("parked")
+
+    fresh = cls(lambda: None)
+    assert len(btcore.collect(fresh)) == 0   # not started: empty
+    g = cls(park)
+    assert g.switch() == "parked"
+    bt = btcore.collect(g, capacity=BIG)     # suspended: its frames
+    assert [short(f.function) for f in bt.frames() if f.kind == "python"] == ["park"]
+    assert py_view(bt.frames()) == interp_chain(greenlet.greenlet.gr_frame.__get__(g))
+    slow = btcore.collect(g, python=1, capacity=BIG)   # not a bool: the Python implementation
+    assert py_view(slow.frames()) == py_view(bt.frames())
+    assert len(btcore.collect(fresh, python=1)) == 0
+    greenlet.greenlet.switch(g)
+    assert greenlet.greenlet.dead.__get__(g)
+    assert len(btcore.collect(g)) == 0       # dead: empty
+    assert _LyingState.asked == 0
+    assert sys.exc_info() == (None, None, None)
+
+
 def test_suspended_greenlet_without_python_frames():
     """A greenlet whose run is a builtin (here: main.switch itself) is
     suspended with no Python frame at all (gr_frame is None), yet owned by

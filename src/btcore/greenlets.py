@@ -68,9 +68,16 @@ def _ensure_layout() -> None:
             f"cannot read suspended greenlets of greenlet {greenlet.__version__}: {_learned}")
 
 
+# greenlet's own state, read through the base type: subclasses override
+# __bool__ (gevent's Greenlet is true once scheduled, before it has run) and
+# may override anything else.
+_active = greenlet.greenlet.__bool__   # started and not dead
+_parent = greenlet.greenlet.parent.__get__
+
+
 def _root(g):
-    while g.parent is not None:
-        g = g.parent
+    while (parent := _parent(g)) is not None:
+        g = parent
     return g
 
 
@@ -86,7 +93,7 @@ def target_of(target):
     current = greenlet.getcurrent()
     if target is current:
         return CURRENT, 0
-    if not target:   # not started, or dead: no stack
+    if not _active(target):   # not started, or dead: no stack
         return NOTHING, 0
     _ensure_layout()
     # greenlets cannot change threads, and a parent is always in the same thread
