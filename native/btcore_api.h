@@ -32,13 +32,11 @@ typedef struct {
 #define BTC_WANT_INTERNALS 4
 #define BTC_WANT_OWN_THREAD 8   /* the target greenlet belongs to the calling thread */
 #define BTC_WANT_HIDE_CALLER 16 /* drop the innermost Python frame (btcore's API function) */
-#define BTC_WANT_WHOLE_STACK 32 /* in a greenlet, walk past its bottom (layout unknown) */
 
 /* Errors of btc_collect() (see btc_last_error() for the reason in words). */
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
 #define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
 #define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
-#define BTC_E_NEED_LAYOUT   -5   /* learn greenlet's layout (btc_greenlet_learn) and retry */
 
 /* Capture the stack of `target` into the btcore.Backtrace at address
  * `backtrace` (CPython's id(); the caller keeps it alive), setting its

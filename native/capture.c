@@ -216,9 +216,9 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
     return 0;
 }
 
-/* The calling thread's stack; in a greenlet, down to that greenlet's bottom
- * (last_cfa != 0): below it lie frames of whoever started the greenlet. */
-static int collect_current(sink *s, int want, uintptr_t last_cfa)
+/* The calling thread's stack; in a greenlet, down to that greenlet's own
+ * outermost frame: below it lie frames of whoever started the greenlet. */
+static int collect_current(sink *s, int want)
 {
     btc_context ctx = {0};
     uintptr_t lo;
@@ -226,10 +226,12 @@ static int collect_current(sink *s, int want, uintptr_t last_cfa)
     if (!btc_thread_stack(&lo, &ctx.mem.hi))
         return btc_fail(BTC_E_UNSUPPORTED, "cannot find the thread's stack");
     ctx.mem.lo = ctx.regs.sp;
-    ctx.last_cfa = last_cfa;
+    int in_greenlet = btc_greenlet_current_end(&ctx);
+    if (in_greenlet < 0)
+        return in_greenlet;
     btc_pycursor py;
     btc_py_cursor_current(&py);
-    return capture(&ctx, &py, s, want, true, last_cfa != 0);
+    return capture(&ctx, &py, s, want, true, in_greenlet);
 }
 
 /* A greenlet other than the calling thread's current one.  Its state is
@@ -348,9 +350,7 @@ static int dispatch(sink *s, uintptr_t target, int want)
         return BTC_E_UNSUPPORTED;
     if (target != 0)
         return collect_greenlet(s, want, (PyObject *)target);
-    uintptr_t bottom;
-    int rc = btc_greenlet_current_bottom(&bottom, !(want & BTC_WANT_WHOLE_STACK));
-    return rc < 0 ? rc : collect_current(s, want, bottom);
+    return collect_current(s, want);
 }
 
 int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want)

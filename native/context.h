@@ -29,6 +29,8 @@ typedef struct {
     bool ip_is_exact;    /* regs.ip is where execution stopped, not a return address */
     btc_memview mem;
     uintptr_t last_cfa;  /* frames whose CFA lies above this belong to someone else (0: no limit) */
+    uintptr_t end_lo[2], end_hi[2];   /* the walk ends after a frame whose pc lies in one of these */
+    int nend;
 } btc_context;
 
 /* Read one aligned 8-byte word of the stack; false if outside the view. */
@@ -58,11 +60,12 @@ bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
 
 /* Fill ctx from a suspended greenlet's saved state (the GIL held). */
 int btc_greenlet_context(PyObject *g, btc_context *ctx);
-/* The bottom of the calling thread's current greenlet: frames whose CFA lies
- * above it belong to whoever first switched into it.  0 for a main greenlet
- * (the whole stack).  If greenlet's layout is not learned yet: BTC_E_NEED_LAYOUT
- * when need_it, else 0. */
-int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it);
+/* Where a walk of the calling thread's stack ends: in a greenlet other than
+ * the thread's main one, after that greenlet's outermost own frame (its
+ * start-up stub), found from greenlet's code alone: no layout check, no
+ * greenlet switched.  Returns 1 in such a greenlet, 0 in a main greenlet (the
+ * whole stack), or a BTC_E_* code. */
+int btc_greenlet_current_end(btc_context *ctx);
 /* What a collect() target is, for the builtin's fast path (GIL held):
  * UNKNOWN when it is not a greenlet or greenlet's layout is not learned yet
  * (the Python implementation then decides). */

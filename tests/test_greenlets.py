@@ -911,3 +911,57 @@ def test_collect_inside_a_greenlet_stops_at_its_bottom():
     inner_names = [f.function or "" for f in with_internals.frames()]
     assert "g_initialstub" in inner_names[-1] or any("g_initialstub" in n for n in inner_names[-3:])
     assert "test_collect_inside_a_greenlet_stops_at_its_bottom.<locals>.creator" not in inner_names
+
+
+# ---------------------------------------------------------------- captures inside greenlet.settrace
+
+TRACER_SCRIPT = r"""
+import sys
+import greenlet, btcore
+
+captures = sys.argv[1].split(",")
+seen = []
+
+def tracer(event, args):
+    origin, target = args
+    got = {}
+    for what in captures:   # the very first captures of this process
+        bt = btcore.collect() if what == "current" else btcore.collect(origin if what == "origin" else target)
+        got[what] = [f.function for f in bt.frames()]
+    seen.append((event, greenlet.getcurrent() is not main, got))
+
+greenlet.settrace(tracer)
+main = greenlet.getcurrent()
+
+def parked():
+    main.switch()
+
+g = greenlet.greenlet(parked)
+g.switch()            # into g: the tracer runs in g (not main), origin main is suspended
+g.switch()            # g ends
+assert greenlet.gettrace() is tracer
+greenlet.settrace(None)
+assert [(event, in_g) for event, in_g, _ in seen] == [("switch", True), ("switch", False)] * 2, seen
+for event, in_g, got in seen:
+    for what, names in got.items():
+        # the tracer runs in the target: origin is suspended (dead at the last
+        # switch: empty), target is the current stack
+        assert names or (what == "origin" and in_g is False and got is seen[-1][2]), (event, what)
+        if in_g and what != "origin":   # a capture in g stops at g's bottom
+            assert not {"Py_BytesMain", "main", "_start"} & set(names), (event, what, names)
+if captures == ["current"]:   # the current stack never needs the layout check
+    assert btcore.greenlets._learned is None
+print("ok", len(seen))
+"""
+
+
+@pytest.mark.parametrize("captures", ["current", "origin", "current,origin,target"])
+def test_capture_inside_greenlet_tracer_from_the_first_capture(captures):
+    """Guards issue 8.3: a greenlet.settrace() callback that captures (the current
+    stack, the origin or the target) works from the first capture of a fresh
+    process: greenlet's one-time layout check switches greenlets, and must
+    neither re-enter the tracer nor wait on its own lock (it hung)."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-P", "-c", TRACER_SCRIPT, captures], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("ok 4"), done.stderr[-3000:]

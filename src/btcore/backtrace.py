@@ -5,7 +5,7 @@ import struct
 
 from ._native import ffi, lib
 from .frame import Frame
-from .greenlets import CURRENT, NOTHING, BacktraceError, layout_known, target_of
+from .greenlets import CURRENT, NOTHING, BacktraceError, target_of
 from .resolve import resolve_native, resolve_python
 
 DEFAULT_CAPACITY = lib.BTC_DEFAULT_CAPACITY
@@ -19,12 +19,10 @@ _KIND_AT, _FLAGS_AT = 12, 13
 
 KIND_PYTHON = lib.BTC_KIND_PYTHON
 F_JOIN = lib.BTC_F_JOIN
-_E_NEED_LAYOUT = lib.BTC_E_NEED_LAYOUT
 _WANT_PYTHON = lib.BTC_WANT_PYTHON
 _WANT_NATIVE = lib.BTC_WANT_NATIVE
 _WANT_INTERNALS = lib.BTC_WANT_INTERNALS
 _WANT_HIDE_CALLER = lib.BTC_WANT_HIDE_CALLER
-_WANT_WHOLE_STACK = lib.BTC_WANT_WHOLE_STACK
 
 
 class Backtrace:
@@ -155,8 +153,6 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
         bt.__init__(capacity)
         return bt
     rc = _btc_collect(target, id(bt), capacity, limit, want)
-    if rc == _E_NEED_LAYOUT:   # first capture inside a greenlet: learn greenlet's layout
-        rc = _btc_collect(target, id(bt), capacity, limit, want | (0 if layout_known() else _WANT_WHOLE_STACK))
     if rc < 0:
         raise _ERRORS.get(rc, BacktraceError)(ffi.string(lib.btc_last_error()).decode())
     return bt
