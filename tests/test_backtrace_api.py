@@ -1,5 +1,6 @@
 """The Backtrace object and the functions around it: capacity, limit,
 append(), foreach(), format(), Frame, targets, lifetime of references."""
+import copy
 import gc
 import os
 import sys
@@ -130,6 +131,28 @@ def test_append_copies_frames_and_marks_the_join():
     assert [key(f) for f in a.frames()] == before_a + fb
     assert len(b) == lb and [key(f) for f in b.frames()] == fb   # add is untouched
     assert a.truncated is False
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy])
+def test_copies_are_independent(how):
+    """Guards issue 8.4: a copy shared the frame buffer, so append() to the
+    copy grew the original (whose format() then failed)."""
+    original = recurse(2, site_a)
+    before, n = [key(f) for f in original.frames()], len(original)
+    dup = how(original)
+    assert dup is not original and type(dup) is btcore.Backtrace
+    assert (len(dup), dup.capacity, dup.truncated) == (n, original.capacity, original.truncated)
+    assert [key(f) for f in dup.frames()] == before
+    added = btcore.append(dup, site_b())
+    assert added > 0 and len(dup) == n + added and dup.joins()
+    dup.truncated = True
+    assert len(original) == n and not original.truncated and original.joins() == []
+    assert [key(f) for f in original.frames()] == before
+    assert original.format()   # used to raise StopIteration
+    # and the other way round
+    dup2 = how(original)
+    btcore.append(original, site_b())
+    assert len(dup2) == n and [key(f) for f in dup2.frames()] == before
 
 
 def py_site_a():

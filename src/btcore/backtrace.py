@@ -49,6 +49,17 @@ class Backtrace:
     def __len__(self) -> int:
         return len(self._raw) >> 4
 
+    def __copy__(self) -> Backtrace:
+        """An independent copy: append() to either never changes the other.
+        The code objects are shared (immutable); the frame buffer is not."""
+        dup = _new(Backtrace)
+        dup._capacity, dup._raw, dup._refs, dup.truncated = (
+            self._capacity, bytearray(self._raw), self._refs, self.truncated)
+        return dup
+
+    def __deepcopy__(self, memo) -> Backtrace:
+        return self.__copy__()   # nothing else it holds is mutable
+
     @property
     def capacity(self) -> int:
         return self._capacity
