@@ -349,6 +349,42 @@ def test_frame_is_immutable():
     assert f.function == "test_frame_is_immutable"
 
 
+GOOD_NATIVE = dict(kind="native", ip=0x1000, module="/lib/x.so", function="f", offset=4, file="x.c", line=3)
+GOOD_PYTHON = dict(kind="python", ip=None, module="m.py", function="f", offset=None, file="m.py", line=3)
+
+
+@pytest.mark.parametrize("base, change, exc", [
+    (GOOD_NATIVE, dict(ip=None), TypeError),          # format() did `None:#x`
+    (GOOD_NATIVE, dict(ip="0x10"), TypeError),
+    (GOOD_NATIVE, dict(ip=True), TypeError),
+    (GOOD_NATIVE, dict(ip=-1), ValueError),
+    (GOOD_NATIVE, dict(kind="c"), ValueError),
+    (GOOD_NATIVE, dict(kind=None), ValueError),
+    (GOOD_NATIVE, dict(module=b"/lib/x.so"), TypeError),
+    (GOOD_NATIVE, dict(function=1), TypeError),
+    (GOOD_NATIVE, dict(offset=1.5), TypeError),
+    (GOOD_NATIVE, dict(offset=-4), ValueError),
+    (GOOD_NATIVE, dict(file=0), TypeError),
+    (GOOD_NATIVE, dict(line="3"), TypeError),
+    (GOOD_NATIVE, dict(inlined=1), TypeError),
+    (GOOD_PYTHON, dict(ip=0x1000), ValueError),
+    (GOOD_PYTHON, dict(offset=0), ValueError),
+    (GOOD_PYTHON, dict(line=False), TypeError),
+])
+def test_frame_constructor_validates(base, change, exc):
+    """Guards issue 8.6: Frame() accepted anything, and format() broke later."""
+    with pytest.raises(exc):
+        btcore.Frame(**{**base, **change})
+
+
+def test_frame_constructor_accepts_what_format_handles():
+    for fields in (GOOD_NATIVE, GOOD_PYTHON,
+                   dict(GOOD_NATIVE, module=None, function=None, offset=None, file=None, line=None),
+                   dict(GOOD_NATIVE, offset=None, inlined=True)):
+        f = btcore.Frame(**fields)
+        assert f.format() and f == btcore.Frame(**fields)
+
+
 def test_frame_fields():
     bt, line = btcore.collect(capacity=BIG), sys._getframe().f_lineno
     frames = bt.frames()
