@@ -55,10 +55,13 @@ int btc_bind_backtrace(uintptr_t backtrace_type);
 #define BTC_DEFAULT_CAPACITY 64
 #define BTC_MAX_CAPACITY 65536
 
-/* Put the builtin collect() (native/pycollect.c) into the module namespace
- * dict at `namespace`: it does the common calls in C and hands every other
- * call to python_impl, the Python collect().  Returns 0 or -1. */
-int btc_install_collect(uintptr_t namespace, uintptr_t python_impl, uintptr_t backtrace_type);
+/* Put the builtin collect() (native/pycollect.c) into the module at
+ * `module` (btcore.backtrace): it does the common calls in C and hands every other
+ * call to python_impl, the Python collect().  doc is its __doc__, starting
+ * with the text signature ("collect($module, /, ...)\n--\n\n"): copied.
+ * Returns 0 or -1. */
+int btc_install_collect(uintptr_t module, uintptr_t python_impl, uintptr_t backtrace_type,
+                        const char *doc);
 
 /* Learn where greenlet keeps a suspended greenlet's saved stack state, from
  * two suspended (non-main) greenlets of the calling thread whose stacks were

@@ -1,7 +1,9 @@
 """Backtrace, collect(), append() and foreach(): the public capture API."""
 from __future__ import annotations
 
+import inspect
 import struct
+import sys
 
 from ._native import ffi, lib
 from .frame import Frame
@@ -169,10 +171,18 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     return bt
 
 
+def _builtin_doc(fn) -> bytes:
+    """fn's signature as a builtin's text signature, then fn's docstring:
+    what help() and inspect.signature() show for the builtin."""
+    sig = inspect.signature(fn).replace(return_annotation=inspect.Signature.empty)
+    return f"{fn.__name__}($module, /, {str(sig)[1:]}\n--\n\n{inspect.getdoc(fn)}".encode()
+
+
 # btcore.collect is a builtin (native/pycollect.c) doing the calls with plain
 # arguments in C, and handing every other call to the function above: a
 # Python-level call costs about as much as the capture itself.
-if lib.btc_install_collect(id(globals()), id(collect), id(Backtrace)) != 0:
+_python_collect = collect
+if lib.btc_install_collect(id(sys.modules[__name__]), id(collect), id(Backtrace), _builtin_doc(collect)) != 0:
     raise ImportError("btcore: cannot install the builtin collect()")
 
 
