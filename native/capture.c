@@ -326,9 +326,8 @@ static int fill_backtrace(PyObject *bt, sink *s, int capacity)
         Py_XDECREF(raw);
         Py_XDECREF(refs);
         Py_XDECREF(cap);
-        PyErr_Clear();
         release_codes(s);
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+        return btc_fail_python(BTC_E_UNSUPPORTED, "cannot build the Backtrace");
     }
     for (int i = 0; i < s->ncodes; i++)
         PyTuple_SET_ITEM(refs, i, s->codes[i]);

@@ -965,3 +965,40 @@ def test_capture_inside_greenlet_tracer_from_the_first_capture(captures):
     done = subprocess.run([sys.executable, "-P", "-c", TRACER_SCRIPT, captures], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("ok 4"), done.stderr[-3000:]
+
+
+REENTRY_SCRIPT = r"""
+import greenlet, btcore
+import btcore.greenlets as gl
+
+main = greenlet.getcurrent()
+g = greenlet.greenlet(lambda: main.switch())
+g.switch()
+seen = {}
+check = gl._learn_layout
+
+def check_reentered():
+    # what a signal handler or finalizer running inside the check would do
+    try:
+        btcore.collect(g)
+    except btcore.BacktraceError as e:
+        seen["error"] = str(e)
+    seen["current"] = len(btcore.collect())
+    return check()
+
+gl._learn_layout = check_reentered
+assert len(btcore.collect(g)) > 0
+assert "being checked on this thread" in seen["error"], seen
+assert seen["current"] > 0
+print("ok")
+"""
+
+
+def test_capture_reentering_the_layout_check_raises_instead_of_waiting():
+    """Guards issue 8.3: a capture of a suspended greenlet made from inside the
+    layout check on the same thread (signal handler, finalizer) raises
+    BacktraceError; the current stack is captured there (it never needs the
+    check).  It used to wait forever on the check's own lock."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-P", "-c", REENTRY_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
