@@ -18,12 +18,6 @@ KIND_PYTHON = lib.BTC_KIND_PYTHON
 F_EXACT = lib.BTC_F_EXACT
 
 
-class _Pinned(tuple):
-    """Frames that keep `pin` alive as long as the cache holds them: a Python
-    entry's code object, whose address is part of its key.  Entry and pin
-    are one value, so one dict operation stores or drops both."""
-
-
 class FrameCache:
     """Bounded, thread-safe map: native pc or (code address, offset) -> Frames.
 
@@ -33,7 +27,8 @@ class FrameCache:
     past `maxsize` the oldest entries are evicted first (insertion order),
     by an eviction that tolerates the dict changing under it.  A Python
     entry also pins its code object, so that the address in its key cannot
-    be reused by another object while the entry lives.
+    be reused by another object while the entry lives: its value is the pair
+    (frames, code), so one dict operation stores or drops both.
     """
 
     def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE):
@@ -41,11 +36,10 @@ class FrameCache:
         self._maxsize = _check_size(maxsize)
         self.get = self._frames.get
 
-    def put(self, key, frames: tuple, pin=None) -> tuple:
-        if pin is not None:
-            frames = _Pinned(frames)
-            frames.pin = pin
-        kept = self._frames.setdefault(key, frames)
+    def put(self, key, frames: tuple, pin=None):
+        """Store frames, or (frames, pin), unless key has a value already;
+        returns the value the cache holds for key (what get() returns)."""
+        kept = self._frames.setdefault(key, frames if pin is None else (frames, pin))
         self._evict(self._maxsize)
         return kept
 
@@ -192,4 +186,4 @@ def resolve_native(pc: int, flags: int) -> tuple:
 def resolve_python(code, lasti: int) -> tuple:
     """The Frame of a Python code object at an instruction offset."""
     key = (id(code), lasti)
-    return cache.get(key) or cache.put(key, _resolve_python(code, lasti), pin=code)
+    return (cache.get(key) or cache.put(key, _resolve_python(code, lasti), pin=code))[0]
