@@ -251,8 +251,10 @@ static void **greenlet_api;
 
 static bool have_api(void)
 {
-    if (!greenlet_api && !(greenlet_api = PyCapsule_Import("greenlet._C_API", 0)))
-        return btc_fail_python(false, "cannot import greenlet's C API");
+    if (!greenlet_api && !(greenlet_api = PyCapsule_Import("greenlet._C_API", 0))) {
+        btc_fail_python(0, "cannot import greenlet's C API");
+        return false;
+    }
     return true;
 }
 
@@ -333,13 +335,14 @@ int btc_greenlet_current_end(btc_context *ctx)
     if (main)
         return 0;   /* a main greenlet: the whole stack */
     /* Below g_initialstub lie frames of whoever first switched into this
-     * greenlet.  greenlet's code unknown: the whole stack (not refused: the
-     * current stack is always capturable). */
-    if (learn_code((PyTypeObject *)greenlet_api[GREENLET_TYPE]) == 0)
-        for (ctx->nend = 0; ctx->nend < layout.nstub; ctx->nend++) {
-            ctx->end_lo[ctx->nend] = layout.stub_lo[ctx->nend];
-            ctx->end_hi[ctx->nend] = layout.stub_hi[ctx->nend];
-        }
+     * greenlet.  It is found even where slp_switch is not recognised (that
+     * only matters to suspended greenlets); not found: the whole stack (not
+     * refused: the current stack is always capturable). */
+    learn_code((PyTypeObject *)greenlet_api[GREENLET_TYPE]);
+    for (ctx->nend = 0; ctx->nend < layout.nstub; ctx->nend++) {
+        ctx->end_lo[ctx->nend] = layout.stub_lo[ctx->nend];
+        ctx->end_hi[ctx->nend] = layout.stub_hi[ctx->nend];
+    }
     return 1;
 }
 
