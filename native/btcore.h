@@ -25,6 +25,10 @@
 
 /* ---- errors: a short reason kept per thread for btc_last_error() ---- */
 int btc_fail(int code, const char *reason);
+/* The same for the Python exception set now: its type and message become the
+ * reason (prefixed by what), and the exception is cleared.  Never silent:
+ * the caller returns code, which the Python layer raises with that reason. */
+int btc_fail_python(int code, const char *what);
 
 /* ---- compact CFI table of one module (cfi.c) ---- */
 

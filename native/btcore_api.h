@@ -32,13 +32,11 @@ typedef struct {
 #define BTC_WANT_INTERNALS 4
 #define BTC_WANT_OWN_THREAD 8   /* the target greenlet belongs to the calling thread */
 #define BTC_WANT_HIDE_CALLER 16 /* drop the innermost Python frame (btcore's API function) */
-#define BTC_WANT_WHOLE_STACK 32 /* in a greenlet, walk past its bottom (layout unknown) */
 
 /* Errors of btc_collect() (see btc_last_error() for the reason in words). */
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
 #define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
 #define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
-#define BTC_E_NEED_LAYOUT   -5   /* learn greenlet's layout (btc_greenlet_learn) and retry */
 
 /* Capture the stack of `target` into the btcore.Backtrace at address
  * `backtrace` (CPython's id(); the caller keeps it alive), setting its
@@ -57,10 +55,13 @@ int btc_bind_backtrace(uintptr_t backtrace_type);
 #define BTC_DEFAULT_CAPACITY 64
 #define BTC_MAX_CAPACITY 65536
 
-/* Put the builtin collect() (native/pycollect.c) into the module namespace
- * dict at `namespace`: it does the common calls in C and hands every other
- * call to python_impl, the Python collect().  Returns 0 or -1. */
-int btc_install_collect(uintptr_t namespace, uintptr_t python_impl, uintptr_t backtrace_type);
+/* Put the builtin collect() (native/pycollect.c) into the module at
+ * `module` (btcore.backtrace): it does the common calls in C and hands every other
+ * call to python_impl, the Python collect().  doc is its __doc__, starting
+ * with the text signature ("collect($module, /, ...)\n--\n\n"): copied.
+ * Returns 0 or -1. */
+int btc_install_collect(uintptr_t module, uintptr_t python_impl, uintptr_t backtrace_type,
+                        const char *doc);
 
 /* Learn where greenlet keeps a suspended greenlet's saved stack state, from
  * two suspended (non-main) greenlets of the calling thread whose stacks were

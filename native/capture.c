@@ -22,6 +22,23 @@ int btc_fail(int code, const char *reason)
 
 const char *btc_last_error(void) { return last_error; }
 
+int btc_fail_python(int code, const char *what)
+{
+    static __thread char text[256];
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *shown = value ? PyObject_Str(value) : NULL;
+    const char *detail = shown ? PyUnicode_AsUTF8(shown) : NULL;
+    snprintf(text, sizeof text, "%s: %s: %s", what, type ? ((PyTypeObject *)type)->tp_name : "?",
+             detail ? detail : "?");
+    PyErr_Clear();   /* from PyObject_Str, if it failed: the original is what we report */
+    Py_XDECREF(shown);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return btc_fail(code, text);
+}
+
 static bool in_eval_loop(const btc_native_frame *f)
 {
     return btc_in_eval_loop(f->exact ? f->pc : f->pc - 1);
@@ -199,9 +216,9 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
     return 0;
 }
 
-/* The calling thread's stack; in a greenlet, down to that greenlet's bottom
- * (last_cfa != 0): below it lie frames of whoever started the greenlet. */
-static int collect_current(sink *s, int want, uintptr_t last_cfa)
+/* The calling thread's stack; in a greenlet, down to that greenlet's own
+ * outermost frame: below it lie frames of whoever started the greenlet. */
+static int collect_current(sink *s, int want)
 {
     btc_context ctx = {0};
     uintptr_t lo;
@@ -209,10 +226,12 @@ static int collect_current(sink *s, int want, uintptr_t last_cfa)
     if (!btc_thread_stack(&lo, &ctx.mem.hi))
         return btc_fail(BTC_E_UNSUPPORTED, "cannot find the thread's stack");
     ctx.mem.lo = ctx.regs.sp;
-    ctx.last_cfa = last_cfa;
+    int in_greenlet = btc_greenlet_current_end(&ctx);
+    if (in_greenlet < 0)
+        return in_greenlet;
     btc_pycursor py;
     btc_py_cursor_current(&py);
-    return capture(&ctx, &py, s, want, true, last_cfa != 0);
+    return capture(&ctx, &py, s, want, true, in_greenlet);
 }
 
 /* A greenlet other than the calling thread's current one.  Its state is
@@ -220,19 +239,14 @@ static int collect_current(sink *s, int want, uintptr_t last_cfa)
  * stale, since the GIL can change hands between bytecodes. */
 static int collect_greenlet(sink *s, int want, PyObject *g)
 {
-    int active = PyObject_IsTrue(g);   /* greenlet's __bool__: started and not dead */
-    if (active <= 0) {
-        PyErr_Clear();
-        return 0;                      /* no stack: an empty backtrace */
-    }
-    static PyObject *gr_frame;   /* interned once: this runs per capture */
-    if (!gr_frame && !(gr_frame = PyUnicode_InternFromString("gr_frame")))
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
-    PyObject *frame = PyObject_GetAttr(g, gr_frame);
-    if (!frame) {
-        PyErr_Clear();
-        return btc_fail(BTC_E_LAYOUT, "cannot read the greenlet's gr_frame");
-    }
+    int active = btc_greenlet_active(g);   /* started and not dead, as greenlet itself says */
+    if (active < 0)
+        return BTC_E_UNSUPPORTED;
+    if (!active)
+        return 0;                          /* no stack: an empty backtrace */
+    PyObject *frame = btc_greenlet_frame(g);
+    if (!frame)
+        return BTC_E_LAYOUT;
     /* greenlet's own rule: active with no saved frame is running.  In the
      * calling thread, a greenlet that is not current cannot be running: it
      * is suspended in code without Python frames. */
@@ -337,9 +351,8 @@ static int fill_backtrace(PyObject *bt, sink *s, int capacity)
         Py_XDECREF(raw);
         Py_XDECREF(refs);
         Py_XDECREF(cap);
-        PyErr_Clear();
         release_codes(s);
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+        return btc_fail_python(BTC_E_UNSUPPORTED, "cannot build the Backtrace");
     }
     for (int i = 0; i < s->ncodes; i++)
         PyTuple_SET_ITEM(refs, i, s->codes[i]);
@@ -361,9 +374,7 @@ static int dispatch(sink *s, uintptr_t target, int want)
         return BTC_E_UNSUPPORTED;
     if (target != 0)
         return collect_greenlet(s, want, (PyObject *)target);
-    uintptr_t bottom;
-    int rc = btc_greenlet_current_bottom(&bottom, !(want & BTC_WANT_WHOLE_STACK));
-    return rc < 0 ? rc : collect_current(s, want, bottom);
+    return collect_current(s, want);
 }
 
 int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want)

@@ -29,6 +29,8 @@ typedef struct {
     bool ip_is_exact;    /* regs.ip is where execution stopped, not a return address */
     btc_memview mem;
     uintptr_t last_cfa;  /* frames whose CFA lies above this belong to someone else (0: no limit) */
+    uintptr_t end_lo[2], end_hi[2];   /* the walk ends after a frame whose pc lies in one of these */
+    int nend;
 } btc_context;
 
 /* Read one aligned 8-byte word of the stack; false if outside the view. */
@@ -58,11 +60,12 @@ bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
 
 /* Fill ctx from a suspended greenlet's saved state (the GIL held). */
 int btc_greenlet_context(PyObject *g, btc_context *ctx);
-/* The bottom of the calling thread's current greenlet: frames whose CFA lies
- * above it belong to whoever first switched into it.  0 for a main greenlet
- * (the whole stack).  If greenlet's layout is not learned yet: BTC_E_NEED_LAYOUT
- * when need_it, else 0. */
-int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it);
+/* Where a walk of the calling thread's stack ends: in a greenlet other than
+ * the thread's main one, after that greenlet's outermost own frame (its
+ * start-up stub), found from greenlet's code alone: no layout check, no
+ * greenlet switched.  Returns 1 in such a greenlet, 0 in a main greenlet (the
+ * whole stack), or a BTC_E_* code. */
+int btc_greenlet_current_end(btc_context *ctx);
 /* What a collect() target is, for the builtin's fast path (GIL held):
  * UNKNOWN when it is not a greenlet or greenlet's layout is not learned yet
  * (the Python implementation then decides). */
@@ -71,6 +74,13 @@ int btc_greenlet_target(PyObject *target);
 /* Remember collect()'s greenlet target in a Backtrace, weakly, for format()'s
  * header (capture.c; GIL held). */
 void btc_backtrace_remember_target(PyObject *bt, PyObject *target);
+/* greenlet's own "started and not dead" (its C API, not g.__bool__, which
+ * subclasses override): 1 or 0; -1 if g is not a greenlet (reason set). */
+int btc_greenlet_active(PyObject *g);
+/* g's gr_frame read through greenlet's own descriptor (new reference; None
+ * when it has no Python frame); NULL with the reason set on failure.  Call
+ * after btc_greenlet_active(). */
+PyObject *btc_greenlet_frame(PyObject *g);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 

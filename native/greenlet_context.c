@@ -29,6 +29,8 @@ static struct {
     uintptr_t resume_pc;       /* in slp_switch, right after the call that saves the stack */
     int bp_slot, bx_slot;      /* where slp_switch stored rbp/rbx, relative to its sp */
     uintptr_t module_lo, module_hi;
+    uintptr_t stub_lo[2], stub_hi[2];   /* g_initialstub: the outermost frame of a greenlet's own */
+    int nstub;
 } layout;
 
 #define MAIN_STACK_STOP ((uintptr_t)-1)
@@ -115,6 +117,9 @@ static uintptr_t after_call_to(uintptr_t lo, uintptr_t hi, const uintptr_t *call
     return 0;
 }
 
+/* A greenlet's outermost own frame (UserGreenlet::g_initialstub(void*)). */
+#define INITIAL_STUB "_ZN8greenlet12UserGreenlet13g_initialstubEPv"
+
 static int learn_switch_code(uintptr_t inside_module)
 {
     uintptr_t lo[2], hi[2], tlo[4], thi[4];
@@ -122,6 +127,7 @@ static int learn_switch_code(uintptr_t inside_module)
     btc_modules_refresh();
     int n = btc_module_function_ranges(inside_module, "slp_switch", lo, hi, 2);
     int t = btc_module_function_ranges(inside_module, "slp_save_state_trampoline", tlo, thi, 4);
+    layout.nstub = btc_module_function_ranges(inside_module, INITIAL_STUB, layout.stub_lo, layout.stub_hi, 2);
     btc_module *m = btc_module_find(inside_module);
     if (m) {
         layout.module_lo = m->lo;
@@ -139,6 +145,20 @@ static int learn_switch_code(uintptr_t inside_module)
         return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch does not have the x86-64 shape btcore "
                                       "knows (rbp/rbx slots, call to slp_save_state_trampoline)");
     return 0;
+}
+
+/* greenlet's code, learned once from its module's symbols and slp_switch's
+ * bytes: no greenlet is switched and no Python code runs, so this is safe
+ * from a greenlet tracer or a signal handler (the GIL held). */
+static int learn_code(PyTypeObject *greenlet_type)
+{
+    static int rc = 1;   /* 1: not tried yet */
+    static const char *why;
+    if (rc == 1) {
+        rc = learn_switch_code((uintptr_t)greenlet_type->tp_dealloc);
+        why = btc_last_error();
+    }
+    return rc < 0 ? btc_fail(rc, why) : 0;
 }
 
 /* ---- learning StackState's place from greenlets in known states ---- */
@@ -173,7 +193,7 @@ int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1, u
         rc = btc_fail(BTC_E_LAYOUT, "cannot locate greenlet's StackState (unknown greenlet build)");
         goto out;
     }
-    rc = learn_switch_code((uintptr_t)type->tp_dealloc);
+    rc = learn_code(type);
     layout.ok = rc == 0;
 out:
     PyGILState_Release(gil);
@@ -219,23 +239,60 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx)
     return 0;
 }
 
-/* greenlet's C API (greenlet.h): its type, getcurrent(), parent, "is main". */
+/* greenlet's C API (greenlet.h): its type, getcurrent(), "is main", "is
+ * active", parent.  These read greenlet's own state: a subclass overriding
+ * __bool__, dead or gr_frame (gevent's Greenlet does) cannot change them. */
 static void **greenlet_api;
 #define GREENLET_TYPE 0
 #define GREENLET_GETCURRENT 4
 #define GREENLET_MAIN 8
+#define GREENLET_ACTIVE 10
 #define GREENLET_GET_PARENT 11
+
+static bool have_api(void)
+{
+    if (!greenlet_api && !(greenlet_api = PyCapsule_Import("greenlet._C_API", 0))) {
+        btc_fail_python(0, "cannot import greenlet's C API");
+        return false;
+    }
+    return true;
+}
 
 static PyObject *current_greenlet(void)
 {
-    if (!greenlet_api && !(greenlet_api = PyCapsule_Import("greenlet._C_API", 0))) {
-        PyErr_Clear();
+    if (!have_api())
         return NULL;
-    }
     PyObject *g = ((PyObject * (*)(void)) greenlet_api[GREENLET_GETCURRENT])();
     if (!g)
-        PyErr_Clear();
+        btc_fail_python(0, "greenlet.getcurrent() failed");
     return g;
+}
+
+int btc_greenlet_active(PyObject *g)
+{
+    if (!have_api())
+        return -1;
+    if (!PyObject_TypeCheck(g, (PyTypeObject *)greenlet_api[GREENLET_TYPE]))
+        return btc_fail(-1, "not a greenlet");
+    return ((int (*)(PyObject *))greenlet_api[GREENLET_ACTIVE])(g);
+}
+
+PyObject *btc_greenlet_frame(PyObject *g)
+{
+    static PyObject *getter;   /* greenlet.greenlet.gr_frame, the base type's descriptor */
+    if (!getter) {
+        PyTypeObject *type = (PyTypeObject *)greenlet_api[GREENLET_TYPE];
+        getter = PyDict_GetItemString(type->tp_dict, "gr_frame");   /* borrowed; the type holds it */
+        if (!getter || !Py_TYPE(getter)->tp_descr_get) {
+            getter = NULL;
+            btc_fail(0, "greenlet.greenlet has no gr_frame descriptor");
+            return NULL;
+        }
+    }
+    PyObject *frame = Py_TYPE(getter)->tp_descr_get(getter, g, NULL);
+    if (!frame)
+        btc_fail_python(0, "cannot read the greenlet's gr_frame");
+    return frame;
 }
 
 /* The root of g's parent chain: its thread's main greenlet (new reference). */
@@ -247,8 +304,7 @@ static PyObject *root_of(PyObject *g)
         Py_DECREF(g);
         g = p;
     }
-    PyErr_Clear();
-    return g;
+    return g;   /* the root: no parent, and no exception (GET_PARENT sets none there) */
 }
 
 int btc_greenlet_target(PyObject *target)
@@ -269,28 +325,25 @@ int btc_greenlet_target(PyObject *target)
     return kind;
 }
 
-int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it)
+int btc_greenlet_current_end(btc_context *ctx)
 {
-    *bottom = 0;
     PyObject *g = current_greenlet();
-    if (!g || ((int (*)(PyObject *))greenlet_api[GREENLET_MAIN])(g)) {
-        Py_XDECREF(g);
-        return 0;   /* a main greenlet (or no greenlet at all): the whole stack */
-    }
-    int rc = 0;
-    if (!layout.ok) {
-        rc = need_it ? btc_fail(BTC_E_NEED_LAYOUT, "greenlet layout not learned yet") : 0;
-    } else {
-        stack_state s = state_at(pimpl_of(g), layout.state_off);
-        uintptr_t lo, hi;
-        /* A running greenlet's stack_stop lies in this thread's stack, above us. */
-        if (btc_thread_stack(&lo, &hi) && s.stop > (uintptr_t)&lo && s.stop < hi)
-            *bottom = s.stop;
-        else
-            rc = btc_fail(BTC_E_LAYOUT, "the current greenlet's stack_stop is not in this thread's stack");
-    }
+    if (!g)
+        return BTC_E_UNSUPPORTED;   /* the reason is in btc_last_error() */
+    int main = ((int (*)(PyObject *))greenlet_api[GREENLET_MAIN])(g);
     Py_DECREF(g);
-    return rc;
+    if (main)
+        return 0;   /* a main greenlet: the whole stack */
+    /* Below g_initialstub lie frames of whoever first switched into this
+     * greenlet.  It is found even where slp_switch is not recognised (that
+     * only matters to suspended greenlets); not found: the whole stack (not
+     * refused: the current stack is always capturable). */
+    learn_code((PyTypeObject *)greenlet_api[GREENLET_TYPE]);
+    for (ctx->nend = 0; ctx->nend < layout.nstub; ctx->nend++) {
+        ctx->end_lo[ctx->nend] = layout.stub_lo[ctx->nend];
+        ctx->end_hi[ctx->nend] = layout.stub_hi[ctx->nend];
+    }
+    return 1;
 }
 
 bool btc_greenlet_internal(uintptr_t pc)

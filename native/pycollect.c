@@ -94,37 +94,41 @@ static PyObject *collect_builtin(PyObject *self, PyObject *const *args, size_t n
     return PyObject_Vectorcall(python_collect, args, nargsf, kwnames);
 }
 
+/* ml_doc: the Python implementation's signature and docstring, given at
+ * install (help() and inspect.signature() read them from here). */
 static PyMethodDef collect_def = {
-    "collect", (PyCFunction)(void (*)(void))collect_builtin, METH_FASTCALL | METH_KEYWORDS,
-    "collect(target=None, *, limit=None, python=True, native=True, capacity=64,"
-    " internals=False)\n--\n\n"
-    "Capture the raw frames of the calling thread's stack, or of greenlet `target`.\n\n"
-    "A builtin for the common calls; see btcore/backtrace.py (collect) for the\n"
-    "full description: every other call is handed to it."};
+    "collect", (PyCFunction)(void (*)(void))collect_builtin, METH_FASTCALL | METH_KEYWORDS, NULL};
 
 static PyObject *intern(const char *s)
 {
     return PyUnicode_InternFromString(s);
 }
 
-int btc_install_collect(uintptr_t namespace, uintptr_t python_impl, uintptr_t backtrace)
+int btc_install_collect(uintptr_t module, uintptr_t python_impl, uintptr_t backtrace, const char *doc)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *ns = (PyObject *)namespace;
+    PyObject *mod = (PyObject *)module, *name = NULL;
     int rc = -1;
+    static char *owned_doc;   /* lives as long as the process: every collect() object points at it */
+    if (!owned_doc && !(owned_doc = strdup(doc)))
+        goto out;
+    collect_def.ml_doc = owned_doc;
     if (!(kw_target = intern("target")) || !(kw_limit = intern("limit")) || !(kw_python = intern("python")) ||
         !(kw_native = intern("native")) || !(kw_capacity = intern("capacity")) ||
-        !(kw_internals = intern("internals")) || !PyDict_Check(ns) || !PyType_Check((PyObject *)backtrace))
+        !(kw_internals = intern("internals")) || !PyModule_Check(mod) || !PyType_Check((PyObject *)backtrace) ||
+        !(name = PyModule_GetNameObject(mod)))
         goto out;
-    PyObject *module = PyDict_GetItemString(ns, "__name__");   /* borrowed */
-    PyObject *fn = PyCFunction_NewEx(&collect_def, NULL, module);
+    /* Bound to its module, as a module's own builtins are: the text
+     * signature's $module is then not shown as a parameter. */
+    PyObject *fn = PyCFunction_NewEx(&collect_def, mod, name);
     if (!fn)
         goto out;
     python_collect = Py_NewRef((PyObject *)python_impl);
     backtrace_type = (PyTypeObject *)Py_NewRef((PyObject *)backtrace);
-    rc = PyDict_SetItemString(ns, "collect", fn);
+    rc = PyObject_SetAttrString(mod, "collect", fn);
     Py_DECREF(fn);
 out:
+    Py_XDECREF(name);
     if (rc < 0)
         PyErr_Clear();
     PyGILState_Release(gil);

@@ -114,6 +114,14 @@ BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
     return row_cache[i].row;
 }
 
+static bool ends_walk(const btc_context *ctx, uintptr_t pc)
+{
+    for (int i = 0; i < ctx->nend; i++)
+        if (pc >= ctx->end_lo[i] && pc < ctx->end_hi[i])
+            return true;
+    return false;
+}
+
 int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
 {
     btc_regs r = ctx->regs;
@@ -133,7 +141,7 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
         out[n].cfa = cfa;
         out[n].exact = exact;
         n++;
-        if (!more)
+        if (!more || ends_walk(ctx, pc))
             break;
         exact = row->signal;   /* the frame a signal interrupted resumes at its exact pc */
     }

@@ -1,5 +1,6 @@
 """The Backtrace object and the functions around it: capacity, limit,
 append(), foreach(), format(), Frame, targets, lifetime of references."""
+import copy
 import gc
 import os
 import sys
@@ -131,6 +132,42 @@ def test_append_copies_frames_and_marks_the_join():
     assert len(b) == lb and [key(f) for f in b.frames()] == fb   # add is untouched
     assert a.truncated is False
 
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy])
+def test_copies_are_independent(how):
+    """Guards issue 8.4: a copy shared the frame buffer, so append() to the
+    copy grew the original (whose format() then failed)."""
+    original = recurse(2, site_a)
+    before, n = [key(f) for f in original.frames()], len(original)
+    dup = how(original)
+    assert dup is not original and type(dup) is btcore.Backtrace
+    assert (len(dup), dup.capacity, dup.truncated) == (n, original.capacity, original.truncated)
+    assert [key(f) for f in dup.frames()] == before
+    added = btcore.append(dup, site_b())
+    assert added > 0 and len(dup) == n + added and dup.joins()
+    dup.truncated = True
+    assert len(original) == n and not original.truncated and original.joins() == []
+    assert [key(f) for f in original.frames()] == before
+    assert original.format()   # used to raise StopIteration
+    # and the other way round
+    dup2 = how(original)
+    btcore.append(original, site_b())
+    assert len(dup2) == n and [key(f) for f in dup2.frames()] == before
+
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy])
+def test_copy_of_a_greenlet_backtrace_keeps_its_header(how):
+    """A copy prints the same greenlet header line as the original."""
+    g = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch())
+    g.switch()
+    try:
+        original = btcore.collect(g)
+        header = original.format().splitlines()[0]
+        assert header.startswith("Greenlet ") and "suspended" in header
+        assert how(original).format().splitlines()[0] == header
+    finally:
+        g.throw(greenlet.GreenletExit)
 
 def py_site_a():
     return btcore.collect(capacity=BIG, native=False)
@@ -329,6 +366,42 @@ def test_frame_is_immutable():
     with pytest.raises((AttributeError, TypeError)):
         del f.function
     assert f.function == "test_frame_is_immutable"
+
+
+GOOD_NATIVE = dict(kind="native", ip=0x1000, module="/lib/x.so", function="f", offset=4, file="x.c", line=3)
+GOOD_PYTHON = dict(kind="python", ip=None, module="m.py", function="f", offset=None, file="m.py", line=3)
+
+
+@pytest.mark.parametrize("base, change, exc", [
+    (GOOD_NATIVE, dict(ip=None), TypeError),          # format() did `None:#x`
+    (GOOD_NATIVE, dict(ip="0x10"), TypeError),
+    (GOOD_NATIVE, dict(ip=True), TypeError),
+    (GOOD_NATIVE, dict(ip=-1), ValueError),
+    (GOOD_NATIVE, dict(kind="c"), ValueError),
+    (GOOD_NATIVE, dict(kind=None), ValueError),
+    (GOOD_NATIVE, dict(module=b"/lib/x.so"), TypeError),
+    (GOOD_NATIVE, dict(function=1), TypeError),
+    (GOOD_NATIVE, dict(offset=1.5), TypeError),
+    (GOOD_NATIVE, dict(offset=-4), ValueError),
+    (GOOD_NATIVE, dict(file=0), TypeError),
+    (GOOD_NATIVE, dict(line="3"), TypeError),
+    (GOOD_NATIVE, dict(inlined=1), TypeError),
+    (GOOD_PYTHON, dict(ip=0x1000), ValueError),
+    (GOOD_PYTHON, dict(offset=0), ValueError),
+    (GOOD_PYTHON, dict(line=False), TypeError),
+])
+def test_frame_constructor_validates(base, change, exc):
+    """Guards issue 8.6: Frame() accepted anything, and format() broke later."""
+    with pytest.raises(exc):
+        btcore.Frame(**{**base, **change})
+
+
+def test_frame_constructor_accepts_what_format_handles():
+    for fields in (GOOD_NATIVE, GOOD_PYTHON,
+                   dict(GOOD_NATIVE, module=None, function=None, offset=None, file=None, line=None),
+                   dict(GOOD_NATIVE, offset=None, inlined=True)):
+        f = btcore.Frame(**fields)
+        assert f.format() and f == btcore.Frame(**fields)
 
 
 def test_frame_fields():

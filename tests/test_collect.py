@@ -414,3 +414,30 @@ def test_builtin_and_python_paths_capture_the_same_frames():
     key = [(f.kind, f.function, f.file, f.line, f.ip) for f in fast.frames()]
     assert key == [(f.kind, f.function, f.file, f.line, f.ip) for f in slow.frames()]
     assert fast.frames()[0].function.endswith("site")
+
+
+def test_builtin_collect_carries_the_real_docstring_and_signature():
+    """Guards issue 8.7: help(btcore.collect) showed only a pointer to a source
+    file; the builtin must carry the Python implementation's docstring and
+    signature (inspect.signature works, pydoc shows both)."""
+    import inspect
+    import pydoc
+    from btcore import backtrace
+
+    builtin, python = btcore.collect, backtrace._python_collect
+    assert type(builtin).__name__ == "builtin_function_or_method" and python is not builtin
+    want = inspect.signature(python).replace(return_annotation=inspect.Signature.empty)
+    assert inspect.signature(builtin) == want
+    assert [(p.name, p.kind, p.default) for p in inspect.signature(builtin).parameters.values()] == [
+        ("target", inspect.Parameter.POSITIONAL_OR_KEYWORD, None),
+        ("limit", inspect.Parameter.KEYWORD_ONLY, None),
+        ("python", inspect.Parameter.KEYWORD_ONLY, True),
+        ("native", inspect.Parameter.KEYWORD_ONLY, True),
+        ("capacity", inspect.Parameter.KEYWORD_ONLY, 64),
+        ("internals", inspect.Parameter.KEYWORD_ONLY, False)]
+    assert inspect.getdoc(builtin) == inspect.getdoc(python)
+    assert "A greenlet not started, or dead: an empty" in builtin.__doc__
+    shown = pydoc.render_doc(builtin, renderer=pydoc.plaintext)
+    # (3.14's pydoc wraps a long signature over several lines)
+    assert "collect(" in shown and all(f"{p}=" in shown for p in ("target", "limit", "capacity", "internals"))
+    assert inspect.getdoc(python).splitlines()[0] in shown

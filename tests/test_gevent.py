@@ -216,3 +216,30 @@ def test_hub_in_another_thread():
             hub.loop.run_callback_threadsafe(stop)
         t.join(10)
     assert not t.is_alive()
+
+
+# ---------------------------------------------------------------- not started yet
+
+@pytest.mark.parametrize("make", [
+    lambda f: gevent.spawn(f),
+    lambda f: gevent.spawn_later(0.01, f),
+    lambda f: gevent.Greenlet(f),                        # created, never started
+    lambda f: (lambda g: (g.start(), g)[1])(gevent.Greenlet(f)),
+])
+def test_greenlet_not_started_yet_is_empty_then_parked_then_dead(make):
+    """Guards issue 8.2: gevent's Greenlet is true once scheduled, before it
+    has run; a capture before it runs is an empty Backtrace (not an error),
+    then its stack once parked, then empty again once dead."""
+    release = gevent.event.Event()
+    g = make(lambda: release.wait())
+    bt = btcore.collect(g)
+    assert len(bt) == 0 and not bt.truncated and bt.frames() == []
+    if not g.started:
+        g.start()
+    while not greenlet.greenlet.__bool__(g):   # greenlet-level: has it run yet?
+        gevent.sleep(0.005)
+    names = [short(f.function) for f in btcore.collect(g, capacity=BIG).frames() if f.kind == "python"]
+    assert "<lambda>" in names, names
+    release.set()
+    g.join()
+    assert len(btcore.collect(g)) == 0

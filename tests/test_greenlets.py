@@ -728,6 +728,73 @@ def test_greenlet_subclass():
         finish(s, r)
 
 
+class _LyingState(greenlet.greenlet):
+    """A subclass whose truth value, length, dead and gr_frame all lie, and
+    count how often anyone asks: btcore must read greenlet's own state."""
+    asked = 0
+
+    def __bool__(self):
+        type(self).asked += 1
+        return not greenlet.greenlet.__bool__(self)   # the opposite of the truth
+
+    def __len__(self):
+        type(self).asked += 1
+        return 0
+
+    @property
+    def dead(self):
+        type(self).asked += 1
+        return True
+
+    @property
+    def gr_frame(self):
+        type(self).asked += 1
+        return None
+
+
+class _RaisingState(greenlet.greenlet):
+    """__bool__ and __len__ raise (GreenletExit, and another exception)."""
+    exc = greenlet.GreenletExit
+
+    def __bool__(self):
+        raise self.exc("from __bool__")
+
+    def __len__(self):
+        raise self.exc("from __len__")
+
+
+class _RaisingOther(_RaisingState):
+    exc = KeyError
+
+
+@pytest.mark.parametrize("cls", [_LyingState, _RaisingState, _RaisingOther])
+def test_greenlet_state_is_greenlets_own_never_bool_or_len(cls):
+    """Guards issue 8.2 / 9.6: not started / suspended / dead come from greenlet's
+    own state; a subclass's __bool__/__len__/dead/gr_frame are never consulted,
+    and nothing they raise is swallowed or leaks."""
+    _LyingState.asked = 0
+    main = greenlet.getcurrent()
+
+    def park():
+        main.switch("parked")
+
+    fresh = cls(lambda: None)
+    assert len(btcore.collect(fresh)) == 0   # not started: empty
+    g = cls(park)
+    assert g.switch() == "parked"
+    bt = btcore.collect(g, capacity=BIG)     # suspended: its frames
+    assert [short(f.function) for f in bt.frames() if f.kind == "python"] == ["park"]
+    assert py_view(bt.frames()) == interp_chain(greenlet.greenlet.gr_frame.__get__(g))
+    slow = btcore.collect(g, python=1, capacity=BIG)   # not a bool: the Python implementation
+    assert py_view(slow.frames()) == py_view(bt.frames())
+    assert len(btcore.collect(fresh, python=1)) == 0
+    greenlet.greenlet.switch(g)
+    assert greenlet.greenlet.dead.__get__(g)
+    assert len(btcore.collect(g)) == 0       # dead: empty
+    assert _LyingState.asked == 0
+    assert sys.exc_info() == (None, None, None)
+
+
 def test_suspended_greenlet_without_python_frames():
     """A greenlet whose run is a builtin (here: main.switch itself) is
     suspended with no Python frame at all (gr_frame is None), yet owned by
@@ -965,3 +1032,94 @@ def test_collect_inside_a_greenlet_stops_at_its_bottom():
     inner_names = [f.function or "" for f in with_internals.frames()]
     assert "g_initialstub" in inner_names[-1] or any("g_initialstub" in n for n in inner_names[-3:])
     assert "test_collect_inside_a_greenlet_stops_at_its_bottom.<locals>.creator" not in inner_names
+
+
+# ---------------------------------------------------------------- captures inside greenlet.settrace
+
+TRACER_SCRIPT = r"""
+import sys
+import greenlet, btcore
+
+captures = sys.argv[1].split(",")
+seen = []
+
+def tracer(event, args):
+    origin, target = args
+    got = {}
+    for what in captures:   # the very first captures of this process
+        bt = btcore.collect() if what == "current" else btcore.collect(origin if what == "origin" else target)
+        got[what] = [f.function for f in bt.frames()]
+    seen.append((event, greenlet.getcurrent() is not main, got))
+
+greenlet.settrace(tracer)
+main = greenlet.getcurrent()
+
+def parked():
+    main.switch()
+
+g = greenlet.greenlet(parked)
+g.switch()            # into g: the tracer runs in g (not main), origin main is suspended
+g.switch()            # g ends
+assert greenlet.gettrace() is tracer
+greenlet.settrace(None)
+assert [(event, in_g) for event, in_g, _ in seen] == [("switch", True), ("switch", False)] * 2, seen
+for event, in_g, got in seen:
+    for what, names in got.items():
+        # the tracer runs in the target: origin is suspended (dead at the last
+        # switch: empty), target is the current stack
+        assert names or (what == "origin" and in_g is False and got is seen[-1][2]), (event, what)
+        if in_g and what != "origin":   # a capture in g stops at g's bottom
+            assert not {"Py_BytesMain", "main", "_start"} & set(names), (event, what, names)
+if captures == ["current"]:   # the current stack never needs the layout check
+    assert btcore.greenlets._learned is None
+print("ok", len(seen))
+"""
+
+
+@pytest.mark.parametrize("captures", ["current", "origin", "current,origin,target"])
+def test_capture_inside_greenlet_tracer_from_the_first_capture(captures):
+    """Guards issue 8.3: a greenlet.settrace() callback that captures (the current
+    stack, the origin or the target) works from the first capture of a fresh
+    process: greenlet's one-time layout check switches greenlets, and must
+    neither re-enter the tracer nor wait on its own lock (it hung)."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-P", "-c", TRACER_SCRIPT, captures], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("ok 4"), done.stderr[-3000:]
+
+
+REENTRY_SCRIPT = r"""
+import greenlet, btcore
+import btcore.greenlets as gl
+
+main = greenlet.getcurrent()
+g = greenlet.greenlet(lambda: main.switch())
+g.switch()
+seen = {}
+check = gl._learn_layout
+
+def check_reentered():
+    # what a signal handler or finalizer running inside the check would do
+    try:
+        btcore.collect(g)
+    except btcore.BacktraceError as e:
+        seen["error"] = str(e)
+    seen["current"] = len(btcore.collect())
+    return check()
+
+gl._learn_layout = check_reentered
+assert len(btcore.collect(g)) > 0
+assert "being checked on this thread" in seen["error"], seen
+assert seen["current"] > 0
+print("ok")
+"""
+
+
+def test_capture_reentering_the_layout_check_raises_instead_of_waiting():
+    """Guards issue 8.3: a capture of a suspended greenlet made from inside the
+    layout check on the same thread (signal handler, finalizer) raises
+    BacktraceError; the current stack is captured there (it never needs the
+    check).  It used to wait forever on the check's own lock."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-P", "-c", REENTRY_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]

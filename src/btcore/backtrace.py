@@ -1,13 +1,15 @@
 """Backtrace, collect(), append() and foreach(): the public capture API."""
 from __future__ import annotations
 
+import inspect
 import struct
+import sys
 import weakref
 
 from ._native import ffi, lib
 from .fold import fold
 from .frame import Frame
-from .greenlets import CURRENT, NOTHING, BacktraceError, describe, layout_known, target_of
+from .greenlets import CURRENT, NOTHING, BacktraceError, describe, target_of
 from .resolve import resolve_native, resolve_python
 
 DEFAULT_CAPACITY = lib.BTC_DEFAULT_CAPACITY
@@ -21,12 +23,10 @@ _KIND_AT, _FLAGS_AT = 12, 13
 
 KIND_PYTHON = lib.BTC_KIND_PYTHON
 F_JOIN = lib.BTC_F_JOIN
-_E_NEED_LAYOUT = lib.BTC_E_NEED_LAYOUT
 _WANT_PYTHON = lib.BTC_WANT_PYTHON
 _WANT_NATIVE = lib.BTC_WANT_NATIVE
 _WANT_INTERNALS = lib.BTC_WANT_INTERNALS
 _WANT_HIDE_CALLER = lib.BTC_WANT_HIDE_CALLER
-_WANT_WHOLE_STACK = lib.BTC_WANT_WHOLE_STACK
 
 
 class Backtrace:
@@ -53,6 +53,19 @@ class Backtrace:
 
     def __len__(self) -> int:
         return len(self._raw) >> 4
+
+    def __copy__(self) -> Backtrace:
+        """An independent copy: append() to either never changes the other.
+        The code objects are shared (immutable); the frame buffer is not."""
+        dup = _new(Backtrace)
+        dup._capacity, dup._raw, dup._refs, dup.truncated = (
+            self._capacity, bytearray(self._raw), self._refs, self.truncated)
+        if hasattr(self, "_target"):   # the greenlet header goes with the copy
+            dup._target = self._target
+        return dup
+
+    def __deepcopy__(self, memo) -> Backtrace:
+        return self.__copy__()   # nothing else it holds is mutable
 
     @property
     def capacity(self) -> int:
@@ -184,17 +197,23 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
         bt.__init__(capacity)
         return bt
     rc = _btc_collect(where, id(bt), capacity, limit, want)
-    if rc == _E_NEED_LAYOUT:   # first capture inside a greenlet: learn greenlet's layout
-        rc = _btc_collect(where, id(bt), capacity, limit, want | (0 if layout_known() else _WANT_WHOLE_STACK))
     if rc < 0:
         raise _ERRORS.get(rc, BacktraceError)(ffi.string(lib.btc_last_error()).decode())
     return bt
 
 
+def _builtin_doc(fn) -> bytes:
+    """fn's signature as a builtin's text signature, then fn's docstring:
+    what help() and inspect.signature() show for the builtin."""
+    sig = inspect.signature(fn).replace(return_annotation=inspect.Signature.empty)
+    return f"{fn.__name__}($module, /, {str(sig)[1:]}\n--\n\n{inspect.getdoc(fn)}".encode()
+
+
 # btcore.collect is a builtin (native/pycollect.c) doing the calls with plain
 # arguments in C, and handing every other call to the function above: a
 # Python-level call costs about as much as the capture itself.
-if lib.btc_install_collect(id(globals()), id(collect), id(Backtrace)) != 0:
+_python_collect = collect
+if lib.btc_install_collect(id(sys.modules[__name__]), id(collect), id(Backtrace), _builtin_doc(collect)) != 0:
     raise ImportError("btcore: cannot install the builtin collect()")
 
 

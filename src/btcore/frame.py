@@ -39,6 +39,22 @@ class Frame:
     line: Optional[int]
     inlined: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse what format() and users of the fields could not handle."""
+        if self.kind not in (NATIVE, PYTHON):
+            raise ValueError(f"kind must be {NATIVE!r} or {PYTHON!r}, got {self.kind!r}")
+        native = self.kind == NATIVE
+        _check("ip", self.ip, int, required=native, forbidden=not native)
+        _check("offset", self.offset, int, forbidden=not native)
+        _check("line", self.line, int)
+        for name in ("module", "function", "file"):
+            _check(name, getattr(self, name), str)
+        if type(self.inlined) is not bool:
+            raise TypeError(f"inlined must be a bool, got {type(self.inlined).__name__}")
+        if native and self.ip < 0 or (self.offset is not None and self.offset < 0) or \
+                (self.line is not None and self.line < 0):
+            raise ValueError(f"ip, offset and line must be >= 0: {self.ip!r}, {self.offset!r}, {self.line!r}")
+
     def format(self, verbose: bool = False) -> str:
         """This frame as Backtrace.format() prints it, in the style of a Python
         traceback: a Python frame with its source line; a native frame as
@@ -109,3 +125,15 @@ def short_path(path: str) -> str:
     if roots:
         return "/".join(parts[roots[-1] + 1:])
     return path if len(parts) <= 4 else ".../" + "/".join(parts[-2:])
+
+
+def _check(name: str, value, kind: type, required: bool = False, forbidden: bool = False) -> None:
+    """value is exactly of type kind (bool is not an int here), or None if allowed."""
+    if value is None:
+        if required:
+            raise TypeError(f"{name} is required for a native frame")
+        return
+    if forbidden:
+        raise ValueError(f"{name} must be None for a Python frame, got {value!r}")
+    if type(value) is not kind:
+        raise TypeError(f"{name} must be {kind.__name__} or None, got {type(value).__name__}")

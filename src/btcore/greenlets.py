@@ -24,6 +24,7 @@ NOTHING = None   # a greenlet with no stack to capture (not started, or dead)
 
 _learn_lock = threading.Lock()
 _learned: str | None = None   # "" once learned, else the reason it failed
+_learning = threading.local()   # .now: this thread is checking the layout
 
 
 def _park():
@@ -31,6 +32,16 @@ def _park():
 
 
 def _learn_layout() -> str:
+    """Check the layout with this thread's greenlet tracer suspended: the
+    check switches greenlets, and a tracer that captures would re-enter it."""
+    tracer = greenlet.settrace(None)   # per thread: other threads keep theirs
+    try:
+        return _learn_from_known_greenlets()
+    finally:
+        greenlet.settrace(tracer)
+
+
+def _learn_from_known_greenlets() -> str:
     """Show the native core two suspended greenlets with different, known
     amounts of stack copied to the heap."""
     from_main = greenlet.greenlet(_park)
@@ -56,9 +67,16 @@ def layout_known() -> bool:
     """Learn greenlet's layout if not done yet; False if it is not recognised."""
     global _learned
     if _learned is None:
+        if getattr(_learning, "now", False):   # a signal handler or finalizer run by the check
+            raise BacktraceError("greenlet's layout is being checked on this thread: a capture of a "
+                                 "suspended greenlet cannot run inside that check; retry after it")
         with _learn_lock:
             if _learned is None:
-                _learned = _learn_layout()
+                _learning.now = True
+                try:
+                    _learned = _learn_layout()
+                finally:
+                    _learning.now = False
     return not _learned
 
 
@@ -68,9 +86,16 @@ def _ensure_layout() -> None:
             f"cannot read suspended greenlets of greenlet {greenlet.__version__}: {_learned}")
 
 
+# greenlet's own state, read through the base type: subclasses override
+# __bool__ (gevent's Greenlet is true once scheduled, before it has run) and
+# may override anything else.
+_active = greenlet.greenlet.__bool__   # started and not dead
+_parent = greenlet.greenlet.parent.__get__
+
+
 def _root(g):
-    while g.parent is not None:
-        g = g.parent
+    while (parent := _parent(g)) is not None:
+        g = parent
     return g
 
 
@@ -86,7 +111,7 @@ def target_of(target):
     current = greenlet.getcurrent()
     if target is current:
         return CURRENT, 0
-    if not target:   # not started, or dead: no stack
+    if not _active(target):   # not started, or dead: no stack
         return NOTHING, 0
     _ensure_layout()
     # greenlets cannot change threads, and a parent is always in the same thread

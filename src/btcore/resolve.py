@@ -21,49 +21,60 @@ F_EXACT = lib.BTC_F_EXACT
 class FrameCache:
     """Bounded, thread-safe map: native pc or (code address, offset) -> Frames.
 
-    Lookups take no lock (a dict read is atomic under the GIL) and do no
-    bookkeeping, so a hit costs one dict probe; past `maxsize` the oldest
-    entries are evicted first (insertion order).  A Python entry also pins
-    its code object, so that the address in its key cannot be reused by
-    another object while the entry lives.
+    No lock at all: every read and write is a single dict operation, atomic
+    under the GIL, so a signal handler or another thread that resolves while
+    this thread is inside put() never waits.  A hit costs one dict probe;
+    past `maxsize` the oldest entries are evicted first (insertion order),
+    by an eviction that tolerates the dict changing under it.  A Python
+    entry also pins its code object, so that the address in its key cannot
+    be reused by another object while the entry lives: its value is the pair
+    (frames, code), so one dict operation stores or drops both.
     """
 
     def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE):
         self._frames: dict = {}
-        self._pins: dict = {}
-        self._lock = threading.Lock()
-        self.maxsize = maxsize
+        self._maxsize = _check_size(maxsize)
         self.get = self._frames.get
 
-    def put(self, key, frames: tuple, pin=None) -> tuple:
-        with self._lock:
-            kept = self._frames.setdefault(key, frames)
-            if pin is not None and kept is frames:
-                self._pins[key] = pin
-            self._evict(self.maxsize)
-            return kept
+    def put(self, key, frames: tuple, pin=None):
+        """Store frames, or (frames, pin), unless key has a value already;
+        returns the value the cache holds for key (what get() returns)."""
+        kept = self._frames.setdefault(key, frames if pin is None else (frames, pin))
+        self._evict(self._maxsize)
+        return kept
 
     def _evict(self, keep: int) -> None:
-        frames, pins = self._frames, self._pins
+        frames = self._frames
         while len(frames) > keep:
-            oldest = next(iter(frames))
-            del frames[oldest]
-            pins.pop(oldest, None)
+            try:
+                frames.pop(next(iter(frames)), None)
+            except (RuntimeError, StopIteration):
+                pass   # changed between iter() and next() by a re-entrant call: look again
+
+    @property
+    def maxsize(self) -> int:
+        return self._maxsize
+
+    @maxsize.setter
+    def maxsize(self, maxsize: int) -> None:
+        self.resize(maxsize)
 
     def resize(self, maxsize: int) -> None:
         """Change the bound (entries past it are evicted now)."""
-        if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 1:
-            raise ValueError(f"cache size must be a positive int, got {maxsize!r}")
-        with self._lock:
-            self.maxsize = maxsize
-            self._evict(maxsize)
+        self._maxsize = _check_size(maxsize)
+        self._evict(self._maxsize)
 
     def clear(self) -> None:
-        with self._lock:
-            self._evict(0)
+        self._frames.clear()
 
     def __len__(self) -> int:
         return len(self._frames)
+
+
+def _check_size(maxsize) -> int:
+    if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 1:
+        raise ValueError(f"cache size must be a positive int, got {maxsize!r}")
+    return maxsize
 
 
 cache = FrameCache()
@@ -175,4 +186,4 @@ def resolve_native(pc: int, flags: int) -> tuple:
 def resolve_python(code, lasti: int) -> tuple:
     """The Frame of a Python code object at an instruction offset."""
     key = (id(code), lasti)
-    return cache.get(key) or cache.put(key, _resolve_python(code, lasti), pin=code)
+    return (cache.get(key) or cache.put(key, _resolve_python(code, lasti), pin=code))[0]
