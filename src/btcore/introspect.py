@@ -1,0 +1,253 @@
+"""snapshot(): every live greenlet of the process, with its state, thread and stack.
+
+How greenlets are found: a gc scan (gc.get_objects() filtered for greenlets,
+as gevent.util does), in _live_greenlets(), the one place a live-greenlet
+registry would plug in.  Each greenlet is then classified from greenlet's own
+state (_state_of) and captured with collect(); a greenlet that changes under
+the snapshot (another thread ends it, starts it, switches into it) gives an
+entry marked with an error, never an exception.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+
+import greenlet
+
+from .backtrace import KIND_PYTHON, RECORD, Backtrace, collect
+from .greenlets import BacktraceError
+
+RUNNING = "running"
+SUSPENDED = "suspended"
+NOT_STARTED = "not started"
+DEAD = "dead"
+
+CAPACITY = 128           # raw frames kept per greenlet (16 bytes each)
+GONE = "<gone>"          # the greenlet ended while the snapshot looked at it
+
+_base_bool = greenlet.greenlet.__bool__              # greenlet's own "active", not a subclass's
+_base_dead = greenlet.greenlet.dead.__get__          # gevent.Greenlet overrides `dead`
+_base_frame = greenlet.greenlet.gr_frame.__get__
+# Files whose frames are btcore's own introspection code, hidden from the caller's stack.
+_OWN_FILES = frozenset(os.path.join(os.path.dirname(__file__), name) for name in ("introspect.py", "dump.py"))
+
+
+class GreenletInfo:
+    """One live greenlet, as snapshot() saw it.
+
+    greenlet     the greenlet object (the snapshot keeps it alive)
+    thread_id    ident of the thread it belongs to (threading.get_ident()), or None if unknown
+    thread_name  that thread's name, or None
+    state        "running", "suspended" or "not started"
+    parent       greenlet's `parent`
+    spawned_by   the greenlet that spawned it (gevent's spawning_greenlet), else None
+    name         gevent name and function ("Greenlet-3 (handler)"), else "<type at 0xADDR>"
+    backtrace    its merged Backtrace (raw, resolved on demand), or None (see error)
+    python_only  True when backtrace holds only the Python frames the interpreter
+                 reports (a greenlet running in another thread)
+    spawn_backtrace  where it was spawned, when spawn tracking is on, else None
+    last_ran     seconds since it last ran, when switch timing is on; else None
+    error        None, or why there is no backtrace ("<gone>", an error message)
+    """
+
+    __slots__ = ("greenlet", "thread_id", "thread_name", "state", "parent", "spawned_by", "name",
+                 "backtrace", "python_only", "spawn_backtrace", "last_ran", "error")
+
+    def __init__(self, g, state):
+        self.greenlet = g
+        self.state = state
+        self.thread_id = self.thread_name = None
+        self.parent = g.parent
+        self.spawned_by = _spawner_of(g)
+        self.name = _name_of(g)
+        self.backtrace = self.spawn_backtrace = self.last_ran = self.error = None
+        self.python_only = False
+
+    def __repr__(self) -> str:
+        return f"<GreenletInfo {self.name} {self.state} thread={self.thread_name}>"
+
+
+def _live_greenlets() -> list:
+    """Every greenlet object the gc knows about (dead ones included).
+
+    The single source of greenlets: a live-greenlet registry, when one
+    exists, replaces this gc scan here.  The scan holds the GIL: no thread
+    creates or frees greenlets while it runs.
+    """
+    is_greenlet = greenlet.greenlet
+    return [obj for obj in gc.get_objects() if isinstance(obj, is_greenlet)]
+
+
+def _root(g):
+    while g.parent is not None:
+        g = g.parent
+    return g
+
+
+def _state_of(g, current) -> str:
+    """RUNNING, SUSPENDED, NOT_STARTED or DEAD, from greenlet's own state only.
+
+    Subclasses may override __bool__ and `dead` (gevent does), so the base
+    type's slots are read.  greenlet's rules (greenlet 3.x): active = has a
+    stack (`_stack_start` set); dead = started and no longer active; a
+    greenlet that is active but has no saved frame is running in its
+    thread, and in the calling thread only the current greenlet runs.
+    """
+    if g is current:
+        return RUNNING
+    if _base_dead(g):
+        return DEAD
+    if not _base_bool(g):
+        return NOT_STARTED
+    if _base_frame(g) is not None or _root(g) is _root(current):
+        return SUSPENDED
+    return RUNNING
+
+
+def _spawner_of(g):
+    """The greenlet that spawned g (gevent keeps a weak reference), if known."""
+    ref = getattr(type(g), "spawning_greenlet", None) and getattr(g, "spawning_greenlet", None)
+    return ref() if callable(ref) else None
+
+
+def _name_of(g) -> str:
+    """gevent's name and function ("Greenlet-3 (handler)"); else type, address, "main"."""
+    name = getattr(g, "name", None) if hasattr(type(g), "name") else None
+    if isinstance(name, str) and name:
+        function = getattr(getattr(g, "_run", None), "__qualname__", None)
+        return f"{name} ({function})" if isinstance(function, str) else name
+    kind = type(g)
+    main = " main" if g.parent is None else ""
+    return f"<{kind.__module__}.{kind.__qualname__} at 0x{id(g):x}{main}>"
+
+
+def _spawn_backtrace_reader():
+    """btcore.spawn_backtrace when spawn ancestry is available and on, else None."""
+    import btcore
+    reader = getattr(btcore, "spawn_backtrace", None)
+    enabled = getattr(btcore, "spawn_tracking_enabled", None)
+    if reader is None or (enabled is not None and not enabled()):
+        return None
+    return reader
+
+
+def _threads() -> dict:
+    """thread ident -> name, for every thread the interpreter knows."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return {ident: names.get(ident) for ident in sys._current_frames()}
+
+
+def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
+    """root (a thread's main greenlet) -> thread ident, where it can be told.
+
+    greenlet does not say which thread a greenlet belongs to, only that all
+    greenlets of a parent chain share one.  Known: the calling thread's root;
+    a gevent hub records its thread's ident.  A single root and a single
+    thread left unmatched belong together.  Anything else stays unknown.
+    """
+    found = {current_root: threading.get_ident()}
+    for root, members in roots.items():
+        for g in members:
+            ident = getattr(g, "thread_ident", None) if _is_hub(g) else None
+            if ident in threads:
+                found[root] = ident
+                break
+    left_roots = [r for r in roots if r not in found]
+    left_threads = set(threads) - set(found.values())
+    if len(left_roots) == 1 and len(left_threads) == 1:
+        found[left_roots[0]] = left_threads.pop()
+    return found
+
+
+def _is_hub(g) -> bool:
+    hub_module = sys.modules.get("gevent.hub")
+    return hub_module is not None and isinstance(g, hub_module.Hub)
+
+
+def _python_frames_of_thread(ident) -> Backtrace | None:
+    """The Python frames a thread is running, from the interpreter (no native frames)."""
+    frame = sys._current_frames().get(ident)
+    if frame is None:
+        return None
+    bt = Backtrace(CAPACITY)
+    raw, codes = bytearray(), []
+    while frame is not None and len(codes) < CAPACITY:
+        codes.append(frame.f_code)
+        raw += RECORD.pack(id(frame.f_code), frame.f_lasti, KIND_PYTHON, 0, 0)
+        frame = frame.f_back
+    bt._raw, bt._refs, bt.truncated = raw, tuple(codes), frame is not None
+    return bt
+
+
+def _without_own_frames(bt: Backtrace) -> Backtrace:
+    """bt minus its innermost frames that are btcore's introspection code
+    (and the native frames between them, e.g. a signal handler's plumbing)."""
+    size, refs, skip, skip_refs = RECORD.size, bt._refs, 0, 0
+    for _, _, kind, _, _ in RECORD.iter_unpack(bt._raw):
+        if kind == KIND_PYTHON:
+            if refs[skip_refs].co_filename not in _OWN_FILES:
+                break
+            skip_refs += 1
+        skip += 1
+    trimmed = Backtrace(bt.capacity)
+    trimmed._raw, trimmed._refs, trimmed.truncated = bt._raw[skip * size:], refs[skip_refs:], bt.truncated
+    return trimmed
+
+
+def _capture(info: GreenletInfo, current) -> None:
+    """Fill info.backtrace; a greenlet that changed meanwhile gets info.error."""
+    g = info.greenlet
+    try:
+        if g is current:
+            info.backtrace = _without_own_frames(collect(capacity=CAPACITY))
+        elif info.state == RUNNING:
+            info.backtrace = _python_frames_of_thread(info.thread_id)
+            info.python_only = True
+            if info.backtrace is None:
+                info.error = "running in a thread that cannot be identified"
+        else:
+            info.backtrace = collect(g, capacity=CAPACITY)
+            if _base_dead(g):
+                info.error = GONE
+    except BacktraceError as e:
+        info.error = f"BacktraceError: {e}"
+    except RuntimeError:   # it started running in another thread meanwhile
+        info.error = "started running in another thread during the snapshot"
+
+
+def snapshot() -> list[GreenletInfo]:
+    """Every live greenlet of the process, in every thread (dead ones excluded).
+
+    Ordered by thread (the calling thread first), then as found.  Raw
+    backtraces only: nothing is resolved here.
+    """
+    current = greenlet.getcurrent()
+    current_root = _root(current)
+    infos, roots = [], {}
+    for g in _live_greenlets():
+        state = _state_of(g, current)
+        if state != DEAD:
+            infos.append(GreenletInfo(g, state))
+            roots.setdefault(_root(g), []).append(g)
+    threads = _threads()
+    thread_of = _thread_of_roots(roots, current_root, threads)
+    spawn_backtrace = _spawn_backtrace_reader()
+    for info in infos:
+        info.thread_id = thread_of.get(_root(info.greenlet))
+        info.thread_name = threads.get(info.thread_id)
+        _capture(info, current)
+        if spawn_backtrace is not None:
+            info.spawn_backtrace = _optional(spawn_backtrace, info.greenlet)
+    mine = threading.get_ident()
+    infos.sort(key=lambda info: (info.thread_id != mine, info.thread_id is None, info.thread_id or 0))
+    return infos
+
+
+def _optional(reader, g):
+    try:
+        return reader(g)
+    except Exception:   # optional data: its absence must not fail the snapshot
+        return None
+
