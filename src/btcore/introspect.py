@@ -16,8 +16,9 @@ import threading
 
 import greenlet
 
+from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, Backtrace, collect
-from .greenlets import BacktraceError
+from .greenlets import BacktraceError, layout_known
 
 RUNNING = "running"
 SUSPENDED = "suspended"
@@ -26,6 +27,7 @@ DEAD = "dead"
 
 CAPACITY = 128           # raw frames kept per greenlet (16 bytes each)
 GONE = "<gone>"          # the greenlet ended while the snapshot looked at it
+_WANT_SUSPENDED = lib.BTC_WANT_PYTHON | lib.BTC_WANT_NATIVE | lib.BTC_WANT_OWN_THREAD
 
 _base_bool = greenlet.greenlet.__bool__              # greenlet's own "active", not a subclass's
 _base_dead = greenlet.greenlet.dead.__get__          # gevent.Greenlet overrides `dead`
@@ -90,10 +92,14 @@ def _state_of(g, current) -> str:
     """RUNNING, SUSPENDED, NOT_STARTED or DEAD, from greenlet's own state only.
 
     Subclasses may override __bool__ and `dead` (gevent does), so the base
-    type's slots are read.  greenlet's rules (greenlet 3.x): active = has a
-    stack (`_stack_start` set); dead = started and no longer active; a
-    greenlet that is active but has no saved frame is running in its
-    thread, and in the calling thread only the current greenlet runs.
+    type's slots are read.  greenlet 3.x: active = has a stack; dead =
+    started and no longer active; greenlet's own rule calls a greenlet
+    "running in some thread" when it is active without a saved Python frame.
+    That rule is wrong for a greenlet suspended in code that has no Python
+    frames (gevent.spawn(event.wait) parks in Cython), so: in the calling
+    thread only the current greenlet runs; in another thread, one greenlet
+    runs at a time, and a thread started from Python always has frames in
+    its main greenlet, so a frameless main greenlet is the one running there.
     """
     if g is current:
         return RUNNING
@@ -101,9 +107,17 @@ def _state_of(g, current) -> str:
         return DEAD
     if not _base_bool(g):
         return NOT_STARTED
-    if _base_frame(g) is not None or _root(g) is _root(current):
+    if _base_frame(g) is not None:
         return SUSPENDED
-    return RUNNING
+    root = _root(g)
+    if root is _root(current):
+        return SUSPENDED
+    if g is root:
+        return RUNNING
+    # Its thread's main greenlet runs (no saved frame): g is suspended.
+    # Otherwise g is taken as the one running there (two frameless
+    # greenlets in one such thread cannot be told apart).
+    return SUSPENDED if _base_frame(root) is None else RUNNING
 
 
 def _spawner_of(g):
@@ -116,7 +130,7 @@ def _name_of(g) -> str:
     """gevent's name and function ("Greenlet-3 (handler)"); else type, address, "main"."""
     name = getattr(g, "name", None) if hasattr(type(g), "name") else None
     if isinstance(name, str) and name:
-        function = getattr(getattr(g, "_run", None), "__qualname__", None)
+        function = getattr(getattr(g, "_run", None), "__name__", None)
         return f"{name} ({function})" if isinstance(function, str) else name
     kind = type(g)
     main = " main" if g.parent is None else ""
@@ -208,13 +222,29 @@ def _capture(info: GreenletInfo, current) -> None:
             if info.backtrace is None:
                 info.error = "running in a thread that cannot be identified"
         else:
-            info.backtrace = collect(g, capacity=CAPACITY)
+            info.backtrace = _collect_suspended(g)
             if _base_dead(g):
                 info.error = GONE
     except BacktraceError as e:
         info.error = f"BacktraceError: {e}"
     except RuntimeError:   # it started running in another thread meanwhile
         info.error = "started running in another thread during the snapshot"
+
+
+def _collect_suspended(g) -> Backtrace:
+    """collect(g) for a greenlet _state_of() found suspended.
+
+    collect() applies greenlet's rule, so it refuses a greenlet of another
+    thread suspended without Python frames; _state_of() knows it is
+    suspended, so it is captured as collect() captures one of this thread.
+    """
+    if _base_frame(g) is not None or not layout_known():
+        return collect(g, capacity=CAPACITY)
+    bt = Backtrace(CAPACITY)
+    rc = lib.btc_collect(id(g), id(bt), CAPACITY, CAPACITY, _WANT_SUSPENDED)
+    if rc < 0:
+        raise BacktraceError(ffi.string(lib.btc_last_error()).decode())
+    return bt
 
 
 def snapshot() -> list[GreenletInfo]:
