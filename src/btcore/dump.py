@@ -13,6 +13,7 @@ from .introspect import snapshot
 
 JSON_VERSION = 1
 _MAX_NAMES = 3        # greenlet names listed in a group's header
+_WIDTH = 80           # columns the dump's own lines keep to
 _MAX_INDENT = 16      # tree levels drawn; deeper ones are shown with their depth
 
 
@@ -69,14 +70,25 @@ def _group_header(group: _Group, grouped: bool) -> str:
     what = f"{count} greenlet{'s' if count != 1 else ''}, {states}" if grouped else f"{first.name}, {states}"
     lines = [f"=== stack {group.number}: {what} ==="]
     if grouped:
-        names = ", ".join(info.name for info in group.infos[:_MAX_NAMES])
-        more = f" (+{count - _MAX_NAMES} more)" if count > _MAX_NAMES else ""
-        lines.append(f"  e.g. {names}{more}")
+        lines.append(_examples(group.infos))
     threads = sorted({_thread_label(info) for info in group.infos})
     lines.append(f"  thread{'s' if len(threads) > 1 else ''}: {', '.join(threads)}")
     if first.last_ran is not None:
         lines.append(f"  last ran: {max(info.last_ran or 0.0 for info in group.infos):.3f} s ago (longest)")
     return "\n".join(lines)
+
+
+def _examples(infos) -> str:
+    """ "  e.g. name, name (+N more)", as many names as fit in _WIDTH columns (at least one)."""
+    line = f"  e.g. {infos[0].name}"
+    shown = 1
+    for info in infos[1:_MAX_NAMES]:
+        more = len(infos) - shown - 1
+        if len(line) + 2 + len(info.name) + (len(f" (+{more} more)") if more else 0) > _WIDTH:
+            break
+        line += f", {info.name}"
+        shown += 1
+    return line + (f" (+{len(infos) - shown} more)" if len(infos) > shown else "")
 
 
 def _thread_label(info) -> str:
