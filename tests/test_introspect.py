@@ -284,6 +284,29 @@ def test_several_threads_each_with_its_own_hub():
                 assert info.error is None and info.backtrace.frames(), info
 
 
+def test_snapshot_from_another_thread_shows_the_main_thread_running():
+    """Guards snapshots taken off the main thread: the main thread's running greenlet has its
+    Python frames from the interpreter, the worker's own greenlet is the current one."""
+    main_ident = threading.get_ident()
+    box = {}
+
+    def take():
+        box["infos"] = btcore.snapshot()
+        box["frames"] = interp_chain(sys._current_frames()[main_ident])
+        box["me"] = greenlet.getcurrent()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(TIMEOUT)
+    infos = box["infos"]
+    main = next(i for i in infos if i.greenlet is greenlet.getcurrent())
+    assert main.state == "running" and main.python_only and main.thread_id == main_ident
+    assert [f.function for f in main.backtrace.frames()] == [name for name, _, _ in box["frames"]]
+    mine = next(i for i in infos if i.greenlet is box["me"])
+    assert mine.state == "running" and not mine.python_only and mine.thread_id == thread.ident
+    assert infos[0] is mine                              # the calling thread's greenlets first
+
+
 def _run_child(source):
     return subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(source)], capture_output=True,
                           text=True, timeout=TIMEOUT)
@@ -299,6 +322,8 @@ def test_signal_triggered_dump_in_a_subprocess():
         done = []
         signal.signal(signal.SIGUSR1, lambda signum, frame: done.append(signum))
         btcore.register_dump_signal(signal.SIGUSR1, chain=True)
+        from btcore import greenlets
+        assert greenlets._learned == ""      # learned now, never inside the handler
         event = gevent.event.Event()
         def parked_here():
             event.wait()
@@ -320,8 +345,8 @@ def test_signal_triggered_dump_in_a_subprocess():
 
 
 def test_signal_inside_btcore_cache_update_does_not_deadlock():
-    """Guards the signal path: a signal landing while btcore's cache lock is held dumps without
-    resolving (resolving would wait on that lock forever)."""
+    """Guards the signal path: a signal landing inside btcore's name resolution (here with the
+    cache lock held) dumps without resolving (resolving would wait on that lock forever)."""
     proc = _run_child("""
         import os, signal
         import greenlet

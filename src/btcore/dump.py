@@ -9,6 +9,8 @@ import sys
 import time
 from collections import Counter
 
+from . import resolve
+from .greenlets import layout_known
 from .introspect import snapshot
 
 JSON_VERSION = 1
@@ -58,7 +60,7 @@ def _stack_text(bt) -> str:
 
 
 def _unresolved_text(bt) -> str:
-    return "  (stack not resolved: the signal arrived while btcore was updating its frame cache)"
+    return "  (stack not resolved: the signal interrupted btcore's own name resolution)"
 
 
 # ---- text ----
@@ -280,6 +282,7 @@ def register_dump_signal(signum: int = signal.SIGUSR1, file=None, *, chain: bool
     Python.  chain=True also calls the handler that was installed before.
     Must be called from the main thread (signal.signal's rule).
     """
+    layout_known()   # learn greenlet's layout now: learning takes a lock a handler must not wait for
     previous = signal.signal(signum, _on_signal)
     if signum in _registered:   # re-registering: keep the handler from before the first call
         previous = _registered[signum][2]
@@ -297,7 +300,7 @@ def unregister_dump_signal(signum: int = signal.SIGUSR1) -> bool:
 
 def _on_signal(signum, frame) -> None:
     file, chain, previous = _registered.get(signum, (None, False, None))
-    stack_text = _unresolved_text if _inside_cache_update(frame) else _stack_text
+    stack_text = _unresolved_text if _inside_resolution(frame) else _stack_text
     try:
         _write(file, _render(snapshot(), True, True, "text", stack_text))
     except Exception as e:   # a signal must not raise into whatever code it interrupted
@@ -313,14 +316,16 @@ def _write_quietly(file, text: str) -> None:
         pass
 
 
-def _inside_cache_update(frame) -> bool:
-    """Whether the interrupted code holds btcore's frame-cache lock: resolving
-    now would wait for it forever (the lock is not re-entrant)."""
-    from .resolve import FrameCache
-    locked = {FrameCache.put.__code__, FrameCache.resize.__code__, FrameCache.clear.__code__,
-              FrameCache._evict.__code__}
+def _inside_resolution(frame) -> bool:
+    """Whether the interrupted code is resolving names (btcore/resolve.py):
+    it may hold the frame cache's lock (resolving now would wait for it
+    forever: not re-entrant) or be between filling and reading its name
+    buffer (a nested resolution would overwrite it)."""
     while frame is not None:
-        if frame.f_code in locked:
+        if frame.f_code.co_filename == _RESOLVE_FILE:
             return True
         frame = frame.f_back
     return False
+
+
+_RESOLVE_FILE = resolve.__file__

@@ -168,7 +168,8 @@ def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
             if ident in threads:
                 found[root] = ident
                 break
-    left_roots = [r for r in roots if r not in found]
+    # A root whose thread has exited since the scan is dead now: not paired.
+    left_roots = [r for r in roots if r not in found and not _base_dead(r)]
     left_threads = set(threads) - set(found.values())
     if len(left_roots) == 1 and len(left_threads) == 1:
         found[left_roots[0]] = left_threads.pop()
