@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import greenlet
 import pytest
@@ -305,6 +306,36 @@ def test_snapshot_from_another_thread_shows_the_main_thread_running():
     mine = next(i for i in infos if i.greenlet is box["me"])
     assert mine.state == "running" and not mine.python_only and mine.thread_id == thread.ident
     assert infos[0] is mine                              # the calling thread's greenlets first
+
+
+def test_switch_timing_records_when_each_greenlet_last_ran():
+    """Guards enable_switch_timing(): the greenlet parked first has waited longest; the tracer
+    installed before still sees every switch, and comes back on disable."""
+    seen = []
+
+    def previous(event, args):
+        seen.append(event)
+
+    old = greenlet.settrace(previous)
+    early, late = greenlet.greenlet(park_in_a), greenlet.greenlet(park_in_b)
+    try:
+        btcore.enable_switch_timing()
+        early.switch()
+        time.sleep(0.01)
+        late.switch()
+        infos = {id(i.greenlet): i for i in btcore.snapshot()}
+        out = io.StringIO()
+        btcore.dump_all(out)
+        assert btcore.disable_switch_timing()
+        assert greenlet.gettrace() is previous
+        assert not btcore.disable_switch_timing()
+    finally:
+        greenlet.settrace(old)
+        finish([early, late])
+    assert infos[id(early)].last_ran > infos[id(late)].last_ran >= 0.0
+    assert infos[id(greenlet.getcurrent())].last_ran == 0.0
+    assert seen.count("switch") == 4          # into and out of each greenlet
+    assert "  last ran: " in out.getvalue() and " s ago]" in out.getvalue()
 
 
 def _run_child(source):

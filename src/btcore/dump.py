@@ -75,8 +75,10 @@ def _group_header(group: _Group, grouped: bool) -> str:
         lines.append(_examples(group.infos))
     threads = sorted({_thread_label(info) for info in group.infos})
     lines.append(f"  thread{'s' if len(threads) > 1 else ''}: {', '.join(threads)}")
-    if first.last_ran is not None:
-        lines.append(f"  last ran: {max(info.last_ran or 0.0 for info in group.infos):.3f} s ago (longest)")
+    ran = [info.last_ran for info in group.infos if info.last_ran is not None]
+    if ran:
+        span = f"{min(ran):.3f} to {max(ran):.3f}" if len(ran) > 1 else f"{ran[0]:.3f}"
+        lines.append(f"  last ran: {span} s ago")
     return "\n".join(lines)
 
 

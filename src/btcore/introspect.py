@@ -13,12 +13,14 @@ import gc
 import os
 import sys
 import threading
+import time
 
 import greenlet
 
 from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, Backtrace, collect
 from .greenlets import BacktraceError, layout_known
+from .switchclock import switched_out_at
 
 RUNNING = "running"
 SUSPENDED = "suspended"
@@ -50,7 +52,8 @@ class GreenletInfo:
     python_only  True when backtrace holds only the Python frames the interpreter
                  reports (a greenlet running in another thread)
     spawn_backtrace  where it was spawned, when spawn tracking is on, else None
-    last_ran     seconds since it last ran, when switch timing is on; else None
+    last_ran     seconds since it last ran (0.0 while running), when switch timing
+                 (enable_switch_timing) saw it switch out; else None
     error        None, or why there is no backtrace ("<gone>", an error message)
     """
 
@@ -265,15 +268,25 @@ def snapshot() -> list[GreenletInfo]:
     threads = _threads()
     thread_of = _thread_of_roots(roots, current_root, threads)
     spawn_backtrace = _spawn_backtrace_reader()
+    now = time.monotonic()
     for info in infos:
         info.thread_id = thread_of.get(_root(info.greenlet))
         info.thread_name = threads.get(info.thread_id)
         _capture(info, current)
         if spawn_backtrace is not None:
             info.spawn_backtrace = _optional(spawn_backtrace, info.greenlet)
+        info.last_ran = _last_ran(info, now)
     mine = threading.get_ident()
     infos.sort(key=lambda info: (info.thread_id != mine, info.thread_id is None, info.thread_id or 0))
     return infos
+
+
+def _last_ran(info, now) -> float | None:
+    """Seconds since info's greenlet last ran (0 while it runs), when switch timing saw it."""
+    stamp = switched_out_at(info.greenlet)
+    if stamp is None:
+        return None
+    return 0.0 if info.state == RUNNING else max(0.0, now - stamp)
 
 
 def _optional(reader, g):
