@@ -5,6 +5,7 @@ thread), the interpreter's own frame chains (gr_frame / f_back for suspended
 greenlets, sys._current_frames() for threads), and the dump's two forms
 checked against each other (text against JSON).
 """
+import inspect
 import io
 import json
 import os
@@ -136,6 +137,22 @@ def test_states_come_from_greenlets_own_state_not_bool():
     scheduled.join()
 
 
+class _Proxy:
+    """Like werkzeug's LocalProxy outside its context: asking for __class__ raises."""
+
+    @property
+    def __class__(self):
+        raise RuntimeError("working outside of context")
+
+
+def test_finding_greenlets_runs_no_code_of_other_objects():
+    """Guards the gc scan: it checks each object's real type, never its __class__ attribute."""
+    proxy = _Proxy()
+    infos = btcore.snapshot()
+    assert any(info.greenlet is greenlet.getcurrent() for info in infos)
+    del proxy
+
+
 def test_current_stack_starts_at_the_caller():
     """Guards the trimming of btcore's own frames from the calling greenlet's stack."""
     def caller():
@@ -246,27 +263,38 @@ def test_several_threads_each_with_its_own_hub():
     """Guards thread attribution: every thread's greenlets under that thread, its running greenlet's
     Python frames from the interpreter."""
     counts = {"t-one": 2, "t-two": 3, "t-three": 4}
-    ready, release = threading.Barrier(len(counts) + 1), threading.Event()
+    gate = threading.Lock()
+    gate.acquire()
     made = {}
 
     def thread_main(n):
         event = gevent.event.Event()
         made[threading.get_ident()] = [gevent.spawn(event.wait) for _ in range(n)]
         gevent.sleep(0)
-        ready.wait()
-        release.wait()          # blocks this thread in C; its hub stays suspended
+        gate.acquire()          # BLOCKED: this thread waits in C; its hub stays suspended
+        gate.release()
         event.set()
         gevent.joinall(made[threading.get_ident()])
+
+    source = inspect.getsource(thread_main).splitlines()
+    blocked_line = thread_main.__code__.co_firstlineno + next(
+        i for i, line in enumerate(source) if "# BLOCKED" in line)
+
+    def blocked(ident):
+        frame = sys._current_frames().get(ident)
+        return frame is not None and frame.f_code is thread_main.__code__ and frame.f_lineno == blocked_line
 
     threads = [threading.Thread(target=thread_main, args=(n,), name=name) for name, n in counts.items()]
     for t in threads:
         t.start()
     try:
-        ready.wait(TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT      # hang guard only
+        while not all(blocked(t.ident) for t in threads) and time.monotonic() < deadline:
+            time.sleep(0.001)
         infos = btcore.snapshot()
         frames_now = sys._current_frames()
     finally:
-        release.set()
+        gate.release()
         for t in threads:
             t.join(TIMEOUT)
     for t in threads:

@@ -81,8 +81,11 @@ def _live_greenlets() -> list:
     exists, replaces this gc scan here.  The scan holds the GIL: no thread
     creates or frees greenlets while it runs.
     """
-    is_greenlet = greenlet.greenlet
-    return [obj for obj in gc.get_objects() if isinstance(obj, is_greenlet)]
+    # issubclass(type(obj)), not isinstance(obj): isinstance also asks a
+    # non-matching object for its __class__, which runs (and may raise in)
+    # code of any proxy object in the heap.
+    base = greenlet.greenlet
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), base)]
 
 
 def _root(g):
