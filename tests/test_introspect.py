@@ -153,6 +153,36 @@ def test_finding_greenlets_runs_no_code_of_other_objects():
     del proxy
 
 
+class _BrokenGreenlet(greenlet.greenlet):
+    """A subclass whose name and parent properties raise."""
+
+    @property
+    def name(self):
+        raise RuntimeError("no name")
+
+    @property
+    def spawning_greenlet(self):
+        raise RuntimeError("no spawner")
+
+    @property
+    def parent(self):
+        raise RuntimeError("no parent")
+
+
+def test_a_subclass_raising_from_its_attributes_does_not_fail_the_snapshot():
+    """Guards snapshot(): greenlet's own parent, and a subclass's name/spawner read as optional."""
+    here = greenlet.getcurrent()
+    g = _BrokenGreenlet(here.switch, parent=here)
+    g.switch()
+    try:
+        [info] = mine(btcore.snapshot(), [g])
+        assert info.state == "suspended" and info.parent is greenlet.getcurrent()
+        assert info.name.startswith("<test_introspect._BrokenGreenlet at 0x") and info.spawned_by is None
+        btcore.dump_all(io.StringIO())
+    finally:
+        g.switch()   # here.switch() returns: g finishes
+
+
 def test_current_stack_starts_at_the_caller():
     """Guards the trimming of btcore's own frames from the calling greenlet's stack."""
     def caller():

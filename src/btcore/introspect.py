@@ -34,6 +34,7 @@ _WANT_SUSPENDED = lib.BTC_WANT_PYTHON | lib.BTC_WANT_NATIVE | lib.BTC_WANT_OWN_T
 _base_bool = greenlet.greenlet.__bool__              # greenlet's own "active", not a subclass's
 _base_dead = greenlet.greenlet.dead.__get__          # gevent.Greenlet overrides `dead`
 _base_frame = greenlet.greenlet.gr_frame.__get__
+_base_parent = greenlet.greenlet.parent.__get__
 # Files whose frames are btcore's own introspection code, hidden from the caller's stack.
 _OWN_FILES = frozenset(os.path.join(os.path.dirname(__file__), name) for name in ("introspect.py", "dump.py"))
 
@@ -64,9 +65,10 @@ class GreenletInfo:
         self.greenlet = g
         self.state = state
         self.thread_id = self.thread_name = None
-        self.parent = g.parent
-        self.spawned_by = _spawner_of(g)
-        self.name = _name_of(g)
+        self.parent = _base_parent(g)
+        # gevent's attributes, read through the subclass: its code must not fail the snapshot
+        self.spawned_by = _optional(_spawner_of, g)
+        self.name = _optional(_gevent_name_of, g) or _plain_name_of(g)
         self.backtrace = self.spawn_backtrace = self.last_ran = self.error = None
         self.python_only = False
 
@@ -89,8 +91,9 @@ def _live_greenlets() -> list:
 
 
 def _root(g):
-    while g.parent is not None:
-        g = g.parent
+    parent = _base_parent(g)
+    while parent is not None:
+        g, parent = parent, _base_parent(parent)
     return g
 
 
@@ -132,14 +135,19 @@ def _spawner_of(g):
     return ref() if callable(ref) else None
 
 
-def _name_of(g) -> str:
-    """gevent's name and function ("Greenlet-3 (handler)"); else type, address, "main"."""
+def _gevent_name_of(g) -> str | None:
+    """gevent's name and function ("Greenlet-3 (handler)"), if g has a name."""
     name = getattr(g, "name", None) if hasattr(type(g), "name") else None
-    if isinstance(name, str) and name:
-        function = getattr(getattr(g, "_run", None), "__name__", None)
-        return f"{name} ({function})" if isinstance(function, str) else name
+    if not isinstance(name, str) or not name:
+        return None
+    function = getattr(getattr(g, "_run", None), "__name__", None)
+    return f"{name} ({function})" if isinstance(function, str) else name
+
+
+def _plain_name_of(g) -> str:
+    """"<module.Type at 0xADDR>", with " main" for a thread's main greenlet."""
     kind = type(g)
-    main = " main" if g.parent is None else ""
+    main = " main" if _base_parent(g) is None else ""
     return f"<{kind.__module__}.{kind.__qualname__} at 0x{id(g):x}{main}>"
 
 
@@ -293,8 +301,9 @@ def _last_ran(info, now) -> float | None:
 
 
 def _optional(reader, g):
+    """reader(g), or None if it raises: optional data must not fail the snapshot."""
     try:
         return reader(g)
-    except Exception:   # optional data: its absence must not fail the snapshot
+    except Exception:
         return None
 
