@@ -101,6 +101,23 @@ def test_100_greenlets_in_3_stacks_give_3_groups_and_json_agrees():
     assert len(groups) == len(doc["stacks"])
 
 
+def test_ungrouped_dump_has_one_entry_per_greenlet():
+    """Guards group=False: identical stacks are not merged; each entry is headed by its greenlet."""
+    greenlets = [greenlet.greenlet(park_in_c) for _ in range(4)]
+    for g in greenlets:
+        g.switch()
+    try:
+        out = io.StringIO()
+        btcore.dump_all(out, group=False, tree=False)
+    finally:
+        finish(greenlets)
+    text = out.getvalue()
+    for g in greenlets:
+        head = re.search(rf"^=== stack (\d+): <greenlet.greenlet at 0x{id(g):x}>, suspended ===$", text, re.M)
+        assert head and ", in park_in_c\n" in text[head.end():].split("\n===", 1)[0]
+    assert "  e.g. " not in text and "\n=== thread " not in text
+
+
 def test_group_members_have_the_interpreters_frames():
     """Guards snapshot()'s backtraces: each suspended greenlet's Python frames are its gr_frame chain."""
     greenlets = [greenlet.greenlet(fn) for fn in (park_in_a, park_in_b, park_in_b)]

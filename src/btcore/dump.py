@@ -72,9 +72,9 @@ def _group_header(group: _Group, grouped: bool) -> str:
     what = f"{count} greenlet{'s' if count != 1 else ''}, {states}" if grouped else f"{first.name}, {states}"
     lines = [f"=== stack {group.number}: {what} ==="]
     if grouped:
-        lines.append(_examples(group.infos))
+        lines.append(_fitting("  e.g. ", [info.name for info in group.infos[:_MAX_NAMES]], count))
     threads = sorted({_thread_label(info) for info in group.infos})
-    lines.append(f"  thread{'s' if len(threads) > 1 else ''}: {', '.join(threads)}")
+    lines.append(_fitting(f"  thread{'s' if len(threads) > 1 else ''}: ", threads, len(threads)))
     ran = [info.last_ran for info in group.infos if info.last_ran is not None]
     if ran:
         span = f"{min(ran):.3f} to {max(ran):.3f}" if len(ran) > 1 else f"{ran[0]:.3f}"
@@ -82,17 +82,18 @@ def _group_header(group: _Group, grouped: bool) -> str:
     return "\n".join(lines)
 
 
-def _examples(infos) -> str:
-    """ "  e.g. name, name (+N more)", as many names as fit in _WIDTH columns (at least one)."""
-    line = f"  e.g. {infos[0].name}"
-    shown = 1
-    for info in infos[1:_MAX_NAMES]:
-        more = len(infos) - shown - 1
-        if len(line) + 2 + len(info.name) + (len(f" (+{more} more)") if more else 0) > _WIDTH:
+def _fitting(prefix: str, names: list, total: int) -> str:
+    """prefix + "name, name (+N more)" for a list of `total` names whose first
+    ones are `names`: at most _MAX_NAMES, as many as fit in _WIDTH columns
+    (at least one)."""
+    line, shown = prefix + names[0], 1
+    for name in names[1:_MAX_NAMES]:
+        more = total - shown - 1
+        if len(line) + 2 + len(name) + (len(f" (+{more} more)") if more else 0) > _WIDTH:
             break
-        line += f", {info.name}"
+        line += f", {name}"
         shown += 1
-    return line + (f" (+{len(infos) - shown} more)" if len(infos) > shown else "")
+    return line + (f" (+{total - shown} more)" if total > shown else "")
 
 
 def _thread_label(info) -> str:
