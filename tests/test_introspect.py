@@ -448,6 +448,9 @@ def test_signal_triggered_dump_in_a_subprocess():
     groups = text_groups(proc.stderr)
     assert [count for count, body in groups.values() if ", in parked_here\n" in body] == [5]
     assert "=== thread MainThread" in proc.stderr
+    # the main greenlet's stack keeps the C frames where the signal was handled (inside os.kill)
+    [main] = [body for count, body in groups.values() if "running ===" in body.splitlines()[0]]
+    assert "] os_kill" in main and "_on_signal" not in main and "snapshot" not in main
 
 
 def test_signal_inside_btcore_cache_update_does_not_deadlock():

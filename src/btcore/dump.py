@@ -69,7 +69,7 @@ def _group_header(group: _Group, grouped: bool) -> str:
     first, count = group.first, len(group.infos)
     states = ", ".join(f"{n} {state}" if len(group.states) > 1 else state
                        for state, n in group.states.most_common())
-    what = f"{count} greenlet{'s' if count != 1 else ''}, {states}" if grouped else f"{first.name}, {states}"
+    what = f"{_greenlets(count)}, {states}" if grouped else f"{first.name}, {states}"
     lines = [f"=== stack {group.number}: {what} ==="]
     if grouped:
         lines.append(_fitting("  e.g. ", [info.name for info in group.infos[:_MAX_NAMES]], count))
@@ -94,6 +94,10 @@ def _fitting(prefix: str, names: list, total: int) -> str:
         line += f", {name}"
         shown += 1
     return line + (f" (+{total - shown} more)" if total > shown else "")
+
+
+def _greenlets(count: int) -> str:
+    return f"{count} greenlet{'s' if count != 1 else ''}"
 
 
 def _thread_label(info) -> str:
@@ -135,7 +139,7 @@ def _tree_lines(infos, stack_of: dict) -> list:
         if top.thread_id != thread:
             thread = top.thread_id
             count = sum(1 for info in infos if info.thread_id == thread)
-            lines.append(f"=== thread {_thread_label(top)}: {count} greenlets ===")
+            lines.append(f"=== thread {_thread_label(top)}: {_greenlets(count)} ===")
         _draw(top, children, stack_of, lines, shown)
     unreached = [info for info in infos if id(info.greenlet) not in shown]   # cycles of spawners
     for info in unreached:
@@ -183,7 +187,7 @@ def _node_label(info, stack_of, depth) -> str:
 def _text(infos, group: bool, tree: bool, stack_text) -> str:
     groups = _group(infos, group)
     threads = {info.thread_id for info in infos}
-    out = [f"Greenlet dump, pid {os.getpid()}: {len(infos)} greenlets in {len(threads)} "
+    out = [f"Greenlet dump, pid {os.getpid()}: {_greenlets(len(infos))} in {len(threads)} "
            f"thread{'s' if len(threads) != 1 else ''}, {len(groups)} distinct stacks"]
     out.extend("\n" + _group_text(g, group, stack_text) for g in groups)
     if tree:

@@ -211,17 +211,16 @@ def _python_frames_of_thread(ident) -> Backtrace | None:
 
 
 def _without_own_frames(bt: Backtrace) -> Backtrace:
-    """bt minus its innermost frames that are btcore's introspection code
-    (and the native frames between them, e.g. a signal handler's plumbing)."""
-    size, refs, skip, skip_refs = RECORD.size, bt._refs, 0, 0
+    """bt minus its innermost Python frames that are btcore's introspection
+    code.  Native frames below them stay: when a signal handler dumps, they
+    are where the signal was handled (say, a C call or gevent's loop)."""
+    size, refs, skip = RECORD.size, bt._refs, 0
     for _, _, kind, _, _ in RECORD.iter_unpack(bt._raw):
-        if kind == KIND_PYTHON:
-            if refs[skip_refs].co_filename not in _OWN_FILES:
-                break
-            skip_refs += 1
+        if kind != KIND_PYTHON or refs[skip].co_filename not in _OWN_FILES:
+            break
         skip += 1
     trimmed = Backtrace(bt.capacity)
-    trimmed._raw, trimmed._refs, trimmed.truncated = bt._raw[skip * size:], refs[skip_refs:], bt.truncated
+    trimmed._raw, trimmed._refs, trimmed.truncated = bt._raw[skip * size:], refs[skip:], bt.truncated
     return trimmed
 
 
