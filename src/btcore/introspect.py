@@ -177,6 +177,8 @@ def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
     """
     found = {current_root: threading.get_ident()}
     for root, members in roots.items():
+        if root in found:
+            continue
         for g in members:
             ident = getattr(g, "thread_ident", None) if _is_hub(g) else None
             if ident in threads:
