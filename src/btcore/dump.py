@@ -1,0 +1,338 @@
+"""dump_all(): what every greenlet is doing, as text for humans or JSON for tools;
+register_dump_signal(): the same on a signal, the way faulthandler.register works."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter
+
+from . import resolve
+from .greenlets import layout_known
+from .introspect import snapshot
+
+JSON_VERSION = 1
+_MAX_NAMES = 3        # greenlet names listed in a group's header
+_WIDTH = 80           # columns the dump's own lines keep to
+_MAX_INDENT = 16      # tree levels drawn; deeper ones are shown with their depth
+
+
+class _Group:
+    """Greenlets with identical stacks (and spawn sites): shown once, with a count."""
+
+    __slots__ = ("number", "infos", "states")
+
+    def __init__(self, number):
+        self.number, self.infos, self.states = number, [], Counter()
+
+    def add(self, info) -> None:
+        self.infos.append(info)
+        self.states[info.state] += 1
+
+    @property
+    def first(self):
+        return self.infos[0]
+
+
+def _raw_key(bt):
+    return None if bt is None else (bytes(bt._raw), bt.truncated)
+
+
+def _group(infos, group: bool) -> list:
+    """Groups, largest first (ties: in snapshot order); one per greenlet if not group."""
+    groups = {}
+    for info in infos:
+        key = ((_raw_key(info.backtrace), info.python_only, info.error, _raw_key(info.spawn_backtrace))
+               if group else id(info))
+        if key not in groups:
+            groups[key] = _Group(len(groups))
+        groups[key].add(info)
+    ordered = sorted(groups.values(), key=lambda g: (-len(g.infos), g.number))
+    for number, g in enumerate(ordered, 1):
+        g.number = number
+    return ordered
+
+
+def _stack_text(bt) -> str:
+    return bt.format()
+
+
+def _unresolved_text(bt) -> str:
+    return "  (stack not resolved: the signal interrupted btcore's own name resolution)"
+
+
+# ---- text ----
+
+def _group_header(group: _Group, grouped: bool) -> str:
+    first, count = group.first, len(group.infos)
+    states = ", ".join(f"{n} {state}" if len(group.states) > 1 else state
+                       for state, n in group.states.most_common())
+    what = f"{_greenlets(count)}, {states}" if grouped else f"{first.name}, {states}"
+    lines = [f"=== stack {group.number}: {what} ==="]
+    if grouped:
+        lines.append(_fitting("  e.g. ", [info.name for info in group.infos[:_MAX_NAMES]], count))
+    threads = sorted({_thread_label(info) for info in group.infos})
+    lines.append(_fitting(f"  thread{'s' if len(threads) > 1 else ''}: ", threads, len(threads)))
+    ran = [info.last_ran for info in group.infos if info.last_ran is not None]
+    if ran:
+        span = f"{min(ran):.3f} to {max(ran):.3f}" if len(ran) > 1 else f"{ran[0]:.3f}"
+        lines.append(f"  last ran: {span} s ago")
+    return "\n".join(lines)
+
+
+def _fitting(prefix: str, names: list, total: int) -> str:
+    """prefix + "name, name (+N more)" for a list of `total` names whose first
+    ones are `names`: at most _MAX_NAMES, as many as fit in _WIDTH columns
+    (at least one)."""
+    line, shown = prefix + names[0], 1
+    for name in names[1:_MAX_NAMES]:
+        more = total - shown - 1
+        if len(line) + 2 + len(name) + (len(f" (+{more} more)") if more else 0) > _WIDTH:
+            break
+        line += f", {name}"
+        shown += 1
+    return line + (f" (+{total - shown} more)" if total > shown else "")
+
+
+def _greenlets(count: int) -> str:
+    return f"{count} greenlet{'s' if count != 1 else ''}"
+
+
+def _thread_label(info) -> str:
+    if info.thread_id is None:
+        return "unknown thread"
+    return f"{info.thread_name or '?'} (0x{info.thread_id:x})"
+
+
+def _group_text(group: _Group, grouped: bool, stack_text) -> str:
+    first = group.first
+    parts = [_group_header(group, grouped)]
+    if first.python_only:
+        parts.append("  (running in another thread: Python frames only, from the interpreter)")
+    if first.error is not None:
+        parts.append(f"  no stack: {first.error}")
+    if first.backtrace is not None:
+        parts.append(stack_text(first.backtrace))
+    if first.spawn_backtrace is not None:
+        parts.append("Spawned at:")
+        parts.append(stack_text(first.spawn_backtrace))
+    return "\n".join(parts)
+
+
+def _tree_lines(infos, stack_of: dict) -> list:
+    """One tree per thread: its main greenlet, and below each greenlet the
+    greenlets it spawned (gevent's spawning_greenlet), else those it is the
+    parent of (a gevent hub: every greenlet it runs)."""
+    by_greenlet = {id(info.greenlet): info for info in infos}
+    children, tops = {}, []
+    for info in infos:
+        above = _tree_parent(info, by_greenlet)
+        if above is None:
+            tops.append(info)
+        else:
+            children.setdefault(id(above.greenlet), []).append(info)
+    lines, shown = [], set()
+    thread = object()
+    for top in tops:
+        if top.thread_id != thread:
+            thread = top.thread_id
+            count = sum(1 for info in infos if info.thread_id == thread)
+            lines.append(f"=== thread {_thread_label(top)}: {_greenlets(count)} ===")
+        _draw(top, children, stack_of, lines, shown)
+    unreached = [info for info in infos if id(info.greenlet) not in shown]   # cycles of spawners
+    for info in unreached:
+        if id(info.greenlet) not in shown:
+            _draw(info, children, stack_of, lines, shown)
+    return lines
+
+
+def _tree_parent(info, by_greenlet):
+    for above in (info.spawned_by, info.parent):
+        if above is not None:
+            found = by_greenlet.get(id(above))
+            if found is not None and found.thread_id == info.thread_id:
+                return found
+    return None
+
+
+def _draw(top, children, stack_of, lines, shown) -> None:
+    """Iterative (spawn trees can be deeper than Python's recursion limit)."""
+    todo = [(top, "", "", 0)]
+    while todo:
+        info, lead, rest, depth = todo.pop()
+        if id(info.greenlet) in shown:
+            continue
+        shown.add(id(info.greenlet))
+        lines.append(f"{lead}{_node_label(info, stack_of, depth)}")
+        kids = children.get(id(info.greenlet), ())
+        if depth >= _MAX_INDENT:
+            lead_kid, rest_kid = [rest] * 2
+        for n, kid in enumerate(reversed(kids)):
+            last = n == 0
+            if depth < _MAX_INDENT:
+                lead_kid = rest + ("`- " if last else "|- ")
+                rest_kid = rest + ("   " if last else "|  ")
+            todo.append((kid, lead_kid, rest_kid, depth + 1))
+
+
+def _node_label(info, stack_of, depth) -> str:
+    where = f"stack {stack_of[id(info.greenlet)]}"
+    extra = f", last ran {info.last_ran:.3f} s ago" if info.last_ran is not None else ""
+    deep = f" (depth {depth})" if depth > _MAX_INDENT else ""
+    return f"{info.name}{deep}  {info.state}  [{where}{extra}]"
+
+
+def _text(infos, group: bool, tree: bool, stack_text) -> str:
+    groups = _group(infos, group)
+    threads = {info.thread_id for info in infos}
+    out = [f"Greenlet dump, pid {os.getpid()}: {_greenlets(len(infos))} in {len(threads)} "
+           f"thread{'s' if len(threads) != 1 else ''}, {len(groups)} distinct stacks"]
+    out.extend("\n" + _group_text(g, group, stack_text) for g in groups)
+    if tree:
+        stack_of = {id(info.greenlet): g.number for g in groups for info in g.infos}
+        out.append("")
+        out.extend(_tree_lines(infos, stack_of))
+    return "\n".join(out) + "\n"
+
+
+# ---- JSON ----
+
+def _frames_json(bt):
+    return [{"kind": f.kind, "function": f.function, "file": f.file, "line": f.line, "module": f.module,
+             "ip": f.ip, "offset": f.offset, "inlined": f.inlined} for f in bt.frames()]
+
+
+def _json(infos, group: bool) -> str:
+    groups = _group(infos, group)
+    stack_of = {id(info.greenlet): g.number for g in groups for info in g.infos}
+    threads = Counter((info.thread_id, info.thread_name) for info in infos)
+    doc = {
+        "version": JSON_VERSION,
+        "pid": os.getpid(),
+        "time": time.time(),
+        "threads": [{"id": ident, "name": name, "greenlets": n} for (ident, name), n in threads.items()],
+        "stacks": [_stack_json(g) for g in groups],
+        "greenlets": [_greenlet_json(info, stack_of) for info in infos],
+    }
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def _stack_json(group: _Group) -> dict:
+    first = group.first
+    bt, spawn = first.backtrace, first.spawn_backtrace
+    return {
+        "id": group.number,
+        "count": len(group.infos),
+        "state": group.states.most_common(1)[0][0],
+        "states": dict(group.states),
+        "python_only": first.python_only,
+        "error": first.error,
+        "frames": _frames_json(bt) if bt is not None else [],
+        "truncated": bt.truncated if bt is not None else False,
+        "spawn_frames": _frames_json(spawn) if spawn is not None else None,
+    }
+
+
+def _greenlet_json(info, stack_of) -> dict:
+    kind = type(info.greenlet)
+    return {
+        "id": id(info.greenlet),
+        "name": info.name,
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "thread_id": info.thread_id,
+        "state": info.state,
+        "parent": id(info.parent) if info.parent is not None else None,
+        "spawned_by": id(info.spawned_by) if info.spawned_by is not None else None,
+        "stack": stack_of[id(info.greenlet)],
+        "error": info.error,
+        "last_ran": info.last_ran,
+    }
+
+
+# ---- public ----
+
+def dump_all(file=None, *, group: bool = True, tree: bool = True, format: str = "text") -> None:
+    """Write what every greenlet of the process is doing to file (default: sys.stderr).
+
+    text: identical stacks grouped with their count and states, largest
+    group first (group=False: one entry per greenlet), then each thread's
+    greenlets as a tree (tree=False: no tree).  json: the schema in
+    docs/api.md (version JSON_VERSION); `tree` does not apply.
+    """
+    _write(file, _render(snapshot(), group, tree, format, _stack_text))
+
+
+def _render(infos, group, tree, format, stack_text) -> str:
+    if format == "text":
+        return _text(infos, group, tree, stack_text)
+    if format == "json":
+        return _json(infos, group)
+    raise ValueError(f"format must be 'text' or 'json', not {format!r}")
+
+
+def _write(file, text: str) -> None:
+    out = sys.stderr if file is None else file
+    out.write(text)
+    out.flush()
+
+
+_registered = {}   # signum -> (file, chain, previous handler)
+
+
+def register_dump_signal(signum: int = signal.SIGUSR1, file=None, *, chain: bool = False) -> None:
+    """Dump every greenlet (dump_all) to file (default: sys.stderr at that time) on signal signum.
+
+    Python runs signal handlers in the main thread, between two bytecodes:
+    a main thread blocked inside C code dumps only when it returns to
+    Python.  chain=True also calls the handler that was installed before.
+    Must be called from the main thread (signal.signal's rule).
+    """
+    layout_known()   # learn greenlet's layout now: learning takes a lock a handler must not wait for
+    previous = signal.signal(signum, _on_signal)
+    if signum in _registered:   # re-registering: keep the handler from before the first call
+        previous = _registered[signum][2]
+    _registered[signum] = (file, chain, previous)
+
+
+def unregister_dump_signal(signum: int = signal.SIGUSR1) -> bool:
+    """Restore the handler signum had before register_dump_signal(); False if none was registered."""
+    entry = _registered.pop(signum, None)
+    if entry is None:
+        return False
+    signal.signal(signum, entry[2])
+    return True
+
+
+def _on_signal(signum, frame) -> None:
+    file, chain, previous = _registered.get(signum, (None, False, None))
+    stack_text = _unresolved_text if _inside_resolution(frame) else _stack_text
+    try:
+        _write(file, _render(snapshot(), True, True, "text", stack_text))
+    except Exception as e:   # a signal must not raise into whatever code it interrupted
+        _write_quietly(file, f"btcore: greenlet dump failed: {type(e).__name__}: {e}\n")
+    if chain and callable(previous):
+        previous(signum, frame)
+
+
+def _write_quietly(file, text: str) -> None:
+    try:
+        _write(file, text)
+    except Exception:
+        pass
+
+
+def _inside_resolution(frame) -> bool:
+    """Whether the interrupted code is resolving names (btcore/resolve.py):
+    it may hold the frame cache's lock (resolving now would wait for it
+    forever: not re-entrant) or be between filling and reading its name
+    buffer (a nested resolution would overwrite it)."""
+    while frame is not None:
+        if frame.f_code.co_filename == _RESOLVE_FILE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_RESOLVE_FILE = resolve.__file__

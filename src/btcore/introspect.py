@@ -1,0 +1,310 @@
+"""snapshot(): every live greenlet of the process, with its state, thread and stack.
+
+How greenlets are found: a gc scan (gc.get_objects() filtered for greenlets,
+as gevent.util does), in _live_greenlets(), the one place a live-greenlet
+registry would plug in.  Each greenlet is then classified from greenlet's own
+state (_state_of) and captured with collect(); a greenlet that changes under
+the snapshot (another thread ends it, starts it, switches into it) gives an
+entry marked with an error, never an exception.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+
+import greenlet
+
+from ._native import ffi, lib
+from .backtrace import KIND_PYTHON, RECORD, Backtrace, collect
+from .greenlets import BacktraceError, layout_known
+from .switchclock import switched_out_at
+
+RUNNING = "running"
+SUSPENDED = "suspended"
+NOT_STARTED = "not started"
+DEAD = "dead"
+
+CAPACITY = 128           # raw frames kept per greenlet (16 bytes each)
+GONE = "<gone>"          # the greenlet ended while the snapshot looked at it
+_WANT_SUSPENDED = lib.BTC_WANT_PYTHON | lib.BTC_WANT_NATIVE | lib.BTC_WANT_OWN_THREAD
+
+_base_bool = greenlet.greenlet.__bool__              # greenlet's own "active", not a subclass's
+_base_dead = greenlet.greenlet.dead.__get__          # gevent.Greenlet overrides `dead`
+_base_frame = greenlet.greenlet.gr_frame.__get__
+_base_parent = greenlet.greenlet.parent.__get__
+# Files whose frames are btcore's own introspection code, hidden from the caller's stack.
+_OWN_FILES = frozenset(os.path.join(os.path.dirname(__file__), name) for name in ("introspect.py", "dump.py"))
+
+
+class GreenletInfo:
+    """One live greenlet, as snapshot() saw it.
+
+    greenlet     the greenlet object (the snapshot keeps it alive)
+    thread_id    ident of the thread it belongs to (threading.get_ident()), or None if unknown
+    thread_name  that thread's name, or None
+    state        "running", "suspended" or "not started"
+    parent       greenlet's `parent`
+    spawned_by   the greenlet that spawned it (gevent's spawning_greenlet), else None
+    name         gevent name and function ("Greenlet-3 (handler)"), else "<type at 0xADDR>"
+    backtrace    its merged Backtrace (raw, resolved on demand), or None (see error)
+    python_only  True when backtrace holds only the Python frames the interpreter
+                 reports (a greenlet running in another thread)
+    spawn_backtrace  where it was spawned, when spawn tracking is on, else None
+    last_ran     seconds since it last ran (0.0 while running), when switch timing
+                 (enable_switch_timing) saw it switch out; else None
+    error        None, or why there is no backtrace ("<gone>", an error message)
+    """
+
+    __slots__ = ("greenlet", "thread_id", "thread_name", "state", "parent", "spawned_by", "name",
+                 "backtrace", "python_only", "spawn_backtrace", "last_ran", "error")
+
+    def __init__(self, g, state):
+        self.greenlet = g
+        self.state = state
+        self.thread_id = self.thread_name = None
+        self.parent = _base_parent(g)
+        # gevent's attributes, read through the subclass: its code must not fail the snapshot
+        self.spawned_by = _optional(_spawner_of, g)
+        self.name = _optional(_gevent_name_of, g) or _plain_name_of(g)
+        self.backtrace = self.spawn_backtrace = self.last_ran = self.error = None
+        self.python_only = False
+
+    def __repr__(self) -> str:
+        return f"<GreenletInfo {self.name} {self.state} thread={self.thread_name}>"
+
+
+def _live_greenlets() -> list:
+    """Every greenlet object the gc knows about (dead ones included).
+
+    The single source of greenlets: a live-greenlet registry, when one
+    exists, replaces this gc scan here.  The scan holds the GIL: no thread
+    creates or frees greenlets while it runs.
+    """
+    # issubclass(type(obj)), not isinstance(obj): isinstance also asks a
+    # non-matching object for its __class__, which runs (and may raise in)
+    # code of any proxy object in the heap.
+    base = greenlet.greenlet
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), base)]
+
+
+def _root(g):
+    parent = _base_parent(g)
+    while parent is not None:
+        g, parent = parent, _base_parent(parent)
+    return g
+
+
+def _state_of(g, current) -> str:
+    """RUNNING, SUSPENDED, NOT_STARTED or DEAD, from greenlet's own state only.
+
+    Subclasses may override __bool__ and `dead` (gevent does), so the base
+    type's slots are read.  greenlet 3.x: active = has a stack; dead =
+    started and no longer active; greenlet's own rule calls a greenlet
+    "running in some thread" when it is active without a saved Python frame.
+    That rule is wrong for a greenlet suspended in code that has no Python
+    frames (gevent.spawn(event.wait) parks in Cython), so: in the calling
+    thread only the current greenlet runs; in another thread, one greenlet
+    runs at a time, and a thread started from Python always has frames in
+    its main greenlet, so a frameless main greenlet is the one running there.
+    """
+    if g is current:
+        return RUNNING
+    if _base_dead(g):
+        return DEAD
+    if not _base_bool(g):
+        return NOT_STARTED
+    if _base_frame(g) is not None:
+        return SUSPENDED
+    root = _root(g)
+    if root is _root(current):
+        return SUSPENDED
+    if g is root:
+        return RUNNING
+    # Its thread's main greenlet runs (no saved frame): g is suspended.
+    # Otherwise g is taken as the one running there (two frameless
+    # greenlets in one such thread cannot be told apart).
+    return SUSPENDED if _base_frame(root) is None else RUNNING
+
+
+def _spawner_of(g):
+    """The greenlet that spawned g (gevent keeps a weak reference), if known."""
+    ref = getattr(type(g), "spawning_greenlet", None) and getattr(g, "spawning_greenlet", None)
+    return ref() if callable(ref) else None
+
+
+def _gevent_name_of(g) -> str | None:
+    """gevent's name and function ("Greenlet-3 (handler)"), if g has a name."""
+    name = getattr(g, "name", None) if hasattr(type(g), "name") else None
+    if not isinstance(name, str) or not name:
+        return None
+    function = getattr(getattr(g, "_run", None), "__name__", None)
+    return f"{name} ({function})" if isinstance(function, str) else name
+
+
+def _plain_name_of(g) -> str:
+    """"<module.Type at 0xADDR>", with " main" for a thread's main greenlet."""
+    kind = type(g)
+    main = " main" if _base_parent(g) is None else ""
+    return f"<{kind.__module__}.{kind.__qualname__} at 0x{id(g):x}{main}>"
+
+
+def _spawn_backtrace_reader():
+    """btcore.spawn_backtrace when spawn ancestry is available and on, else None."""
+    import btcore
+    reader = getattr(btcore, "spawn_backtrace", None)
+    enabled = getattr(btcore, "spawn_tracking_enabled", None)
+    if reader is None or (enabled is not None and not enabled()):
+        return None
+    return reader
+
+
+def _threads() -> dict:
+    """thread ident -> name, for every thread the interpreter knows."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return {ident: names.get(ident) for ident in sys._current_frames()}
+
+
+def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
+    """root (a thread's main greenlet) -> thread ident, where it can be told.
+
+    greenlet does not say which thread a greenlet belongs to, only that all
+    greenlets of a parent chain share one.  Known: the calling thread's root;
+    a gevent hub records its thread's ident.  A single root and a single
+    thread left unmatched belong together.  Anything else stays unknown.
+    """
+    found = {current_root: threading.get_ident()}
+    for root, members in roots.items():
+        if root in found:
+            continue
+        for g in members:
+            ident = getattr(g, "thread_ident", None) if _is_hub(g) else None
+            if ident in threads:
+                found[root] = ident
+                break
+    # A root whose thread has exited since the scan is dead now: not paired.
+    left_roots = [r for r in roots if r not in found and not _base_dead(r)]
+    left_threads = set(threads) - set(found.values())
+    if len(left_roots) == 1 and len(left_threads) == 1:
+        found[left_roots[0]] = left_threads.pop()
+    return found
+
+
+def _is_hub(g) -> bool:
+    hub_module = sys.modules.get("gevent.hub")
+    return hub_module is not None and isinstance(g, hub_module.Hub)
+
+
+def _python_frames_of_thread(ident) -> Backtrace | None:
+    """The Python frames a thread is running, from the interpreter (no native frames)."""
+    frame = sys._current_frames().get(ident)
+    if frame is None:
+        return None
+    bt = Backtrace(CAPACITY)
+    raw, codes = bytearray(), []
+    while frame is not None and len(codes) < CAPACITY:
+        codes.append(frame.f_code)
+        raw += RECORD.pack(id(frame.f_code), frame.f_lasti, KIND_PYTHON, 0, 0)
+        frame = frame.f_back
+    bt._raw, bt._refs, bt.truncated = raw, tuple(codes), frame is not None
+    return bt
+
+
+def _without_own_frames(bt: Backtrace) -> Backtrace:
+    """bt minus its innermost Python frames that are btcore's introspection
+    code.  Native frames below them stay: when a signal handler dumps, they
+    are where the signal was handled (say, a C call or gevent's loop)."""
+    size, refs, skip = RECORD.size, bt._refs, 0
+    for _, _, kind, _, _ in RECORD.iter_unpack(bt._raw):
+        if kind != KIND_PYTHON or refs[skip].co_filename not in _OWN_FILES:
+            break
+        skip += 1
+    trimmed = Backtrace(bt.capacity)
+    trimmed._raw, trimmed._refs, trimmed.truncated = bt._raw[skip * size:], refs[skip:], bt.truncated
+    return trimmed
+
+
+def _capture(info: GreenletInfo, current) -> None:
+    """Fill info.backtrace; a greenlet that changed meanwhile gets info.error."""
+    g = info.greenlet
+    try:
+        if g is current:
+            info.backtrace = _without_own_frames(collect(capacity=CAPACITY))
+        elif info.state == RUNNING:
+            info.backtrace = _python_frames_of_thread(info.thread_id)
+            info.python_only = True
+            if info.backtrace is None:
+                info.error = "running in a thread that cannot be identified"
+        else:
+            info.backtrace = _collect_suspended(g)
+            if _base_dead(g):
+                info.error = GONE
+    except BacktraceError as e:
+        info.error = f"BacktraceError: {e}"
+    except RuntimeError:   # it started running in another thread meanwhile
+        info.error = "started running in another thread during the snapshot"
+
+
+def _collect_suspended(g) -> Backtrace:
+    """collect(g) for a greenlet _state_of() found suspended.
+
+    collect() applies greenlet's rule, so it refuses a greenlet of another
+    thread suspended without Python frames; _state_of() knows it is
+    suspended, so it is captured as collect() captures one of this thread.
+    """
+    if _base_frame(g) is not None or not layout_known():
+        return collect(g, capacity=CAPACITY)
+    bt = Backtrace(CAPACITY)
+    rc = lib.btc_collect(id(g), id(bt), CAPACITY, CAPACITY, _WANT_SUSPENDED)
+    if rc < 0:
+        raise BacktraceError(ffi.string(lib.btc_last_error()).decode())
+    return bt
+
+
+def snapshot() -> list[GreenletInfo]:
+    """Every live greenlet of the process, in every thread (dead ones excluded).
+
+    Ordered by thread (the calling thread first), then as found.  Raw
+    backtraces only: nothing is resolved here.
+    """
+    current = greenlet.getcurrent()
+    current_root = _root(current)
+    infos, roots = [], {}
+    for g in _live_greenlets():
+        state = _state_of(g, current)
+        if state != DEAD:
+            infos.append(GreenletInfo(g, state))
+            roots.setdefault(_root(g), []).append(g)
+    threads = _threads()
+    thread_of = _thread_of_roots(roots, current_root, threads)
+    spawn_backtrace = _spawn_backtrace_reader()
+    now = time.monotonic()
+    for info in infos:
+        info.thread_id = thread_of.get(_root(info.greenlet))
+        info.thread_name = threads.get(info.thread_id)
+        _capture(info, current)
+        if spawn_backtrace is not None:
+            info.spawn_backtrace = _optional(spawn_backtrace, info.greenlet)
+        info.last_ran = _last_ran(info, now)
+    mine = threading.get_ident()
+    infos.sort(key=lambda info: (info.thread_id != mine, info.thread_id is None, info.thread_id or 0))
+    return infos
+
+
+def _last_ran(info, now) -> float | None:
+    """Seconds since info's greenlet last ran (0 while it runs), when switch timing saw it."""
+    stamp = switched_out_at(info.greenlet)
+    if stamp is None:
+        return None
+    return 0.0 if info.state == RUNNING else max(0.0, now - stamp)
+
+
+def _optional(reader, g):
+    """reader(g), or None if it raises: optional data must not fail the snapshot."""
+    try:
+        return reader(g)
+    except Exception:
+        return None
+

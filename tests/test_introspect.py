@@ -1,0 +1,522 @@
+"""btcore.snapshot(), dump_all() and register_dump_signal(): every greenlet of the process.
+
+Oracles: the greenlets each test builds (how many, parked where, in which
+thread), the interpreter's own frame chains (gr_frame / f_back for suspended
+greenlets, sys._current_frames() for threads), and the dump's two forms
+checked against each other (text against JSON).
+"""
+import inspect
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import greenlet
+import pytest
+
+import btcore
+from oracles import interp_chain, py_view
+
+gevent = pytest.importorskip("gevent")
+import gevent.event  # noqa: E402
+import gevent.lock  # noqa: E402
+import gevent.queue  # noqa: E402
+import gevent.socket  # noqa: E402
+
+HEADER = re.compile(r"^=== stack (\d+): (\d+) greenlets?, (.*) ===$", re.M)
+TIMEOUT = 120
+
+
+def _park():
+    greenlet.getcurrent().parent.switch()
+
+
+def park_in_a():
+    _park()
+
+
+def park_in_b():
+    _park()
+
+
+def park_in_c():
+    _park()
+
+
+def mine(infos, greenlets):
+    wanted = {id(g) for g in greenlets}
+    return [info for info in infos if id(info.greenlet) in wanted]
+
+
+def text_groups(text):
+    """{stack number: (count, the group's text)} from a text dump."""
+    heads = list(HEADER.finditer(text))
+    out = {}
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        out[int(m.group(1))] = (int(m.group(2)), text[m.start():end])
+    return out
+
+
+def finish(greenlets):
+    for g in greenlets:
+        if not g.dead:
+            g.throw(greenlet.GreenletExit)
+
+
+def test_100_greenlets_in_3_stacks_give_3_groups_and_json_agrees():
+    """Guards grouping: identical stacks shown once with their count, the same in text and JSON."""
+    parks = [park_in_a] * 34 + [park_in_b] * 33 + [park_in_c] * 33
+    greenlets = [greenlet.greenlet(fn) for fn in parks]
+    for g in greenlets:
+        g.switch()
+    try:
+        out = io.StringIO()
+        btcore.dump_all(out, tree=False)
+        text = out.getvalue()
+        out = io.StringIO()
+        btcore.dump_all(out, format="json")
+        doc = json.loads(out.getvalue())
+    finally:
+        finish(greenlets)
+    groups = text_groups(text)
+    ours = {fn.__name__: [(n, count) for n, (count, body) in groups.items() if f", in {fn.__name__}\n" in body]
+            for fn in (park_in_a, park_in_b, park_in_c)}
+    assert {name: [count for _, count in found] for name, found in ours.items()} == {
+        "park_in_a": [34], "park_in_b": [33], "park_in_c": [33]}
+    stacks = {s["id"]: s for s in doc["stacks"]}
+    assert doc["version"] == 1
+    for name, [(number, count)] in ours.items():
+        stack = stacks[number]
+        assert stack["count"] == count and stack["state"] == "suspended"
+        assert name in [f["function"] for f in stack["frames"] if f["kind"] == "python"]
+        members = [g for g in doc["greenlets"] if g["stack"] == number]
+        assert len(members) == count and {g["id"] for g in members} <= {id(g) for g in greenlets}
+    assert len(groups) == len(doc["stacks"])
+
+
+def test_ungrouped_dump_has_one_entry_per_greenlet():
+    """Guards group=False: identical stacks are not merged; each entry is headed by its greenlet."""
+    greenlets = [greenlet.greenlet(park_in_c) for _ in range(4)]
+    for g in greenlets:
+        g.switch()
+    try:
+        out = io.StringIO()
+        btcore.dump_all(out, group=False, tree=False)
+    finally:
+        finish(greenlets)
+    text = out.getvalue()
+    for g in greenlets:
+        head = re.search(rf"^=== stack (\d+): <greenlet.greenlet at 0x{id(g):x}>, suspended ===$", text, re.M)
+        assert head and ", in park_in_c\n" in text[head.end():].split("\n===", 1)[0]
+    assert "  e.g. " not in text and "\n=== thread " not in text
+
+
+def test_group_members_have_the_interpreters_frames():
+    """Guards snapshot()'s backtraces: each suspended greenlet's Python frames are its gr_frame chain."""
+    greenlets = [greenlet.greenlet(fn) for fn in (park_in_a, park_in_b, park_in_b)]
+    for g in greenlets:
+        g.switch()
+    try:
+        infos = mine(btcore.snapshot(), greenlets)
+        assert len(infos) == 3
+        for info in infos:
+            assert info.state == "suspended" and info.error is None and not info.python_only
+            assert info.thread_id == threading.get_ident()
+            assert info.thread_name == threading.current_thread().name
+            assert py_view(info.backtrace.frames()) == interp_chain(info.greenlet.gr_frame)
+    finally:
+        finish(greenlets)
+
+
+def test_states_come_from_greenlets_own_state_not_bool():
+    """Guards the state rule: gevent's __bool__ (true once scheduled) and `dead` overrides are ignored."""
+    scheduled = gevent.spawn(gevent.sleep, 0)            # bool() True, not started at greenlet level
+    killed_early = gevent.spawn(gevent.sleep, 0)
+    killed_early.kill(block=False)                        # gevent's `dead` True, greenlet's False
+    raw_new = greenlet.greenlet(_park)
+    finished = greenlet.greenlet(lambda: None)
+    finished.switch()
+    assert scheduled and killed_early.dead
+    infos = {id(i.greenlet): i for i in btcore.snapshot()}
+    assert infos[id(scheduled)].state == "not started"
+    assert infos[id(killed_early)].state == "not started"
+    assert infos[id(raw_new)].state == "not started"
+    assert id(finished) not in infos                      # dead but referenced: excluded
+    here = infos[id(greenlet.getcurrent())]
+    assert here.state == "running" and not here.python_only
+    scheduled.join()
+
+
+class _Proxy:
+    """Like werkzeug's LocalProxy outside its context: asking for __class__ raises."""
+
+    @property
+    def __class__(self):
+        raise RuntimeError("working outside of context")
+
+
+def test_finding_greenlets_runs_no_code_of_other_objects():
+    """Guards the gc scan: it checks each object's real type, never its __class__ attribute."""
+    proxy = _Proxy()
+    infos = btcore.snapshot()
+    assert any(info.greenlet is greenlet.getcurrent() for info in infos)
+    del proxy
+
+
+class _BrokenGreenlet(greenlet.greenlet):
+    """A subclass whose name and parent properties raise."""
+
+    @property
+    def name(self):
+        raise RuntimeError("no name")
+
+    @property
+    def spawning_greenlet(self):
+        raise RuntimeError("no spawner")
+
+    @property
+    def parent(self):
+        raise RuntimeError("no parent")
+
+
+def test_a_subclass_raising_from_its_attributes_does_not_fail_the_snapshot():
+    """Guards snapshot(): greenlet's own parent, and a subclass's name/spawner read as optional."""
+    here = greenlet.getcurrent()
+    g = _BrokenGreenlet(here.switch, parent=here)
+    g.switch()
+    try:
+        [info] = mine(btcore.snapshot(), [g])
+        assert info.state == "suspended" and info.parent is greenlet.getcurrent()
+        assert info.name.startswith("<test_introspect._BrokenGreenlet at 0x") and info.spawned_by is None
+        btcore.dump_all(io.StringIO())
+    finally:
+        g.switch()   # here.switch() returns: g finishes
+
+
+def test_current_stack_starts_at_the_caller():
+    """Guards the trimming of btcore's own frames from the calling greenlet's stack."""
+    def caller():
+        return btcore.snapshot()
+    here = next(i for i in caller() if i.greenlet is greenlet.getcurrent())
+    python = [f.function for f in here.backtrace.frames() if f.kind == "python"]
+    assert python[0].endswith("caller"), python[:3]
+    assert not any("snapshot" in (name or "") for name in python)
+
+
+def test_gevent_hub_tree_with_greenlets_parked_in_sleep_recv_event_queue_lock():
+    """Guards the gevent view: each parked greenlet found with its own frames, under its spawner in the tree."""
+    event, queue, lock = gevent.event.Event(), gevent.queue.Queue(), gevent.lock.BoundedSemaphore()
+    lock.acquire()
+    a, b = gevent.socket.socketpair()
+
+    def in_sleep():
+        gevent.sleep(60)
+
+    def in_recv():
+        a.recv(1)
+
+    def in_event():
+        event.wait()
+
+    def in_queue():
+        queue.get()
+
+    def in_lock():
+        lock.acquire()
+
+    def grandchild():
+        event.wait()
+
+    def child():
+        gevent.spawn(grandchild)
+        event.wait()
+
+    def parent():
+        gevent.spawn(child)
+        event.wait()
+
+    parked = [gevent.spawn(fn) for fn in (in_sleep, in_recv, in_event, in_queue, in_lock, parent)]
+    gevent.sleep(0.01)
+    try:
+        infos = btcore.snapshot()
+        by_id = {id(i.greenlet): i for i in infos}
+        for g in parked:
+            info = by_id[id(g)]
+            assert info.state == "suspended" and info.error is None
+            assert py_view(info.backtrace.frames()) == interp_chain(g.gr_frame)
+        hub = by_id[id(gevent.get_hub())]
+        assert hub.state == "suspended"
+        assert "Hub.run" in [f.function for f in hub.backtrace.frames() if f.kind == "python"]
+        out = io.StringIO()
+        btcore.dump_all(out)
+        tree = out.getvalue().split("\n=== thread ", 1)[1]
+    finally:
+        event.set()
+        queue.put(None)
+        lock.release()
+        b.send(b"x")
+        gevent.killall(parked)
+        a.close()
+        b.close()
+    lines = tree.splitlines()
+    depth = {}
+    for line in lines:
+        m = re.match(r"^([|` ]*[|`]- )?(Greenlet-\d+) \((\w+)\)", line)
+        if m:
+            depth[m.group(3)] = len(m.group(1) or "") // 3
+    for fn in ("in_sleep", "in_recv", "in_event", "in_queue", "in_lock", "parent"):
+        assert depth[fn] == 1, (fn, tree)
+    assert depth["child"] == 2 and depth["grandchild"] == 3, tree
+
+
+def test_snapshots_survive_greenlets_created_and_killed_by_another_thread():
+    """Guards 'no exception from btcore' while another thread creates, runs and kills greenlets."""
+    stop = threading.Event()
+    errors = []
+
+    def churn():
+        try:
+            while not stop.is_set():
+                g = greenlet.greenlet(park_in_a)
+                g.switch()
+                g.throw(greenlet.GreenletExit)
+                spawned = gevent.spawn(gevent.sleep, 0)
+                spawned.kill()
+        except BaseException as e:   # the test's own thread must not die silently
+            errors.append(e)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        for _ in range(50):
+            infos = btcore.snapshot()
+            btcore.dump_all(io.StringIO(), tree=False)
+            for info in infos:
+                assert info.backtrace is not None or info.error is not None
+    finally:
+        stop.set()
+        thread.join(TIMEOUT)
+    assert not errors
+
+
+def test_several_threads_each_with_its_own_hub():
+    """Guards thread attribution: every thread's greenlets under that thread, its running greenlet's
+    Python frames from the interpreter."""
+    counts = {"t-one": 2, "t-two": 3, "t-three": 4}
+    gate = threading.Lock()
+    gate.acquire()
+    made = {}
+
+    def thread_main(n):
+        event = gevent.event.Event()
+        made[threading.get_ident()] = [gevent.spawn(event.wait) for _ in range(n)]
+        gevent.sleep(0)
+        gate.acquire()          # BLOCKED: this thread waits in C; its hub stays suspended
+        gate.release()
+        event.set()
+        gevent.joinall(made[threading.get_ident()])
+
+    source = inspect.getsource(thread_main).splitlines()
+    blocked_line = thread_main.__code__.co_firstlineno + next(
+        i for i, line in enumerate(source) if "# BLOCKED" in line)
+
+    def blocked(ident):
+        frame = sys._current_frames().get(ident)
+        return frame is not None and frame.f_code is thread_main.__code__ and frame.f_lineno == blocked_line
+
+    threads = [threading.Thread(target=thread_main, args=(n,), name=name) for name, n in counts.items()]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + TIMEOUT      # hang guard only
+        while not all(blocked(t.ident) for t in threads) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        infos = btcore.snapshot()
+        frames_now = sys._current_frames()
+    finally:
+        gate.release()
+        for t in threads:
+            t.join(TIMEOUT)
+    for t in threads:
+        ours = [i for i in infos if i.thread_id == t.ident]
+        assert {i.thread_name for i in ours} == {t.name}
+        assert {id(g) for g in made[t.ident]} <= {id(i.greenlet) for i in ours}
+        assert len(ours) == counts[t.name] + 2          # + the hub + the thread's main greenlet
+        running = [i for i in ours if i.state == "running"]
+        assert len(running) == 1 and running[0].python_only and running[0].greenlet.parent is None
+        expected = [name for name, _, _ in interp_chain(frames_now[t.ident])]
+        got = [f.function for f in running[0].backtrace.frames()]
+        assert got == expected
+        assert any(name.endswith(".thread_main") for name in got)
+        for info in ours:   # parked in Cython (no Python frames) or in the hub: captured all the same
+            if info.state == "suspended":
+                assert info.error is None and info.backtrace.frames(), info
+
+
+def test_snapshot_from_another_thread_shows_the_main_thread_running():
+    """Guards snapshots taken off the main thread: the main thread's running greenlet has its
+    Python frames from the interpreter, the worker's own greenlet is the current one."""
+    main_ident = threading.get_ident()
+    box = {}
+
+    def take():
+        box["infos"] = btcore.snapshot()
+        box["frames"] = interp_chain(sys._current_frames()[main_ident])
+        box["me"] = greenlet.getcurrent()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(TIMEOUT)
+    infos = box["infos"]
+    main = next(i for i in infos if i.greenlet is greenlet.getcurrent())
+    assert main.state == "running" and main.python_only and main.thread_id == main_ident
+    assert [f.function for f in main.backtrace.frames()] == [name for name, _, _ in box["frames"]]
+    mine = next(i for i in infos if i.greenlet is box["me"])
+    assert mine.state == "running" and not mine.python_only and mine.thread_id == thread.ident
+    assert infos[0] is mine                              # the calling thread's greenlets first
+
+
+def test_switch_timing_records_when_each_greenlet_last_ran():
+    """Guards enable_switch_timing(): the greenlet parked first has waited longest; the tracer
+    installed before still sees every switch, and comes back on disable."""
+    seen = []
+
+    def previous(event, args):
+        seen.append(event)
+
+    old = greenlet.settrace(previous)
+    early, late = greenlet.greenlet(park_in_a), greenlet.greenlet(park_in_b)
+    try:
+        btcore.enable_switch_timing()
+        early.switch()
+        time.sleep(0.01)
+        late.switch()
+        infos = {id(i.greenlet): i for i in btcore.snapshot()}
+        out = io.StringIO()
+        btcore.dump_all(out)
+        assert btcore.disable_switch_timing()
+        assert greenlet.gettrace() is previous
+        assert not btcore.disable_switch_timing()
+    finally:
+        greenlet.settrace(old)
+        finish([early, late])
+    assert infos[id(early)].last_ran > infos[id(late)].last_ran >= 0.0
+    assert infos[id(greenlet.getcurrent())].last_ran == 0.0
+    assert seen.count("switch") == 4          # into and out of each greenlet
+    assert "  last ran: " in out.getvalue() and " s ago]" in out.getvalue()
+
+
+def _run_child(source):
+    return subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(source)], capture_output=True,
+                          text=True, timeout=TIMEOUT)
+
+
+def test_signal_triggered_dump_in_a_subprocess():
+    """Guards register_dump_signal(): a dump on SIGUSR1, then the previous handler (chain=True)."""
+    proc = _run_child("""
+        import os, signal, sys, time
+        import gevent, gevent.event
+        import btcore
+
+        done = []
+        signal.signal(signal.SIGUSR1, lambda signum, frame: done.append(signum))
+        btcore.register_dump_signal(signal.SIGUSR1, chain=True)
+        from btcore import greenlets
+        assert greenlets._learned == ""      # learned now, never inside the handler
+        event = gevent.event.Event()
+        def parked_here():
+            event.wait()
+        workers = [gevent.spawn(parked_here) for _ in range(5)]
+        gevent.sleep(0)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        while not done:
+            time.sleep(0.01)
+        assert btcore.unregister_dump_signal(signal.SIGUSR1)
+        assert not btcore.unregister_dump_signal(signal.SIGUSR1)
+        assert signal.getsignal(signal.SIGUSR1).__name__ == "<lambda>"
+        print("previous handler ran")
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "previous handler ran" in proc.stdout
+    groups = text_groups(proc.stderr)
+    assert [count for count, body in groups.values() if ", in parked_here\n" in body] == [5]
+    assert "=== thread MainThread" in proc.stderr
+    # the main greenlet's stack keeps the C frames where the signal was handled (inside os.kill)
+    [main] = [body for count, body in groups.values() if "running ===" in body.splitlines()[0]]
+    assert "] os_kill" in main and "_on_signal" not in main and "snapshot" not in main
+
+
+def test_signal_inside_btcore_cache_update_does_not_deadlock():
+    """Guards the signal path: a signal landing inside btcore's name resolution (here with the
+    cache lock held) dumps without resolving (resolving would wait on that lock forever)."""
+    proc = _run_child("""
+        import os, signal
+        import greenlet
+        import btcore
+
+        btcore.register_dump_signal(signal.SIGUSR1)
+
+        class Bound(int):
+            # compared with the cache size inside FrameCache._evict, lock held
+            def __lt__(self, other):
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return False
+
+        g = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch())
+        g.switch()
+        bt = btcore.collect(g)
+        btcore.cache.maxsize = Bound(65536)
+        bt.frames()
+        btcore.cache.maxsize = 65536
+        print("survived")
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "survived" in proc.stdout
+    assert "stack not resolved" in proc.stderr and "=== stack 1:" in proc.stderr
+
+
+def test_json_schema():
+    """Guards the documented JSON schema (version 1)."""
+    g = greenlet.greenlet(park_in_a)
+    g.switch()
+    try:
+        out = io.StringIO()
+        btcore.dump_all(out, format="json")
+    finally:
+        finish([g])
+    doc = json.loads(out.getvalue())
+    assert set(doc) == {"version", "pid", "time", "threads", "stacks", "greenlets"}
+    assert doc["version"] == 1 and doc["pid"] == os.getpid()
+    stack_ids = {s["id"] for s in doc["stacks"]}
+    for s in doc["stacks"]:
+        assert set(s) == {"id", "count", "state", "states", "python_only", "error", "frames", "truncated",
+                          "spawn_frames"}
+        for f in s["frames"]:
+            assert set(f) == {"kind", "function", "file", "line", "module", "ip", "offset", "inlined"}
+    for entry in doc["greenlets"]:
+        assert set(entry) == {"id", "name", "type", "thread_id", "state", "parent", "spawned_by", "stack",
+                              "error", "last_ran"}
+        assert entry["stack"] in stack_ids
+    assert sum(s["count"] for s in doc["stacks"]) == len(doc["greenlets"])
+    with pytest.raises(ValueError):
+        btcore.dump_all(io.StringIO(), format="xml")
+
+
+def test_register_and_unregister_restore_the_previous_handler():
+    """Guards unregister_dump_signal(): the handler from before the (first) registration comes back."""
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        btcore.register_dump_signal(signal.SIGUSR2)
+        btcore.register_dump_signal(signal.SIGUSR2)      # twice: still restores `before`
+        assert signal.getsignal(signal.SIGUSR2) is not before
+        assert btcore.unregister_dump_signal(signal.SIGUSR2)
+        assert signal.getsignal(signal.SIGUSR2) == before
+    finally:
+        signal.signal(signal.SIGUSR2, before)
