@@ -19,7 +19,7 @@ import conftest
 from btcore.fold import fold
 from btcore.frame import short_path
 
-MARKER = re.compile(r"^  \.\.\. (\d+) (interpreter|start-up) frames? \(verbose=True shows them\)$")
+MARKER = re.compile(r"^  \.\.\. (\d+) (interpreter|start-up) frames?$")
 PLUMBING_SEEN_HERE = ("_PyEval_Vector", "PyObject_Vectorcall", "_PyObject_VectorcallTstate",
                       "_PyEval_EvalFrame (inlined)", "cfunction_vectorcall_", "method_vectorcall")
 

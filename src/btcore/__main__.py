@@ -1,13 +1,18 @@
 """python -m btcore demo: merged native + Python backtraces, live.
 
-Shows the current stack going Python -> C -> Python, then several greenlets
-parked at different places (some inside C code that called back into
-Python), each with its own merged stack, in the readable default view; then
-the first greenlet again with every frame (format(verbose=True)).
+With gevent installed (pip install 'btcore[demo]'), the demo is the
+showcase (btcore/showcase.py): a gevent program whose greenlets are parked
+in Python code, in C callbacks, in socket recv, on Event/Queue/Lock waits,
+in a 3-generation spawn tree, and btcore.dump_all() of all of them, grouped
+and as a tree.  Without gevent, or with --greenlet: the current stack going
+Python -> C -> Python, then plain greenlets parked at different places, each
+in the readable default view; then the first again with every frame
+(format(verbose=True)).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -89,10 +94,21 @@ def demo() -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m btcore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="print merged backtraces of this process and of parked greenlets")
+    demo_parser = sub.add_parser("demo", help="print merged backtraces of parked greenlets: gevent's, or plain ones")
+    demo_parser.add_argument("--greenlet", action="store_true",
+                             help="the plain-greenlet demo, even when gevent is installed")
+    demo_parser.add_argument("--format", choices=("text", "json"), default="text",
+                             help="the gevent showcase's dump format (default: text)")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return demo()
+        if args.greenlet:
+            return demo()
+        if importlib.util.find_spec("gevent") is None:
+            print("(gevent is not installed: the plain-greenlet demo; pip install 'btcore[demo]' "
+                  "for the whole-process dump of a gevent program)\n", file=sys.stderr)
+            return demo()
+        from . import showcase
+        return showcase.run(["--format", args.format])
     return 2
 
 

@@ -91,14 +91,15 @@ class Backtrace:
             count += len(frames)
         return starts
 
-    def format(self, most_recent_first: bool = False, verbose: bool = False) -> str:
+    def format(self, most_recent_first: bool = False, verbose: bool = False, *, header: bool = True) -> str:
         """Readable text, Python-style "most recent call last" by default.
 
         The default view prints Python frames with their source line and
         folds the interpreter's call plumbing and start-up frames into
         counted marker lines (see btcore/fold.py); verbose=True prints every
         frame with its address and full source path.  A backtrace of a
-        greenlet starts with a line describing that greenlet as it is now.
+        greenlet starts with a line describing that greenlet as it is now
+        (header=False leaves it out, for callers that print their own).
         """
         entries = []   # innermost first
         for joined, frames in self._parts():
@@ -111,7 +112,7 @@ class Backtrace:
         if not most_recent_first:
             entries.reverse()
         order = "most recent call first" if most_recent_first else "most recent call last"
-        return "\n".join(self._header() + [f"Backtrace ({order}):"] + entries)
+        return "\n".join((self._header() if header else []) + [f"Backtrace ({order}):"] + entries)
 
     def _parts(self) -> list:
         """(begins with an append() join, Frames innermost first) per part."""

@@ -56,7 +56,7 @@ def _group(infos, group: bool) -> list:
 
 
 def _stack_text(bt) -> str:
-    return bt.format()
+    return bt.format(header=False)   # the dump prints its own greenlet headers
 
 
 def _unresolved_text(bt) -> str:

@@ -126,7 +126,7 @@ class Folded:
     def format(self) -> str:
         kind = "start-up" if self.start_up else "interpreter"
         plural = "s" if self.count != 1 else ""
-        return f"  ... {self.count} {kind} frame{plural} (verbose=True shows them)"
+        return f"  ... {self.count} {kind} frame{plural}"
 
 
 def _start_up(frames: list, hidden: list) -> set:
