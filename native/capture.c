@@ -110,6 +110,19 @@ typedef struct {
     bool greenlet;     /* a greenlet's stack: mark (or hide) greenlet's own frames */
 } native_walk;
 
+/* A capture made from inside btcore's greenlet-creation hook (spawn.c): the
+ * innermost native frames are btcore's own (the hook, this capture); drop
+ * exactly those, keeping the interpreter's (type_call, ...) and any C
+ * extension's frames that led to the creation. */
+static int drop_own_module(const native_walk *w)
+{
+    btc_module *own = btc_module_find((uintptr_t)&btc_collect);
+    int first = 0;
+    while (own && first < w->n && w->nat[first].pc >= own->lo && w->nat[first].pc < own->hi)
+        first++;
+    return first;
+}
+
 /* Hide greenlet's switching machinery: the innermost frames (slp_switch up
  * to the switch() call site) and the outermost (its start-up stub). */
 static int hide_greenlet_internals(native_walk *w)
@@ -193,6 +206,11 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         w.nat += hidden;
         w.n -= hidden;
     }
+    if (want & BTC_WANT_FROM_HOOK) {
+        int own = drop_own_module(&w);
+        w.nat += own;
+        w.n -= own;
+    }
     merge(s, &w, py, want);
     btc_modules_unlock();
     free(heap);
@@ -212,7 +230,7 @@ static int collect_current(sink *s, int want, uintptr_t last_cfa)
     ctx.last_cfa = last_cfa;
     btc_pycursor py;
     btc_py_cursor_current(&py);
-    return capture(&ctx, &py, s, want, true, last_cfa != 0);
+    return capture(&ctx, &py, s, want, !(want & BTC_WANT_FROM_HOOK), last_cfa != 0);
 }
 
 /* A greenlet other than the calling thread's current one.  Its state is
@@ -387,4 +405,54 @@ int btc_backtrace(uintptr_t *out, int max)
     for (int i = 1; i < n; i++)   /* nat[0] is this function */
         out[i - 1] = nat[i].pc;
     return n > 0 ? n - 1 : 0;
+}
+
+/* ---- spawn sites (spawn.c): raw frames of the creating stack ---- */
+
+int btc_capture_site(btc_raw_capture *c, int want)
+{
+    sink s = {.out = c->frames, .codes = c->codes, .max = c->max};
+    uintptr_t bottom = 0;
+    int rc = btc_py_supported() ? btc_greenlet_current_bottom(&bottom, false) : BTC_E_UNSUPPORTED;
+    if (rc == 0)
+        rc = collect_current(&s, want | BTC_WANT_FROM_HOOK, bottom);
+    if (rc < 0)
+        release_codes(&s);
+    c->n = s.n;
+    c->ncodes = s.ncodes;
+    c->truncated = s.truncated;
+    return rc;
+}
+
+void btc_release_site(btc_raw_capture *c)
+{
+    for (int i = 0; i < c->ncodes; i++)
+        Py_DECREF(c->codes[i]);
+    c->ncodes = 0;
+}
+
+PyObject *btc_backtrace_from_site(btc_raw_capture *c, int capacity)
+{
+    PyObject *bt = bt_slots.type ? bt_slots.type->tp_alloc(bt_slots.type, 0) : NULL;
+    sink s = {.out = c->frames, .codes = c->codes, .n = c->n, .ncodes = c->ncodes,
+              .truncated = c->truncated};
+    c->ncodes = 0;   /* fill_backtrace takes the references, or drops them */
+    if (!bt || fill_backtrace(bt, &s, capacity) < 0) {
+        release_codes(&s);
+        Py_XDECREF(bt);
+        PyErr_Clear();
+        return NULL;
+    }
+    return bt;
+}
+
+bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c)
+{
+    if (!bt_slots.type || !Py_IS_TYPE(bt, bt_slots.type))
+        return false;
+    PyObject *raw = *(PyObject **)((char *)bt + bt_slots.raw);
+    PyObject *truncated = *(PyObject **)((char *)bt + bt_slots.truncated);
+    size_t size = (size_t)c->n * sizeof(btc_frame);
+    return raw && PyByteArray_CheckExact(raw) && (size_t)PyByteArray_GET_SIZE(raw) == size &&
+           (truncated == Py_True) == c->truncated && memcmp(PyByteArray_AS_STRING(raw), c->frames, size) == 0;
 }

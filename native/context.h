@@ -68,6 +68,9 @@ int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it);
  * (the Python implementation then decides). */
 enum { BTC_TARGET_UNKNOWN, BTC_TARGET_CURRENT, BTC_TARGET_THIS_THREAD, BTC_TARGET_OTHER_THREAD };
 int btc_greenlet_target(PyObject *target);
+/* The calling thread's current greenlet (a new reference), NULL if greenlet
+ * is not importable. */
+PyObject *btc_current_greenlet(void);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 
@@ -85,5 +88,27 @@ typedef struct {
 int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max);
 /* Forget cached rows: their tables are about to be freed (module lock held). */
 void btc_unwind_forget(void);
+
+/* ---- spawn sites (capture.c, for spawn.c) ---- */
+
+/* A raw capture into the caller's buffers (max entries each). */
+typedef struct {
+    btc_frame *frames;
+    PyObject **codes;    /* a reference to the code object of each Python frame */
+    int max, n, ncodes;
+    bool truncated;
+} btc_raw_capture;
+
+/* The calling thread's stack (in a greenlet, down to its bottom) as seen from
+ * inside btcore's creation hook: only btcore's own native frames are
+ * dropped.  0 or a BTC_E_* code (no references held then).  GIL held. */
+int btc_capture_site(btc_raw_capture *c, int want);
+/* Drop the code references a capture holds. */
+void btc_release_site(btc_raw_capture *c);
+/* A new btcore.Backtrace holding the capture (takes its references), or
+ * NULL (no exception set; the references are dropped). */
+PyObject *btc_backtrace_from_site(btc_raw_capture *c, int capacity);
+/* Does the btcore.Backtrace bt hold exactly c's frames (and truncation)? */
+bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c);
 
 #endif

@@ -238,6 +238,11 @@ static PyObject *current_greenlet(void)
     return g;
 }
 
+PyObject *btc_current_greenlet(void)
+{
+    return current_greenlet();
+}
+
 /* The root of g's parent chain: its thread's main greenlet (new reference). */
 static PyObject *root_of(PyObject *g)
 {

@@ -8,6 +8,8 @@ from .backtrace import Backtrace, append, collect, foreach
 from .greenlets import BacktraceError
 from .frame import Frame
 from .resolve import cache
+from .spawn import disable_spawn_tracking, enable_spawn_tracking, spawn_backtrace, spawn_tracking_enabled
 
-__all__ = ["Backtrace", "BacktraceError", "Frame", "append", "cache", "collect", "foreach"]
+__all__ = ["Backtrace", "BacktraceError", "Frame", "append", "cache", "collect", "disable_spawn_tracking",
+           "enable_spawn_tracking", "foreach", "spawn_backtrace", "spawn_tracking_enabled"]
 __version__ = "0.1.0"

@@ -39,7 +39,9 @@ class Backtrace:
 
     # The capture fills these slots directly (native/capture.c): keep the
     # names in step with btc_bind_backtrace().
-    __slots__ = ("_raw", "_refs", "_capacity", "truncated", "__weakref__")
+    # _labels: {raw index of a join: header line} for joins that have their
+    # own header (spawn_backtrace's "spawned by ..."); absent until one does.
+    __slots__ = ("_raw", "_refs", "_capacity", "truncated", "_labels", "__weakref__")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         """An empty backtrace, e.g. to append() others into."""
@@ -77,11 +79,16 @@ class Backtrace:
 
     def format(self, most_recent_first: bool = False) -> str:
         """Readable text; Python-style "most recent call last" by default."""
+        labels = getattr(self, "_labels", None) or {}
         entries = []   # innermost first; each entry is one frame's text
-        for flags, frames in self._resolved():
+        label = None   # header of the labelled part being read, innermost first
+        for index, (flags, frames) in enumerate(self._resolved()):
             if flags & F_JOIN:
-                entries.append(JOIN_MARKER)
+                entries.extend(_header(label, most_recent_first, at_start=False))
+                label = labels.get(index)
+                entries.extend(_header(label, most_recent_first, at_start=True) if label else [JOIN_MARKER])
             entries.extend(f.format() for f in frames)
+        entries.extend(_header(label, most_recent_first, at_start=False))
         if self.truncated:
             entries.append("  ... (outer frames truncated)")
         if not most_recent_first:
@@ -94,6 +101,13 @@ class Backtrace:
     def __repr__(self) -> str:
         more = " truncated" if self.truncated else ""
         return f"<btcore.Backtrace {len(self)}/{self.capacity} frames{more}>"
+
+
+def _header(label, most_recent_first: bool, at_start: bool) -> list:
+    """A labelled join's header, in the list built innermost first: where the
+    part it names starts in the order printed (at its join when most recent
+    first, after its outermost frame otherwise)."""
+    return [f"  {label}"] if label and at_start == most_recent_first else []
 
 
 def _check_capacity(capacity) -> int:
@@ -190,6 +204,23 @@ def append(to: Backtrace, add: Backtrace) -> int:
     to._raw += copied
     to._refs += add._refs[:python_frames]
     to.truncated = to.truncated or add.truncated
+    _carry_labels(to, add, have, n)
+    return n
+
+
+def _carry_labels(to: Backtrace, add: Backtrace, offset: int, copied: int) -> None:
+    """Keep the headers of add's labelled joins that were copied."""
+    labels = {offset + i: text for i, text in (getattr(add, "_labels", None) or {}).items() if i < copied}
+    if labels:
+        to._labels = {**(getattr(to, "_labels", None) or {}), **labels}
+
+
+def append_labelled(to: Backtrace, add: Backtrace, label: str) -> int:
+    """append(), with `label` as the header of the new join in format()."""
+    have = len(to)
+    n = append(to, add)
+    if n:
+        to._labels = {**(getattr(to, "_labels", None) or {}), have: label}
     return n
 
 
