@@ -164,6 +164,13 @@ static intern_slot *table;
 static size_t table_mask, table_live, table_filled;
 static PyObject *site_died;
 
+/* The sites interned last stay alive even when no greenlet uses them any
+ * more: a loop spawning short-lived greenlets reuses its site instead of
+ * capturing it into a new Backtrace each time.  Bounded. */
+#define RECENT_SITES 16
+static PyObject *recent[RECENT_SITES];
+static unsigned recent_next;
+
 static Py_hash_t hash_site(const btc_raw_capture *c)
 {
     const uint64_t *w = (const uint64_t *)c->frames;
@@ -268,6 +275,7 @@ static PyObject *intern_site(btc_raw_capture *c)
     place(table, table_mask, hash, ref);   /* the table owns ref */
     table_live++;
     table_filled++;
+    Py_XSETREF(recent[recent_next++ % RECENT_SITES], Py_NewRef(fresh));
     return fresh;
 }
 
