@@ -275,7 +275,8 @@ static PyObject *intern_site(btc_raw_capture *c)
     place(table, table_mask, hash, ref);   /* the table owns ref */
     table_live++;
     table_filled++;
-    Py_XSETREF(recent[recent_next++ % RECENT_SITES], Py_NewRef(fresh));
+    unsigned slot = recent_next++ % RECENT_SITES;   /* Py_XSETREF evaluates its target twice */
+    Py_XSETREF(recent[slot], Py_NewRef(fresh));
     return fresh;
 }
 
