@@ -34,7 +34,8 @@ typedef struct {
     int n, max;
     bool truncated;
     int skip_python;    /* btcore's own API frames, innermost first */
-    PyObject **codes;   /* the code object of each Python frame emitted (a reference each) */
+    PyObject **codes;   /* the code object of each Python frame emitted (a reference each);
+                         * NULL: none taken (spawn sites: the frames are live, see spawn.c) */
     int ncodes;
 } sink;
 
@@ -74,7 +75,8 @@ static bool take_python(sink *s, const btc_pyframe *pf, int flags, bool emit_it,
         return false;
     /* Held from now on: the allocations that build the Backtrace may run a
      * collection, and finalizers may let another thread end these frames. */
-    s->codes[s->ncodes++] = Py_NewRef(pf->code);
+    if (s->codes)
+        s->codes[s->ncodes++] = Py_NewRef(pf->code);
     return true;
 }
 
@@ -217,13 +219,13 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
     return 0;
 }
 
-/* The calling thread's stack; in a greenlet, down to that greenlet's bottom
- * (last_cfa != 0): below it lie frames of whoever started the greenlet. */
-static int collect_current(sink *s, int want, uintptr_t last_cfa)
+/* The calling thread's stack, walked from regs (of a frame still live);
+ * in a greenlet, down to that greenlet's bottom (last_cfa != 0): below it
+ * lie frames of whoever started the greenlet. */
+static int collect_from(sink *s, int want, uintptr_t last_cfa, const btc_regs *regs)
 {
-    btc_context ctx = {0};
+    btc_context ctx = {.regs = *regs};
     uintptr_t lo;
-    btc_get_regs(&ctx.regs);   /* this frame stays live during the walk */
     if (!btc_thread_stack(&lo, &ctx.mem.hi))
         return btc_fail(BTC_E_UNSUPPORTED, "cannot find the thread's stack");
     ctx.mem.lo = ctx.regs.sp;
@@ -231,6 +233,13 @@ static int collect_current(sink *s, int want, uintptr_t last_cfa)
     btc_pycursor py;
     btc_py_cursor_current(&py);
     return capture(&ctx, &py, s, want, !(want & BTC_WANT_FROM_HOOK), last_cfa != 0);
+}
+
+static int collect_current(sink *s, int want, uintptr_t last_cfa)
+{
+    btc_regs regs;
+    btc_get_regs(&regs);   /* this frame stays live during the walk */
+    return collect_from(s, want, last_cfa, &regs);
 }
 
 /* A greenlet other than the calling thread's current one.  Its state is
@@ -409,35 +418,26 @@ int btc_backtrace(uintptr_t *out, int max)
 
 /* ---- spawn sites (spawn.c): raw frames of the creating stack ---- */
 
-int btc_capture_site(btc_raw_capture *c, int want)
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, PyObject *current)
 {
-    sink s = {.out = c->frames, .codes = c->codes, .max = c->max};
+    sink s = {.out = c->frames, .max = c->max};
     uintptr_t bottom = 0;
-    int rc = btc_py_supported() ? btc_greenlet_current_bottom(&bottom, false) : BTC_E_UNSUPPORTED;
+    int rc = btc_py_supported() ? btc_greenlet_bottom(current, &bottom, false) : BTC_E_UNSUPPORTED;
     if (rc == 0)
-        rc = collect_current(&s, want | BTC_WANT_FROM_HOOK, bottom);
-    if (rc < 0)
-        release_codes(&s);
+        rc = collect_from(&s, want | BTC_WANT_FROM_HOOK, bottom, regs);
     c->n = s.n;
-    c->ncodes = s.ncodes;
     c->truncated = s.truncated;
     return rc;
 }
 
-void btc_release_site(btc_raw_capture *c)
+PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, int capacity)
 {
-    for (int i = 0; i < c->ncodes; i++)
-        Py_DECREF(c->codes[i]);
-    c->ncodes = 0;
-}
-
-PyObject *btc_backtrace_from_site(btc_raw_capture *c, int capacity)
-{
+    sink s = {.out = c->frames, .codes = codes, .n = c->n, .truncated = c->truncated};
+    for (int i = 0; i < c->n; i++)
+        if (c->frames[i].kind == BTC_KIND_PYTHON)
+            codes[s.ncodes++] = Py_NewRef((PyObject *)c->frames[i].addr);
     PyObject *bt = bt_slots.type ? bt_slots.type->tp_alloc(bt_slots.type, 0) : NULL;
-    sink s = {.out = c->frames, .codes = c->codes, .n = c->n, .ncodes = c->ncodes,
-              .truncated = c->truncated};
-    c->ncodes = 0;   /* fill_backtrace takes the references, or drops them */
-    if (!bt || fill_backtrace(bt, &s, capacity) < 0) {
+    if (!bt || fill_backtrace(bt, &s, capacity) < 0) {   /* fill_backtrace takes the references */
         release_codes(&s);
         Py_XDECREF(bt);
         PyErr_Clear();

@@ -63,6 +63,8 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx);
  * (the whole stack).  If greenlet's layout is not learned yet: BTC_E_NEED_LAYOUT
  * when need_it, else 0. */
 int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it);
+/* The same for g, the calling thread's current greenlet (NULL: none). */
+int btc_greenlet_bottom(PyObject *g, uintptr_t *bottom, bool need_it);
 /* What a collect() target is, for the builtin's fast path (GIL held):
  * UNKNOWN when it is not a greenlet or greenlet's layout is not learned yet
  * (the Python implementation then decides). */
@@ -91,23 +93,23 @@ void btc_unwind_forget(void);
 
 /* ---- spawn sites (capture.c, for spawn.c) ---- */
 
-/* A raw capture into the caller's buffers (max entries each). */
+/* A raw capture into the caller's buffer (max entries). */
 typedef struct {
     btc_frame *frames;
-    PyObject **codes;    /* a reference to the code object of each Python frame */
-    int max, n, ncodes;
+    int max, n;
     bool truncated;
 } btc_raw_capture;
 
-/* The calling thread's stack (in a greenlet, down to its bottom) as seen from
- * inside btcore's creation hook: only btcore's own native frames are
- * dropped.  0 or a BTC_E_* code (no references held then).  GIL held. */
-int btc_capture_site(btc_raw_capture *c, int want);
-/* Drop the code references a capture holds. */
-void btc_release_site(btc_raw_capture *c);
-/* A new btcore.Backtrace holding the capture (takes its references), or
- * NULL (no exception set; the references are dropped). */
-PyObject *btc_backtrace_from_site(btc_raw_capture *c, int capacity);
+/* The calling thread's stack (in a greenlet `current`, down to its bottom)
+ * as seen from inside btcore's creation hook, walked from regs (taken by
+ * btc_get_regs() in a frame that is still live): only btcore's own native
+ * frames are dropped.  No references are taken: the code objects named are
+ * those of frames running below the hook, alive until it returns.  0 or a
+ * BTC_E_* code.  GIL held. */
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, PyObject *current);
+/* A new btcore.Backtrace holding the capture (taking a reference to each
+ * code object it names; codes: room for c->n), or NULL (no exception set). */
+PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, int capacity);
 /* Does the btcore.Backtrace bt hold exactly c's frames (and truncation)? */
 bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c);
 

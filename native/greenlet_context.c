@@ -276,26 +276,27 @@ int btc_greenlet_target(PyObject *target)
 
 int btc_greenlet_current_bottom(uintptr_t *bottom, bool need_it)
 {
-    *bottom = 0;
     PyObject *g = current_greenlet();
-    if (!g || ((int (*)(PyObject *))greenlet_api[GREENLET_MAIN])(g)) {
-        Py_XDECREF(g);
-        return 0;   /* a main greenlet (or no greenlet at all): the whole stack */
-    }
-    int rc = 0;
-    if (!layout.ok) {
-        rc = need_it ? btc_fail(BTC_E_NEED_LAYOUT, "greenlet layout not learned yet") : 0;
-    } else {
-        stack_state s = state_at(pimpl_of(g), layout.state_off);
-        uintptr_t lo, hi;
-        /* A running greenlet's stack_stop lies in this thread's stack, above us. */
-        if (btc_thread_stack(&lo, &hi) && s.stop > (uintptr_t)&lo && s.stop < hi)
-            *bottom = s.stop;
-        else
-            rc = btc_fail(BTC_E_LAYOUT, "the current greenlet's stack_stop is not in this thread's stack");
-    }
-    Py_DECREF(g);
+    int rc = btc_greenlet_bottom(g, bottom, need_it);
+    Py_XDECREF(g);
     return rc;
+}
+
+int btc_greenlet_bottom(PyObject *g, uintptr_t *bottom, bool need_it)
+{
+    *bottom = 0;
+    if (!g || ((int (*)(PyObject *))greenlet_api[GREENLET_MAIN])(g))
+        return 0;   /* a main greenlet (or no greenlet at all): the whole stack */
+    if (!layout.ok)
+        return need_it ? btc_fail(BTC_E_NEED_LAYOUT, "greenlet layout not learned yet") : 0;
+    stack_state s = state_at(pimpl_of(g), layout.state_off);
+    uintptr_t lo, hi;
+    /* A running greenlet's stack_stop lies in this thread's stack, above us. */
+    if (btc_thread_stack(&lo, &hi) && s.stop > (uintptr_t)&lo && s.stop < hi) {
+        *bottom = s.stop;
+        return 0;
+    }
+    return btc_fail(BTC_E_LAYOUT, "the current greenlet's stack_stop is not in this thread's stack");
 }
 
 bool btc_greenlet_internal(uintptr_t pc)

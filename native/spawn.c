@@ -171,15 +171,21 @@ static PyObject *site_died;
 static PyObject *recent[RECENT_SITES];
 static unsigned recent_next;
 
+/* Each frame record is two words; two independent lanes keep the
+ * multiplications from waiting on each other. */
 static Py_hash_t hash_site(const btc_raw_capture *c)
 {
     const uint64_t *w = (const uint64_t *)c->frames;
-    uint64_t h = (uint64_t)c->n * 2 + c->truncated;
-    for (size_t i = 0; i < (size_t)c->n * sizeof(btc_frame) / 8; i++) {
-        h = (h ^ w[i]) * 0x9E3779B97F4A7C15ull;
-        h ^= h >> 29;
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    uint64_t a = (uint64_t)c->n * 2 + c->truncated, b = ~a;
+    for (int i = 0; i < c->n; i++) {
+        a = (a ^ w[2 * i]) * k;
+        b = (b ^ w[2 * i + 1]) * k;
+        a ^= a >> 29;
+        b ^= b >> 31;
     }
-    return (Py_hash_t)(h & (uint64_t)PY_SSIZE_T_MAX);
+    uint64_t h = (a ^ (b * k)) * k;
+    return (Py_hash_t)((h ^ (h >> 32)) & (uint64_t)PY_SSIZE_T_MAX);
 }
 
 /* Does interned site `ref` hold exactly the frames of c? */
@@ -250,16 +256,14 @@ static PyObject *on_site_died(PyObject *self, PyObject *ref)
 }
 
 /* The site for capture c (a new reference): the interned one, or a new one
- * interned now.  Takes c's code references.  NULL on failure. */
-static PyObject *intern_site(btc_raw_capture *c)
+ * interned now.  NULL on failure. */
+static PyObject *intern_site(const btc_raw_capture *c, PyObject **codes)
 {
     Py_hash_t hash = hash_site(c);
     PyObject *site = find_site(c, hash);
-    if (site) {
-        btc_release_site(c);
+    if (site)
         return Py_NewRef(site);
-    }
-    PyObject *fresh = btc_backtrace_from_site(c, site_capacity);
+    PyObject *fresh = btc_backtrace_from_site(c, codes, site_capacity);
     PyObject *args = fresh ? PyTuple_Pack(2, fresh, site_died) : NULL;
     site_ref *ref = args ? (site_ref *)_PyWeakref_RefType.tp_new(&site_ref_type, args, NULL) : NULL;
     Py_XDECREF(args);
@@ -334,18 +338,18 @@ static record *spawner_record(PyObject *current)
 
 #define MAX_SITE_FRAMES 256
 
-static void track(PyObject *g)
+static void track(PyObject *g, const btc_regs *regs)
 {
     btc_frame frames[MAX_SITE_FRAMES];
     PyObject *codes[MAX_SITE_FRAMES];
-    btc_raw_capture c = {.frames = frames, .codes = codes,
+    btc_raw_capture c = {.frames = frames,
                          .max = site_capacity < MAX_SITE_FRAMES ? site_capacity : MAX_SITE_FRAMES};
     PyObject *current = btc_current_greenlet();
     record *spawner = current ? spawner_record(current) : NULL;
     PyObject *site = NULL, *node = NULL;
     if (spawner)
         Py_INCREF(spawner);
-    if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want) == 0 && (site = intern_site(&c)))
+    if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want, regs, current) == 0 && (site = intern_site(&c, codes)))
         node = PyTuple_Pack(3, site, spawner->name, spawner->node);
     record *r = node ? new_record(g, node) : NULL;
     Py_XDECREF(r);   /* the live list holds it */
@@ -360,10 +364,13 @@ static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *g = original_new(type, args, kwds);
     if (!g || !enabled || in_hook)
         return g;
+    /* The walk starts here: the frames of the work below are not unwound. */
+    btc_regs regs;
+    btc_get_regs(&regs);
     in_hook = true;
     PyObject *type_, *value, *tb;   /* a failure to record is not the caller's */
     PyErr_Fetch(&type_, &value, &tb);
-    track(g);
+    track(g, &regs);
     PyErr_Clear();
     PyErr_Restore(type_, value, tb);
     in_hook = false;
