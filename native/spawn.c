@@ -12,17 +12,18 @@
  *
  * What is recorded.  At creation: the raw frames of the creating stack
  * (capture.c, no names), interned: identical sites are one Backtrace,
- * found through a table keyed by a hash of the raw records.  A greenlet's
- * ancestry is a node (site, spawner's repr, parent node): a tuple shared by
- * all its descendants, never copied per level.  A live chain is bounded:
- * when a spawner's chain reaches 2 * capacity generations, its newest
- * `capacity` nodes are copied once and the spawner continues from the copy,
- * so older nodes can be freed (amortised: one extra node per generation).
+ * found through a table keyed by a hash of the raw records.
  *
  * Per greenlet: one record, a weakref subclass to the greenlet (found again
  * through the greenlet's weakref list), held by a live list and dropped by
- * the weakref's callback when the greenlet dies.  Records, nodes and sites
- * are ordinary objects: what nobody references is freed.
+ * the weakref's callback when the greenlet dies.  The record is also the
+ * greenlet's ancestry node: (its site, its spawner's repr, its spawner's
+ * node), so descendants share their ancestors' records, never copies.  A
+ * live chain is bounded: when a spawner's chain reaches 2 * capacity
+ * generations, its parent link is replaced by a copy of its newest
+ * capacity - 1 ancestors (tuples of the same three fields), so older nodes
+ * can be freed (amortised: one copied node per generation).  Records,
+ * nodes and sites are ordinary objects: what nobody references is freed.
  *
  * Concurrency: everything runs with the GIL held, there is no lock (nothing
  * to reset after fork).  The hook may run Python code (the spawner's repr,
@@ -47,7 +48,9 @@ static __thread bool in_hook;   /* greenlets created by the hook's own work are 
 
 typedef struct record {
     PyWeakReference ref;        /* to the greenlet; the callback unlinks the record */
-    PyObject *node;             /* (site, spawner repr, parent node), or None: untracked spawner */
+    PyObject *site;             /* where the greenlet was created; NULL: an untracked spawner */
+    PyObject *spawner;          /* the repr of the greenlet that created it */
+    PyObject *parent;           /* the spawner's node (record or tuple), NULL if untracked */
     PyObject *name;             /* this greenlet's repr, taken when it first spawns; NULL before */
     struct record *prev, *next; /* the live list, which owns one reference */
 } record;
@@ -59,7 +62,9 @@ static PyObject *record_died;   /* the weakref callback */
 static int record_traverse(PyObject *self, visitproc visit, void *arg)
 {
     record *r = (record *)self;
-    Py_VISIT(r->node);
+    Py_VISIT(r->site);
+    Py_VISIT(r->spawner);
+    Py_VISIT(r->parent);
     Py_VISIT(r->name);
     return _PyWeakref_RefType.tp_traverse(self, visit, arg);
 }
@@ -67,7 +72,9 @@ static int record_traverse(PyObject *self, visitproc visit, void *arg)
 static int record_clear(PyObject *self)
 {
     record *r = (record *)self;
-    Py_CLEAR(r->node);
+    Py_CLEAR(r->site);
+    Py_CLEAR(r->spawner);
+    Py_CLEAR(r->parent);
     Py_CLEAR(r->name);
     return _PyWeakref_RefType.tp_clear(self);
 }
@@ -75,8 +82,10 @@ static int record_clear(PyObject *self)
 static void record_dealloc(PyObject *self)
 {
     PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, record_dealloc)   /* a chain of records frees its parents */
     record_clear(self);
     _PyWeakref_RefType.tp_dealloc(self);
+    Py_TRASHCAN_END
 }
 
 static PyTypeObject record_type = {
@@ -125,16 +134,15 @@ static record *record_of(PyObject *g)
     return NULL;
 }
 
-/* A new record for g (a new reference), in the live list; NULL on failure. */
-static record *new_record(PyObject *g, PyObject *node)
+/* A new record for g (a new reference) with no ancestry yet, in the live
+ * list; NULL on failure. */
+static record *new_record(PyObject *g)
 {
     PyObject *args = PyTuple_Pack(2, g, record_died);
     record *r = args ? (record *)_PyWeakref_RefType.tp_new(&record_type, args, NULL) : NULL;
     Py_XDECREF(args);
-    if (!r)
-        return NULL;
-    r->node = Py_NewRef(node);
-    link_record(r);
+    if (r)
+        link_record(r);
     return r;
 }
 
@@ -284,15 +292,30 @@ static PyObject *intern_site(const btc_raw_capture *c, PyObject **codes)
     return fresh;
 }
 
-/* ---- ancestry nodes ---- */
+/* ---- ancestry nodes: a record, or a tuple (site, spawner repr, parent or None) ---- */
 
-/* The newest `keep` nodes of chain, copied (a new reference). */
+static PyObject *node_field(PyObject *node, int i)
+{
+    if (!Py_IS_TYPE(node, &record_type)) {
+        PyObject *v = PyTuple_GET_ITEM(node, i);
+        return v == Py_None ? NULL : v;
+    }
+    record *r = (record *)node;
+    return i == 0 ? r->site : i == 1 ? r->spawner : r->parent;
+}
+
+#define NODE_SITE(n) node_field(n, 0)
+#define NODE_SPAWNER(n) node_field(n, 1)
+#define NODE_PARENT(n) node_field(n, 2)
+
+/* The newest `keep` nodes of chain (NULL: none), copied as tuples (a new
+ * reference; None when nothing is kept). */
 static PyObject *copy_newest(PyObject *chain, int keep)
 {
-    if (chain == Py_None || keep == 0)
+    if (!chain || keep == 0)
         return Py_NewRef(Py_None);
-    PyObject *rest = copy_newest(PyTuple_GET_ITEM(chain, 2), keep - 1);
-    PyObject *copy = rest ? PyTuple_Pack(3, PyTuple_GET_ITEM(chain, 0), PyTuple_GET_ITEM(chain, 1), rest) : NULL;
+    PyObject *rest = copy_newest(NODE_PARENT(chain), keep - 1);
+    PyObject *copy = rest ? PyTuple_Pack(3, NODE_SITE(chain), NODE_SPAWNER(chain), rest) : NULL;
     Py_XDECREF(rest);
     return copy;
 }
@@ -300,21 +323,25 @@ static PyObject *copy_newest(PyObject *chain, int keep)
 static int chain_length(PyObject *chain, int stop_at)
 {
     int n = 0;
-    for (; chain != Py_None && n < stop_at; chain = PyTuple_GET_ITEM(chain, 2))
+    for (; chain && n < stop_at; chain = NODE_PARENT(chain))
         n++;
     return n;
 }
 
-/* The spawner's chain, cut back to its newest site_capacity nodes once it
- * reaches twice that: a live greenlet keeps at most 2 * capacity nodes. */
+/* The spawner's chain, its parent link cut back to its newest capacity - 1
+ * ancestors once the chain reaches 2 * capacity: a live greenlet keeps at
+ * most 2 * capacity nodes.  Its children already made see the same cut:
+ * still capacity generations, all spawn_backtrace() can show. */
 static bool bounded_chain(record *spawner)
 {
-    if (chain_length(spawner->node, 2 * site_capacity) < 2 * site_capacity)
+    if (!spawner->site || chain_length((PyObject *)spawner, 2 * site_capacity) < 2 * site_capacity)
         return true;
-    PyObject *cut = copy_newest(spawner->node, site_capacity);
+    PyObject *cut = copy_newest(spawner->parent, site_capacity - 1);
     if (!cut)
         return false;
-    Py_SETREF(spawner->node, cut);
+    Py_SETREF(spawner->parent, cut == Py_None ? NULL : cut);
+    if (cut == Py_None)
+        Py_DECREF(cut);
     return true;
 }
 
@@ -325,7 +352,7 @@ static record *spawner_record(PyObject *current)
 {
     record *r = record_of(current);
     if (!r) {
-        if (!(r = new_record(current, Py_None)))
+        if (!(r = new_record(current)))
             return NULL;
         Py_DECREF(r);   /* the live list holds it */
     }
@@ -346,15 +373,16 @@ static void track(PyObject *g, const btc_regs *regs)
                          .max = site_capacity < MAX_SITE_FRAMES ? site_capacity : MAX_SITE_FRAMES};
     PyObject *current = btc_current_greenlet();
     record *spawner = current ? spawner_record(current) : NULL;
-    PyObject *site = NULL, *node = NULL;
+    record *r = NULL;
     if (spawner)
         Py_INCREF(spawner);
-    if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want, regs, current) == 0 && (site = intern_site(&c, codes)))
-        node = PyTuple_Pack(3, site, spawner->name, spawner->node);
-    record *r = node ? new_record(g, node) : NULL;
+    if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want, regs, current) == 0 &&
+        (r = new_record(g))) {
+        r->site = intern_site(&c, codes);   /* NULL on failure: an untracked greenlet */
+        r->spawner = Py_NewRef(spawner->name);
+        r->parent = spawner->site ? Py_NewRef((PyObject *)spawner) : NULL;
+    }
     Py_XDECREF(r);   /* the live list holds it */
-    Py_XDECREF(node);
-    Py_XDECREF(site);
     Py_XDECREF((PyObject *)spawner);
     Py_XDECREF(current);
 }
@@ -393,20 +421,34 @@ static void swap_new(PyTypeObject *t, newfunc from, newfunc to)
     PyErr_Clear();
 }
 
-static PyObject *spawn_node(PyObject *self, PyObject *g)
+/* _spawn_chain(g, limit): [(site, spawner repr)] of g and its ancestors,
+ * newest first, at most limit generations; None if g is untracked. */
+static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (!PyObject_TypeCheck(g, greenlet_type)) {
-        PyErr_Format(PyExc_TypeError, "spawn_backtrace() needs a greenlet, not %s", Py_TYPE(g)->tp_name);
+    long limit = nargs == 2 ? PyLong_AsLong(args[1]) : -1;
+    if (nargs != 2 || limit < 0 || !PyObject_TypeCheck(args[0], greenlet_type)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "spawn_backtrace() needs a greenlet, not %s",
+                         nargs ? Py_TYPE(args[0])->tp_name : "nothing");
         return NULL;
     }
-    record *r = record_of(g);
-    return Py_NewRef(r && r->node ? r->node : Py_None);
+    record *r = record_of(args[0]);
+    if (!r || !r->site)
+        Py_RETURN_NONE;
+    PyObject *chain = PyList_New(0);
+    for (PyObject *n = (PyObject *)r; chain && n && limit-- > 0; n = NODE_PARENT(n)) {
+        PyObject *pair = PyTuple_Pack(2, NODE_SITE(n), NODE_SPAWNER(n));
+        if (!pair || PyList_Append(chain, pair) < 0)
+            Py_CLEAR(chain);
+        Py_XDECREF(pair);
+    }
+    return chain;
 }
 
-static PyMethodDef spawn_node_def = {
-    "_spawn_node", spawn_node, METH_O,
-    "_spawn_node(g): g's ancestry (site, spawner repr, parent node), or None if untracked."};
+static PyMethodDef spawn_chain_def = {
+    "_spawn_chain", (PyCFunction)(void (*)(void))spawn_chain, METH_FASTCALL,
+    "_spawn_chain(g, limit): [(site, spawner repr)] newest first, or None if g is untracked."};
 static PyMethodDef record_died_def = {"_spawn_record_died", on_record_died, METH_O, NULL};
 static PyMethodDef site_died_def = {"_spawn_site_died", on_site_died, METH_O, NULL};
 
@@ -424,11 +466,11 @@ int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
         goto out;
     if (!site_died && !(site_died = PyCFunction_New(&site_died_def, NULL)))
         goto out;
-    if (!(fn = PyCFunction_New(&spawn_node_def, NULL)))
+    if (!(fn = PyCFunction_New(&spawn_chain_def, NULL)))
         goto out;
     greenlet_type = (PyTypeObject *)Py_NewRef((PyObject *)type);
     original_new = type->tp_new;
-    rc = PyDict_SetItemString(ns, "_spawn_node", fn);
+    rc = PyDict_SetItemString(ns, "_spawn_chain", fn);
 out:
     Py_XDECREF(fn);
     if (rc < 0)

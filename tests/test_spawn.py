@@ -20,7 +20,7 @@ from greenlet import greenlet as EarlyGreenlet   # imported before tracking is e
 
 import btcore
 from btcore._native import lib
-from btcore.spawn import _counts, _spawn_node
+from btcore.spawn import _counts, _spawn_chain
 
 from oracles import short
 from test_collect import in_fn
@@ -160,10 +160,7 @@ def test_ten_thousand_generations_bounded_newest_kept():
         for _ in range(10_000):
             g = g.switch(g.n)     # g runs, creates its successor and dies
         leaf = g
-        chain_length, node = 0, _spawn_node(leaf)
-        while node is not None:
-            chain_length, node = chain_length + 1, node[2]
-        assert chain_length <= 2 * capacity
+        assert len(_spawn_chain(leaf, 1 << 30)) <= 2 * capacity   # generations kept alive
         assert _counts()[0] - records_before <= 2   # the leaf's (and main's) record, not 10 000
         bt = btcore.spawn_backtrace(leaf)
         assert len(bt) == capacity and bt.truncated
@@ -313,8 +310,8 @@ def test_a_site_dies_with_its_last_greenlet(tracking):
         return [greenlet.greenlet(park) for _ in range(3)]
 
     gs = make()
-    site = _spawn_node(gs[0])[0]
-    assert all(_spawn_node(g)[0] is site for g in gs)   # interned: one site
+    site = _spawn_chain(gs[0], 1)[0][0]
+    assert all(_spawn_chain(g, 1)[0][0] is site for g in gs)   # interned: one site
     ref = weakref.ref(site)
     del site, gs
     for _ in range(16):                                  # push it out of the reuse ring

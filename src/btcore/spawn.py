@@ -18,9 +18,9 @@ from .greenlets import BacktraceError, layout_known
 if lib.btc_spawn_install(id(globals()), id(greenlet.greenlet)) != 0:
     raise ImportError("btcore: cannot install spawn tracking")
 
-# _spawn_node (installed above): the greenlet's ancestry node, a tuple
-# (site Backtrace, spawner repr, the spawner's node or None), or None.
-_spawn_node = globals()["_spawn_node"]
+# _spawn_chain(g, limit) (installed above): [(site Backtrace, spawner repr)]
+# of g and its ancestors, newest first, at most limit; None if untracked.
+_spawn_chain = globals()["_spawn_chain"]
 
 
 def enable_spawn_tracking(*, capacity: int = 32, native: bool = True) -> None:
@@ -58,13 +58,13 @@ def spawn_backtrace(g) -> Backtrace | None:
     a Backtrace of the tracking capacity, newest generation first, each
     generation a join headed "spawned by <spawner> at:".  None if g was not
     created while tracking was on."""
-    node = _spawn_node(g)
-    if node is None:
+    capacity = lib.btc_spawn_capacity()
+    chain = _spawn_chain(g, capacity + 1)   # each site holds >= 1 frame, or adds nothing
+    if chain is None:
         return None
-    bt = Backtrace(lib.btc_spawn_capacity())
-    while node is not None:
-        site, spawner, node = node
-        if len(bt) == bt.capacity:
+    bt = Backtrace(capacity)
+    for site, spawner in chain:
+        if len(bt) == capacity:
             bt.truncated = True   # older generations dropped
             break
         append_labelled(bt, site, f"spawned by {spawner} at:")
