@@ -452,26 +452,32 @@ static PyMethodDef spawn_chain_def = {
 static PyMethodDef record_died_def = {"_spawn_record_died", on_record_died, METH_O, NULL};
 static PyMethodDef site_died_def = {"_spawn_site_died", on_site_died, METH_O, NULL};
 
+/* Remember greenlet's type and its original tp_new, once (a module
+ * reloaded while tracking is on finds them already set). */
+static bool remember_greenlet_type(PyTypeObject *type)
+{
+    if (greenlet_type)
+        return type == greenlet_type;
+    if (!PyType_Check((PyObject *)type) || !type->tp_new || type->tp_weaklistoffset <= 0)
+        return false;
+    record_type.tp_base = site_ref_type.tp_base = &_PyWeakref_RefType;
+    if (PyType_Ready(&record_type) < 0 || PyType_Ready(&site_ref_type) < 0 ||
+        !(record_died = PyCFunction_New(&record_died_def, NULL)) ||
+        !(site_died = PyCFunction_New(&site_died_def, NULL)))
+        return false;
+    greenlet_type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+    original_new = type->tp_new;
+    return true;
+}
+
 int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *ns = (PyObject *)namespace, *fn = NULL;
-    PyTypeObject *type = (PyTypeObject *)greenlet;
     int rc = -1;
-    record_type.tp_base = site_ref_type.tp_base = &_PyWeakref_RefType;
-    if (!PyDict_Check(ns) || !PyType_Check((PyObject *)type) || !type->tp_new || type->tp_new == tracked_new ||
-        type->tp_weaklistoffset <= 0 || PyType_Ready(&record_type) < 0 || PyType_Ready(&site_ref_type) < 0)
-        goto out;
-    if (!record_died && !(record_died = PyCFunction_New(&record_died_def, NULL)))
-        goto out;
-    if (!site_died && !(site_died = PyCFunction_New(&site_died_def, NULL)))
-        goto out;
-    if (!(fn = PyCFunction_New(&spawn_chain_def, NULL)))
-        goto out;
-    greenlet_type = (PyTypeObject *)Py_NewRef((PyObject *)type);
-    original_new = type->tp_new;
-    rc = PyDict_SetItemString(ns, "_spawn_chain", fn);
-out:
+    if (PyDict_Check(ns) && remember_greenlet_type((PyTypeObject *)greenlet) &&
+        (fn = PyCFunction_New(&spawn_chain_def, NULL)))
+        rc = PyDict_SetItemString(ns, "_spawn_chain", fn);
     Py_XDECREF(fn);
     if (rc < 0)
         PyErr_Clear();

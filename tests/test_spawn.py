@@ -485,3 +485,21 @@ def test_eventlet_spawn():
     assert r.returncode == 0, r.stderr
     names = eval(r.stdout.strip().splitlines()[-1])
     assert names[:2] == ["spawn", "parent"] and "start" in names   # eventlet.spawn creates the GreenThread
+
+
+def test_reloading_the_module_while_tracking():
+    """Guards: reloading btcore.spawn while the hook is installed keeps the
+    original constructor (it used to take the hook for it and fail)."""
+    r = run_child("""
+        import importlib, greenlet, btcore, btcore.spawn
+        from btcore._native import lib
+        original = lib.btc_type_new_slot(id(greenlet.greenlet))
+        btcore.enable_spawn_tracking()
+        spawn = importlib.reload(btcore.spawn)
+        assert spawn.spawn_backtrace(greenlet.greenlet(lambda: 0)) is not None
+        spawn.disable_spawn_tracking()
+        assert lib.btc_type_new_slot(id(greenlet.greenlet)) == original
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"]
