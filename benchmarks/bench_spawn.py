@@ -9,8 +9,11 @@ a gevent greenlet, three ways, in interleaved rounds (A B C A B C ...):
   btcore    btcore's tracking on (capacity 32, native + Python frames, all
             generations), gevent's off
 
-The added cost of each is its time minus "neither" in the same round; the
-median over rounds is printed with the spread (min..max).
+Times are the thread's CPU time (the machine is shared: wall time would
+count other processes).  The added cost of each is its time minus
+"neither" in the same round; the median over rounds is printed with the
+spread (min..max).  For a figure that does not move with machine load,
+count instructions instead (see docs/design.md, "Spawn tracking").
 
 Memory: RSS per live tracked greenlet, for 50 000 gevent.Greenlet objects
 (gevent's tracking off) that share one spawn site and for 50 000 created
