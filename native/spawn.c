@@ -196,11 +196,20 @@ static Py_hash_t hash_site(const btc_raw_capture *c)
     return (Py_hash_t)((h ^ (h >> 32)) & (uint64_t)PY_SSIZE_T_MAX);
 }
 
+/* The site `ref` refers to (borrowed: the table keeps no site alive, but a
+ * live referent stays alive while we use it, no Python code runs), or NULL
+ * if it is dying and its callback has not run yet. */
+static PyObject *referent(site_ref *ref)
+{
+    PyObject *site = ((PyWeakReference *)ref)->wr_object;
+    return site != Py_None && Py_REFCNT(site) > 0 ? site : NULL;
+}
+
 /* Does interned site `ref` hold exactly the frames of c? */
 static bool same_site(site_ref *ref, const btc_raw_capture *c, PyObject **site)
 {
-    *site = PyWeakref_GET_OBJECT((PyObject *)ref);
-    return *site != Py_None && btc_backtrace_holds(*site, c);   /* None: dying, callback pending */
+    *site = referent(ref);
+    return *site && btc_backtrace_holds(*site, c);
 }
 
 /* The interned site with c's frames (borrowed), or NULL. */
