@@ -503,3 +503,13 @@ def test_reloading_the_module_while_tracking():
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["ok"]
+
+
+def test_nothing_is_resolved_at_creation(tracking):
+    """Spawning stores raw frames only: the shared name cache stays empty
+    until somebody looks."""
+    btcore.cache.clear()
+    gs = [gevent.Greenlet(park) for _ in range(100)]
+    assert len(btcore.cache) == 0
+    btcore.spawn_backtrace(gs[0]).frames()
+    assert len(btcore.cache) > 0
