@@ -9,6 +9,7 @@
  *   evalloop.c            which native pcs run the eval loop
  *   greenlet_context.c    the saved context of a suspended greenlet
  *   capture.c             btc_collect(): context -> walk -> merge -> frames
+ *   spawn.c               spawn tracking: greenlet creation hook, interned sites, records
  */
 #ifndef BTCORE_H
 #define BTCORE_H

@@ -32,6 +32,7 @@ typedef struct {
 #define BTC_WANT_INTERNALS 4
 #define BTC_WANT_OWN_THREAD 8   /* the target greenlet belongs to the calling thread */
 #define BTC_WANT_HIDE_CALLER 16 /* drop the innermost Python frame (btcore's API function) */
+#define BTC_WANT_FROM_HOOK   32 /* called from the spawn hook: drop only btcore's own native frames */
 
 /* Errors of btc_collect() (see btc_last_error() for the reason in words). */
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
@@ -75,6 +76,30 @@ int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1,
 
 /* Why the last btc_collect() on this thread returned an error, in words. */
 const char *btc_last_error(void);
+
+/* ---- spawn tracking (spawn.c) ---- */
+
+/* Remember greenlet's type (id(greenlet.greenlet)) and its original tp_new,
+ * and put the builtin _spawn_node(g) into the module namespace dict at
+ * `namespace`.  Once, before the others.  Returns 0 or -1. */
+int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet_type);
+/* Hook greenlet creation (greenlet.greenlet's tp_new and that of every
+ * subclass still holding it): each greenlet created from now on records its
+ * creating stack (at most capacity frames; Python frames, and native ones
+ * if native) and its spawner's ancestry.  Also updates the settings when
+ * already on.  Returns 0, or -1 for bad arguments / not installed. */
+int btc_spawn_enable(int capacity, int native);
+/* Stop recording and put the original tp_new back wherever the hook is.
+ * Records already made stay with their greenlets. */
+void btc_spawn_disable(void);
+int btc_spawn_enabled(void);
+/* The capacity given to the last btc_spawn_enable() (32 before any). */
+int btc_spawn_capacity(void);
+/* Live records (one per tracked greenlet, and per spawner that was not
+ * tracked itself) and interned sites, for tests and benchmarks. */
+void btc_spawn_counts(int64_t *records, int64_t *sites);
+/* A type's tp_new slot, for tests: creation restored exactly. */
+uintptr_t btc_type_new_slot(uintptr_t type);
 
 /* ---- resolution ---- */
 

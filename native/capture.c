@@ -51,7 +51,8 @@ typedef struct {
     int n, max;
     bool truncated;
     int skip_python;    /* btcore's own API frames, innermost first */
-    PyObject **codes;   /* the code object of each Python frame emitted (a reference each) */
+    PyObject **codes;   /* the code object of each Python frame emitted (a reference each);
+                         * NULL: none taken (spawn sites: the frames are live, see spawn.c) */
     int ncodes;
 } sink;
 
@@ -91,7 +92,8 @@ static bool take_python(sink *s, const btc_pyframe *pf, int flags, bool emit_it,
         return false;
     /* Held from now on: the allocations that build the Backtrace may run a
      * collection, and finalizers may let another thread end these frames. */
-    s->codes[s->ncodes++] = Py_NewRef(pf->code);
+    if (s->codes)
+        s->codes[s->ncodes++] = Py_NewRef(pf->code);
     return true;
 }
 
@@ -126,6 +128,19 @@ typedef struct {
     bool own_first;    /* the innermost frames are btcore's own: drop them (see merge) */
     bool greenlet;     /* a greenlet's stack: mark (or hide) greenlet's own frames */
 } native_walk;
+
+/* A capture made from inside btcore's greenlet-creation hook (spawn.c): the
+ * innermost native frames are btcore's own (the hook, this capture); drop
+ * exactly those, keeping the interpreter's (type_call, ...) and any C
+ * extension's frames that led to the creation. */
+static int drop_own_module(const native_walk *w)
+{
+    btc_module *own = btc_module_find((uintptr_t)&btc_collect);
+    int first = 0;
+    while (own && first < w->n && w->nat[first].pc >= own->lo && w->nat[first].pc < own->hi)
+        first++;
+    return first;
+}
 
 /* Hide greenlet's switching machinery: the innermost frames (slp_switch up
  * to the switch() call site) and the outermost (its start-up stub). */
@@ -210,19 +225,24 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         w.nat += hidden;
         w.n -= hidden;
     }
+    if (want & BTC_WANT_FROM_HOOK) {
+        int own = drop_own_module(&w);
+        w.nat += own;
+        w.n -= own;
+    }
     merge(s, &w, py, want);
     btc_modules_unlock();
     free(heap);
     return 0;
 }
 
-/* The calling thread's stack; in a greenlet, down to that greenlet's own
- * outermost frame: below it lie frames of whoever started the greenlet. */
-static int collect_current(sink *s, int want)
+/* The calling thread's stack, walked from regs (of a frame still live);
+ * in a greenlet, down to that greenlet's own outermost frame: below it lie
+ * frames of whoever started the greenlet. */
+static int collect_from(sink *s, int want, const btc_regs *regs)
 {
-    btc_context ctx = {0};
+    btc_context ctx = {.regs = *regs};
     uintptr_t lo;
-    btc_get_regs(&ctx.regs);   /* this frame stays live during the walk */
     if (!btc_thread_stack(&lo, &ctx.mem.hi))
         return btc_fail(BTC_E_UNSUPPORTED, "cannot find the thread's stack");
     ctx.mem.lo = ctx.regs.sp;
@@ -231,7 +251,14 @@ static int collect_current(sink *s, int want)
         return in_greenlet;
     btc_pycursor py;
     btc_py_cursor_current(&py);
-    return capture(&ctx, &py, s, want, true, in_greenlet);
+    return capture(&ctx, &py, s, want, !(want & BTC_WANT_FROM_HOOK), in_greenlet);
+}
+
+static int collect_current(sink *s, int want)
+{
+    btc_regs regs;
+    btc_get_regs(&regs);   /* this frame stays live during the walk */
+    return collect_from(s, want, &regs);
 }
 
 /* A greenlet other than the calling thread's current one.  Its state is
@@ -423,4 +450,42 @@ int btc_backtrace(uintptr_t *out, int max)
     for (int i = 1; i < n; i++)   /* nat[0] is this function */
         out[i - 1] = nat[i].pc;
     return n > 0 ? n - 1 : 0;
+}
+
+/* ---- spawn sites (spawn.c): raw frames of the creating stack ---- */
+
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs)
+{
+    sink s = {.out = c->frames, .max = c->max};
+    int rc = btc_py_supported() ? collect_from(&s, want | BTC_WANT_FROM_HOOK, regs) : BTC_E_UNSUPPORTED;
+    c->n = s.n;
+    c->truncated = s.truncated;
+    return rc;
+}
+
+PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, int capacity)
+{
+    sink s = {.out = c->frames, .codes = codes, .n = c->n, .truncated = c->truncated};
+    for (int i = 0; i < c->n; i++)
+        if (c->frames[i].kind == BTC_KIND_PYTHON)
+            codes[s.ncodes++] = Py_NewRef((PyObject *)c->frames[i].addr);
+    PyObject *bt = bt_slots.type ? bt_slots.type->tp_alloc(bt_slots.type, 0) : NULL;
+    if (!bt || fill_backtrace(bt, &s, capacity) < 0) {   /* fill_backtrace takes the references */
+        release_codes(&s);
+        Py_XDECREF(bt);
+        PyErr_Clear();
+        return NULL;
+    }
+    return bt;
+}
+
+bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c)
+{
+    if (!bt_slots.type || !Py_IS_TYPE(bt, bt_slots.type))
+        return false;
+    PyObject *raw = *(PyObject **)((char *)bt + bt_slots.raw);
+    PyObject *truncated = *(PyObject **)((char *)bt + bt_slots.truncated);
+    size_t size = (size_t)c->n * sizeof(btc_frame);
+    return raw && PyByteArray_CheckExact(raw) && (size_t)PyByteArray_GET_SIZE(raw) == size &&
+           (truncated == Py_True) == c->truncated && memcmp(PyByteArray_AS_STRING(raw), c->frames, size) == 0;
 }

@@ -81,6 +81,9 @@ int btc_greenlet_active(PyObject *g);
  * when it has no Python frame); NULL with the reason set on failure.  Call
  * after btc_greenlet_active(). */
 PyObject *btc_greenlet_frame(PyObject *g);
+/* The calling thread's current greenlet (a new reference), NULL if greenlet
+ * is not importable. */
+PyObject *btc_current_greenlet(void);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 
@@ -98,5 +101,27 @@ typedef struct {
 int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max);
 /* Forget cached rows: their tables are about to be freed (module lock held). */
 void btc_unwind_forget(void);
+
+/* ---- spawn sites (capture.c, for spawn.c) ---- */
+
+/* A raw capture into the caller's buffer (max entries). */
+typedef struct {
+    btc_frame *frames;
+    int max, n;
+    bool truncated;
+} btc_raw_capture;
+
+/* The calling thread's stack (in a greenlet, down to its outermost frame)
+ * as seen from inside btcore's creation hook, walked from regs (taken by
+ * btc_get_regs() in a frame that is still live): only btcore's own native
+ * frames are dropped.  No references are taken: the code objects named are
+ * those of frames running below the hook, alive until it returns.  0 or a
+ * BTC_E_* code.  GIL held. */
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs);
+/* A new btcore.Backtrace holding the capture (taking a reference to each
+ * code object it names; codes: room for c->n), or NULL (no exception set). */
+PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, int capacity);
+/* Does the btcore.Backtrace bt hold exactly c's frames (and truncation)? */
+bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c);
 
 #endif

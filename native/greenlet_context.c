@@ -295,6 +295,11 @@ PyObject *btc_greenlet_frame(PyObject *g)
     return frame;
 }
 
+PyObject *btc_current_greenlet(void)
+{
+    return current_greenlet();
+}
+
 /* The root of g's parent chain: its thread's main greenlet (new reference). */
 static PyObject *root_of(PyObject *g)
 {
@@ -345,6 +350,7 @@ int btc_greenlet_current_end(btc_context *ctx)
     }
     return 1;
 }
+
 
 bool btc_greenlet_internal(uintptr_t pc)
 {

@@ -87,9 +87,13 @@ BTC_HOT bool step(const btc_cfi_row *row, const btc_context *ctx, btc_regs *r, u
  * Rows live as long as their table: btc_unwind_forget() empties the cache
  * whenever the module list is rebuilt.  Used under the module lock. */
 #define ROW_CACHE_BITS 10
+/* The row is copied into the entry: a hit then reads one cache line, not
+ * the entry and a row somewhere in a table of megabytes (a second cache and
+ * TLB miss per frame). */
 static struct {
     uintptr_t pc;
-    const btc_cfi_row *row;   /* NULL: no module or no FDE covers pc */
+    btc_cfi_row row;
+    bool found;   /* false: no module or no FDE covers pc */
 } row_cache[1 << ROW_CACHE_BITS];
 
 void btc_unwind_forget(void)
@@ -104,14 +108,18 @@ static const btc_cfi_row *find_row(uintptr_t pc)
     return t ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
 }
 
+/* The row for pc, valid until the next call. */
 BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
 {
     size_t i = (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
     if (row_cache[i].pc != pc) {
-        row_cache[i].row = find_row(pc);
+        const btc_cfi_row *row = find_row(pc);
+        row_cache[i].found = row != NULL;
+        if (row)
+            row_cache[i].row = *row;
         row_cache[i].pc = pc;
     }
-    return row_cache[i].row;
+    return row_cache[i].found ? &row_cache[i].row : NULL;
 }
 
 static bool ends_walk(const btc_context *ctx, uintptr_t pc)

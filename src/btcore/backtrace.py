@@ -40,9 +40,12 @@ class Backtrace:
     """
 
     # The capture fills these slots directly (native/capture.c): keep the
-    # names in step with btc_bind_backtrace().  _target: a weak reference to
-    # the greenlet given to collect(), for format()'s header; unset otherwise.
-    __slots__ = ("_raw", "_refs", "_capacity", "truncated", "_target", "__weakref__")
+    # names in step with btc_bind_backtrace().  Unset until needed:
+    # _target: a weak reference to the greenlet given to collect(), for
+    # format()'s header line;
+    # _labels: {raw index of a join: header line} for joins that have their
+    # own header (spawn_backtrace's "spawned by ...").
+    __slots__ = ("_raw", "_refs", "_capacity", "truncated", "_target", "_labels", "__weakref__")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         """An empty backtrace, e.g. to append() others into."""
@@ -62,6 +65,8 @@ class Backtrace:
             self._capacity, bytearray(self._raw), self._refs, self.truncated)
         if hasattr(self, "_target"):   # the greenlet header goes with the copy
             dup._target = self._target
+        if getattr(self, "_labels", None):   # and the joins' headers
+            dup._labels = dict(self._labels)
         return dup
 
     def __deepcopy__(self, memo) -> Backtrace:
@@ -102,11 +107,15 @@ class Backtrace:
         (header=False leaves it out, for callers that print their own).
         """
         entries = []   # innermost first
-        for joined, frames in self._parts():
-            if joined:
+        for joined, label, frames in self._parts():
+            if joined and not label:
                 entries.append(JOIN_MARKER)
+            if label and most_recent_first:   # a label heads its part in the order printed
+                entries.append(f"  {label}")
             shown = frames if verbose else fold(frames)
             entries.extend(f.format(verbose) if isinstance(f, Frame) else f.format() for f in shown)
+            if label and not most_recent_first:   # (the list is reversed below)
+                entries.append(f"  {label}")
         if self.truncated:
             entries.append("  ... (outer frames truncated)")
         if not most_recent_first:
@@ -115,12 +124,14 @@ class Backtrace:
         return "\n".join((self._header() if header else []) + [f"Backtrace ({order}):"] + entries)
 
     def _parts(self) -> list:
-        """(begins with an append() join, Frames innermost first) per part."""
-        parts = [(False, [])]
-        for flags, frames in self._resolved():
+        """(begins with an append() join, its header line or None, Frames
+        innermost first) per part."""
+        labels = getattr(self, "_labels", None) or {}
+        parts = [(False, None, [])]
+        for index, (flags, frames) in enumerate(self._resolved()):
             if flags & F_JOIN:
-                parts.append((True, []))
-            parts[-1][1].extend(frames)
+                parts.append((True, labels.get(index), []))
+            parts[-1][2].extend(frames)
         return parts
 
     def _header(self) -> list:
@@ -135,6 +146,8 @@ class Backtrace:
     def __repr__(self) -> str:
         more = " truncated" if self.truncated else ""
         return f"<btcore.Backtrace {len(self)}/{self.capacity} frames{more}>"
+
+
 
 
 def _check_capacity(capacity) -> int:
@@ -239,6 +252,23 @@ def append(to: Backtrace, add: Backtrace) -> int:
     to._raw += copied
     to._refs += add._refs[:python_frames]
     to.truncated = to.truncated or add.truncated
+    _carry_labels(to, add, have, n)
+    return n
+
+
+def _carry_labels(to: Backtrace, add: Backtrace, offset: int, copied: int) -> None:
+    """Keep the headers of add's labelled joins that were copied."""
+    labels = {offset + i: text for i, text in (getattr(add, "_labels", None) or {}).items() if i < copied}
+    if labels:
+        to._labels = {**(getattr(to, "_labels", None) or {}), **labels}
+
+
+def append_labelled(to: Backtrace, add: Backtrace, label: str) -> int:
+    """append(), with `label` as the header of the new join in format()."""
+    have = len(to)
+    n = append(to, add)
+    if n:
+        to._labels = {**(getattr(to, "_labels", None) or {}), have: label}
     return n
 
 

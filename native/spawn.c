@@ -1,0 +1,533 @@
+/* Spawn tracking: every greenlet created while it is on remembers where it
+ * was created and who created it, all generations, bounded.
+ *
+ * The hook.  greenlet.greenlet is a C type; every way of creating one from
+ * Python (the class, any subclass, gevent's Cython Greenlet, super().__new__)
+ * goes through a tp_new slot.  Subclasses copied greenlet's slot when they
+ * were made, so enabling swaps the slot of greenlet.greenlet and of every
+ * existing subclass still holding the original; subclasses made later
+ * inherit the swapped one; disabling puts the original back wherever the
+ * hook is.  Nothing else of greenlet is touched.  (C code calling greenlet's
+ * C API PyGreenlet_New bypasses tp_new and is not tracked.)
+ *
+ * What is recorded.  At creation: the raw frames of the creating stack
+ * (capture.c, no names), interned: identical sites are one Backtrace,
+ * found through a table keyed by a hash of the raw records.
+ *
+ * Per greenlet: one record, a weakref subclass to the greenlet (found again
+ * through the greenlet's weakref list), held by a live list and dropped by
+ * the weakref's callback when the greenlet dies.  The record is also the
+ * greenlet's ancestry node: (its site, its spawner's repr, its spawner's
+ * node), so descendants share their ancestors' records, never copies.  A
+ * live chain is bounded: when a spawner's chain reaches 2 * capacity
+ * generations, its parent link is replaced by a copy of its newest
+ * capacity - 1 ancestors (tuples of the same three fields), so older nodes
+ * can be freed (amortised: one copied node per generation).  Records,
+ * nodes and sites are ordinary objects: what nobody references is freed.
+ *
+ * Concurrency: everything runs with the GIL held, there is no lock (nothing
+ * to reset after fork).  The hook may run Python code (the spawner's repr,
+ * finalizers during an allocation), which may hand the GIL to another
+ * thread: no pointer into the table is kept across such a call, and the
+ * table and the list are changed only in C code that runs no Python.
+ */
+#include <Python.h>
+
+#include "context.h"
+
+/* ---- state ---- */
+
+static PyTypeObject *greenlet_type;
+static newfunc original_new;
+static bool enabled;
+static int site_capacity = 32;
+static int site_want = BTC_WANT_PYTHON | BTC_WANT_NATIVE;
+static __thread bool in_hook;   /* greenlets created by the hook's own work are not tracked */
+
+/* ---- records: one per tracked greenlet ---- */
+
+typedef struct record {
+    PyWeakReference ref;        /* to the greenlet; the callback unlinks the record */
+    PyObject *site;             /* where the greenlet was created; NULL: an untracked spawner */
+    PyObject *spawner;          /* the repr of the greenlet that created it */
+    PyObject *parent;           /* the spawner's node (record or tuple), NULL if untracked */
+    PyObject *name;             /* this greenlet's repr, taken when it first spawns; NULL before */
+    struct record *prev, *next; /* the live list, which owns one reference */
+} record;
+
+static record live = {.prev = &live, .next = &live};
+static Py_ssize_t live_records;
+static PyObject *record_died;   /* the weakref callback */
+
+static int record_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    record *r = (record *)self;
+    Py_VISIT(r->site);
+    Py_VISIT(r->spawner);
+    Py_VISIT(r->parent);
+    Py_VISIT(r->name);
+    return _PyWeakref_RefType.tp_traverse(self, visit, arg);
+}
+
+static int record_clear(PyObject *self)
+{
+    record *r = (record *)self;
+    Py_CLEAR(r->site);
+    Py_CLEAR(r->spawner);
+    Py_CLEAR(r->parent);
+    Py_CLEAR(r->name);
+    return _PyWeakref_RefType.tp_clear(self);
+}
+
+static void record_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, record_dealloc)   /* a chain of records frees its parents */
+    record_clear(self);
+    _PyWeakref_RefType.tp_dealloc(self);
+    Py_TRASHCAN_END
+}
+
+static PyTypeObject record_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "btcore._SpawnRecord",
+    .tp_basicsize = sizeof(record),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = record_dealloc,
+    .tp_traverse = record_traverse,
+    .tp_clear = record_clear,
+};
+
+static void link_record(record *r)
+{
+    Py_INCREF(r);
+    r->prev = live.prev;
+    r->next = &live;
+    live.prev->next = r;
+    live.prev = r;
+    live_records++;
+}
+
+static PyObject *on_record_died(PyObject *self, PyObject *ref)
+{
+    (void)self;
+    record *r = (record *)ref;
+    if (Py_IS_TYPE(ref, &record_type) && r->next) {
+        r->prev->next = r->next;
+        r->next->prev = r->prev;
+        r->prev = r->next = NULL;
+        live_records--;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+/* g's record, borrowed (NULL if none): a weakref of our type in its list. */
+static record *record_of(PyObject *g)
+{
+    Py_ssize_t off = Py_TYPE(g)->tp_weaklistoffset;
+    if (off <= 0)
+        return NULL;
+    for (PyWeakReference *w = *(PyWeakReference **)((char *)g + off); w; w = w->wr_next)
+        if (Py_IS_TYPE(w, &record_type))
+            return (record *)w;
+    return NULL;
+}
+
+/* A new record for g (a new reference) with no ancestry yet, in the live
+ * list; NULL on failure. */
+static record *new_record(PyObject *g)
+{
+    PyObject *args = PyTuple_Pack(2, g, record_died);
+    record *r = args ? (record *)_PyWeakref_RefType.tp_new(&record_type, args, NULL) : NULL;
+    Py_XDECREF(args);
+    if (r)
+        link_record(r);
+    return r;
+}
+
+/* ---- interned sites ---- */
+
+/* A weak reference to an interned site that remembers its hash, so that
+ * its callback finds the table entry to remove. */
+typedef struct {
+    PyWeakReference ref;
+    Py_hash_t hash;
+} site_ref;
+
+static PyTypeObject site_ref_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "btcore._SiteRef",
+    .tp_basicsize = sizeof(site_ref),
+    .tp_flags = Py_TPFLAGS_DEFAULT,   /* weakref's GC support is inherited */
+};
+
+typedef struct {
+    Py_hash_t hash;
+    site_ref *ref;   /* owned; NULL: empty; TOMBSTONE: removed */
+} intern_slot;
+
+#define TOMBSTONE ((site_ref *)1)
+static intern_slot *table;
+static size_t table_mask, table_live, table_filled;
+static PyObject *site_died;
+
+/* The sites interned last stay alive even when no greenlet uses them any
+ * more: a loop spawning short-lived greenlets reuses its site instead of
+ * capturing it into a new Backtrace each time.  Bounded. */
+#define RECENT_SITES 16
+static PyObject *recent[RECENT_SITES];
+static unsigned recent_next;
+
+/* Each frame record is two words; two independent lanes keep the
+ * multiplications from waiting on each other. */
+static Py_hash_t hash_site(const btc_raw_capture *c)
+{
+    const uint64_t *w = (const uint64_t *)c->frames;
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    uint64_t a = (uint64_t)c->n * 2 + c->truncated, b = ~a;
+    for (int i = 0; i < c->n; i++) {
+        a = (a ^ w[2 * i]) * k;
+        b = (b ^ w[2 * i + 1]) * k;
+        a ^= a >> 29;
+        b ^= b >> 31;
+    }
+    uint64_t h = (a ^ (b * k)) * k;
+    return (Py_hash_t)((h ^ (h >> 32)) & (uint64_t)PY_SSIZE_T_MAX);
+}
+
+/* The site `ref` refers to (borrowed: the table keeps no site alive, but a
+ * live referent stays alive while we use it, no Python code runs), or NULL
+ * if it is dying and its callback has not run yet. */
+static PyObject *referent(site_ref *ref)
+{
+    PyObject *site = ((PyWeakReference *)ref)->wr_object;
+    return site != Py_None && Py_REFCNT(site) > 0 ? site : NULL;
+}
+
+/* Does interned site `ref` hold exactly the frames of c? */
+static bool same_site(site_ref *ref, const btc_raw_capture *c, PyObject **site)
+{
+    *site = referent(ref);
+    return *site && btc_backtrace_holds(*site, c);
+}
+
+/* The interned site with c's frames (borrowed), or NULL. */
+static PyObject *find_site(const btc_raw_capture *c, Py_hash_t hash)
+{
+    if (!table)
+        return NULL;
+    for (size_t i = (size_t)hash & table_mask;; i = (i + 1) & table_mask) {
+        intern_slot *e = &table[i];
+        PyObject *site;
+        if (!e->ref)
+            return NULL;
+        if (e->ref != TOMBSTONE && e->hash == hash && same_site(e->ref, c, &site))
+            return site;
+    }
+}
+
+static void place(intern_slot *t, size_t mask, Py_hash_t hash, site_ref *ref)
+{
+    size_t i = (size_t)hash & mask;
+    while (t[i].ref)
+        i = (i + 1) & mask;
+    t[i] = (intern_slot){hash, ref};
+}
+
+/* Room for one more entry (no Python code runs here); false: no memory. */
+static bool table_reserve(void)
+{
+    if (table && (table_filled + 1) * 3 < (table_mask + 1) * 2)
+        return true;
+    size_t size = 64;
+    while (size < (table_live + 1) * 4)
+        size <<= 1;
+    intern_slot *t = PyMem_Calloc(size, sizeof *t);
+    if (!t)
+        return false;
+    for (size_t i = 0; table && i <= table_mask; i++)
+        if (table[i].ref && table[i].ref != TOMBSTONE)
+            place(t, size - 1, table[i].hash, table[i].ref);
+    PyMem_Free(table);
+    table = t;
+    table_mask = size - 1;
+    table_filled = table_live;
+    return true;
+}
+
+static PyObject *on_site_died(PyObject *self, PyObject *ref)
+{
+    (void)self;
+    if (!table || !Py_IS_TYPE(ref, &site_ref_type))
+        Py_RETURN_NONE;
+    for (size_t i = (size_t)((site_ref *)ref)->hash & table_mask; table[i].ref; i = (i + 1) & table_mask) {
+        if (table[i].ref == (site_ref *)ref) {
+            table[i].ref = TOMBSTONE;
+            table_live--;
+            Py_DECREF(ref);
+            break;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* The site for capture c (a new reference): the interned one, or a new one
+ * interned now.  NULL on failure. */
+static PyObject *intern_site(const btc_raw_capture *c, PyObject **codes)
+{
+    Py_hash_t hash = hash_site(c);
+    PyObject *site = find_site(c, hash);
+    if (site)
+        return Py_NewRef(site);
+    PyObject *fresh = btc_backtrace_from_site(c, codes, site_capacity);
+    PyObject *args = fresh ? PyTuple_Pack(2, fresh, site_died) : NULL;
+    site_ref *ref = args ? (site_ref *)_PyWeakref_RefType.tp_new(&site_ref_type, args, NULL) : NULL;
+    Py_XDECREF(args);
+    /* The allocations above may have run Python code (finalizers), and with
+     * it another thread's spawns: look again before inserting. */
+    site = fresh && ref ? find_site(c, hash) : NULL;
+    if (site || !ref || !table_reserve()) {
+        Py_XDECREF(ref);
+        Py_XDECREF(fresh);
+        return site ? Py_NewRef(site) : NULL;
+    }
+    ref->hash = hash;
+    place(table, table_mask, hash, ref);   /* the table owns ref */
+    table_live++;
+    table_filled++;
+    unsigned slot = recent_next++ % RECENT_SITES;   /* Py_XSETREF evaluates its target twice */
+    Py_XSETREF(recent[slot], Py_NewRef(fresh));
+    return fresh;
+}
+
+/* ---- ancestry nodes: a record, or a tuple (site, spawner repr, parent or None) ---- */
+
+static PyObject *node_field(PyObject *node, int i)
+{
+    if (!Py_IS_TYPE(node, &record_type)) {
+        PyObject *v = PyTuple_GET_ITEM(node, i);
+        return v == Py_None ? NULL : v;
+    }
+    record *r = (record *)node;
+    return i == 0 ? r->site : i == 1 ? r->spawner : r->parent;
+}
+
+#define NODE_SITE(n) node_field(n, 0)
+#define NODE_SPAWNER(n) node_field(n, 1)
+#define NODE_PARENT(n) node_field(n, 2)
+
+/* The newest `keep` nodes of chain (NULL: none), copied as tuples (a new
+ * reference; None when nothing is kept). */
+static PyObject *copy_newest(PyObject *chain, int keep)
+{
+    if (!chain || keep == 0)
+        return Py_NewRef(Py_None);
+    PyObject *rest = copy_newest(NODE_PARENT(chain), keep - 1);
+    PyObject *copy = rest ? PyTuple_Pack(3, NODE_SITE(chain), NODE_SPAWNER(chain), rest) : NULL;
+    Py_XDECREF(rest);
+    return copy;
+}
+
+static int chain_length(PyObject *chain, int stop_at)
+{
+    int n = 0;
+    for (; chain && n < stop_at; chain = NODE_PARENT(chain))
+        n++;
+    return n;
+}
+
+/* The spawner's chain, its parent link cut back to its newest capacity - 1
+ * ancestors once the chain reaches 2 * capacity: a live greenlet keeps at
+ * most 2 * capacity nodes.  Its children already made see the same cut:
+ * still capacity generations, all spawn_backtrace() can show. */
+static bool bounded_chain(record *spawner)
+{
+    if (!spawner->site || chain_length((PyObject *)spawner, 2 * site_capacity) < 2 * site_capacity)
+        return true;
+    PyObject *cut = copy_newest(spawner->parent, site_capacity - 1);
+    if (!cut)
+        return false;
+    Py_SETREF(spawner->parent, cut == Py_None ? NULL : cut);
+    if (cut == Py_None)
+        Py_DECREF(cut);
+    return true;
+}
+
+/* The record of the current greenlet, with its repr taken (borrowed,
+ * kept alive by the live list while the greenlet lives; the caller holds
+ * the greenlet). */
+static record *spawner_record(PyObject *current)
+{
+    record *r = record_of(current);
+    if (!r) {
+        if (!(r = new_record(current)))
+            return NULL;
+        Py_DECREF(r);   /* the live list holds it */
+    }
+    if (!r->name && !(r->name = PyObject_Repr(current)))
+        r->name = PyUnicode_FromFormat("<%s object at %p>", Py_TYPE(current)->tp_name, current);
+    return r->name ? r : NULL;
+}
+
+/* ---- the hook ---- */
+
+#define MAX_SITE_FRAMES 256
+
+static void track(PyObject *g, const btc_regs *regs)
+{
+    btc_frame frames[MAX_SITE_FRAMES];
+    PyObject *codes[MAX_SITE_FRAMES];
+    btc_raw_capture c = {.frames = frames,
+                         .max = site_capacity < MAX_SITE_FRAMES ? site_capacity : MAX_SITE_FRAMES};
+    PyObject *current = btc_current_greenlet();
+    record *spawner = current ? spawner_record(current) : NULL;
+    record *r = NULL;
+    if (spawner)
+        Py_INCREF(spawner);
+    if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want, regs) == 0 &&
+        (r = new_record(g))) {
+        r->site = intern_site(&c, codes);   /* NULL on failure: an untracked greenlet */
+        r->spawner = Py_NewRef(spawner->name);
+        r->parent = spawner->site ? Py_NewRef((PyObject *)spawner) : NULL;
+    }
+    Py_XDECREF(r);   /* the live list holds it */
+    Py_XDECREF((PyObject *)spawner);
+    Py_XDECREF(current);
+}
+
+static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *g = original_new(type, args, kwds);
+    if (!g || !enabled || in_hook)
+        return g;
+    /* The walk starts here: the frames of the work below are not unwound. */
+    btc_regs regs;
+    btc_get_regs(&regs);
+    in_hook = true;
+    PyObject *type_, *value, *tb;   /* a failure to record is not the caller's */
+    PyErr_Fetch(&type_, &value, &tb);
+    track(g, &regs);
+    PyErr_Clear();
+    PyErr_Restore(type_, value, tb);
+    in_hook = false;
+    return g;
+}
+
+/* ---- the cffi API ---- */
+
+static void swap_new(PyTypeObject *t, newfunc from, newfunc to)
+{
+    if (t->tp_new == from) {
+        t->tp_new = to;
+        PyType_Modified(t);
+    }
+    PyObject *subs = PyObject_CallMethod((PyObject *)t, "__subclasses__", NULL);
+    for (Py_ssize_t i = 0; subs && PyList_Check(subs) && i < PyList_GET_SIZE(subs); i++)
+        if (PyType_Check(PyList_GET_ITEM(subs, i)))
+            swap_new((PyTypeObject *)PyList_GET_ITEM(subs, i), from, to);
+    Py_XDECREF(subs);
+    PyErr_Clear();
+}
+
+/* _spawn_chain(g, limit): [(site, spawner repr)] of g and its ancestors,
+ * newest first, at most limit generations; None if g is untracked. */
+static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    long limit = nargs == 2 ? PyLong_AsLong(args[1]) : -1;
+    if (nargs != 2 || limit < 0 || !PyObject_TypeCheck(args[0], greenlet_type)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "spawn_backtrace() needs a greenlet, not %s",
+                         nargs ? Py_TYPE(args[0])->tp_name : "nothing");
+        return NULL;
+    }
+    record *r = record_of(args[0]);
+    if (!r || !r->site)
+        Py_RETURN_NONE;
+    PyObject *chain = PyList_New(0);
+    for (PyObject *n = (PyObject *)r; chain && n && limit-- > 0; n = NODE_PARENT(n)) {
+        PyObject *pair = PyTuple_Pack(2, NODE_SITE(n), NODE_SPAWNER(n));
+        if (!pair || PyList_Append(chain, pair) < 0)
+            Py_CLEAR(chain);
+        Py_XDECREF(pair);
+    }
+    return chain;
+}
+
+static PyMethodDef spawn_chain_def = {
+    "_spawn_chain", (PyCFunction)(void (*)(void))spawn_chain, METH_FASTCALL,
+    "_spawn_chain(g, limit): [(site, spawner repr)] newest first, or None if g is untracked."};
+static PyMethodDef record_died_def = {"_spawn_record_died", on_record_died, METH_O, NULL};
+static PyMethodDef site_died_def = {"_spawn_site_died", on_site_died, METH_O, NULL};
+
+/* Remember greenlet's type and its original tp_new, once (a module
+ * reloaded while tracking is on finds them already set). */
+static bool remember_greenlet_type(PyTypeObject *type)
+{
+    if (greenlet_type)
+        return type == greenlet_type;
+    if (!PyType_Check((PyObject *)type) || !type->tp_new || type->tp_weaklistoffset <= 0)
+        return false;
+    record_type.tp_base = site_ref_type.tp_base = &_PyWeakref_RefType;
+    if (PyType_Ready(&record_type) < 0 || PyType_Ready(&site_ref_type) < 0 ||
+        !(record_died = PyCFunction_New(&record_died_def, NULL)) ||
+        !(site_died = PyCFunction_New(&site_died_def, NULL)))
+        return false;
+    greenlet_type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+    original_new = type->tp_new;
+    return true;
+}
+
+int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *ns = (PyObject *)namespace, *fn = NULL;
+    int rc = -1;
+    if (PyDict_Check(ns) && remember_greenlet_type((PyTypeObject *)greenlet) &&
+        (fn = PyCFunction_New(&spawn_chain_def, NULL)))
+        rc = PyDict_SetItemString(ns, "_spawn_chain", fn);
+    Py_XDECREF(fn);
+    if (rc < 0)
+        PyErr_Clear();
+    PyGILState_Release(gil);
+    return rc;
+}
+
+int btc_spawn_enable(int capacity, int native)
+{
+    if (!greenlet_type || capacity < 1 || capacity > BTC_MAX_CAPACITY)
+        return -1;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    site_capacity = capacity;
+    site_want = BTC_WANT_PYTHON | (native ? BTC_WANT_NATIVE : 0);
+    swap_new(greenlet_type, original_new, tracked_new);
+    enabled = true;
+    PyGILState_Release(gil);
+    return 0;
+}
+
+void btc_spawn_disable(void)
+{
+    if (!greenlet_type)
+        return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    enabled = false;
+    swap_new(greenlet_type, tracked_new, original_new);
+    PyGILState_Release(gil);
+}
+
+int btc_spawn_enabled(void) { return enabled; }
+
+int btc_spawn_capacity(void) { return site_capacity; }
+
+void btc_spawn_counts(int64_t *records, int64_t *sites)
+{
+    *records = live_records;
+    *sites = (int64_t)table_live;
+}
+
+uintptr_t btc_type_new_slot(uintptr_t type)
+{
+    return (uintptr_t)((PyTypeObject *)type)->tp_new;
+}

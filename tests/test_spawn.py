@@ -1,0 +1,522 @@
+"""Spawn tracking (issue 11): enable_spawn_tracking(), spawn_backtrace().
+
+Oracles: the interpreter's own frame chain at the creating call (names of
+the Python frames of each spawn site), glibc's backtrace() taken inside the
+native fixture (native frames of a site created in a C callback), the
+fixture's symbol table read with pyelftools, gc.get_objects() (records
+alive), and the type's tp_new slot read before and after (creation restored).
+"""
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import gevent
+import greenlet
+import pytest
+from greenlet import greenlet as EarlyGreenlet   # imported before tracking is ever enabled
+
+import btcore
+from btcore._native import lib
+from btcore.spawn import _counts, _spawn_chain
+
+from conftest import in_interpreter
+from oracles import short
+from test_collect import in_fn
+
+
+class EarlySub(greenlet.greenlet):
+    """A subclass made before tracking is enabled, with its own __init__."""
+
+    def __init__(self, run, tag=None):
+        super().__init__(run)
+        self.tag = tag
+
+
+@pytest.fixture
+def tracking():
+    btcore.enable_spawn_tracking(capacity=256)
+    try:
+        yield
+    finally:
+        btcore.disable_spawn_tracking()
+
+
+def park():
+    greenlet.getcurrent().parent.switch()
+
+
+def parts(bt):
+    """[(header, [frames])] of a spawn backtrace, newest generation first."""
+    frames = bt.frames()
+    joins = bt.joins() + [len(frames)]
+    headers = [line.strip() for line in bt.format(most_recent_first=True).splitlines()
+               if line.startswith("  spawned by ")]
+    assert len(headers) == len(joins) - 1
+    return [(headers[i], frames[joins[i]:joins[i + 1]]) for i in range(len(headers))]
+
+
+def python_names(frames):
+    """Short names (the last part of the qualified name) of the Python frames."""
+    return [short(f.function) for f in frames if f.kind == "python"]
+
+
+# ---- what is recorded ----
+
+def test_gevent_three_generations_in_order(tracking):
+    """The leaf lists the spawn sites of all 3 generations, newest first,
+    each with its Python frames and the native frames between them."""
+    seen = {}
+
+    def leaf():
+        seen["leaf"] = gevent.getcurrent()
+
+    def mid():
+        seen["mid"] = gevent.getcurrent()
+        gevent.spawn(leaf).join()
+
+    def top():
+        seen["top"] = gevent.getcurrent()
+        gevent.spawn(mid).join()
+
+    def start():
+        return gevent.spawn(top)
+
+    start().join()
+    bt = btcore.spawn_backtrace(seen["leaf"])
+    (h_leaf, leaf_site), (h_mid, mid_site), (h_top, top_site) = parts(bt)
+    assert h_leaf == f"spawned by {seen['mid']!r} at:"
+    assert h_mid == f"spawned by {seen['top']!r} at:"
+    assert h_top.startswith("spawned by <greenlet.greenlet object") and " main>" in h_top
+    assert python_names(leaf_site) == ["mid"]
+    assert python_names(mid_site) == ["top"]
+    names = python_names(top_site)
+    assert names[:2] == ["start", "test_gevent_three_generations_in_order"]
+    # The oracle for the main greenlet's part: the interpreter's own chain.
+    outer, frame = [], sys._getframe()
+    while frame is not None:
+        outer.append(short(frame.f_code.co_qualname))
+        frame = frame.f_back
+    assert names[1:] == outer
+    for site in (leaf_site, mid_site):
+        first_python = next(i for i, f in enumerate(site) if f.kind == "python")
+        # between the spawn and the creating Python frame: the interpreter's
+        # class call (type_call, ...: unnamed in a stripped interpreter) ...
+        assert any(in_interpreter(f) for f in site[:first_python])
+        # ... and below it, gevent's Greenlet.run (Cython) that runs the spawner
+        native = [f.function or "" for f in site[first_python:] if f.kind == "native"]
+        assert any(n.startswith("gevent._gevent_cgreenlet.Greenlet.run") for n in native)
+    assert not any((f.module or "").endswith(("_native.cpython-311-x86_64-linux-gnu.so",))
+                   for f in bt.frames()), "btcore's own frames leaked into a spawn site"
+
+
+def test_site_created_in_a_c_callback_has_the_c_frames(chain, chain_symbols, tracking):
+    """A greenlet created inside a C extension's callback: its spawn site
+    holds the extension's frames, address for address as glibc's backtrace()
+    saw them from inside the chain."""
+    ffi, lib_chain, so_path = chain
+    made = []
+    lib_chain.g_glibc_bt_enabled = 1
+    try:
+        chain.set_callback(lambda tag: made.append(greenlet.greenlet(park)) or 0)
+        lib_chain.chain_entry(0)
+        chain.finish()
+    finally:
+        lib_chain.g_glibc_bt_enabled = 0
+    glibc = chain.glibc_backtrace()
+    in_chain = [a for a in glibc[1:] if any(lo <= a - 1 < hi for lo, hi in chain_symbols.values())]
+    assert len(in_chain) >= 2   # chain_static, chain_entry (and cffi's wrapper)
+
+    frames = btcore.spawn_backtrace(made[0]).frames()
+    ours = [f.ip for f in frames if f.kind == "native" and not f.inlined and f.module == so_path]
+    k = next(i for i, ip in enumerate(ours) if in_fn(ip, chain_symbols, "_ZN5btfix6WalkerIiE7descendEi"))
+    assert in_fn(ours[k - 1], chain_symbols, "chain_py_callback")
+    assert [hex(a) for a in ours[k + 1:k + 1 + len(in_chain)]] == [hex(a) for a in in_chain]
+    # and the Python frame that created the greenlet comes before the C frames
+    first_python = next(f for f in frames if f.kind == "python")
+    assert short(first_python.function) == "<lambda>"
+
+
+class Numbered(greenlet.greenlet):
+    def __repr__(self):
+        return f"<gen {self.n}>"
+
+
+def test_ten_thousand_generations_bounded_newest_kept():
+    """Each generation creates the next and dies: the leaf keeps the newest
+    generations, and what it keeps alive stays bounded."""
+    capacity = 8
+    btcore.enable_spawn_tracking(capacity=capacity, native=False)
+    try:
+        main = greenlet.getcurrent()
+
+        def step(n):
+            child = Numbered(step, main)   # not parent=g (the default): that would keep g alive
+            child.n = n + 1
+            return child
+
+        g = Numbered(step)
+        g.n = 0
+        records_before = _counts()[0]
+        for _ in range(10_000):
+            g = g.switch(g.n)     # g runs, creates its successor and dies
+        leaf = g
+        assert len(_spawn_chain(leaf, 1 << 30)) <= 2 * capacity   # generations kept alive
+        assert _counts()[0] - records_before <= 2   # the leaf's (and main's) record, not 10 000
+        bt = btcore.spawn_backtrace(leaf)
+        assert len(bt) == capacity and bt.truncated
+        headers = [h for h, _ in parts(bt)]
+        assert headers == [f"spawned by <gen {9_999 - i}> at:" for i in range(capacity)]
+    finally:
+        btcore.disable_spawn_tracking()
+
+
+def test_class_imported_before_enabling_is_tracked(tracking):
+    g = EarlyGreenlet(park)
+    assert btcore.spawn_backtrace(g) is not None
+    assert python_names(btcore.spawn_backtrace(g).frames())[0] == "test_class_imported_before_enabling_is_tracked"
+
+
+def test_subclasses_with_own_init_or_new_are_tracked(tracking):
+    class LateSub(greenlet.greenlet):
+        def __init__(self, run):
+            super().__init__(run)
+
+    class WithNew(greenlet.greenlet):
+        def __new__(cls, *args, **kwargs):
+            return super().__new__(cls, *args, **kwargs)
+
+    class UnderGevent(gevent.Greenlet):
+        def __init__(self):
+            super().__init__(park)
+
+    here = "test_subclasses_with_own_init_or_new_are_tracked"
+    for g in (EarlySub(park, tag=1), LateSub(park), UnderGevent()):
+        assert python_names(btcore.spawn_backtrace(g).frames())[0] == here, type(g)
+    # __new__ runs before the object exists: it is part of the creating stack
+    assert python_names(btcore.spawn_backtrace(WithNew(park)).frames())[:2] == ["__new__", here]
+
+
+def test_gevent_creation_paths(tracking):
+    from gevent.pool import Group, Pool
+
+    def where():
+        return python_names(btcore.spawn_backtrace(made).frames())
+
+    group, pool = Group(), Pool(2)
+    for made in (gevent.spawn(lambda: None), gevent.Greenlet(lambda: None), group.spawn(lambda: None),
+                 pool.spawn(lambda: None), gevent.spawn_later(0, lambda: None)):
+        assert "test_gevent_creation_paths" in where(), made
+    gevent.wait()
+
+
+def test_created_before_enabling_or_after_disabling_has_none():
+    before = greenlet.greenlet(park)
+    btcore.enable_spawn_tracking()
+    assert btcore.spawn_tracking_enabled()
+    during = greenlet.greenlet(park)
+    btcore.disable_spawn_tracking()
+    assert not btcore.spawn_tracking_enabled()
+    after = greenlet.greenlet(park)
+    assert btcore.spawn_backtrace(before) is None
+    assert btcore.spawn_backtrace(during) is not None   # records stay with their greenlets
+    assert btcore.spawn_backtrace(after) is None
+
+
+def test_disable_restores_creation_exactly():
+    """The tp_new slot of greenlet, of subclasses made before, during and
+    after tracking, and of gevent's Cython Greenlet, is what it was."""
+    types = [greenlet.greenlet, EarlySub, gevent.Greenlet]
+    original = {t: lib.btc_type_new_slot(id(t)) for t in types}
+    btcore.enable_spawn_tracking()
+    hooked = lib.btc_type_new_slot(id(greenlet.greenlet))
+    assert hooked != original[greenlet.greenlet]
+    assert lib.btc_type_new_slot(id(EarlySub)) == hooked
+    assert lib.btc_type_new_slot(id(gevent.Greenlet)) == original[gevent.Greenlet]   # its own tp_new
+
+    class DuringSub(greenlet.greenlet):
+        pass
+    assert lib.btc_type_new_slot(id(DuringSub)) == hooked
+    btcore.enable_spawn_tracking(capacity=16)   # again: settings only
+    btcore.disable_spawn_tracking()
+    for t in types:
+        assert lib.btc_type_new_slot(id(t)) == original[t]
+    assert lib.btc_type_new_slot(id(DuringSub)) == original[greenlet.greenlet]
+    btcore.disable_spawn_tracking()   # twice: harmless
+    assert lib.btc_type_new_slot(id(greenlet.greenlet)) == original[greenlet.greenlet]
+
+
+# ---- lifetime ----
+
+def spawn_records():
+    return sum(1 for o in gc.get_objects() if type(o).__name__ == "_SpawnRecord")
+
+
+def test_parent_dies_before_child(tracking):
+    kids = []
+
+    def parent():
+        kids.append(greenlet.greenlet(park))
+
+    p = greenlet.greenlet(parent)
+    p.switch()
+    assert p.dead
+    del p
+    (h_kid, kid_site), (h_parent, parent_site) = parts(btcore.spawn_backtrace(kids[0]))
+    assert h_kid.startswith("spawned by <greenlet.greenlet object") and "dead" not in h_kid
+    assert python_names(kid_site) == ["parent"]
+    assert python_names(parent_site)[0] == "test_parent_dies_before_child"
+
+
+def test_child_dies_before_parent(tracking):
+    gc.collect()
+    base = spawn_records()
+
+    def parent():
+        child = greenlet.greenlet(lambda: None)
+        child.switch()
+        assert child.dead
+        del child
+        park()
+
+    p = greenlet.greenlet(parent)
+    p.switch()
+    assert spawn_records() == base + 1   # p's own; its dead child's is gone
+    assert btcore.spawn_backtrace(p) is not None
+    p.throw(greenlet.GreenletExit)
+    del p
+    assert spawn_records() == base
+
+
+def test_no_growth_over_100_000_spawns(tracking):
+    """Records die with their greenlets; sites with the last record using
+    them (but for a small bounded set kept for reuse)."""
+    gc.collect()
+    records, sites = _counts()
+    objects = spawn_records()
+    for i in range(100_000):
+        greenlet.greenlet(park)
+        if i % 7 == 0:
+            (lambda: greenlet.greenlet(park))()   # another site
+    gc.collect()
+    assert spawn_records() == objects
+    assert _counts()[0] == records
+    assert _counts()[1] <= sites + 16
+
+
+def test_a_site_dies_with_its_last_greenlet(tracking):
+    import weakref
+
+    def make():
+        return [greenlet.greenlet(park) for _ in range(50)]
+
+    # The first calls may take another native path than the later ones (the
+    # interpreter specialises the call after a few runs: 3.15 does): the
+    # same line then gives two sites.  Once warm, one.
+    gs = make()[-20:]
+    site = _spawn_chain(gs[0], 1)[0][0]
+    assert all(_spawn_chain(g, 1)[0][0] is site for g in gs)   # interned: one site
+    ref = weakref.ref(site)
+    del site, gs
+    for _ in range(16):                                  # push it out of the reuse ring
+        exec("greenlet.greenlet(park)", {"greenlet": greenlet, "park": park})
+    gc.collect()
+    assert ref() is None
+
+
+# ---- format ----
+
+def test_format_headers_and_append_keeps_them(tracking):
+    kids = []
+
+    def parent():
+        kids.append(greenlet.greenlet(park))
+        park()
+
+    p = greenlet.greenlet(parent)
+    p.switch()
+    kid = kids[0]
+    spawn = btcore.spawn_backtrace(kid)
+    assert spawn.joins() == [0, len(spawn.frames()) - len(parts(spawn)[-1][1])][:len(spawn.joins())]
+    last = spawn.format().splitlines()
+    first = spawn.format(most_recent_first=True).splitlines()
+    # p's repr taken when it spawned (it was running then: greenlet's repr
+    # says "current"; it says "suspended" now)
+    header = f"  spawned by {p!r} at:".replace(" suspended ", " current ")
+    # Each header comes right before the frames it names, in either order.
+    following = next(j for j in range(2, len(first)) if first[j].startswith("  spawned by"))
+    assert first[1] == header and any(line.endswith("<locals>.parent") for line in first[2:following])
+    i = last.index(header)
+    assert any(line.endswith("<locals>.parent") for line in last[i + 1:]) and not any(
+        line.startswith("  spawned by") for line in last[i + 1:])
+    assert "==== appended backtrace boundary ====" not in spawn.format()
+
+    full = btcore.collect(kid, capacity=512)   # the kid's own stack, then where it came from
+    n = len(full)
+    btcore.append(full, spawn)
+    assert full.joins()[0] == len(btcore.collect(kid, capacity=512).frames())
+    # (kid has not started: its own part is empty; no greenlet header line)
+    text = full.format(most_recent_first=True, header=False).splitlines()
+    assert n == 0 and header in text and text.index(header) == 1
+    p.throw(greenlet.GreenletExit)
+
+
+def test_spawn_backtrace_rejects_non_greenlets():
+    with pytest.raises(TypeError):
+        btcore.spawn_backtrace(object())
+
+
+def test_enable_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        btcore.enable_spawn_tracking(capacity=0)
+    with pytest.raises(TypeError):
+        btcore.enable_spawn_tracking(capacity=8.0)
+    with pytest.raises(TypeError):
+        btcore.enable_spawn_tracking(native=1)
+    assert not btcore.spawn_tracking_enabled()
+
+
+# ---- robustness ----
+
+class BadRepr(greenlet.greenlet):
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+class SpawningRepr(greenlet.greenlet):
+    def __repr__(self):
+        greenlet.greenlet(park)   # creates a greenlet from inside the hook
+        return "<spawning repr>"
+
+
+def test_spawner_repr_failing_or_spawning(tracking):
+    got = []
+
+    def run():
+        got.append(greenlet.greenlet(park))
+
+    for cls in (BadRepr, SpawningRepr):
+        cls(run).switch()   # dead now, and gone: gevent's tree tests list live greenlets
+    bad, spawning = (parts(btcore.spawn_backtrace(g))[0][0] for g in got)
+    assert bad.startswith("spawned by <BadRepr object at 0x")
+    assert spawning == "spawned by <spawning repr> at:"
+
+
+def test_threads(tracking):
+    got = []
+
+    def in_thread():
+        def child():
+            got.append(greenlet.greenlet(park))
+        greenlet.greenlet(child).switch()
+
+    threads = [threading.Thread(target=in_thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for g in got:
+        (h, site), (h_outer, outer) = parts(btcore.spawn_backtrace(g))
+        assert python_names(site) == ["child"]
+        assert python_names(outer)[0] == "in_thread"
+
+
+# ---- gevent's own tracking ----
+
+@pytest.mark.parametrize("gevent_tree", [True, False])
+def test_with_gevents_own_tracking(tracking, gevent_tree):
+    import io
+    from gevent import config, util
+    saved = config.track_greenlet_tree
+    config.track_greenlet_tree = gevent_tree
+    try:
+        g = gevent.spawn(gevent.sleep, 0.01)
+        assert (g.spawning_stack is not None) == gevent_tree
+        assert btcore.spawn_backtrace(g) is not None
+        out = io.StringIO()
+        util.print_run_info(file=out)
+        assert "Greenlets" in out.getvalue() and "<Greenlet" in out.getvalue()
+        tree = util.GreenletTree.current_tree()
+        assert tree.format()
+        g.join()
+    finally:
+        config.track_greenlet_tree = saved
+
+
+# ---- other processes: fork, eventlet ----
+
+def run_child(code):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_fork_while_tracking():
+    """No lock to inherit: a forked child spawns and resolves as usual."""
+    r = run_child("""
+        import os, greenlet, btcore
+        btcore.enable_spawn_tracking()
+        keep = [greenlet.greenlet(lambda: None) for _ in range(100)]
+        pid = os.fork()
+        if pid == 0:
+            g = greenlet.greenlet(lambda: None)
+            ok = btcore.spawn_backtrace(g) is not None and btcore.spawn_backtrace(keep[0]) is not None
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0"]
+
+
+def test_eventlet_spawn():
+    pytest.importorskip("eventlet", reason="eventlet is optional: pip install eventlet to test its spawn")
+    r = run_child("""
+        import warnings
+        warnings.simplefilter("ignore")
+        import eventlet, btcore
+        btcore.enable_spawn_tracking()
+        got = []
+        def leaf():
+            pass
+        def parent():
+            got.append(eventlet.spawn(leaf))
+        def start():
+            return eventlet.spawn(parent)
+        start().wait()
+        got[0].wait()
+        bt = btcore.spawn_backtrace(got[0])
+        print([f.function for f in bt.frames() if f.kind == "python"])
+    """)
+    assert r.returncode == 0, r.stderr
+    names = eval(r.stdout.strip().splitlines()[-1])
+    assert names[:2] == ["spawn", "parent"] and "start" in names   # eventlet.spawn creates the GreenThread
+
+
+def test_reloading_the_module_while_tracking():
+    """Guards: reloading btcore.spawn while the hook is installed keeps the
+    original constructor (it used to take the hook for it and fail)."""
+    r = run_child("""
+        import importlib, greenlet, btcore, btcore.spawn
+        from btcore._native import lib
+        original = lib.btc_type_new_slot(id(greenlet.greenlet))
+        btcore.enable_spawn_tracking()
+        spawn = importlib.reload(btcore.spawn)
+        assert spawn.spawn_backtrace(greenlet.greenlet(lambda: 0)) is not None
+        spawn.disable_spawn_tracking()
+        assert lib.btc_type_new_slot(id(greenlet.greenlet)) == original
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"]
+
+
+def test_nothing_is_resolved_at_creation(tracking):
+    """Spawning stores raw frames only: the shared name cache stays empty
+    until somebody looks."""
+    btcore.cache.clear()
+    gs = [gevent.Greenlet(park) for _ in range(100)]
+    assert len(btcore.cache) == 0
+    btcore.spawn_backtrace(gs[0]).frames()
+    assert len(btcore.cache) > 0
