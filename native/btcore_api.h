@@ -72,6 +72,11 @@ int btc_install_collect(uintptr_t namespace, uintptr_t python_impl, uintptr_t ba
 int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1,
                        uintptr_t g2, intptr_t saved2);
 
+/* What btc_greenlet_learn found: StackState's offset in greenlet's C++
+ * object, that object's size (measured at its allocation) and the end of
+ * the bytes the scan read.  Returns 0 once learned, else -1. */
+int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end);
+
 /* Why the last btc_collect() on this thread returned an error, in words. */
 const char *btc_last_error(void);
 
