@@ -24,6 +24,36 @@ static unsigned long long seen_adds = ~0ULL, seen_subs = ~0ULL;
 void btc_modules_lock(void) { pthread_mutex_lock(&modules_mutex); }
 void btc_modules_unlock(void) { pthread_mutex_unlock(&modules_mutex); }
 
+/* ---- fork ----
+ *
+ * The lock is held with the GIL released (resolution), so another thread
+ * may hold it when a thread forks; the child, where that thread does not
+ * exist, would wait forever.  No prepare handler takes it: the forking
+ * thread may hold the GIL or the loader's lock, and waiting there for
+ * another thread's lookup ties fork() to everything that lookup waits on.
+ * Instead the child, which has a single thread, checks the lock: free, the
+ * state is whole; held, whatever the holder was changing (the list, a
+ * table, the eval-loop ranges) cannot be trusted, so it is abandoned
+ * (leaked, never freed: it may be half made) and rebuilt on first use. */
+static void modules_after_fork_child(void)
+{
+    if (pthread_mutex_trylock(&modules_mutex) == 0) {
+        pthread_mutex_unlock(&modules_mutex);
+        return;
+    }
+    pthread_mutex_init(&modules_mutex, NULL);
+    modules = NULL;
+    nmodules = 0;
+    seen_adds = seen_subs = ~0ULL;
+    btc_unwind_forget();
+    btc_eval_ranges_forget();
+}
+
+__attribute__((constructor)) static void modules_fork_safe(void)
+{
+    pthread_atfork(NULL, NULL, modules_after_fork_child);
+}
+
 /* ---- reading the loader's list ---- */
 
 static bool has_counters(size_t size)

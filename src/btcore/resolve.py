@@ -6,6 +6,7 @@ seen, and kept: a second resolution of the same address reads no ELF data.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 
@@ -34,6 +35,14 @@ class FrameCache:
         self._lock = threading.Lock()
         self.maxsize = maxsize
         self.get = self._frames.get
+
+    def _after_fork_in_child(self) -> None:
+        # A thread that held the lock at fork() does not exist in the child:
+        # a new lock, and, since that thread may have stored an entry without
+        # its pin yet, no entry is trusted.
+        if self._lock.locked():
+            self._lock = threading.Lock()
+            self._evict(0)
 
     def put(self, key, frames: tuple, pin=None) -> tuple:
         with self._lock:
@@ -67,6 +76,7 @@ class FrameCache:
 
 
 cache = FrameCache()
+os.register_at_fork(after_in_child=lambda: cache._after_fork_in_child())
 _tls = threading.local()
 
 
