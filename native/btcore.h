@@ -93,8 +93,6 @@ int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo
 
 /* Find the eval loop's code ranges once (with the module lock held). */
 void btc_eval_ranges_init(void);
-/* Look the ranges up again on next use (a child forked while they were being found). */
-void btc_eval_ranges_forget(void);
 /* Is pc (already adjusted for return addresses) in the eval loop? */
 bool btc_in_eval_loop(uintptr_t pc);
 /* For a pc in an unnamed part of the eval loop (a stripped interpreter):

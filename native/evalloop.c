@@ -93,11 +93,6 @@ static void find_unnamed_parts(uintptr_t lo, uintptr_t hi)
     }
 }
 
-void btc_eval_ranges_forget(void)
-{
-    n_eval = -1;
-}
-
 void btc_eval_ranges_init(void)
 {
     if (n_eval >= 0)

@@ -28,37 +28,54 @@ static unsigned long long seen_adds = ~0ULL, seen_subs = ~0ULL;
 static uint64_t last_module_id;
 uint64_t btc_modules_generation;
 
-void btc_modules_lock(void) { pthread_mutex_lock(&modules_mutex); }
-void btc_modules_unlock(void) { pthread_mutex_unlock(&modules_mutex); }
+static pthread_t modules_owner;   /* valid while the lock is held */
+
+void btc_modules_lock(void)
+{
+    pthread_mutex_lock(&modules_mutex);
+    modules_owner = pthread_self();
+}
+
+void btc_modules_unlock(void)
+{
+    modules_owner = 0;
+    pthread_mutex_unlock(&modules_mutex);
+}
 
 /* ---- fork ----
  *
- * The lock is held with the GIL released (resolution), so another thread
- * may hold it when a thread forks; the child, where that thread does not
- * exist, would wait forever.  No prepare handler takes it: the forking
- * thread may hold the GIL or the loader's lock, and waiting there for
- * another thread's lookup ties fork() to everything that lookup waits on.
- * Instead the child, which has a single thread, checks the lock: free, the
- * state is whole; held, whatever the holder was changing (the list, a
- * table, the eval-loop ranges) cannot be trusted, so it is abandoned
- * (leaked, never freed: it may be half made) and rebuilt on first use. */
-static void modules_after_fork_child(void)
+ * Another thread may hold the lock when a thread forks (resolution holds
+ * it with the GIL released), and the child, where that thread does not
+ * exist, would wait for it forever.  Worse, every dl_iterate_phdr call is
+ * made under this lock, and glibc (2.36 here) resets in the child only the
+ * loader's main lock, not the one dl_iterate_phdr holds: a fork while
+ * another thread is inside dl_iterate_phdr leaves the child's loader list
+ * locked for good (1 fork in ~1000 under a resolving thread).  So, unlike
+ * the DWARF cache (dwarf.c), the lock is taken before fork() and released
+ * in both processes: no btcore thread is then inside dl_iterate_phdr.
+ * This is safe because no holder waits for anything the forking thread
+ * may hold: holders run C code only, never Python (so never wait for the
+ * GIL), and take no other lock.  The wait is one lookup at most (a first
+ * read of a library's symbols: milliseconds).  A thread that forks while
+ * holding the lock itself (a crash handler) skips it. */
+static bool fork_took_lock;
+
+static void modules_before_fork(void)
 {
-    if (pthread_mutex_trylock(&modules_mutex) == 0) {
-        pthread_mutex_unlock(&modules_mutex);
-        return;
-    }
-    pthread_mutex_init(&modules_mutex, NULL);
-    modules = NULL;
-    nmodules = 0;
-    seen_adds = seen_subs = ~0ULL;
-    btc_unwind_forget();
-    btc_eval_ranges_forget();
+    fork_took_lock = !(modules_owner && pthread_equal(modules_owner, pthread_self()));
+    if (fork_took_lock)
+        btc_modules_lock();
+}
+
+static void modules_after_fork(void)
+{
+    if (fork_took_lock)
+        btc_modules_unlock();
 }
 
 __attribute__((constructor)) static void modules_fork_safe(void)
 {
-    pthread_atfork(NULL, NULL, modules_after_fork_child);
+    pthread_atfork(modules_before_fork, modules_after_fork, modules_after_fork);
 }
 
 /* ---- reading the loader's list ---- */
