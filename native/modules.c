@@ -50,7 +50,7 @@ void btc_modules_unlock(void)
  * made under this lock, and glibc (2.36 here) resets in the child only the
  * loader's main lock, not the one dl_iterate_phdr holds: a fork while
  * another thread is inside dl_iterate_phdr leaves the child's loader list
- * locked for good (1 fork in ~1000 under a resolving thread).  So, unlike
+ * locked for good (2 forks in ~4000 under a resolving thread).  So, unlike
  * the DWARF cache (dwarf.c), the lock is taken before fork() and released
  * in both processes: no btcore thread is then inside dl_iterate_phdr.
  * This is safe because no holder waits for anything the forking thread

@@ -16,6 +16,8 @@ import subprocess
 
 import pytest
 
+import conftest
+
 from btcore._native import ffi, lib
 
 SOURCE = r"""
@@ -60,6 +62,7 @@ def walk_in(path):
     return where, list(ours[:n]), [p or 0 for p in theirs[:ntheirs.value]]
 
 
+@conftest.skip_under_asan
 def test_reloaded_library_is_walked_with_its_own_tables(libraries):
     small, large = libraries
     for path in (small, large, small, large):
@@ -144,6 +147,7 @@ def check_against_glibc(frames, glibc, path, prefix):
     assert [(f.function, f.module) for f in mine] == [(f"{prefix}_{n}", path) for n in ("leaf", "mid", "entry")]
 
 
+@conftest.skip_under_asan
 def test_different_library_at_the_same_address(twins):
     """Guards issue 9.5: a library loaded where another one (same layout) was got its tables and names."""
     where = {}
