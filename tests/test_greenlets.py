@@ -857,9 +857,10 @@ def _gdb_stack_state_layout():
     if not shutil.which("gdb"):
         pytest.skip("gdb not installed")
     # UserGreenlet's only base is Greenlet, at offset 0; StackState is a member of Greenlet.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}   # no ASan in gdb (ci/asan.sh)
     out = subprocess.run(["gdb", "-batch", "-ex", "ptype/o greenlet::Greenlet",
                           "-ex", "print sizeof(greenlet::UserGreenlet)", so],
-                         capture_output=True, text=True, timeout=60).stdout
+                         capture_output=True, text=True, timeout=60, env=env).stdout
     state = re.search(r"/\*\s*(\d+)\s*\|\s*40 \*/\s*class greenlet::StackState", out)
     size = re.search(r"^\$1 = (\d+)$", out, re.M)
     if not state or not size:
