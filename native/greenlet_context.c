@@ -212,8 +212,8 @@ static size_t allocated_object_size(PyObject *type)
     for (int i = 0; pimpl && i < watch.nseen; i++)
         if (watch.seen[i].ptr == pimpl)
             size = watch.seen[i].size;
-    if (!g)
-        PyErr_Clear();
+    if (!g)   /* reported, not dropped; the caller refuses the layout */
+        PyErr_WriteUnraisable(type);
     Py_XDECREF(g);
     return size;
 }
