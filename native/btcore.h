@@ -67,10 +67,15 @@ bool btc_table_fde(const btc_table *t, uint32_t rel_pc, uint32_t *lo, uint32_t *
 
 /* ---- loaded modules (modules.c) ---- */
 
+#define BTC_BUILD_ID_MAX 32
+
 typedef struct btc_module {
     uintptr_t lo, hi;           /* span of executable PT_LOAD segments (absolute) */
     uintptr_t bias;
     char *path;                 /* "" for the vDSO */
+    uint8_t build_id[BTC_BUILD_ID_MAX];   /* the GNU build-id note, as mapped (first bytes) */
+    size_t build_id_len;                  /* its full length; 0: none */
+    uint64_t id;                /* unique in the process: a new one for every mapping seen */
     btc_table *table;           /* built on first use */
     int table_failed;
     struct btc_elf *elf;        /* symbols, opened on first use (elf.c) */

@@ -74,6 +74,11 @@ int btc_install_collect(uintptr_t module, uintptr_t python_impl, uintptr_t backt
 int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1,
                        uintptr_t g2, intptr_t saved2);
 
+/* What btc_greenlet_learn found: StackState's offset in greenlet's C++
+ * object, that object's size (measured at its allocation) and the end of
+ * the bytes the scan read.  Returns 0 once learned, else -1. */
+int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end);
+
 /* Why the last btc_collect() on this thread returned an error, in words. */
 const char *btc_last_error(void);
 
@@ -106,6 +111,7 @@ uintptr_t btc_type_new_slot(uintptr_t type);
 typedef struct {
     const char *module;     /* path of the ELF object, NULL if the pc is in none */
     uintptr_t   module_base;/* load bias of that object */
+    uint64_t    module_id;  /* that object's btc_module_key() identity */
     const char *symbol;     /* raw (mangled) symbol name, NULL if none covers the pc */
     uintptr_t   symbol_addr;/* absolute address of that symbol */
 } btc_syminfo;
@@ -115,6 +121,16 @@ typedef struct {
  * outlive a concurrent dlclose of the module.  Returns 0, or -1 when no
  * loaded module contains pc. */
 int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size);
+
+/* What names the code at pc across loads and unloads: the id of the module
+ * containing it (unique in the process: a library loaded where another one
+ * was gets a new id) and pc's offset in it; 0 and pc if no module contains
+ * it.  Returns the module list's generation the answer belongs to: until
+ * btc_modules_generation changes, the answer for pc stays the same. */
+uint64_t btc_module_key(uintptr_t pc, uint64_t *module_id, uintptr_t *offset);
+/* Changes whenever the module list is rebuilt (after dlopen/dlclose, seen
+ * by the next capture or lookup). */
+extern uint64_t btc_modules_generation;
 
 /* Demangle a C++ (Itanium) name; returns 0 and fills buf on success. */
 int btc_demangle(const char *name, char *buf, size_t size);

@@ -159,8 +159,11 @@ static bool demangle_rust_legacy(const char *name, out_buf *o)
 /* Nesting bound: names are short, recursion on garbage must stop. */
 #define MAX_V0_DEPTH 64
 
+/* Every read goes through v0_peek/v0_next, which never pass end: garbage
+ * and truncated names stop there instead of reading past the string. */
 typedef struct {
     const char *start, *p;   /* start: just past "_R", where backrefs count from */
+    const char *end;         /* the name's terminating NUL */
     out_buf *o;
     int depth;
     bool bad;
@@ -172,9 +175,21 @@ static bool v0_fail(v0 *s)
     return false;
 }
 
+/* The next character, or 0 at the end of the name. */
+static char v0_peek(const v0 *s)
+{
+    return s->p < s->end ? *s->p : 0;
+}
+
+/* The next character, consumed; 0 (and no move) at the end of the name. */
+static char v0_next(v0 *s)
+{
+    return s->p < s->end ? *s->p++ : 0;
+}
+
 static bool v0_eat(v0 *s, char c)
 {
-    if (*s->p != c)
+    if (c == 0 || v0_peek(s) != c)
         return false;
     s->p++;
     return true;
@@ -187,7 +202,7 @@ static uint64_t v0_base62(v0 *s)
         return 0;
     uint64_t v = 0;
     for (int i = 0; i < 12; i++) {
-        char c = *s->p++;
+        char c = v0_next(s);
         int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'z' ? c - 'a' + 10
               : c >= 'A' && c <= 'Z' ? c - 'A' + 36 : c == '_' ? -2 : -1;
         if (d == -2)
@@ -200,23 +215,31 @@ static uint64_t v0_base62(v0 *s)
     return 0;
 }
 
-/* Optional disambiguator "s<base62>": its value, or 0. */
+/* Optional disambiguator "s<base62>": its value, or 0 (check s->bad). */
 static uint64_t v0_disambiguator(v0 *s)
 {
-    return v0_eat(s, 's') ? v0_base62(s) + 1 : 0;
+    if (!v0_eat(s, 's'))
+        return 0;
+    uint64_t v = v0_base62(s);
+    return s->bad ? 0 : v + 1;
 }
 
+/* "<decimal length>[_]<bytes>": the bytes must lie inside the name. */
 static bool v0_ident(v0 *s, const char **text, size_t *len)
 {
-    if (*s->p == 'u')
+    if (s->bad || v0_peek(s) == 'u')
         return v0_fail(s);   /* punycode: not decoded */
-    char *end;
-    unsigned long n = strtoul(s->p, &end, 10);
-    if (end == s->p || n > strlen(end))
+    const char *digits = s->p;
+    size_t n = 0;
+    for (char c; (c = v0_peek(s)) >= '0' && c <= '9'; s->p++) {
+        n = n * 10 + (size_t)(c - '0');
+        if (n > (size_t)(s->end - s->start))
+            return v0_fail(s);   /* longer than the whole name */
+    }
+    if (s->p == digits)
         return v0_fail(s);
-    s->p = end;
     v0_eat(s, '_');
-    if (n > strlen(s->p))
+    if (n > (size_t)(s->end - s->p))
         return v0_fail(s);
     *text = s->p;
     *len = n;
@@ -266,11 +289,10 @@ static bool v0_const(v0 *s)
         v0_base62(s);
         return !s->bad;
     }
-    if (!basic_type(*s->p))
+    if (!basic_type(v0_next(s)))
         return v0_fail(s);
-    s->p++;
     v0_eat(s, 'n');
-    while (*s->p && strchr("0123456789abcdef", *s->p))
+    while (v0_peek(s) && strchr("0123456789abcdef", v0_peek(s)))
         s->p++;
     return v0_eat(s, '_') || v0_fail(s);
 }
@@ -289,7 +311,7 @@ static bool v0_generic_arg(v0 *s)
 static bool v0_list(v0 *s, bool (*item)(v0 *))
 {
     for (int n = 0; !v0_eat(s, 'E'); n++) {
-        if (*s->p == 0 || s->bad)
+        if (v0_peek(s) == 0 || s->bad)
             return v0_fail(s);
         if (n)
             puts_(s->o, ", ");
@@ -301,7 +323,7 @@ static bool v0_list(v0 *s, bool (*item)(v0 *))
 
 static bool v0_type_inner(v0 *s)
 {
-    char c = *s->p;
+    char c = v0_peek(s);
     const char *basic = basic_type(c);
     if (basic) {
         s->p++;
@@ -314,7 +336,7 @@ static bool v0_type_inner(v0 *s)
         puts_(s->o, c == 'R' ? "&" : "&mut ");
         if (v0_eat(s, 'L'))
             v0_base62(s);
-        return v0_type(s);
+        return !s->bad && v0_type(s);
     case 'P': case 'O':
         s->p++;
         puts_(s->o, c == 'P' ? "*const " : "*mut ");
@@ -359,7 +381,8 @@ static bool v0_path_inner(v0 *s)
 {
     const char *text;
     size_t len;
-    switch (*s->p++) {
+    char kind = v0_next(s);
+    switch (kind) {
     case 'C':
         v0_disambiguator(s);
         if (!v0_ident(s, &text, &len))
@@ -367,7 +390,7 @@ static bool v0_path_inner(v0 *s)
         put(s->o, text, len);
         return true;
     case 'N': {
-        char ns = *s->p++;
+        char ns = v0_next(s);
         if (!((ns >= 'a' && ns <= 'z') || (ns >= 'A' && ns <= 'Z')) || !v0_path(s))
             return v0_fail(s);
         uint64_t dis = v0_disambiguator(s);
@@ -387,8 +410,10 @@ static bool v0_path_inner(v0 *s)
     }
     case 'M':
     case 'X': {
-        bool trait = s->p[-1] == 'X';
+        bool trait = kind == 'X';
         v0_disambiguator(s);
+        if (s->bad)
+            return false;
         /* The impl's own path only says where the impl is: skip it silently. */
         out_buf *real = s->o, sink = {NULL, NULL, false};
         s->o = &sink;
@@ -442,8 +467,8 @@ static bool v0_path(v0 *s)
 
 static bool demangle_rust_v0(const char *name, out_buf *o)
 {
-    v0 s = {.start = name + 2, .p = name + 2, .o = o};
-    while (*s.p >= '0' && *s.p <= '9')   /* encoding version */
+    v0 s = {.start = name + 2, .p = name + 2, .end = name + strlen(name), .o = o};
+    while (v0_peek(&s) >= '0' && v0_peek(&s) <= '9')   /* encoding version */
         s.p++;
     s.start = s.p;
     return v0_path(&s);   /* an instantiating crate may follow: not shown */

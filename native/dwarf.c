@@ -1403,6 +1403,27 @@ static int cache_limit = 16;
 static uint64_t use_clock;
 static char debug_root[PATH_MAX] = "/usr/lib/debug";
 
+/* Fork: the lock is held with the GIL released, so another thread may hold
+ * it at fork(); see modules.c for why the child, not a prepare handler,
+ * deals with that.  A lock found held in the child means an entry may be
+ * half made: every entry is abandoned (leaked, not freed) and the cache
+ * starts empty. */
+static void cache_after_fork_child(void)
+{
+    if (pthread_mutex_trylock(&cache_lock) == 0) {
+        pthread_mutex_unlock(&cache_lock);
+        return;
+    }
+    pthread_mutex_init(&cache_lock, NULL);
+    memset(cache, 0, sizeof cache);
+    debug_root[sizeof debug_root - 1] = 0;
+}
+
+__attribute__((constructor)) static void cache_fork_safe(void)
+{
+    pthread_atfork(NULL, NULL, cache_after_fork_child);
+}
+
 static void drop(cached_file *c)
 {
     btc_dwarf_close(c->dwarf);

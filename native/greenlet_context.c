@@ -26,6 +26,8 @@ static struct {
     bool ok;
     size_t pimpl_off;          /* PyGreenlet.pimpl: the last field of the object */
     size_t state_off;          /* StackState within the C++ object */
+    size_t object_size;        /* the C++ object's size, as greenlet allocated it */
+    size_t scan_end;           /* the learning scan read [pimpl, pimpl + scan_end) */
     uintptr_t resume_pc;       /* in slp_switch, right after the call that saves the stack */
     int bp_slot, bx_slot;      /* where slp_switch stored rbp/rbx, relative to its sp */
     uintptr_t module_lo, module_hi;
@@ -161,6 +163,81 @@ static int learn_code(PyTypeObject *greenlet_type)
     return rc < 0 ? btc_fail(rc, why) : 0;
 }
 
+/* ---- the size of greenlet's C++ object ----
+ *
+ * The scan for StackState must stay inside the object, whose size is not
+ * published anywhere at run time.  greenlet allocates it with Python's
+ * allocator (PyObject_Malloc; PyMem_Malloc on free-threaded builds), so a
+ * hook chained in front of those for the duration of one greenlet's
+ * creation sees the size asked for, as tracemalloc does. */
+
+#define WATCHED_ALLOCS 32
+
+static struct {
+    PyMemAllocatorEx mem, obj;   /* the allocators the hooks chain to */
+    struct { void *ptr; size_t size; } seen[WATCHED_ALLOCS];
+    int nseen;
+} watch;
+
+static void *watched(void *p, size_t size)
+{
+    if (p && watch.nseen < WATCHED_ALLOCS) {
+        watch.seen[watch.nseen].ptr = p;
+        watch.seen[watch.nseen++].size = size;
+    }
+    return p;
+}
+
+static void *watch_malloc(void *ctx, size_t size)
+{
+    PyMemAllocatorEx *a = ctx;
+    return watched(a->malloc(a->ctx, size), size);
+}
+
+static void *watch_calloc(void *ctx, size_t n, size_t size)
+{
+    PyMemAllocatorEx *a = ctx;
+    return watched(a->calloc(a->ctx, n, size), n * size);
+}
+
+static void *watch_realloc(void *ctx, void *p, size_t size)
+{
+    PyMemAllocatorEx *a = ctx;
+    return watched(a->realloc(a->ctx, p, size), size);
+}
+
+static void watch_free(void *ctx, void *p)
+{
+    PyMemAllocatorEx *a = ctx;
+    a->free(a->ctx, p);
+}
+
+/* Create a greenlet of type with the hooks in place; the size of the block
+ * that became its pimpl, or 0.  Called with the GIL, which the allocator
+ * domains need: no other thread allocates meanwhile. */
+static size_t allocated_object_size(PyObject *type)
+{
+    PyMemAllocatorEx hook_mem = {&watch.mem, watch_malloc, watch_calloc, watch_realloc, watch_free};
+    PyMemAllocatorEx hook_obj = {&watch.obj, watch_malloc, watch_calloc, watch_realloc, watch_free};
+    watch.nseen = 0;
+    PyMem_GetAllocator(PYMEM_DOMAIN_MEM, &watch.mem);
+    PyMem_GetAllocator(PYMEM_DOMAIN_OBJ, &watch.obj);
+    PyMem_SetAllocator(PYMEM_DOMAIN_MEM, &hook_mem);
+    PyMem_SetAllocator(PYMEM_DOMAIN_OBJ, &hook_obj);
+    PyObject *g = PyObject_CallNoArgs(type);
+    PyMem_SetAllocator(PYMEM_DOMAIN_MEM, &watch.mem);
+    PyMem_SetAllocator(PYMEM_DOMAIN_OBJ, &watch.obj);
+    size_t size = 0;
+    void *pimpl = g ? pimpl_of(g) : NULL;
+    for (int i = 0; pimpl && i < watch.nseen; i++)
+        if (watch.seen[i].ptr == pimpl)
+            size = watch.seen[i].size;
+    if (!g)   /* reported, not dropped; the caller refuses the layout */
+        PyErr_WriteUnraisable(type);
+    Py_XDECREF(g);
+    return size;
+}
+
 /* ---- learning StackState's place from greenlets in known states ---- */
 
 int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1, uintptr_t g2, intptr_t saved2)
@@ -181,7 +258,15 @@ int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1, u
         rc = btc_fail(BTC_E_LAYOUT, "greenlet objects without an implementation");
         goto out;
     }
-    for (size_t off = 0; off < SCAN_WORDS * sizeof(void *); off += sizeof(void *)) {
+    layout.object_size = allocated_object_size((PyObject *)type);
+    if (layout.object_size < sizeof(stack_state)) {
+        rc = btc_fail(BTC_E_LAYOUT, "cannot measure greenlet's C++ object (not allocated by Python's allocator)");
+        goto out;
+    }
+    layout.scan_end = 0;
+    for (size_t off = 0; off < SCAN_WORDS * sizeof(void *) && off + sizeof(stack_state) <= layout.object_size;
+         off += sizeof(void *)) {
+        layout.scan_end = off + sizeof(stack_state);
         stack_state sa = state_at(pimpl_of(a), off), sb = state_at(pimpl_of(b), off);
         if (saved1 > 0 && saved2 > 0 && saved1 != saved2 && plausible(&sa, saved1) &&
             plausible(&sb, saved2) && sa.stop != MAIN_STACK_STOP && sb.stop != MAIN_STACK_STOP) {
@@ -351,6 +436,13 @@ int btc_greenlet_current_end(btc_context *ctx)
     return 1;
 }
 
+int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end)
+{
+    *state_off = layout.state_off;
+    *object_size = layout.object_size;
+    *scan_end = layout.scan_end;
+    return layout.ok ? 0 : -1;
+}
 
 bool btc_greenlet_internal(uintptr_t pc)
 {

@@ -4,6 +4,11 @@
  * (dlopen/dlclose); every capture checks them first, so a table is never used
  * after its module was unloaded.  Tables of modules still loaded survive a
  * rebuild.  All of this runs under one mutex (btc_modules_lock).
+ *
+ * A module is the same across a rebuild only if its mapping (bias, span),
+ * its path and its build-id are: a different library loaded where an
+ * unloaded one was, even with the same layout, is a new module (new id, no
+ * table, its own symbols).
  */
 #include <link.h>
 #include <pthread.h>
@@ -20,9 +25,58 @@ static pthread_mutex_t modules_mutex = PTHREAD_MUTEX_INITIALIZER;
 static btc_module **modules;    /* sorted by lo */
 static int nmodules;
 static unsigned long long seen_adds = ~0ULL, seen_subs = ~0ULL;
+static uint64_t last_module_id;
+uint64_t btc_modules_generation;
 
-void btc_modules_lock(void) { pthread_mutex_lock(&modules_mutex); }
-void btc_modules_unlock(void) { pthread_mutex_unlock(&modules_mutex); }
+static pthread_t modules_owner;   /* valid while the lock is held */
+
+void btc_modules_lock(void)
+{
+    pthread_mutex_lock(&modules_mutex);
+    modules_owner = pthread_self();
+}
+
+void btc_modules_unlock(void)
+{
+    modules_owner = 0;
+    pthread_mutex_unlock(&modules_mutex);
+}
+
+/* ---- fork ----
+ *
+ * Another thread may hold the lock when a thread forks (resolution holds
+ * it with the GIL released), and the child, where that thread does not
+ * exist, would wait for it forever.  Worse, every dl_iterate_phdr call is
+ * made under this lock, and glibc (2.36 here) resets in the child only the
+ * loader's main lock, not the one dl_iterate_phdr holds: a fork while
+ * another thread is inside dl_iterate_phdr leaves the child's loader list
+ * locked for good (2 forks in ~4000 under a resolving thread).  So, unlike
+ * the DWARF cache (dwarf.c), the lock is taken before fork() and released
+ * in both processes: no btcore thread is then inside dl_iterate_phdr.
+ * This is safe because no holder waits for anything the forking thread
+ * may hold: holders run C code only, never Python (so never wait for the
+ * GIL), and take no other lock.  The wait is one lookup at most (a first
+ * read of a library's symbols: milliseconds).  A thread that forks while
+ * holding the lock itself (a crash handler) skips it. */
+static bool fork_took_lock;
+
+static void modules_before_fork(void)
+{
+    fork_took_lock = !(modules_owner && pthread_equal(modules_owner, pthread_self()));
+    if (fork_took_lock)
+        btc_modules_lock();
+}
+
+static void modules_after_fork(void)
+{
+    if (fork_took_lock)
+        btc_modules_unlock();
+}
+
+__attribute__((constructor)) static void modules_fork_safe(void)
+{
+    pthread_atfork(modules_before_fork, modules_after_fork, modules_after_fork);
+}
 
 /* ---- reading the loader's list ---- */
 
@@ -66,17 +120,97 @@ static char *module_path(const struct dl_phdr_info *info, bool first)
     return strdup(buf);
 }
 
-/* A module of the previous list that is the same mapping as info, or NULL. */
-static btc_module *take_existing(uintptr_t bias, uintptr_t lo, uintptr_t hi)
+/* Is [a, a + n) inside one of info's readable PT_LOAD segments? */
+static bool mapped_readable(const struct dl_phdr_info *info, uintptr_t a, size_t n)
+{
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_R) && a >= lo && n <= ph->p_memsz &&
+            a - lo <= ph->p_memsz - n)
+            return true;
+    }
+    return false;
+}
+
+/* The GNU build-id in one PT_NOTE segment of size n at a; its length, or 0. */
+static size_t note_build_id(const uint8_t *a, size_t n, uint8_t *out)
+{
+    for (size_t at = 0; at <= n && n - at >= 12;) {
+        uint32_t namesz, descsz, type;
+        memcpy(&namesz, a + at, 4);
+        memcpy(&descsz, a + at + 4, 4);
+        memcpy(&type, a + at + 8, 4);
+        size_t name_at = at + 12, desc_at = name_at + ((namesz + 3ULL) & ~3ULL);
+        if (desc_at > n || descsz > n - desc_at)
+            return 0;
+        if (type == NT_GNU_BUILD_ID && namesz == 4 && memcmp(a + name_at, "GNU", 4) == 0 && descsz) {
+            memcpy(out, a + desc_at, descsz < BTC_BUILD_ID_MAX ? descsz : BTC_BUILD_ID_MAX);
+            return descsz;
+        }
+        at = desc_at + ((descsz + 3ULL) & ~3ULL);
+    }
+    return 0;
+}
+
+/* What tells modules apart: the mapping, the file and the build. */
+typedef struct {
+    uintptr_t bias, lo, hi;
+    char *path;
+    uint8_t build_id[BTC_BUILD_ID_MAX];
+    size_t build_id_len;
+} module_identity;
+
+static bool identify(const struct dl_phdr_info *info, bool first, module_identity *id)
+{
+    memset(id, 0, sizeof *id);
+    if (!exec_span(info, &id->lo, &id->hi))
+        return false;
+    id->bias = info->dlpi_addr;
+    for (int i = 0; i < info->dlpi_phnum && !id->build_id_len; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_NOTE && mapped_readable(info, a, ph->p_memsz))
+            id->build_id_len = note_build_id((const uint8_t *)a, ph->p_memsz, id->build_id);
+    }
+    id->path = module_path(info, first);
+    return id->path != NULL;
+}
+
+static bool same_module(const btc_module *m, const module_identity *id)
+{
+    size_t n = id->build_id_len < BTC_BUILD_ID_MAX ? id->build_id_len : BTC_BUILD_ID_MAX;
+    return m->bias == id->bias && m->lo == id->lo && m->hi == id->hi && strcmp(m->path, id->path) == 0 &&
+           m->build_id_len == id->build_id_len && memcmp(m->build_id, id->build_id, n) == 0;
+}
+
+/* The module of the previous list that id names, or NULL. */
+static btc_module *take_existing(const module_identity *id)
 {
     for (int i = 0; i < nmodules; i++) {
         btc_module *m = modules[i];
-        if (m && m->bias == bias && m->lo == lo && m->hi == hi) {
+        if (m && same_module(m, id)) {
             modules[i] = NULL;
             return m;
         }
     }
     return NULL;
+}
+
+static btc_module *new_module(module_identity *id)
+{
+    btc_module *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->bias = id->bias;
+    m->lo = id->lo;
+    m->hi = id->hi;
+    m->path = id->path;
+    id->path = NULL;   /* the module owns it now */
+    memcpy(m->build_id, id->build_id, sizeof m->build_id);
+    m->build_id_len = id->build_id_len;
+    m->id = ++last_module_id;
+    return m;
 }
 
 typedef struct {
@@ -87,28 +221,26 @@ typedef struct {
 static int collect_module(struct dl_phdr_info *info, size_t size BTC_UNUSED, void *data)
 {
     module_list *ml = data;
-    uintptr_t lo, hi;
+    module_identity id;
     bool first = ml->n == 0;
-    if (!exec_span(info, &lo, &hi))
+    if (!identify(info, first, &id))
         return 0;
     if (ml->n == ml->cap) {
         int cap = ml->cap ? ml->cap * 2 : 64;
         btc_module **grown = realloc(ml->list, cap * sizeof *grown);
-        if (!grown)
+        if (!grown) {
+            free(id.path);
             return 1;
+        }
         ml->list = grown;
         ml->cap = cap;
     }
-    btc_module *m = take_existing(info->dlpi_addr, lo, hi);
-    if (!m) {
-        m = calloc(1, sizeof *m);
-        if (!m)
-            return 1;
-        m->bias = info->dlpi_addr;
-        m->lo = lo;
-        m->hi = hi;
-        m->path = module_path(info, first);
-    }
+    btc_module *m = take_existing(&id);
+    if (!m)
+        m = new_module(&id);
+    free(id.path);
+    if (!m)
+        return 1;
     ml->list[ml->n++] = m;
     return 0;
 }
@@ -140,6 +272,7 @@ static void rebuild(void)
     qsort(ml.list, ml.n, sizeof *ml.list, by_lo);
     modules = ml.list;
     nmodules = ml.n;
+    btc_modules_generation++;
 }
 
 void btc_modules_refresh(void)
@@ -187,11 +320,23 @@ static void describe_image(const struct dl_phdr_info *info, btc_image *img)
     }
 }
 
+typedef struct {
+    btc_module *module;
+    bool seen_first;   /* the first object listed is the program (its path is /proc/self/exe's) */
+} table_build;
+
 static int build_table_cb(struct dl_phdr_info *info, size_t size BTC_UNUSED, void *data)
 {
-    btc_module *m = data;
-    uintptr_t lo, hi;
-    if (info->dlpi_addr != m->bias || !exec_span(info, &lo, &hi) || lo != m->lo || hi != m->hi)
+    table_build *tb = data;
+    btc_module *m = tb->module;
+    bool first = !tb->seen_first;
+    tb->seen_first = true;
+    module_identity id;
+    if (info->dlpi_addr != m->bias || !identify(info, first, &id))
+        return 0;
+    bool same = same_module(m, &id);
+    free(id.path);
+    if (!same)
         return 0;
     btc_image img;
     describe_image(info, &img);
@@ -203,7 +348,8 @@ const btc_table *btc_module_table(btc_module *m)
 {
     if (BTC_LIKELY(m->table != NULL) || m->table_failed)
         return m->table;
-    dl_iterate_phdr(build_table_cb, m);
+    table_build tb = {m, false};
+    dl_iterate_phdr(build_table_cb, &tb);
     m->table_failed = m->table == NULL;
     return m->table;
 }
@@ -264,12 +410,25 @@ int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size)
             sym_vaddr = part_lo - m->bias;
         out->module = copy_out(m->path, &buf, &size);
         out->module_base = m->bias;
+        out->module_id = m->id;
         out->symbol = copy_out(sym, &buf, &size);
         out->symbol_addr = sym ? sym_vaddr + m->bias : 0;
     }
     btc_modules_unlock();
     btc_gil_restore(gil);
     return m ? 0 : -1;
+}
+
+uint64_t btc_module_key(uintptr_t pc, uint64_t *module_id, uintptr_t *offset)
+{
+    btc_modules_lock();
+    btc_modules_refresh();
+    btc_module *m = btc_module_find(pc);
+    *module_id = m ? m->id : 0;
+    *offset = m ? pc - m->bias : pc;
+    uint64_t generation = btc_modules_generation;
+    btc_modules_unlock();
+    return generation;
 }
 
 int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max)

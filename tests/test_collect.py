@@ -258,6 +258,7 @@ def test_merged_order_through_native_chain(chain, chain_symbols):
     assert bc.NAME_CHAIN_STATIC == "chain_static"
 
 
+@conftest.skip_under_asan
 def test_native_addresses_match_glibc_backtrace(chain, chain_symbols):
     """Differential test against glibc's backtrace().
 

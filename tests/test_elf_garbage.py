@@ -135,3 +135,41 @@ def test_mutated_interpreter_module(interpreter_module, tmp_path):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_mutated_mangled_names(seed):
     run_child(DEMANGLE_CHILD, seed)
+
+
+# Each name is copied so that its NUL is the last byte before an unreadable
+# page: a demangler that reads one byte past the end of its input crashes.
+GUARDED_DEMANGLE_CHILD = textwrap.dedent(r"""
+    import ctypes, mmap, random, sys
+    from btcore._native import ffi, lib
+    page = mmap.PAGESIZE
+    area = mmap.mmap(-1, 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(ctypes.c_void_p(base + page), page, 0) == 0   # PROT_NONE
+    valid = [b"_RNvCs1234_7mycrate3foo", b"_RNvNtCs1234_7mycrate3bar3baz", b"_RINvCsabc_5hello6returnhE",
+             b"_RNCNvCs1234_4main4main0B3_", b"_RNvMNtCs1234_5hello3fooNtB2_3Bar3new",
+             b"_RNvXCs1234_5helloNtB2_3FooNtNtCsk_4core3fmt5Debug3fmt", b"_RINvCs1_1a1fAhj4_E",
+             b"_RINvCs1_1a1fTRShmEE", b"_RINvCs1_1a1fKj1f_E", b"_RINvCs1_1a1fLs_E", b"_RYhNtCs1_1a1T",
+             b"_ZN3std2rt10lang_start17h9a1b2c3d4e5f6a7bE"]
+    names = [b"_RCs", b"_RMs", b"_RIC1aRL", b"_RXs", b"_RNvCs", b"_RICs_1aKj", b"_RIC1aKB"]
+    names += [v[:k] for v in valid for k in range(2, len(v) + 1)]
+    rng = random.Random(int(sys.argv[1]))
+    alphabet = b"0123456789_sBLKRQPOSATEpuhj"
+    for _ in range(3000):
+        name = bytearray(rng.choice(valid))
+        for _ in range(rng.randint(1, 3)):
+            name[rng.randrange(2, len(name))] = rng.choice(alphabet)
+        names.append(bytes(name[:rng.randint(2, len(name))]))
+    buf = ffi.new("char[256]")
+    for name in names:
+        at = base + page - len(name) - 1
+        ctypes.memmove(at, name + b"\0", len(name) + 1)
+        assert lib.btc_demangle(ffi.cast("char *", at), buf, len(buf)) in (0, -1), name
+    print("ok")
+""")
+
+
+def test_demangler_reads_nothing_past_the_name():
+    """Guards issue 9.2: truncated v0 names ("_RCs", "_RMs", "_RIC1aRL", ...) read past their NUL."""
+    run_child(GUARDED_DEMANGLE_CHILD, 3)

@@ -1123,3 +1123,55 @@ def test_capture_reentering_the_layout_check_raises_instead_of_waiting():
     import subprocess
     done = subprocess.run([sys.executable, "-P", "-c", REENTRY_SCRIPT], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
+
+
+# ---- the layout check reads only inside greenlet's C++ object (issue 9.1) ----
+
+def _gdb_stack_state_layout():
+    """(offset of stack_state, sizeof) in greenlet::UserGreenlet, from gdb and greenlet's DWARF."""
+    import re
+    import shutil
+    import subprocess
+    so = greenlet._greenlet.__file__
+    if not shutil.which("gdb"):
+        pytest.skip("gdb not installed")
+    # UserGreenlet's only base is Greenlet, at offset 0; StackState is a member of Greenlet.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}   # no ASan in gdb (ci/asan.sh)
+    out = subprocess.run(["gdb", "-batch", "-ex", "ptype/o greenlet::Greenlet",
+                          "-ex", "print sizeof(greenlet::UserGreenlet)", so],
+                         capture_output=True, text=True, timeout=60, env=env).stdout
+    state = re.search(r"/\*\s*(\d+)\s*\|\s*40 \*/\s*class greenlet::StackState", out)
+    size = re.search(r"^\$1 = (\d+)$", out, re.M)
+    if not state or not size:
+        pytest.skip("greenlet's extension has no DWARF for its C++ classes")
+    return int(state.group(1)), int(size.group(1))
+
+
+def test_layout_scan_stays_inside_greenlet_object():
+    """Guards issue 9.1: the StackState scan read 32 bytes past greenlet's 192-byte C++ object."""
+    from btcore._native import ffi, lib
+    g = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch())
+    g.switch()
+    btcore.collect(g)   # learns the layout
+    off, size, scan_end = ffi.new("size_t *"), ffi.new("size_t *"), ffi.new("size_t *")
+    assert lib.btc_greenlet_layout(off, size, scan_end) == 0
+    assert (off[0], size[0]) == _gdb_stack_state_layout()
+    assert off[0] + 32 <= scan_end[0] <= size[0]
+    g.throw(greenlet.GreenletExit)
+
+
+@pytest.mark.skipif(conftest.UNDER_ASAN, reason="valgrind cannot run a process that loads ASan")
+def test_layout_check_under_valgrind_reads_no_foreign_memory(tmp_path):
+    """Guards issue 9.1 with an independent checker: valgrind sees every byte the check reads."""
+    import shutil
+    import subprocess
+    if not shutil.which("valgrind"):
+        pytest.skip("valgrind not installed")
+    script = ("import greenlet, btcore\n"
+              "g = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch()); g.switch()\n"
+              "assert btcore.collect(g)\n")
+    env = dict(os.environ, PYTHONMALLOC="malloc")   # pymalloc's pools would hide over-reads
+    done = subprocess.run(["valgrind", "-q", sys.executable, "-P", "-c", script], capture_output=True,
+                          text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Invalid read" not in done.stderr, done.stderr[-5000:]

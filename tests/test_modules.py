@@ -1,18 +1,22 @@
 """Modules loaded and unloaded at run time (dlopen/dlclose).
 
-A library is loaded, walked through, unloaded, and a different library is
-loaded in its place — the loader reuses the address range — with a
-different stack frame layout.  A walk that used the first library's cached
-CFI (table or per-pc row) would compute the wrong CFA there and end early.
-Oracle: glibc's backtrace() called from the same frame.  (glibc reuses the
-range here; where a loader would not, the test still checks fresh modules.)
-Breaking the refresh (never rebuilding the module list) makes it fail.
+Two tests.  The first loads libraries of different sizes in turn (a walk
+that used the previous library's CFI would compute the wrong CFA).  The
+second is the hard case: two different libraries with an identical layout
+(same code size, same functions at the same offsets, differing only in
+their names and frame sizes), loaded in turn at the same address; a module
+identified by its address and span alone, a walker row cache kept across
+the change, or a name cache keyed by pc all give the first library's
+answers for the second.  Oracle: glibc's backtrace() called in the same
+frame; the libraries' own symbol names and paths.
 """
 import ctypes
 import _ctypes
 import subprocess
 
 import pytest
+
+import conftest
 
 from btcore._native import ffi, lib
 
@@ -58,6 +62,7 @@ def walk_in(path):
     return where, list(ours[:n]), [p or 0 for p in theirs[:ntheirs.value]]
 
 
+@conftest.skip_under_asan
 def test_reloaded_library_is_walked_with_its_own_tables(libraries):
     small, large = libraries
     for path in (small, large, small, large):
@@ -66,3 +71,96 @@ def test_reloaded_library_is_walked_with_its_own_tables(libraries):
         # outward they must agree, down to the bottom of the stack.
         assert len(ours) == len(theirs) > 5
         assert ours[1:] == theirs[1:], path
+
+
+# ---- a different library at the same address (issue 9.5) ----
+
+TWIN_SOURCE = r"""
+#include <execinfo.h>
+typedef int (*callback)(int);
+void *glibc_bt[256];
+int glibc_n;
+volatile int sink;
+#define JOIN(a, b) a##_##b
+#define NAME(a, b) JOIN(a, b)
+/* Each level has a frame of `pad` bytes: the same instructions (imm32) for
+ * both libraries, a different CFA offset in each. */
+#define LEVEL(name, pad, call) \
+    __attribute__((noinline)) int NAME(PREFIX, name)(callback cb, int x) \
+    { volatile char frame[pad]; frame[0] = (char)x; int r = call; sink = frame[0] + r; return r + 1; }
+LEVEL(leaf, PAD_LEAF, (glibc_n = backtrace(glibc_bt, 256), cb(x)))
+LEVEL(mid, PAD_MID, NAME(PREFIX, leaf)(cb, x + 1))
+LEVEL(entry, PAD_ENTRY, NAME(PREFIX, mid)(cb, x + 1))
+"""
+
+# Names of equal length keep .dynstr, hence every later section, in place.
+TWINS = (("alpha", 1024, 512, 768), ("bravo", 512, 768, 1024))
+
+
+def _layout(path):
+    from elftools.elf.elffile import ELFFile
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        return ([(s["p_type"], s["p_vaddr"], s["p_memsz"]) for s in elf.iter_segments()],
+                {s.name: (s["sh_addr"], s["sh_size"]) for s in elf.iter_sections()
+                 if s["sh_flags"] & 2})   # SHF_ALLOC
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory):
+    d = tmp_path_factory.mktemp("twins")
+    (d / "twin.c").write_text(TWIN_SOURCE)
+    paths = []
+    for prefix, leaf, mid, entry in TWINS:
+        so = d / f"{prefix}.so"
+        subprocess.run(["gcc", "-O2", "-g", "-shared", "-fPIC", f"-DPREFIX={prefix}", f"-DPAD_LEAF={leaf}",
+                        f"-DPAD_MID={mid}", f"-DPAD_ENTRY={entry}", "-o", str(so), str(d / "twin.c")], check=True)
+        paths.append(str(so))
+    assert _layout(paths[0]) == _layout(paths[1]), "the twin libraries must have the same layout"
+    return paths
+
+
+def capture_in(handle, prefix):
+    """(btcore's frames, glibc's pcs) captured inside prefix_leaf, via a Python callback."""
+    import btcore
+    got = {}
+
+    def in_callback(x):
+        got["bt"] = btcore.collect(python=False, capacity=1024)
+        return 0
+
+    cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(in_callback)
+    getattr(handle, f"{prefix}_entry")(cb, 0)
+    n = ctypes.c_int.in_dll(handle, "glibc_n").value
+    glibc = [p or 0 for p in (ctypes.c_void_p * 256).in_dll(handle, "glibc_bt")[:n]]
+    return got["bt"].frames(), glibc
+
+
+def check_against_glibc(frames, glibc, path, prefix):
+    """glibc's frames from the caller of the leaf outward equal the outer
+    suffix of ours, address for address; the library's frames have its names."""
+    ours = [f.ip for f in frames if not f.inlined]
+    assert len(glibc) > 4 and len(ours) > len(glibc)
+    k = len(ours) - (len(glibc) - 1)
+    assert [hex(a) for a in ours[k:]] == [hex(a) for a in glibc[1:]], prefix
+    mine = [f for f in frames if f.ip in ours[k - 1:k + 2]]
+    assert [(f.function, f.module) for f in mine] == [(f"{prefix}_{n}", path) for n in ("leaf", "mid", "entry")]
+
+
+@conftest.skip_under_asan
+def test_different_library_at_the_same_address(twins):
+    """Guards issue 9.5: a library loaded where another one (same layout) was got its tables and names."""
+    where = {}
+    for path, (prefix, *_) in zip(twins + twins[:1], TWINS + TWINS[:1]):
+        for attempt in range(5):
+            handle = ctypes.CDLL(path)
+            base = ctypes.cast(getattr(handle, f"{prefix}_entry"), ctypes.c_void_p).value
+            if not where or base == next(iter(where.values())):
+                break
+            _ctypes.dlclose(handle._handle)   # the loader chose another place: try again
+        else:
+            pytest.skip(f"the loader would not reuse the address range in 5 tries ({where}, {base:#x})")
+        where[prefix] = base
+        frames, glibc = capture_in(handle, prefix)
+        check_against_glibc(frames, glibc, path, prefix)
+        _ctypes.dlclose(handle._handle)

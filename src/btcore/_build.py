@@ -42,6 +42,11 @@ PREAMBLE = """
 #define Py_END_ALLOW_THREADS }
 """
 
+# BTCORE_SANITIZE=1 (ci/asan.sh): AddressSanitizer + UBSan. -fno-wrapv
+# undoes Python's -fwrapv, which would hide signed overflow from UBSan.
+SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-wrapv"] \
+    if os.environ.get("BTCORE_SANITIZE") == "1" else []
+
 ffibuilder.set_source(
     "btcore._native",
     PREAMBLE,
@@ -51,8 +56,8 @@ ffibuilder.set_source(
     # -flto: the walk crosses units on every frame (table lookup, module
     # lookup, frame-chain reader); link-time inlining removes those calls.
     extra_compile_args=["-O2", "-g", "-std=gnu11", "-fvisibility=hidden", "-flto", "-Wall",
-                        "-Wno-unused-function"],
-    extra_link_args=["-flto", "-O2"],
+                        "-Wno-unused-function", *SANITIZE],
+    extra_link_args=["-flto", "-O2", *SANITIZE],
     libraries=["dl", "pthread"],
     py_limited_api=False,  # the core reads CPython internals of one version
 )

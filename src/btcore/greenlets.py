@@ -8,6 +8,7 @@ recognise is refused with BacktraceError, never guessed at.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import greenlet
@@ -25,6 +26,17 @@ NOTHING = None   # a greenlet with no stack to capture (not started, or dead)
 _learn_lock = threading.Lock()
 _learned: str | None = None   # "" once learned, else the reason it failed
 _learning = threading.local()   # .now: this thread is checking the layout
+
+
+def _learn_lock_after_fork_in_child():
+    # Held at fork() by a thread the child does not have: learning, never
+    # finished here, starts over on a new lock.
+    global _learn_lock
+    if _learn_lock.locked():
+        _learn_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_learn_lock_after_fork_in_child)
 
 
 def _park():

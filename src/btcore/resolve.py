@@ -19,7 +19,8 @@ F_EXACT = lib.BTC_F_EXACT
 
 
 class FrameCache:
-    """Bounded, thread-safe map: native pc or (code address, offset) -> Frames.
+    """Bounded, thread-safe map: (module id, offset, exact) or (code address,
+    offset) -> Frames.
 
     No lock at all: every read and write is a single dict operation, atomic
     under the GIL, so a signal handler or another thread that resolves while
@@ -145,10 +146,15 @@ def _source_levels(module: str, vaddr: int) -> list:
 
 
 def _resolve_native(pc: int, exact: bool) -> tuple:
+    """(the id of the module that named pc, 0 if none; its Frames)."""
     lookup = pc if exact else pc - 1
     info = ffi.new("btc_syminfo *")
     if lib.btc_describe_native(lookup, info, _buffer(), _NAME_BUFFER) != 0:
-        return (Frame(NATIVE, pc, None, None, None, None, None),)
+        return 0, (Frame(NATIVE, pc, None, None, None, None, None),)
+    return info.module_id, _native_frames(pc, lookup, info)
+
+
+def _native_frames(pc: int, lookup: int, info) -> tuple:
     module = _text(info.module)
     symbol = _text(info.symbol)
     offset = pc - info.symbol_addr if symbol else pc - info.module_base
@@ -177,10 +183,38 @@ def _resolve_python(code, lasti: int) -> tuple:
     return (Frame(PYTHON, None, filename, code.co_qualname, None, filename, _line_of(code, lasti)),)
 
 
+# Native frames are cached by what names them, (module id, offset, exact),
+# not by pc: a library loaded where an unloaded one was has new ids, so the
+# old names are never served for it.  Finding a pc's module takes a call into
+# the core; its answer is kept here, per pc, for as long as the module list's
+# generation says it holds.
+_module_keys: dict = {}   # pc (negated if exact) -> (generation, cache key)
+# btc_modules_generation, read in place: ~40 ns against ~300 through lib.
+_generation = memoryview(ffi.buffer(ffi.addressof(lib, "btc_modules_generation"), 8)).cast("Q")
+
+
+def _module_key(pc: int, exact: bool) -> tuple:
+    module_id, offset = ffi.new("uint64_t *"), ffi.new("uintptr_t *")
+    generation = lib.btc_module_key(pc if exact else pc - 1, module_id, offset)
+    key = (module_id[0], offset[0], exact)
+    if len(_module_keys) >= cache.maxsize:   # bounded like the cache it serves
+        _module_keys.clear()
+    _module_keys[-pc if exact else pc] = (generation, key)
+    return key
+
+
 def resolve_native(pc: int, flags: int) -> tuple:
     """The Frames at a native pc (more than one when calls were inlined)."""
-    key = -pc if flags & F_EXACT else pc
-    return cache.get(key) or cache.put(key, _resolve_native(pc, bool(flags & F_EXACT)))
+    exact = bool(flags & F_EXACT)
+    known = _module_keys.get(-pc if exact else pc)
+    key = known[1] if known is not None and known[0] == _generation[0] else _module_key(pc, exact)
+    frames = cache.get(key)
+    if frames:
+        return frames
+    module_id, frames = _resolve_native(pc, exact)
+    # A module swapped in since the key was taken named pc: right now, but
+    # not what the key stands for.
+    return cache.put(key, frames) if module_id == key[0] else frames
 
 
 def resolve_python(code, lasti: int) -> tuple:
