@@ -10,9 +10,10 @@ from .frame import Frame
 from .resolve import cache
 from .introspect import GreenletInfo, snapshot
 from .dump import dump_all, register_dump_signal, unregister_dump_signal
+from .html import write_html
 from .switchclock import disable_switch_timing, enable_switch_timing
 
 __all__ = ["Backtrace", "BacktraceError", "Frame", "GreenletInfo", "append", "cache", "collect",
            "disable_switch_timing", "dump_all", "enable_switch_timing", "foreach", "register_dump_signal",
-           "snapshot", "unregister_dump_signal"]
+           "snapshot", "unregister_dump_signal", "write_html"]
 __version__ = "0.1.0"
