@@ -5,7 +5,8 @@ Content-Security-Policy forbids any fetch) with the dump's JSON document
 embedded in a <script type="application/json"> element.  The document is
 JSON schema v1 plus fields the page needs (docs/api.md): per frame,
 "folded" (hidden in the readable view) and "source" (a Python frame's
-source line); "hubs", the ids of gevent hubs.  Every "<", ">" and "&" in
+source line); "hubs", the ids of gevent hubs; and "greenlets" is written
+as a table (_as_rows) to keep 10 000 greenlets under 2 MB.  Every "<", ">" and "&" in
 the JSON is written as a \\u escape, so no string in it (greenlet names and
 file paths are untrusted) can end the script element or open a comment;
 the page inserts all text with textContent, never as markup.
@@ -29,10 +30,21 @@ def page(infos=None) -> str:
     """The HTML page of infos (default: a new snapshot()), as a string."""
     if infos is None:
         infos = snapshot()
-    doc = _json_doc(infos, True, _page_frames_json)
+    doc = _as_rows(_json_doc(infos, True, _page_frames_json))
     doc["hubs"] = [id(info.greenlet) for info in infos if _is_hub(info.greenlet)]
     data = json.dumps(doc, separators=(",", ":")).translate(_SCRIPT_SAFE)
     return _template().replace(_DATA_MARK, data, 1)
+
+
+def _as_rows(doc: dict) -> dict:
+    """doc with "greenlets" as a table: "greenlet_fields" (the schema's keys)
+    and "greenlet_rows" (one list of values per greenlet).  Half the bytes
+    of 10 000 objects repeating their keys; the page rebuilds the objects."""
+    greenlets = doc.pop("greenlets")
+    fields = list(greenlets[0]) if greenlets else []
+    doc["greenlet_fields"] = fields
+    doc["greenlet_rows"] = [[g[field] for field in fields] for g in greenlets]
+    return doc
 
 
 def write_html(path) -> None:
