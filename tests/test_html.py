@@ -160,6 +160,8 @@ def test_live_page_shows_three_groups_with_counts(driver, program, tmp_path):
     assert {shape: group["count"] for shape, group in groups.items()} == SHAPES
     assert sum(group["count"] for group in _groups(driver)) == driver.execute_script("return DOC.greenlets.length")
     _expand(driver, groups["in_sorted"]["stack"])
+    driver.execute_script("document.querySelector('#groups .group[data-stack=\"' + arguments[0] + '\"]')"
+                          ".scrollIntoView({block: 'start'})", groups["in_sorted"]["stack"])
     shot = tmp_path / "page.png"
     driver.save_screenshot(str(shot))
     print(f"screenshot: {shot}")
@@ -180,6 +182,27 @@ def test_expanded_group_shows_python_and_c_functions(driver, program):
         # outermost first: sorted() is called by in_sorted and calls the lambda
         order = [name for _, name in frames]
         assert order.index("in_sorted") < order.index("builtin_sorted") < order.index("in_sorted.<locals>.<lambda>")
+
+
+def test_spawn_tree_is_navigable(driver, program):
+    """Guards the spawn tree: a member's "spawned by" link reveals its spawner, whose children are its spawns."""
+    _open(driver, program["debug"])
+    groups = _shape_groups(driver)
+    _expand(driver, groups["in_sorted"]["stack"])
+    spawner_name = driver.execute_script("""
+const card = document.querySelector('#groups .group[data-stack="' + arguments[0] + '"]');
+const chain = card.querySelectorAll('.members > div')[0].querySelectorAll('.link');
+chain[1].click();                       // [0] is the greenlet itself, [1] its spawner
+return chain[1].textContent;""", groups["in_sorted"]["stack"])
+    found = driver.execute_script("""
+const node = document.querySelector('#tree .node.found');
+const li = node.parentElement;
+return {name: node.textContent,
+        kids: [...li.querySelectorAll(':scope > ul > li')].map(k => k.querySelector('.link').textContent)};""")
+    assert found["name"] == spawner_name
+    assert found["kids"] == [f"stack {groups['in_sorted']['stack']}"] * 2     # each spawner spawned 2 in_sorted
+    top = driver.execute_script("return document.querySelector('#tree .node.found').getBoundingClientRect().top")
+    assert 0 <= top <= driver.execute_script("return window.innerHeight")     # scrolled into view
 
 
 def test_filter_narrows_groups(driver, program):

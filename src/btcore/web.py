@@ -31,14 +31,15 @@ _HEADERS = [
 def app(environ, start_response):
     """GET: a new snapshot of every greenlet, as the HTML page (default),
     ?format=json (schema v1) or ?format=text (dump_all's text)."""
-    if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+    method = environ.get("REQUEST_METHOD", "GET")
+    if method not in ("GET", "HEAD"):
         return _plain(start_response, "405 Method Not Allowed", "GET only\n", [("Allow", "GET, HEAD")])
     fmt = parse_qs(environ.get("QUERY_STRING", "")).get("format", ["html"])[0]
     if fmt not in _CONTENT_TYPES:
         return _plain(start_response, "400 Bad Request", "format must be html, json or text\n")
     body = _render(snapshot(), True, True, fmt, _stack_text).encode("utf-8")
     start_response("200 OK", [("Content-Type", _CONTENT_TYPES[fmt]), ("Content-Length", str(len(body)))] + _HEADERS)
-    return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+    return [b"" if method == "HEAD" else body]
 
 
 def _plain(start_response, status, text, extra=()):
