@@ -292,6 +292,10 @@ def test_wsgi_endpoint_while_the_program_serves_its_own_traffic(driver, program)
         with urllib.request.urlopen(program["debug"] + "?format=text", timeout=TIMEOUT) as r:
             text = r.read().decode()
         served_meanwhile = len(answers)
+        deadline = time.monotonic() + TIMEOUT     # and it still serves afterwards
+        while len(answers) == served_meanwhile and traffic.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(answers) > served_meanwhile
     finally:
         stop.set()
         traffic.join(TIMEOUT)
@@ -343,6 +347,25 @@ btcore.dump_all(open({str(tmp_path / 'page.html')!r}, 'w'), format="html")
     names = [row[doc["greenlet_fields"].index("name")] for row in doc["greenlet_rows"]]
     assert HOSTILE_NAME in names
     assert "b" not in parser.tags and parser.tags.count("script") == 2
+
+
+def _embedded_doc(page):
+    parser = _ScriptText()
+    parser.feed(page)
+    return json.loads("".join(parser.data))
+
+
+def test_demo_writes_the_page():
+    """Guards `python -m btcore demo --format html`: the showcase's page, its five connection handlers one group."""
+    proc = subprocess.run([sys.executable, "-P", "-m", "btcore", "demo", "--format", "html"],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    doc = _embedded_doc(proc.stdout)
+    stack_of = {row[0]: row[doc["greenlet_fields"].index("stack")] for row in doc["greenlet_rows"]}
+    names = [row[doc["greenlet_fields"].index("name")] for row in doc["greenlet_rows"]]
+    handlers = [row[0] for row, name in zip(doc["greenlet_rows"], names) if name.endswith("(serve_connection)")]
+    assert len(handlers) == 5 and len({stack_of[h] for h in handlers}) == 1
+    assert sum(s["count"] for s in doc["stacks"]) == len(names)
 
 
 def test_serve_without_gevent_uses_a_thread(tmp_path):
