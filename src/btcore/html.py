@@ -13,6 +13,7 @@ the page inserts all text with textContent, never as markup.
 """
 from __future__ import annotations
 
+import functools
 import json
 import linecache
 from importlib import resources
@@ -54,6 +55,7 @@ def write_html(path) -> None:
         f.write(text)
 
 
+@functools.cache
 def _template() -> str:
     return resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
