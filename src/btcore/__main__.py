@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     demo_parser = sub.add_parser("demo", help="print merged backtraces of parked greenlets: gevent's, or plain ones")
     demo_parser.add_argument("--greenlet", action="store_true",
                              help="the plain-greenlet demo, even when gevent is installed")
-    demo_parser.add_argument("--format", choices=("text", "json"), default="text",
+    demo_parser.add_argument("--format", choices=("text", "json", "html"), default="text",
                              help="the gevent showcase's dump format (default: text)")
     args = parser.parse_args(argv)
     if args.command == "demo":

@@ -205,21 +205,26 @@ def _frames_json(bt):
 
 
 def _json(infos, group: bool) -> str:
+    return json.dumps(_json_doc(infos, group), indent=1) + "\n"
+
+
+def _json_doc(infos, group: bool, frames_json=_frames_json) -> dict:
+    """The JSON schema's document; frames_json(bt) renders a stack's frames
+    (the HTML page adds fields to them)."""
     groups = _group(infos, group)
     stack_of = {id(info.greenlet): g.number for g in groups for info in g.infos}
     threads = Counter((info.thread_id, info.thread_name) for info in infos)
-    doc = {
+    return {
         "version": JSON_VERSION,
         "pid": os.getpid(),
         "time": time.time(),
         "threads": [{"id": ident, "name": name, "greenlets": n} for (ident, name), n in threads.items()],
-        "stacks": [_stack_json(g) for g in groups],
+        "stacks": [_stack_json(g, frames_json) for g in groups],
         "greenlets": [_greenlet_json(info, stack_of) for info in infos],
     }
-    return json.dumps(doc, indent=1) + "\n"
 
 
-def _stack_json(group: _Group) -> dict:
+def _stack_json(group: _Group, frames_json) -> dict:
     first = group.first
     bt, spawn = first.backtrace, first.spawn_backtrace
     return {
@@ -229,9 +234,9 @@ def _stack_json(group: _Group) -> dict:
         "states": dict(group.states),
         "python_only": first.python_only,
         "error": first.error,
-        "frames": _frames_json(bt) if bt is not None else [],
+        "frames": frames_json(bt) if bt is not None else [],
         "truncated": bt.truncated if bt is not None else False,
-        "spawn_frames": _frames_json(spawn) if spawn is not None else None,
+        "spawn_frames": frames_json(spawn) if spawn is not None else None,
     }
 
 
@@ -259,7 +264,8 @@ def dump_all(file=None, *, group: bool = True, tree: bool = True, format: str = 
     text: identical stacks grouped with their count and states, largest
     group first (group=False: one entry per greenlet), then each thread's
     greenlets as a tree (tree=False: no tree).  json: the schema in
-    docs/api.md (version JSON_VERSION); `tree` does not apply.
+    docs/api.md (version JSON_VERSION); `tree` does not apply.  html: one
+    self-contained page (btcore/html.py), always grouped, with the tree.
     """
     _write(file, _render(snapshot(), group, tree, format, _stack_text))
 
@@ -269,7 +275,10 @@ def _render(infos, group, tree, format, stack_text) -> str:
         return _text(infos, group, tree, stack_text)
     if format == "json":
         return _json(infos, group)
-    raise ValueError(f"format must be 'text' or 'json', not {format!r}")
+    if format == "html":
+        from .html import page
+        return page(infos)
+    raise ValueError(f"format must be 'text', 'json' or 'html', not {format!r}")
 
 
 def _write(file, text: str) -> None:

@@ -36,7 +36,8 @@ _base_dead = greenlet.greenlet.dead.__get__          # gevent.Greenlet overrides
 _base_frame = greenlet.greenlet.gr_frame.__get__
 _base_parent = greenlet.greenlet.parent.__get__
 # Files whose frames are btcore's own introspection code, hidden from the caller's stack.
-_OWN_FILES = frozenset(os.path.join(os.path.dirname(__file__), name) for name in ("introspect.py", "dump.py"))
+_OWN_FILES = frozenset(os.path.join(os.path.dirname(__file__), name)
+                       for name in ("introspect.py", "dump.py", "html.py", "web.py"))
 
 
 class GreenletInfo:

@@ -107,7 +107,7 @@ def _build(gevent):
 def run(argv=None) -> int:
     """python -m btcore demo: print the dump of the showcase's greenlets; 0 on success."""
     parser = argparse.ArgumentParser(prog="python -m btcore demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--format", choices=("text", "json", "html"), default="text")
     args = parser.parse_args(argv)
     try:
         import gevent
