@@ -5,6 +5,7 @@ running stack and for suspended greenlets.
     print(bt)                      # resolved lazily, through a shared cache
 """
 from .backtrace import Backtrace, append, collect, foreach
+from .codec import decode
 from .greenlets import BacktraceError
 from .frame import Frame
 from .resolve import cache
@@ -12,7 +13,7 @@ from .introspect import GreenletInfo, snapshot
 from .dump import dump_all, register_dump_signal, unregister_dump_signal
 from .switchclock import disable_switch_timing, enable_switch_timing
 
-__all__ = ["Backtrace", "BacktraceError", "Frame", "GreenletInfo", "append", "cache", "collect",
+__all__ = ["Backtrace", "BacktraceError", "Frame", "GreenletInfo", "append", "cache", "collect", "decode",
            "disable_switch_timing", "dump_all", "enable_switch_timing", "foreach", "register_dump_signal",
            "snapshot", "unregister_dump_signal"]
 __version__ = "0.1.0"

@@ -137,7 +137,7 @@ def demangle(name: str | None) -> str | None:
 _MAX_INLINE_LEVELS = 32
 
 
-def _source_levels(module: str, vaddr: int) -> list:
+def source_levels(module: str, vaddr: int) -> list:
     """(function, file, line) per level from DWARF, innermost inlined call first."""
     out = ffi.new("btc_srcframe[]", _MAX_INLINE_LEVELS)
     n = lib.btc_symbolize_file(module.encode(), vaddr, out, _MAX_INLINE_LEVELS, _buffer(), _NAME_BUFFER)
@@ -152,7 +152,7 @@ def _resolve_native(pc: int, exact: bool) -> tuple:
     module = _text(info.module)
     symbol = _text(info.symbol)
     offset = pc - info.symbol_addr if symbol else pc - info.module_base
-    levels = _source_levels(module, lookup - info.module_base) if module else []
+    levels = source_levels(module, lookup - info.module_base) if module else []
     if not levels or levels[-1][1] is None:   # no DWARF: the symbol table's name
         return (Frame(NATIVE, pc, module, demangle(symbol), offset, None, None),)
     *inlined, (function, file, line) = levels
