@@ -211,3 +211,10 @@ typedef struct {
  * loaded, whatever the file on disk is now).  Writes at most max; returns
  * how many objects there are, or -1 when buf is too small for the paths. */
 int btc_loaded_modules(btc_modinfo *out, int max, char *buf, size_t size);
+
+/* The symbol-table name (raw, mangled) covering the module-relative address
+ * vaddr in the ELF file at path, as btc_describe_native() names a loaded
+ * module's pc; copied into buf.  *sym_vaddr: the symbol's start.  Returns 0,
+ * or -1 when no symbol covers vaddr or the file cannot be read.  The last
+ * few files are kept open (keyed by path, device, inode, size and mtime). */
+int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr);

@@ -3,10 +3,15 @@
  * mapped notes, so that a token names the code that ran even when the file
  * on disk has been replaced since it was loaded. */
 #include <link.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "btcore.h"
+#include "gil.h"
 
 #ifndef NT_GNU_BUILD_ID
 #define NT_GNU_BUILD_ID 3
@@ -130,4 +135,86 @@ int btc_loaded_modules(btc_modinfo *out, int max, char *buf, size_t size)
     listing l = {.out = out, .max = max, .buf = buf, .size = size};
     dl_iterate_phdr(list_one, &l);
     return l.overflow ? -1 : l.n;
+}
+
+/* ---- symbols of a module that is not loaded: named from its file ---- */
+
+#define OPEN_FILES 4
+
+typedef struct {
+    char *path;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    btc_elf *elf;
+} open_file;
+
+static open_file open_files[OPEN_FILES];
+static int next_victim;
+static pthread_mutex_t open_files_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static bool same_file(const open_file *f, const char *path, const struct stat *st)
+{
+    return f->path && strcmp(f->path, path) == 0 && f->dev == st->st_dev && f->ino == st->st_ino &&
+           f->size == st->st_size && f->mtime.tv_sec == st->st_mtim.tv_sec &&
+           f->mtime.tv_nsec == st->st_mtim.tv_nsec;
+}
+
+/* The file's btc_elf, opened on first use; the oldest one is closed to make
+ * room.  With open_files_mutex held. */
+static btc_elf *file_elf(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return NULL;
+    for (int i = 0; i < OPEN_FILES; i++)
+        if (same_file(&open_files[i], path, &st))
+            return open_files[i].elf;
+    btc_elf *elf = btc_elf_open(path);
+    char *copy = strdup(path);
+    if (!elf || !copy) {
+        btc_elf_close(elf);
+        free(copy);
+        return NULL;
+    }
+    open_file *f = &open_files[next_victim];
+    next_victim = (next_victim + 1) % OPEN_FILES;
+    btc_elf_close(f->elf);
+    free(f->path);
+    *f = (open_file){.path = copy, .dev = st.st_dev, .ino = st.st_ino, .size = st.st_size,
+                     .mtime = st.st_mtim, .elf = elf};
+    return elf;
+}
+
+/* A child forked while another thread held the mutex inherits it locked and
+ * the table maybe half-updated: it starts afresh (the parent's entries leak). */
+static void forget_after_fork(void)
+{
+    pthread_mutex_init(&open_files_mutex, NULL);
+    memset(open_files, 0, sizeof open_files);
+    next_victim = 0;
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void install_atfork(void)
+{
+    pthread_atfork(NULL, NULL, forget_after_fork);
+}
+
+int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr)
+{
+    pthread_once(&atfork_once, install_atfork);
+    PyThreadState *gil = btc_gil_release();   /* the first call per file reads its symbols */
+    pthread_mutex_lock(&open_files_mutex);
+    const char *name = btc_elf_symbolize(file_elf(path), vaddr, sym_vaddr);
+    int rc = -1;
+    if (name && size > 0) {
+        snprintf(buf, size, "%s", name);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&open_files_mutex);
+    btc_gil_restore(gil);
+    return rc;
 }

@@ -25,7 +25,7 @@ from typing import NamedTuple
 from ._native import ffi, lib
 from .backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace, _new
 from .frame import NATIVE, PYTHON, Frame
-from .resolve import F_EXACT, FrameCache, cache, demangle, resolve_python, source_levels
+from .resolve import F_EXACT, FrameCache, cache, file_symbol, native_frames, resolve_python
 
 VERSION = 1
 PREFIX = f"btc{VERSION}."
@@ -54,6 +54,7 @@ EXACT_NEXT, JOIN_NEXT = (0b0111, 4), (0b1111, 4)             # 1 1 1 0 / 1 1 1 1
 ALPHABET = "/._-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
 assert len(ALPHABET) == 62
 _SYMBOL_OF = {ord(c): i for i, c in enumerate(ALPHABET)}
+_LETTERS = ALPHABET.encode()
 ESCAPE, END = 62, 63
 
 
@@ -117,21 +118,29 @@ def _shared_prefix(a: bytes, b: bytes) -> int:
 
 
 class _Reader:
-    __slots__ = ("data", "pos", "end")
+    """Bits LSB first, through a window of WINDOW bytes as one int: a read
+    costs a shift of a small int, whatever the token's length."""
+
+    __slots__ = ("data", "pos", "end", "window", "window_pos", "window_end")
+    WINDOW = 128
 
     def __init__(self, data: bytes):
         self.data = data
         self.pos = 0
         self.end = len(data) * 8
+        self.window, self.window_pos, self.window_end = 0, 0, 0
 
     def get(self, width: int) -> int:
-        if self.pos + width > self.end:
-            raise ValueError("truncated token: it ends in the middle of a frame")
-        lo = self.pos >> 3
-        chunk = int.from_bytes(self.data[lo:(self.pos + width + 7) >> 3], "little")
-        value = (chunk >> (self.pos & 7)) & ((1 << width) - 1)
-        self.pos += width
-        return value
+        pos = self.pos
+        if pos + width > self.window_end:
+            if pos + width > self.end:
+                raise ValueError("truncated token: it ends in the middle of a frame")
+            start = pos >> 3
+            chunk = self.data[start:start + self.WINDOW]
+            self.window, self.window_pos, self.window_end = \
+                int.from_bytes(chunk, "little"), start << 3, (start + len(chunk)) << 3
+        self.pos = pos + width
+        return (self.window >> (pos - self.window_pos)) & ((1 << width) - 1)
 
     def uint(self) -> int:
         return self.get(WIDTHS[self.get(4)])
@@ -155,12 +164,13 @@ class _Reader:
         base = earlier[ref] if earlier else b""
         shared = self.varint(len(base), "shared prefix length")
         out = bytearray(base[:shared])
+        get, letters = self.get, _LETTERS
         while True:
-            symbol = self.get(6)
+            symbol = get(6)
             if symbol == END:
                 earlier.append(bytes(out))
                 return earlier[-1]
-            out.append(self.get(8) if symbol == ESCAPE else ord(ALPHABET[symbol]))
+            out.append(get(8) if symbol == ESCAPE else letters[symbol])
 
     def finish(self) -> None:
         left = self.end - self.pos
@@ -271,15 +281,11 @@ class DecodedNative(NamedTuple):
 
 
 def _frames_from_file(path: str, vaddr: int, exact: bool) -> tuple:
-    """Like resolve.py's native resolution, from the file alone (no load
-    address here: ip is the module-relative pc)."""
-    levels = source_levels(path, vaddr if exact else vaddr - 1)
-    if not levels:
-        return (Frame(NATIVE, vaddr, path, None, vaddr, None, None),)
-    *inlined, (function, file, line) = levels
-    frames = [Frame(NATIVE, vaddr, path, demangle(f), None, fl, ln, inlined=True) for f, fl, ln in inlined]
-    frames.append(Frame(NATIVE, vaddr, path, demangle(function), None, file, line))
-    return tuple(frames)
+    """What resolve.py makes of a loaded module's pc, from the file alone;
+    ip is the module-relative pc (there is no load address here)."""
+    lookup = vaddr if exact else vaddr - 1
+    symbol, start = file_symbol(path, lookup)
+    return native_frames(vaddr, path, symbol, vaddr - start if symbol else vaddr, lookup)
 
 
 class DecodedModule(NamedTuple):
