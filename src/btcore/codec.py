@@ -61,15 +61,23 @@ ESCAPE, END = 62, 63
 # ---- bits ----
 
 class _Writer:
-    __slots__ = ("acc", "nbits")
+    """Bits LSB first: a small int of fewer than 64 pending bits, flushed to
+    bytes 8 at a time (one growing int would make every write copy it)."""
+
+    __slots__ = ("out", "acc", "nbits")
 
     def __init__(self):
+        self.out = bytearray()
         self.acc = 0
         self.nbits = 0
 
     def put(self, value: int, width: int) -> None:
         self.acc |= value << self.nbits
         self.nbits += width
+        if self.nbits >= 64:
+            self.out += (self.acc & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+            self.acc >>= 64
+            self.nbits -= 64
 
     def code(self, code: tuple) -> None:
         self.put(*code)
@@ -105,7 +113,7 @@ class _Writer:
         earlier.append(data)
 
     def token(self) -> str:
-        data = self.acc.to_bytes((self.nbits + 7) >> 3, "little")
+        data = self.out + self.acc.to_bytes((self.nbits + 7) >> 3, "little")
         return PREFIX + base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
