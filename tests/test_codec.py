@@ -247,7 +247,7 @@ def token_with_module(path, build_id=b"\x01\x02\x03\x04\x05\x06\x07\x08", vaddr=
     w.put(int.from_bytes(build_id, "little"), 8 * len(build_id))
     w.string(path, [])
     w.varint(1)
-    codec._FrameWriter(w, {(build_id, path): 0}).frames([(0, (build_id, path), vaddr)])
+    codec._FrameWriter(w, {(build_id, path): 0}, []).frames([(0, (build_id, path), vaddr)])
     return w.token()
 
 
@@ -266,6 +266,17 @@ def test_module_paths_in_tokens_are_untrusted(tmp_path):
         assert [(m.path, m.status) for m in decoded.modules] == [(path, status)]
         [frame] = decoded.frames()
         assert (frame.module, frame.function, frame.offset) == (path, None, 0x1234)
+
+
+def test_a_return_address_of_zero_is_refused_not_looked_up_at_minus_one(tmp_path):
+    """Guards: a hostile token with a valid module and a return address of 0
+    is a ValueError (it was an OverflowError from the lookup at pc - 1)."""
+    path = str(tmp_path / "libcodec.so")
+    build_library(tmp_path, path, "")
+    build_id = codec.file_build_id(path)[:codec.BUILD_ID_BYTES]
+    assert btcore.decode(token_with_module(path, build_id, vaddr=0x1100)).modules[0].status == "file"
+    with pytest.raises(ValueError, match="a native frame at 0x0"):
+        btcore.decode(token_with_module(path, build_id, vaddr=0)).frames()
 
 
 # ---- bad tokens ----

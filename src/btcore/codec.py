@@ -95,15 +95,17 @@ class _Writer:
                 return
 
     def string(self, text: str, earlier: list) -> None:
-        """A new string of a table: the earlier string of that table it
-        shares the longest prefix with, the prefix length, the rest."""
+        """A new string: the earlier string (of its reference list) it shares
+        the most with, the length of the prefix and of the suffix taken
+        from it, the bytes in between."""
         data = text.encode("utf-8", "surrogatepass")
-        shared = 0
+        prefix = suffix = 0
         if earlier:
-            shared, ref = max((_shared_prefix(data, e), -i) for i, e in enumerate(earlier))
+            _, ref, prefix, suffix = max(_sharing(data, e, -i) for i, e in enumerate(earlier))
             self.put(-ref, (len(earlier) - 1).bit_length())
-        self.varint(shared)
-        for byte in data[shared:]:
+        self.varint(prefix)
+        self.varint(suffix)
+        for byte in data[prefix:len(data) - suffix]:
             symbol = _SYMBOL_OF.get(byte)
             if symbol is None:
                 self.put(ESCAPE | byte << 6, 14)
@@ -117,12 +119,14 @@ class _Writer:
         return PREFIX + base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def _shared_prefix(a: bytes, b: bytes) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def _sharing(data: bytes, other: bytes, key: int) -> tuple:
+    """(bytes shared, key, prefix, suffix): data's common prefix with other,
+    then the common suffix of what is left of both."""
+    n = min(len(data), len(other))
+    prefix = next((i for i in range(n) if data[i] != other[i]), n)
+    rest = n - prefix
+    suffix = next((i for i in range(rest) if data[-1 - i] != other[-1 - i]), rest)
+    return prefix + suffix, key, prefix, suffix
 
 
 class _Reader:
@@ -170,12 +174,14 @@ class _Reader:
         if earlier and ref >= len(earlier):
             raise ValueError(f"corrupted token: string {ref} of {len(earlier)}")
         base = earlier[ref] if earlier else b""
-        shared = self.varint(len(base), "shared prefix length")
-        out = bytearray(base[:shared])
+        prefix = self.varint(len(base), "shared prefix length")
+        suffix = self.varint(len(base) - prefix, "shared suffix length")
+        out = bytearray(base[:prefix])
         get, letters = self.get, _LETTERS
         while True:
             symbol = get(6)
             if symbol == END:
+                out += base[len(base) - suffix:]
                 earlier.append(bytes(out))
                 return earlier[-1]
             out.append(get(8) if symbol == ESCAPE else letters[symbol])
@@ -226,8 +232,7 @@ class _Places:
     MAX = 65536
 
     def __init__(self):
-        self.modules = []
-        self.los = []
+        self.listed = ([], [])   # (modules, their lo): one attribute, replaced whole (threads)
         self.cache = {}
 
     def where(self, pc: int, exact: bool):
@@ -242,17 +247,18 @@ class _Places:
     def _find(self, lookup: int, pc: int):
         mod = self._containing(lookup)
         if mod is None:   # loaded since the list was taken?
-            self.modules = loaded_modules()
-            self.los = [m.lo for m in self.modules]
+            modules = loaded_modules()
+            self.listed = (modules, [m.lo for m in modules])
             mod = self._containing(lookup)
         if mod is None:
             return None, pc
         return (mod.build_id[:BUILD_ID_BYTES], mod.path), pc - mod.bias
 
     def _containing(self, pc: int):
-        i = bisect.bisect_right(self.los, pc) - 1
-        if i >= 0 and pc < self.modules[i].hi:
-            return self.modules[i]
+        modules, los = self.listed
+        i = bisect.bisect_right(los, pc) - 1
+        if i >= 0 and pc < modules[i].hi:
+            return modules[i]
         return None
 
 
@@ -375,24 +381,24 @@ def _encode(bt: Backtrace) -> str:
     w = _Writer()
     w.put(bool(bt.truncated), 1)
     w.varint(len(modules))
-    paths = []
+    paths = []   # module paths, then Python files: one reference list
     for build_id, path in modules:
         w.put(len(build_id), 4)
         w.put(int.from_bytes(build_id, "little"), 8 * len(build_id))
         w.string(path, paths)
     w.varint(len(items))
-    _FrameWriter(w, modules).frames(items)
+    _FrameWriter(w, modules, paths).frames(items)
     return w.token()
 
 
 class _FrameWriter:
-    def __init__(self, w: _Writer, modules: dict):
+    def __init__(self, w: _Writer, modules: dict, paths: list):
         self.w = w
         self.modules = modules
         self.module_bits = len(modules).bit_length()   # index len(modules): no module
         self.history = []                               # (module index, vaddr), newest first
-        self.names, self.files = {}, {}             # string -> index
-        self.name_bytes, self.file_bytes = [], []   # the same, encoded, in order
+        self.names, self.files = {}, {}                 # string -> index
+        self.name_bytes, self.file_bytes = [], paths    # reference lists of new strings
 
     def frames(self, items: list) -> None:
         w = self.w
@@ -478,9 +484,9 @@ def decode(token: str) -> DecodedBacktrace:
     data = _body(token)
     r = _Reader(data)
     truncated = bool(r.get(1))
-    modules = _read_modules(r)
+    modules, paths = _read_modules(r)
     count = r.varint(MAX_CAPACITY, "frame count")
-    records, refs = _FrameReader(r, modules).frames(count)
+    records, refs = _FrameReader(r, modules, paths).frames(count)
     r.finish()
     bt = _new(DecodedBacktrace)
     bt._capacity = max(count, DEFAULT_CAPACITY)
@@ -507,8 +513,9 @@ def _body(token: str) -> bytes:
         raise ValueError(f"corrupted token: {e}") from None
 
 
-def _read_modules(r: _Reader) -> list:
-    """(DecodedModule, load bias here or None) per module table entry."""
+def _read_modules(r: _Reader) -> tuple:
+    """(DecodedModule, load bias here or None) per module table entry, and
+    the paths as a reference list for the Python files that follow."""
     entries, paths = [], []
     for _ in range(r.varint(MAX_MODULES, "module count")):
         length = r.get(4)
@@ -517,7 +524,7 @@ def _read_modules(r: _Reader) -> list:
         build_id = r.get(8 * length).to_bytes(length, "little")
         entries.append((build_id, _text(r.string(paths))))
     loaded = loaded_modules() if entries else []
-    return [identify(build_id, path, loaded) for build_id, path in entries]
+    return [identify(build_id, path, loaded) for build_id, path in entries], paths
 
 
 def identify(build_id: bytes, path: str, loaded: list) -> tuple:
@@ -541,14 +548,22 @@ def identify(build_id: bytes, path: str, loaded: list) -> tuple:
     return DecodedModule(path, hexid, "file", "named from the file"), None
 
 
+def _pc(pc: int, flags: int) -> int:
+    """pc, if it can be a native frame's pc: a return address is looked up
+    at pc - 1, so it is not 0."""
+    if not (0 if flags & F_EXACT else 1) <= pc < 1 << 64:
+        raise ValueError(f"corrupted token: a native frame at {pc:#x}")
+    return pc
+
+
 class _FrameReader:
-    def __init__(self, r: _Reader, modules: list):
+    def __init__(self, r: _Reader, modules: list, paths: list):
         self.r = r
         self.modules = modules
         self.module_bits = len(modules).bit_length()
         self.history = []
-        self.names, self.files = [], []             # decoded strings, in order
-        self.name_bytes, self.file_bytes = [], []   # the same, encoded
+        self.names, self.files = [], []                 # decoded strings, in order
+        self.name_bytes, self.file_bytes = [], paths    # reference lists of new strings
 
     def frames(self, count: int) -> tuple:
         records, refs = bytearray(), []
@@ -593,8 +608,9 @@ class _FrameReader:
         else:
             module, bias = self.modules[index]
             if bias is not None:   # loaded here: an ordinary native frame, re-based
-                records += RECORD.pack((bias + vaddr) & (1 << 64) - 1, -1, KIND_NATIVE, flags, 0)
+                records += RECORD.pack(_pc(bias + vaddr, flags), -1, KIND_NATIVE, flags, 0)
                 return
+            _pc(vaddr, flags)
             ref = DecodedNative(module, vaddr, bool(flags & F_EXACT))
         records += RECORD.pack(id(ref), -1, KIND_DECODED, flags, 0)
         refs.append(ref)
