@@ -74,7 +74,7 @@ class _Writer:
     def put(self, value: int, width: int) -> None:
         self.acc |= value << self.nbits
         self.nbits += width
-        if self.nbits >= 64:
+        while self.nbits >= 64:
             self.out += (self.acc & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
             self.acc >>= 64
             self.nbits -= 64
@@ -105,13 +105,16 @@ class _Writer:
             self.put(-ref, (len(earlier) - 1).bit_length())
         self.varint(prefix)
         self.varint(suffix)
+        symbols = width = 0   # packed here, written with one put()
         for byte in data[prefix:len(data) - suffix]:
             symbol = _SYMBOL_OF.get(byte)
             if symbol is None:
-                self.put(ESCAPE | byte << 6, 14)
+                symbols |= (ESCAPE | byte << 6) << width
+                width += 14
             else:
-                self.put(symbol, 6)
-        self.put(END, 6)
+                symbols |= symbol << width
+                width += 6
+        self.put(symbols | END << width, width + 6)
         earlier.append(data)
 
     def token(self) -> str:
