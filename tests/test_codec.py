@@ -260,7 +260,8 @@ def test_module_paths_in_tokens_are_untrusted(tmp_path):
     text = tmp_path / "text.so"
     text.write_text("not an ELF file")
     cases = {str(fifo): "missing", "/dev/zero": "missing", str(tmp_path / "absent.so"): "missing",
-             str(text): "missing", "relative/lib.so": "missing", sys.executable: "mismatch"}
+             str(text): "missing", "relative/lib.so": "missing", sys.executable: "mismatch",
+             "/lib/\0libc.so.6": "missing", "/lib/\udc80\ud800.so": "missing"}
     for path, status in cases.items():
         decoded = btcore.decode(token_with_module(path))
         assert [(m.path, m.status) for m in decoded.modules] == [(path, status)]

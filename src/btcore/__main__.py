@@ -95,13 +95,16 @@ def demo() -> int:
 def decode_text(lines, out, verbose: bool = False) -> None:
     """Copy lines to out with every token replaced by its backtrace, resolved
     here (Backtrace.format()); a token that cannot be decoded stays, followed
-    by the reason.  Each distinct token is decoded once."""
+    by the reason.  A token seen again (among the last 4096 distinct ones) is
+    not decoded again."""
     from .codec import TOKEN_IN_TEXT
     done = {}
 
     def resolved(match) -> str:
         token = match.group(0)
         if token not in done:
+            if len(done) >= 4096:
+                done.clear()
             try:
                 done[token] = btcore.decode(token).format(verbose=verbose)
             except ValueError as e:

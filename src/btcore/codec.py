@@ -540,9 +540,13 @@ def identify(build_id: bytes, path: str, loaded: list) -> tuple:
         if m.build_id[:len(build_id)] == build_id:
             return DecodedModule(path, hexid, "loaded", f"loaded here as {m.path}"), m.bias
     try:
+        path.encode()   # what the native layer will be handed: no lone surrogates, no NUL
+        if "\0" in path:
+            raise OSError(0, "a NUL character in the path")
         on_disk = file_build_id(path)
-    except OSError as e:
-        return DecodedModule(path, hexid, "missing", f"cannot be read here ({e.strerror or e})"), None
+    except (OSError, UnicodeEncodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a UTF-8 path"
+        return DecodedModule(path, hexid, "missing", f"cannot be read here ({reason})"), None
     if on_disk is None:
         return DecodedModule(path, hexid, "mismatch", "build-id mismatch: the file here has no build-id"), None
     if on_disk[:len(build_id)] != build_id:
