@@ -301,7 +301,7 @@ def test_truncated_corrupted_and_unknown_tokens_raise_value_error(chain):
         btcore.decode(token.encode())
 
 
-def test_a_million_mutated_tokens_in_a_bounded_run_only_raise_value_error():
+def test_fuzzed_tokens_only_raise_value_error():
     """Guards: decoding garbage never crashes, hangs or raises anything but
     ValueError (a child process, so a crash fails the test; 100 000 here,
     a million with `python tests/fuzz_codec.py 1000000`)."""
