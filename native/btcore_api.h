@@ -229,3 +229,33 @@ void btc_symbolize_limit(int max_files);
 void btc_symbolize_reset(void);
 /* Where separate debug files live (default /usr/lib/debug); drops the cache. */
 void btc_symbolize_debug_root(const char *dir);
+
+/* ---- codec: module identity for compact tokens (codec.c) ---- */
+
+/* A record of a Backtrace built by btcore.decode(): the frame came from a
+ * token, and the Backtrace's _refs holds what it names (a Python frame's
+ * name, file and line, or a module's build-id, path and module-relative pc). */
+#define BTC_KIND_DECODED 3
+
+#define BTC_BUILD_ID_MAX 32
+
+typedef struct {
+    const char *path;      /* as the loader reports it (the executable: /proc/self/exe); copied into buf */
+    uintptr_t   bias;      /* load bias */
+    uintptr_t   lo, hi;    /* span of its executable PT_LOAD segments (absolute) */
+    uint8_t     build_id[BTC_BUILD_ID_MAX];
+    int         build_id_len;   /* 0: the module has no NT_GNU_BUILD_ID note (or a longer one) */
+} btc_modinfo;
+
+/* The loaded ELF objects with an executable segment, in the loader's order,
+ * each with the build-id read from its mapped PT_NOTE segments (what is
+ * loaded, whatever the file on disk is now).  Writes at most max; returns
+ * how many objects there are, or -1 when buf is too small for the paths. */
+int btc_loaded_modules(btc_modinfo *out, int max, char *buf, size_t size);
+
+/* The symbol-table name (raw, mangled) covering the module-relative address
+ * vaddr in the ELF file at path, as btc_describe_native() names a loaded
+ * module's pc; copied into buf.  *sym_vaddr: the symbol's start.  Returns 0,
+ * or -1 when no symbol covers vaddr or the file cannot be read.  The last
+ * few files are kept open (keyed by path, device, inode, size and mtime). */
+int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr);

@@ -1,4 +1,5 @@
 """python -m btcore demo: merged native + Python backtraces, live.
+python -m btcore decode [FILE...]: backtrace tokens in logs, resolved in place.
 
 With gevent installed (pip install 'btcore[demo]'), the demo is the
 showcase (btcore/showcase.py): a gevent program whose greenlets are parked
@@ -91,6 +92,39 @@ def demo() -> int:
     return 0
 
 
+def decode_text(lines, out, verbose: bool = False) -> None:
+    """Copy lines to out with every token replaced by its backtrace, resolved
+    here (Backtrace.format()); a token that cannot be decoded stays, followed
+    by the reason.  A token seen again (among the last 4096 distinct ones) is
+    not decoded again."""
+    from .codec import TOKEN_IN_TEXT
+    done = {}
+
+    def resolved(match) -> str:
+        token = match.group(0)
+        if token not in done:
+            if len(done) >= 4096:
+                done.clear()
+            try:
+                done[token] = btcore.decode(token).format(verbose=verbose)
+            except ValueError as e:
+                done[token] = f"{token} (btcore: {e})"
+        return done[token]
+
+    for line in lines:
+        out.write(TOKEN_IN_TEXT.sub(resolved, line))
+
+
+def decode_files(paths, verbose: bool) -> int:
+    if not paths:
+        decode_text(sys.stdin, sys.stdout, verbose)
+        return 0
+    for path in paths:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            decode_text(f, sys.stdout, verbose)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m btcore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,7 +133,13 @@ def main(argv=None) -> int:
                              help="the plain-greenlet demo, even when gevent is installed")
     demo_parser.add_argument("--format", choices=("text", "json", "html"), default="text",
                              help="the gevent showcase's dump format (default: text)")
+    decode_parser = sub.add_parser("decode", help="replace every backtrace token (btc1....) in the text of FILEs "
+                                   "(or standard input) by the backtrace it holds, resolved here")
+    decode_parser.add_argument("files", nargs="*", metavar="FILE")
+    decode_parser.add_argument("--verbose", action="store_true", help="every frame, with addresses (format(verbose=True))")
     args = parser.parse_args(argv)
+    if args.command == "decode":
+        return decode_files(args.files, args.verbose)
     if args.command == "demo":
         if args.greenlet:
             return demo()

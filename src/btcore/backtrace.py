@@ -21,6 +21,7 @@ RECORD = struct.Struct("=QiBBH")
 assert RECORD.size == ffi.sizeof("btc_frame") == 16
 _KIND_AT, _FLAGS_AT = 12, 13
 
+KIND_NATIVE = lib.BTC_KIND_NATIVE
 KIND_PYTHON = lib.BTC_KIND_PYTHON
 F_JOIN = lib.BTC_F_JOIN
 _WANT_PYTHON = lib.BTC_WANT_PYTHON
@@ -78,8 +79,9 @@ class Backtrace:
 
     def _resolved(self) -> list:
         """(flags, Frames) for each raw frame, innermost first."""
-        refs = iter(self._refs)
-        return [(flags, resolve_python(next(refs), lasti) if kind == KIND_PYTHON else resolve_native(addr, flags))
+        refs = iter(self._refs)   # a code object per Python record, a decoded frame per decoded one
+        return [(flags, resolve_native(addr, flags) if kind == KIND_NATIVE else
+                 resolve_python(next(refs), lasti) if kind == KIND_PYTHON else next(refs).frames())
                 for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw)]
 
     def frames(self) -> list[Frame]:
@@ -140,6 +142,12 @@ class Backtrace:
             return []
         g = target()
         return [f"Greenlet {describe(g)}" if g is not None else "Greenlet (no longer exists)"]
+
+    def encode(self) -> str:
+        """This backtrace as one printable word for a log line ("btc1." and
+        base64url characters); btcore.decode() turns it back into a
+        Backtrace, later and in another process.  See btcore/codec.py."""
+        return _encode(self)
 
     __str__ = format
 
@@ -248,9 +256,9 @@ def append(to: Backtrace, add: Backtrace) -> int:
         return 0
     copied = add._raw[: n * size]
     copied[_FLAGS_AT] |= F_JOIN
-    python_frames = sum(1 for i in range(n) if copied[i * size + _KIND_AT] == KIND_PYTHON)
+    with_refs = sum(1 for i in range(n) if copied[i * size + _KIND_AT] != KIND_NATIVE)
     to._raw += copied
-    to._refs += add._refs[:python_frames]
+    to._refs += add._refs[:with_refs]
     to.truncated = to.truncated or add.truncated
     _carry_labels(to, add, have, n)
     return n
@@ -288,3 +296,6 @@ def foreach(bt: Backtrace, callback) -> int:
             if callback(frame) is True:
                 return visited
     return visited
+
+
+from .codec import encode as _encode   # noqa: E402  (codec builds on the names above)

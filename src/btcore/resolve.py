@@ -138,7 +138,7 @@ def demangle(name: str | None) -> str | None:
 _MAX_INLINE_LEVELS = 32
 
 
-def _source_levels(module: str, vaddr: int) -> list:
+def source_levels(module: str, vaddr: int) -> list:
     """(function, file, line) per level from DWARF, innermost inlined call first."""
     out = ffi.new("btc_srcframe[]", _MAX_INLINE_LEVELS)
     n = lib.btc_symbolize_file(module.encode(), vaddr, out, _MAX_INLINE_LEVELS, _buffer(), _NAME_BUFFER)
@@ -158,7 +158,15 @@ def _native_frames(pc: int, lookup: int, info) -> tuple:
     module = _text(info.module)
     symbol = _text(info.symbol)
     offset = pc - info.symbol_addr if symbol else pc - info.module_base
-    levels = _source_levels(module, lookup - info.module_base) if module else []
+    return native_frames(pc, module, symbol, offset, lookup - info.module_base)
+
+
+def native_frames(pc: int, module: str | None, symbol: str | None, offset: int, vaddr: int) -> tuple:
+    """The Frames of the native pc found in module at module-relative vaddr
+    (pc - 1 for return addresses): symbol (raw) names the physical frame, and
+    offset is pc minus its start (minus the module's load address without
+    one); DWARF adds the inlined calls and file:line."""
+    levels = source_levels(module, vaddr) if module else []
     if not levels or levels[-1][1] is None:   # no DWARF: the symbol table's name
         return (Frame(NATIVE, pc, module, demangle(symbol), offset, None, None),)
     *inlined, (function, file, line) = levels
@@ -169,6 +177,15 @@ def _native_frames(pc: int, lookup: int, info) -> tuple:
     frames.append(Frame(NATIVE, pc, module, demangle(symbol or function), offset if symbol else None,
                         file, line))
     return tuple(frames)
+
+
+def file_symbol(path: str, vaddr: int) -> tuple:
+    """(raw symbol name, its start) covering module-relative vaddr in the
+    ELF file at path (a module that need not be loaded), or (None, None)."""
+    start = ffi.new("uintptr_t *")
+    if lib.btc_file_symbol(path.encode(), vaddr, _buffer(), _NAME_BUFFER, start) != 0:
+        return None, None
+    return _text(_buffer()), start[0]
 
 
 def _line_of(code, lasti: int) -> int | None:

@@ -99,6 +99,9 @@ MUTATIONS = [
              "    if not module:\n        return False, False\n    function = function or 'PyObject_Vectorcall'",
              "tests/test_format.py::test_fold_never_hides_unnamed_or_foreign_frames",
              "the readable view folds frames that have no name"),
+    Mutation("src/btcore/codec.py", "    if on_disk[:len(build_id)] != build_id:", "    if False:",
+             "tests/test_codec.py::test_rebuilt_module_is_reported_as_a_build_id_mismatch",
+             "a decoded token's frames are named from a rebuilt library whose build-id no longer matches"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()

@@ -1,0 +1,344 @@
+"""Compact tokens (btcore/codec.py): Backtrace.encode(), btcore.decode(),
+`python -m btcore decode`.
+
+Oracles: the backtrace the encoder resolved itself, in its own process;
+addr2line on the fixture's file for native frames decoded in another
+process (another load address); the text of the log around each token.
+"""
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import btcore
+from btcore import codec
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TIMEOUT = 120
+
+
+def view(frames):
+    """What must survive a round trip, frame by frame."""
+    return [(f.kind, f.function, f.file, f.line, f.inlined) for f in frames]
+
+
+def capture_in_chain(chain, **kw):
+    """A merged backtrace taken inside the C++ fixture's callback."""
+    got = {}
+
+    def in_callback(tag):
+        got["bt"] = btcore.collect(capacity=256, **kw)
+        return 0
+
+    chain.call(chain.lib.chain_entry, 1, in_callback)
+    return got["bt"]
+
+
+def run_python(code, *args, stdin=None):
+    proc = subprocess.run([sys.executable, "-P", "-c", code, *args], capture_output=True, text=True,
+                          input=stdin, timeout=TIMEOUT, cwd=HERE)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+# ---- round trip in one process ----
+
+def test_round_trip_keeps_frames_joins_and_truncation(chain):
+    """Guards: a decoded Backtrace resolves to the same frames (kinds, names,
+    files, lines, inline chains), the same append() joins and truncation."""
+    merged = capture_in_chain(chain)
+    spawn_site = btcore.collect(limit=3)
+    both = btcore.Backtrace(512)
+    btcore.append(both, merged)
+    btcore.append(both, spawn_site)
+    both.truncated = True
+    decoded = btcore.decode(both.encode())
+    assert isinstance(decoded, btcore.Backtrace)
+    assert view(decoded.frames()) == view(both.frames())
+    assert decoded.frames() == both.frames()      # loaded here: native frames re-based to the same pcs
+    assert decoded.joins() == both.joins() and len(decoded.joins()) == 2
+    assert decoded.truncated and len(decoded) == len(both)
+    assert str(decoded) == str(both)
+    assert {m.status for m in decoded.modules} == {"loaded"}
+
+
+def test_native_only_and_python_only_round_trip(chain):
+    """Guards: each kind alone round-trips, exact pcs included (the innermost
+    frame of a suspended greenlet is an exact pc, not a return address)."""
+    import greenlet
+    g = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch())
+    g.switch()
+    for bt in (capture_in_chain(chain, python=False), capture_in_chain(chain, native=False),
+               btcore.collect(g, internals=True)):
+        decoded = btcore.decode(bt.encode())
+        assert view(decoded.frames()) == view(bt.frames())
+    g.throw(greenlet.GreenletExit)
+
+
+def test_decoded_backtrace_encodes_to_the_same_token_and_appends(chain):
+    """Guards: a decoded Backtrace is a Backtrace like any other: it
+    re-encodes to the same token, copies and appends with its frames."""
+    token = capture_in_chain(chain).encode()
+    decoded = btcore.decode(token)
+    assert decoded.encode() == token
+    host = btcore.Backtrace(512)
+    btcore.append(host, btcore.collect(limit=2))
+    btcore.append(host, decoded)
+    assert host.frames()[host.joins()[-1]:] == decoded.frames()
+    assert copy.copy(decoded).frames() == decoded.frames()
+
+
+def test_token_is_one_printable_word(chain):
+    """Guards: a token survives log pipelines: one word of URL-safe
+    characters after the versioned prefix, nothing a formatter escapes."""
+    token = capture_in_chain(chain).encode()
+    assert re.fullmatch(r"btc1\.[A-Za-z0-9_-]+", token)
+    assert codec.TOKEN_IN_TEXT.findall(f'msg="x {token}" {token}.') == [token, token]
+
+
+# ---- in another process: another load address, the fixture not loaded ----
+
+ENCODER = r"""
+import importlib.util, json, sys
+import btcore
+spec = importlib.util.spec_from_file_location("_btfix_chain", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+got = {}
+@mod.ffi.def_extern(name="chain_py_callback")
+def chain_py_callback(tag):
+    got["bt"] = btcore.collect(capacity=256)
+    return 0
+mod.lib.chain_entry(1)
+bt = got["bt"]
+print(json.dumps({"token": bt.encode(),
+                  "frames": [[f.kind, f.function, f.file, f.line, f.inlined, f.module, f.ip] for f in bt.frames()]}))
+"""
+
+DECODER = r"""
+import json, sys
+import btcore
+bt = btcore.decode(sys.argv[1])
+print(json.dumps({"modules": [[m.path, m.status] for m in bt.modules],
+                  "frames": [[f.kind, f.function, f.file, f.line, f.inlined, f.module, f.ip] for f in bt.frames()]}))
+"""
+
+
+def addr2line(path, addr):
+    """[(function, file, line)] innermost first: `addr2line -f -i -C`."""
+    out = subprocess.run(["addr2line", "-f", "-i", "-C", "-e", path, "%x" % addr],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    levels = []
+    for function, location in zip(out[::2], out[1::2]):
+        file, _, line = re.sub(r" \(discriminator \d+\)$", "", location).rpartition(":")
+        levels.append((function, file, int(line) if line.isdigit() else 0))
+    return levels
+
+
+def physical_groups(frames):
+    """Native frames grouped per raw frame: its inlined calls, then itself."""
+    groups, current = [], []
+    for f in frames:
+        if f[0] == "native":
+            current.append(f)
+            if not f[4]:
+                groups.append(current)
+                current = []
+    return groups
+
+
+def test_decoded_in_another_process_names_like_the_encoder_and_addr2line(chain):
+    """Guards: native pcs are module-relative: after the encoder exited, a
+    process with other load addresses (and without the fixture loaded)
+    names every frame as the encoder did, and the fixture's frames as
+    addr2line names the file at the module-relative address."""
+    encoded = json.loads(run_python(ENCODER, chain.so_path))
+    decoded = json.loads(run_python(DECODER, encoded["token"]))
+    assert [f[:5] for f in decoded["frames"]] == [f[:5] for f in encoded["frames"]]
+    statuses = dict(decoded["modules"])
+    assert statuses[chain.so_path] == "file"          # not loaded there: named from the file
+    assert "loaded" in statuses.values()              # libpython, libc: re-based
+    # libpython is loaded at another address there: same names, other pcs
+    rebased = [(e, d) for e, d in zip(encoded["frames"], decoded["frames"])
+               if d[0] == "native" and d[5] != chain.so_path]
+    assert rebased and all(e[6] != d[6] for e, d in rebased)
+    fixture = [g for g in physical_groups(decoded["frames"]) if g[-1][5] == chain.so_path]
+    assert len(fixture) >= 4   # chain_entry, chain_static, descend, the callback stub (+ cffi's wrapper)
+    for group in fixture:
+        vaddr = group[-1][6]   # the module-relative pc: no load address in the decoder
+        theirs = addr2line(chain.so_path, vaddr - 1)
+        mine = [(f[1], f[2], f[3] or 0) for f in group]
+        assert [(fn, ln) for fn, _, ln in mine] == [(fn, ln) for fn, _, ln in theirs], (hex(vaddr), mine, theirs)
+        assert [os.path.basename(fi) for _, fi, _ in mine] == [os.path.basename(fi) for _, fi, _ in theirs]
+
+
+# ---- a module rebuilt since: reported, never named wrongly ----
+
+LIBRARY = r"""
+typedef int (*callback)(int);
+%s
+__attribute__((noinline)) int codec_leaf(callback cb, int x) { int r = cb(x); return r + x; }
+__attribute__((noinline)) int codec_entry(callback cb, int x) { int r = codec_leaf(cb, x + 1); return r * 3; }
+"""
+
+# The rebuilt library: other functions where codec_leaf and codec_entry were.
+PADDING = "\n".join(f"__attribute__((noinline)) int padding_fn_{i}(int x) {{ return x * {i} + (x >> 3); }}"
+                    for i in range(40))
+
+CAPTURE_IN_LIBRARY = r"""
+import ctypes, sys
+import btcore
+lib = ctypes.CDLL(sys.argv[1])
+CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+got = {}
+def in_library(x):
+    got["bt"] = btcore.collect(python=False)
+    return 0
+lib.codec_entry(CALLBACK(in_library), 1)
+print(got["bt"].encode())
+"""
+
+
+def build_library(tmp_path, path, padding):
+    source = tmp_path / "codec_lib.c"
+    source.write_text(LIBRARY % padding)
+    built = tmp_path / "building.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-g", "-o", str(built), str(source)], check=True)
+    os.replace(built, path)   # a new file at the same path, as an upgrade installs it
+
+
+def test_rebuilt_module_is_reported_as_a_build_id_mismatch(tmp_path):
+    """Guards: a module whose file no longer has the token's build-id is
+    reported as such and its frames stay unnamed, never named from the new
+    file; with the original file they are named from it."""
+    path = str(tmp_path / "libcodec.so")
+    build_library(tmp_path, path, "")
+    token = run_python(CAPTURE_IN_LIBRARY, path).strip()
+
+    before = btcore.decode(token)   # the file the encoder ran
+    names = [f.function for f in before.frames() if f.module == path]
+    assert names[:2] == ["codec_leaf", "codec_entry"]
+    assert [m.status for m in before.modules if m.path == path] == ["file"]
+
+    build_library(tmp_path, path, PADDING)
+    after = btcore.decode(token)
+    [module] = [m for m in after.modules if m.path == path]
+    assert module.status == "mismatch" and "build-id mismatch" in module.detail
+    ours = [f for f in after.frames() if f.module == path]
+    assert len(ours) == len(names) and all(f.function is None and f.file is None for f in ours)
+    text = after.format()
+    assert text.splitlines()[0].startswith(f"Module {path} (build-id {module.build_id}): build-id mismatch")
+    assert "padding_fn_" not in text and "codec_leaf" not in text
+
+
+def token_with_module(path, build_id=b"\x01\x02\x03\x04\x05\x06\x07\x08", vaddr=0x1234):
+    """A well-formed token naming one module (as a hostile log line could)."""
+    w = codec._Writer()
+    w.put(0, 1)
+    w.varint(1)
+    w.put(len(build_id), 4)
+    w.put(int.from_bytes(build_id, "little"), 8 * len(build_id))
+    w.string(path, [])
+    w.varint(1)
+    codec._FrameWriter(w, {(build_id, path): 0}, []).frames([(0, (build_id, path), vaddr)])
+    return w.token()
+
+
+def test_module_paths_in_tokens_are_untrusted(tmp_path):
+    """Guards: a path from a token is only read if it is a regular ELF file
+    with the token's build-id: a FIFO (whose open would block), a device,
+    a missing file, a non-ELF file give an unnamed frame and a reason."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    text = tmp_path / "text.so"
+    text.write_text("not an ELF file")
+    cases = {str(fifo): "missing", "/dev/zero": "missing", str(tmp_path / "absent.so"): "missing",
+             str(text): "missing", "relative/lib.so": "missing", sys.executable: "mismatch",
+             "/lib/\0libc.so.6": "missing", "/lib/\udc80\ud800.so": "missing"}
+    for path, status in cases.items():
+        decoded = btcore.decode(token_with_module(path))
+        assert [(m.path, m.status) for m in decoded.modules] == [(path, status)]
+        [frame] = decoded.frames()
+        assert (frame.module, frame.function, frame.offset) == (path, None, 0x1234)
+
+
+def test_a_return_address_of_zero_is_refused_not_looked_up_at_minus_one(tmp_path):
+    """Guards: a hostile token with a valid module and a return address of 0
+    is a ValueError (it was an OverflowError from the lookup at pc - 1)."""
+    path = str(tmp_path / "libcodec.so")
+    build_library(tmp_path, path, "")
+    build_id = codec.file_build_id(path)[:codec.BUILD_ID_BYTES]
+    assert btcore.decode(token_with_module(path, build_id, vaddr=0x1100)).modules[0].status == "file"
+    with pytest.raises(ValueError, match="a native frame at 0x0"):
+        btcore.decode(token_with_module(path, build_id, vaddr=0)).frames()
+
+
+# ---- bad tokens ----
+
+def test_truncated_corrupted_and_unknown_tokens_raise_value_error(chain):
+    """Guards: anything but a whole token of a known version is a ValueError
+    that says what is wrong."""
+    token = capture_in_chain(chain).encode()
+    for cut in range(len("btc1."), len(token) - 1):
+        with pytest.raises(ValueError):
+            btcore.decode(token[:cut])
+    with pytest.raises(ValueError, match="unknown btcore token version 2"):
+        btcore.decode("btc2." + token[5:])
+    with pytest.raises(ValueError, match="truncated token"):
+        btcore.decode(token[:len(token) // 2])
+    with pytest.raises(ValueError, match="not a btcore token"):
+        btcore.decode(token.replace(token[10], "*"))
+    with pytest.raises(ValueError, match="data after the last frame"):
+        btcore.decode(token + "AAAA")
+    with pytest.raises(TypeError):
+        btcore.decode(token.encode())
+
+
+def test_fuzzed_tokens_only_raise_value_error():
+    """Guards: decoding garbage never crashes, hangs or raises anything but
+    ValueError (a child process, so a crash fails the test; 100 000 here,
+    a million with `python tests/fuzz_codec.py 1000000`)."""
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "fuzz_codec.py"), "100000"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "decoded" in proc.stdout
+
+
+# ---- python -m btcore decode ----
+
+def test_cli_resolves_every_token_in_place_and_keeps_the_rest(chain, tmp_path):
+    """Guards: the filter replaces each token (several per line, any place
+    in a line) by its backtrace and leaves every other character as it was;
+    a bad token stays, followed by the reason."""
+    merged = capture_in_chain(chain).encode()
+    native = capture_in_chain(chain, python=False).encode()
+    python = btcore.collect().encode()
+    log = textwrap.dedent(f"""\
+        2026-11-23T06:00:01Z INFO  request id=17 spawned_at={merged} took=3.2s
+        2026-11-23T06:00:02Z WARN  slow: {{"where": "{native}", "n": 2}}
+        no token here, but btc and btc1 and abtc1.AAAA words
+        two on a line: {python} and {merged}.
+        broken: btc1.AAAAx end
+        {python}
+        """)
+    (tmp_path / "app.log").write_text(log)
+    printed = subprocess.run([sys.executable, "-m", "btcore", "decode", str(tmp_path / "app.log")],
+                             capture_output=True, text=True, timeout=TIMEOUT, check=True).stdout
+    resolved = json.loads(run_python(
+        "import btcore, json, sys; print(json.dumps({t: btcore.decode(t).format() for t in sys.argv[1:]}))",
+        merged, native, python))
+    expected = log.replace("btc1.AAAAx", "btc1.AAAAx (btcore: truncated token: its length is not that of a base64 encoding)")
+    for token, text in resolved.items():
+        expected = expected.replace(token, text)
+    assert printed == expected
+    assert "descend(int)" in printed and "in capture_in_chain" in printed
+    from_stdin = subprocess.run([sys.executable, "-m", "btcore", "decode"], input=log, capture_output=True,
+                                text=True, timeout=TIMEOUT, check=True).stdout
+    assert from_stdin == printed
