@@ -72,6 +72,9 @@ BASE_PKGS="ca-certificates,gcc,g++,binutils,libc6-dev,libffi-dev,pkg-config,make
 # The capture benchmark's peer (libunwind's unw_backtrace); added to a cached
 # chroot that lacks it, best effort (the benchmark says when it is missing).
 BENCH_PKGS="libunwind8"
+# Oracles some tests use (gdb reads greenlet's DWARF; valgrind checks the layout scan):
+# installed into a cached chroot too, so those tests run there rather than skip.
+TEST_PKGS="gdb valgrind"
 # The checkout under test: the directory we run from (its git top level when
 # run from a subdirectory of a git checkout).
 SRC_DIR=$(git rev-parse --show-toplevel 2>/dev/null || pwd -P)
@@ -319,6 +322,20 @@ SHIPPED=" $(grep '^shipped=' "$SID_ROOT/$MARKER" | cut -d= -f2-) "
 mount_chroot "$SID_ROOT" ||
     not_run "cannot mount /proc,/dev,/sys into $SID_ROOT (missing CAP_SYS_ADMIN?)"
 in_chroot "$SID_ROOT" true || not_run "cannot chroot into $SID_ROOT"
+
+install_into_chroot() {   # $1: what for; $2...: packages (missing ones only)
+    local why=$1 p; shift
+    for p in "$@"; do
+        in_chroot "$SID_ROOT" dpkg -s "$p" >/dev/null 2>&1 && continue
+        log "installing $p into the chroot ($why)"
+        { in_chroot "$SID_ROOT" apt-get install -y --no-install-recommends "$p" ||
+          { in_chroot "$SID_ROOT" apt-get update && in_chroot "$SID_ROOT" apt-get install -y --no-install-recommends "$p"; }
+        } >>"$LOGDIR/chroot-apt.log" 2>&1 || log "warning: cannot install $p ($why)"
+        in_chroot "$SID_ROOT" apt-get clean || true
+    done
+}
+# shellcheck disable=SC2086
+install_into_chroot "test oracles" $TEST_PKGS
 
 if [ "$BENCH" = 1 ]; then
     for p in $BENCH_PKGS; do

@@ -21,6 +21,7 @@ import greenlet
 import pytest
 
 import btcore
+import conftest
 from oracles import interp_chain, py_view
 
 gevent = pytest.importorskip("gevent")
@@ -450,7 +451,9 @@ def test_signal_triggered_dump_in_a_subprocess():
     assert "=== thread MainThread" in proc.stderr
     # the main greenlet's stack keeps the C frames where the signal was handled (inside os.kill)
     [main] = [body for count, body in groups.values() if "running ===" in body.splitlines()[0]]
-    assert "] os_kill" in main and "_on_signal" not in main and "snapshot" not in main
+    # (os_kill is a static function: a stripped interpreter has no name for it)
+    assert "_on_signal" not in main and "snapshot" not in main
+    assert "] os_kill" in main or not conftest.INTERPRETER_HAS_SYMTAB
 
 
 def test_signal_inside_btcore_cache_update_does_not_deadlock():
