@@ -71,6 +71,29 @@ def finish(greenlets):
             g.throw(greenlet.GreenletExit)
 
 
+def run_it(fn):
+    return fn()
+
+
+def test_stacks_differing_only_in_interpreter_frames_are_one_group():
+    """Guards grouping by what a reader sees: the same Python stack reached
+    through other C paths of the interpreter (here functools.partial's call,
+    as specialised and unspecialised calls do on 3.12+) is one group, while
+    the native frames really differ (checked on the raw records)."""
+    import functools
+    greenlets = [greenlet.greenlet(run_it), greenlet.greenlet(run_it)]
+    greenlets[0].switch(park_in_a)
+    greenlets[1].switch(functools.partial(park_in_a))
+    try:
+        assert bytes(btcore.collect(greenlets[0])._raw) != bytes(btcore.collect(greenlets[1])._raw)
+        out = io.StringIO()
+        btcore.dump_all(out, tree=False)
+    finally:
+        finish(greenlets)
+    groups = text_groups(out.getvalue())
+    assert [count for count, body in groups.values() if ", in park_in_a\n" in body] == [2]
+
+
 def test_100_greenlets_in_3_stacks_give_3_groups_and_json_agrees():
     """Guards grouping: identical stacks shown once with their count, the same in text and JSON."""
     parks = [park_in_a] * 34 + [park_in_b] * 33 + [park_in_c] * 33

@@ -10,6 +10,8 @@ import time
 from collections import Counter
 
 from . import resolve
+from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
+from .resolve import F_EXACT, interpreter_module_id, module_key, resolve_python
 from .greenlets import layout_known
 from .introspect import snapshot
 
@@ -36,15 +38,39 @@ class _Group:
         return self.infos[0]
 
 
-def _raw_key(bt):
-    return None if bt is None else (bytes(bt._raw), bt.truncated)
+def _stack_key(bt, interpreter: int, memo: dict):
+    """What makes two stacks the same stack to a reader: their Python frames
+    by code and line, and every native frame outside the interpreter's own
+    code.  Left out: the interpreter's frames and instruction offsets, since
+    the same Python call runs through other C paths, and leaves another
+    offset in its frame, when it calls out to C, or before and after the
+    interpreter specialises it (3.12+; 3.15's first runs), which would split
+    one stack in two.  memo: raw bytes -> key (a dump sees the same raw
+    stacks again and again)."""
+    if bt is None:
+        return None
+    raw = bytes(bt._raw)
+    key = memo.get(raw)
+    if key is None:
+        codes, key = iter(bt._refs), []
+        for addr, lasti, kind, flags, _ in RECORD.iter_unpack(raw):
+            if kind == KIND_NATIVE:
+                if module_key(addr, bool(flags & F_EXACT))[0] not in (interpreter, 0):
+                    key.append(addr)
+                continue
+            ref = next(codes)   # every other record holds a reference, in order
+            key.append((addr, resolve_python(ref, lasti)[0].line) if kind == KIND_PYTHON else (addr, lasti))
+        key = memo[raw] = tuple(key)
+    return key, bt.truncated
 
 
 def _group(infos, group: bool) -> list:
     """Groups, largest first (ties: in snapshot order); one per greenlet if not group."""
     groups = {}
+    interpreter, memo = interpreter_module_id(), {}
     for info in infos:
-        key = ((_raw_key(info.backtrace), info.python_only, info.error, _raw_key(info.spawn_backtrace))
+        key = ((_stack_key(info.backtrace, interpreter, memo), info.python_only, info.error,
+                _stack_key(info.spawn_backtrace, interpreter, memo))
                if group else id(info))
         if key not in groups:
             groups[key] = _Group(len(groups))

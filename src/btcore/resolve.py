@@ -220,11 +220,24 @@ def _module_key(pc: int, exact: bool) -> tuple:
     return key
 
 
+def module_key(pc: int, exact: bool) -> tuple:
+    """(module id, offset, exact): what names the native pc (module id 0:
+    no loaded module contains it)."""
+    known = _module_keys.get(-pc if exact else pc)
+    return known[1] if known is not None and known[0] == _generation[0] else _module_key(pc, exact)
+
+
+def interpreter_module_id() -> int:
+    """The module id of the interpreter's own code (libpython, or the
+    python3.X executable it is linked into); 0 if not found."""
+    import ctypes
+    return module_key(ctypes.cast(ctypes.pythonapi.Py_Initialize, ctypes.c_void_p).value, True)[0]
+
+
 def resolve_native(pc: int, flags: int) -> tuple:
     """The Frames at a native pc (more than one when calls were inlined)."""
     exact = bool(flags & F_EXACT)
-    known = _module_keys.get(-pc if exact else pc)
-    key = known[1] if known is not None and known[0] == _generation[0] else _module_key(pc, exact)
+    key = module_key(pc, exact)
     frames = cache.get(key)
     if frames:
         return frames
