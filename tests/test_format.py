@@ -314,4 +314,6 @@ def test_thread_start_up_folded():
         m = MARKER.match(lines[1])
         assert m and m.group(2) == "start-up" and int(m.group(1)) == outer.index("Thread.run")
         assert lines[2].endswith(", in Thread.run")
-    assert "_bootstrap" not in bt.format()
+        assert "_bootstrap" not in bt.format()
+    # (on a stripped interpreter the unnamed frames between its named ones
+    # stay shown, and the fold of threading's own frames may stop at them)
