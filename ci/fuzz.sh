@@ -9,7 +9,7 @@
 # Usage: ci/fuzz.sh [--long] [SECONDS_PER_TARGET]
 #   default 50 s per target (3 targets, CI); --long: 1800 s per target.
 # Environment: BTCORE_FUZZ_VENV, BTCORE_FUZZ_WORK (kept: corpus, artifacts).
-# Needs clang-14 (apt-get install clang-14).
+# Needs clang-14: installed with apt-get when missing and run as root.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +19,9 @@ SECONDS_PER_TARGET=50
 if [ "${1:-}" = "--long" ]; then SECONDS_PER_TARGET=1800; shift; fi
 SECONDS_PER_TARGET=${1:-$SECONDS_PER_TARGET}
 
+if ! command -v clang-14 >/dev/null && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends clang-14 >/dev/null 2>&1 || true
+fi
 command -v clang-14 >/dev/null || { echo "fuzz NOT RUN: clang-14 is not installed (apt-get install clang-14)" >&2; exit 3; }
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q "$ROOT[test]" atheris
