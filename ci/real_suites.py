@@ -135,7 +135,9 @@ def lane(name, runner, selection, work, problems):
         problems.append("%s: hung (past %d s)" % (name, SUITE_TIMEOUT))
     elif rc < 0 or CRASH_MARKS.search(out):
         problems.append("%s: crashed (exit %s)" % (name, rc))
-    if problems:
+    elif rc != 0 and not failed:
+        problems.append("%s: exit %s without a failing test (the run itself broke)" % (name, rc))
+    if rc != 0 and not failed:
         print(out[-6000:])
     anyway = flaky = []
     if failed:
