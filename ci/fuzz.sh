@@ -8,7 +8,8 @@
 #
 # Usage: ci/fuzz.sh [--long] [SECONDS_PER_TARGET]
 #   default 50 s per target (3 targets, CI); --long: 1800 s per target.
-# Environment: BTCORE_FUZZ_VENV, BTCORE_FUZZ_WORK (kept: corpus, artifacts).
+# Environment: BTCORE_FUZZ_VENV, BTCORE_FUZZ_WORK (given: kept, corpus and
+# artifacts; else a temporary dir, kept only when the run fails).
 # Needs clang-14: installed with apt-get when missing and run as root.
 set -euo pipefail
 
@@ -33,4 +34,8 @@ CC=clang-14 LDSHARED="clang-14 -shared" BTCORE_FUZZ=1 \
 nm -D "$VENV"/lib/python3*/site-packages/btcore/_native*.so | grep -q __sanitizer_cov ||
     { echo "ci/fuzz.sh: the installed core has no coverage counters" >&2; exit 1; }
 echo "fuzz: work dir $WORK"
-"$VENV/bin/python" "$ROOT/ci/fuzz.py" "$SECONDS_PER_TARGET" "$WORK"
+rc=0
+"$VENV/bin/python" "$ROOT/ci/fuzz.py" "$SECONDS_PER_TARGET" "$WORK" || rc=$?
+# a work dir of our own is removed after a clean run; a failing input stays
+[ "$rc" -ne 0 ] || [ -n "${BTCORE_FUZZ_WORK:-}" ] || rm -rf "$WORK"
+exit "$rc"
