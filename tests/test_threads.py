@@ -98,3 +98,32 @@ def test_collect_from_8_threads(chain):
         tid, e = errors[0]
         raise AssertionError(f"{len(errors)} thread(s) failed; first: thread {tid}: {e!r}") from e
     assert done == [ITERATIONS] * NTHREADS
+
+
+def test_greenlets_of_an_exited_thread_are_reported_dead():
+    """Guards collect() and snapshot() on greenlets whose thread has exited: empty, dead, never read from its stack."""
+    import time
+    import greenlet
+    kept = []
+
+    def run():
+        kept.append(greenlet.getcurrent())
+        parked = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch())
+        parked.switch()
+        kept.append(parked)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    main, parked = kept
+    # greenlet marks them dead when the thread's state is destroyed, which
+    # may finish just after join() returns; until then greenlet itself calls
+    # them live, and so does btcore (collect(main): "running in another thread").
+    deadline = time.monotonic() + 30   # a hang bound, not a timing assertion
+    while not greenlet.greenlet.dead.__get__(main) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        greenlet.getcurrent()
+    assert greenlet.greenlet.dead.__get__(main) and greenlet.greenlet.dead.__get__(parked)
+    assert len(btcore.collect(main)) == 0 and len(btcore.collect(parked)) == 0
+    listed = [info for info in btcore.snapshot() if info.greenlet is main or info.greenlet is parked]
+    assert listed == []   # snapshot() lists live greenlets only

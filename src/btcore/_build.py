@@ -46,6 +46,16 @@ PREAMBLE = """
 # undoes Python's -fwrapv, which would hide signed overflow from UBSan.
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-wrapv"] \
     if os.environ.get("BTCORE_SANITIZE") == "1" else []
+# BTCORE_FUZZ=1 (ci/fuzz.sh, with CC=clang): ASan plus libFuzzer's coverage
+# counters, which atheris reads to steer its mutations into the parsers.
+# Their runtime is not linked in: atheris' asan_with_fuzzer.so, preloaded,
+# provides it.  No -flto there: clang's LTO needs a linker plugin the
+# machine may lack.
+FUZZ = os.environ.get("BTCORE_FUZZ") == "1"
+LINK_SANITIZE = SANITIZE
+if FUZZ:
+    SANITIZE, LINK_SANITIZE = ["-fsanitize=address,fuzzer-no-link", "-fno-omit-frame-pointer"], []
+LTO = [] if FUZZ else ["-flto"]
 
 ffibuilder.set_source(
     "btcore._native",
@@ -55,9 +65,9 @@ ffibuilder.set_source(
     define_macros=[("_GNU_SOURCE", "1")],
     # -flto: the walk crosses units on every frame (table lookup, module
     # lookup, frame-chain reader); link-time inlining removes those calls.
-    extra_compile_args=["-O2", "-g", "-std=gnu11", "-fvisibility=hidden", "-flto", "-Wall",
+    extra_compile_args=["-O2", "-g", "-std=gnu11", "-fvisibility=hidden", *LTO, "-Wall",
                         "-Wno-unused-function", *SANITIZE],
-    extra_link_args=["-flto", "-O2", *SANITIZE],
+    extra_link_args=[*LTO, "-O2", *LINK_SANITIZE],
     libraries=["dl", "pthread"],
     py_limited_api=False,  # the core reads CPython internals of one version
 )

@@ -1,0 +1,202 @@
+"""Stress: threads, a 1 kHz timer signal, and memory over many cycles.
+
+Each scenario runs in a child interpreter with a time bound, so that a crash
+or a deadlock fails its test instead of the session.  The sizes here keep
+the suite short; ci/stress.sh runs the same scenarios at full size
+(BTCORE_STRESS_SECONDS, BTCORE_STRESS_SIGNAL_SECONDS, BTCORE_STRESS_CYCLES,
+BTCORE_STRESS_GREENLETS) and prints the figures.
+
+The timer handler is a Python-level one: btcore has no signal-safe capture
+path yet (docs/safety.md), so it runs between bytecodes, not inside C code.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import conftest
+
+SECONDS = float(os.environ.get("BTCORE_STRESS_SECONDS", "10"))
+SIGNAL_SECONDS = float(os.environ.get("BTCORE_STRESS_SIGNAL_SECONDS", "5"))
+CYCLES = int(os.environ.get("BTCORE_STRESS_CYCLES", "100000"))
+GREENLETS = int(os.environ.get("BTCORE_STRESS_GREENLETS", "100000"))
+RSS_GROWTH_BOUND = 2 << 20   # bytes allowed after warm-up: allocator noise, no per-cycle growth
+# ASan keeps freed memory in quarantine (256 MiB by default): RSS grows without a leak.
+skip_rss_under_asan = pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan's quarantine grows RSS without a leak")
+
+RSS = textwrap.dedent(r"""
+    import os
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+""")
+
+
+def run_child(script, *args, bound):
+    """The child's stdout; a crash or a missed time bound fails the test."""
+    done = subprocess.run([sys.executable, "-P", "-c", RSS + textwrap.dedent(script), *map(str, args)],
+                          capture_output=True, text=True, timeout=bound,
+                          env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    print(done.stdout, end="")   # the figures, for ci/stress.sh and pytest -s
+    return done.stdout
+
+
+THREADS = r"""
+    import sys, threading, time
+    import btcore, greenlet
+
+    seconds = float(sys.argv[1])
+    stop = threading.Event()
+    counts = [0] * 8
+    failures = []
+
+    def parked():
+        greenlet.getcurrent().parent.switch()
+
+    def worker(i):
+        try:
+            g = greenlet.greenlet(parked)
+            g.switch()
+            while not stop.is_set():
+                if counts[i] % 50 == 0:
+                    btcore.cache.clear()   # through the native symbol and DWARF lookups again
+                assert btcore.collect().frames()[0].function == "worker"
+                btcore.collect(g).frames()
+                counts[i] += 1
+        except BaseException as e:
+            failures.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert all(counts), counts
+    print("threads: 8 threads, %d capture+resolve rounds in %.0f s" % (sum(counts), seconds))
+"""
+
+
+def test_eight_threads_capture_and_resolve():
+    """Guards the locks of the module list, DWARF cache and frame cache under contention: no deadlock, no crash."""
+    run_child(THREADS, SECONDS, bound=SECONDS + 120)
+
+
+CYCLES_SCRIPT = r"""
+    import sys
+    import btcore
+
+    cycles = int(sys.argv[1])
+    warmup = max(cycles // 10, 1000)
+
+    def cycle():
+        return len(btcore.collect().frames())
+
+    for _ in range(warmup):
+        cycle()
+    before = rss()
+    for _ in range(cycles):
+        cycle()
+    after = rss()
+    print("cycles: %d collect+resolve after %d warm-up: RSS %.1f -> %.1f MiB (%+d KiB)"
+          % (cycles, warmup, before / 2**20, after / 2**20, (after - before) // 1024))
+    print(after - before)
+"""
+
+
+@skip_rss_under_asan
+def test_collect_resolve_cycles_do_not_grow_memory():
+    """Guards against a per-capture or per-resolution leak (Backtrace, Frame, cache entries)."""
+    out = run_child(CYCLES_SCRIPT, CYCLES, bound=600)
+    assert int(out.split()[-1]) < RSS_GROWTH_BOUND, out
+
+
+SPAWN_SCRIPT = r"""
+    import sys
+    import btcore, greenlet
+
+    count = int(sys.argv[1])
+    btcore.enable_spawn_tracking()
+
+    def child():
+        return btcore.spawn_backtrace(greenlet.getcurrent())
+
+    def spawn_many(n):
+        for _ in range(n):
+            g = greenlet.greenlet(child)
+            assert g.switch() is not None
+
+    spawn_many(max(count // 10, 1000))
+    before = rss()
+    spawn_many(count)
+    after = rss()
+    records, sites = btcore.spawn._counts()
+    print("spawn: %d spawn-tracked greenlets: RSS %.1f -> %.1f MiB (%+d KiB); %d records, %d sites live"
+          % (count, before / 2**20, after / 2**20, (after - before) // 1024, records, sites))
+    print(after - before)
+"""
+
+
+@skip_rss_under_asan
+def test_spawn_tracked_greenlets_do_not_grow_memory():
+    """Guards against spawn records or interned sites outliving their greenlets."""
+    out = run_child(SPAWN_SCRIPT, GREENLETS, bound=600)
+    assert int(out.split()[-1]) < RSS_GROWTH_BOUND, out
+
+
+SIGNAL_SCRIPT = r"""
+    import _ctypes, ctypes, signal, sys, time
+    import btcore, greenlet
+
+    library, seconds = sys.argv[1], float(sys.argv[2])
+    handled = busy = 0
+
+    def on_alarm(signum, frame):
+        global handled, busy
+        if busy:   # Python handlers nest; one at a time is enough
+            return
+        busy = 1
+        try:
+            assert btcore.collect().frames()
+            handled += 1
+        finally:
+            busy = 0
+
+    def ping():
+        while True:
+            greenlet.getcurrent().parent.switch()
+
+    g = greenlet.greenlet(ping)
+    btcore.collect().frames()   # the first resolution reads libpython's DWARF: not under the timer
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+    loads = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            junk = [bytearray(4096) for _ in range(64)]   # the allocator, under the handler
+            lib = ctypes.CDLL(library)                      # the module list changes under the handler
+            assert lib.fixture_add(2, 3) == 5
+            _ctypes.dlclose(lib._handle)
+            loads += 1
+            g.switch()
+            btcore.collect(g).frames()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    assert handled > 0 and loads > 0
+    print("signals: %d handler captures at 1 kHz, %d load/unload cycles in %.0f s" % (handled, loads, seconds))
+"""
+
+
+def test_timer_signal_while_loading_allocating_switching(tmp_path):
+    """Guards the module list and caches against a handler that captures while the main thread is inside them."""
+    src = tmp_path / "fixture.c"
+    src.write_text("int fixture_add(int a, int b) { return a + b; }\n")
+    so = tmp_path / "fixture.so"
+    subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    run_child(SIGNAL_SCRIPT, so, SIGNAL_SECONDS, bound=SIGNAL_SECONDS + 120)
