@@ -1,7 +1,7 @@
 /* Test-only entry points (declared in btcore_api.h's introspection section):
  * they expose one internal contract each, on inputs a test builds, so the
  * contract is checked directly instead of through a whole capture. */
-#include "context.h"
+#include "capture/context.h"
 
 int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out)
 {

@@ -11,7 +11,7 @@
 
 #include <Python.h>
 
-#include "btcore.h"
+#include "common/btcore.h"
 
 /* The registers the x86-64 walk tracks (DWARF numbers 16, 7, 6, 3). */
 typedef struct {

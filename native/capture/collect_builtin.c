@@ -12,7 +12,7 @@
  */
 #include <Python.h>
 
-#include "context.h"
+#include "capture/context.h"
 
 static PyObject *python_collect;   /* btcore.backtrace's collect(), for every other call */
 static PyTypeObject *backtrace_type;

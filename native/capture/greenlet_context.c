@@ -15,7 +15,7 @@
 #include <Python.h>
 #include <string.h>
 
-#include "context.h"
+#include "capture/context.h"
 
 typedef struct {
     uintptr_t start, stop, copy;

@@ -33,7 +33,7 @@
  */
 #include <Python.h>
 
-#include "context.h"
+#include "capture/context.h"
 
 /* ---- state ---- */
 

@@ -7,8 +7,8 @@
 #include <Python.h>
 #include <structmember.h>
 
-#include "context.h"
-#include "cpython/pyframes.h"
+#include "capture/context.h"
+#include "capture/cpython/pyframes.h"
 
 /* ---- errors ---- */
 

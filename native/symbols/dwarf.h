@@ -6,7 +6,7 @@
 #ifndef BTC_DWARF_H
 #define BTC_DWARF_H
 
-#include "btcore.h"
+#include "common/btcore.h"
 
 /* A heap buffer holding a section's contents, followed by one NUL byte
  * (not counted in size) so strings at its end are terminated. */

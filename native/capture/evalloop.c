@@ -25,8 +25,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "btcore.h"
-#include "cpython/pyframes.h"
+#include "common/btcore.h"
+#include "capture/cpython/pyframes.h"
 
 #define MAX_EVAL_RANGES 16
 #define MAX_SCAN_BYTES (1u << 20)

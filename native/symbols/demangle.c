@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "btcore.h"
+#include "common/btcore.h"
 
 /* ---- output buffer ---- */
 

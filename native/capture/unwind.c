@@ -2,7 +2,7 @@
  * signal handler) goes through btc_unwind(); only the context differs. */
 #include <string.h>
 
-#include "context.h"
+#include "capture/context.h"
 
 #define BTC_HOT static inline __attribute__((always_inline))
 

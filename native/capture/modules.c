@@ -17,9 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "btcore.h"
-#include "context.h"
-#include "gil.h"
+#include "common/btcore.h"
+#include "capture/context.h"
+#include "common/gil.h"
 
 static pthread_mutex_t modules_mutex = PTHREAD_MUTEX_INITIALIZER;
 static btc_module **modules;    /* sorted by lo */

@@ -18,8 +18,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "gil.h"
-#include "dwarf.h"
+#include "common/gil.h"
+#include "symbols/dwarf.h"
 
 /* ---- bounded reader ---- */
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "btcore.h"
+#include "common/btcore.h"
 
 /* Guards against garbage that would otherwise make the build run for ever or
  * eat the heap: a real module has a few thousand FDEs and < 100k rows. */
