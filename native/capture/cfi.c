@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/btcore.h"
+#include "capture/cfi.h"
 
 /* Guards against garbage that would otherwise make the build run for ever or
  * eat the heap: a real module has a few thousand FDEs and < 100k rows. */
@@ -1010,51 +1010,4 @@ bool btc_table_fde(const btc_table *t, uint32_t rel_pc, uint32_t *lo, uint32_t *
     *lo = t->fde_ranges[2 * (a - 1)];
     *hi = t->fde_ranges[2 * (a - 1) + 1];
     return true;
-}
-
-int btc_cfi_fde_range(uintptr_t pc, uintptr_t *lo, uintptr_t *hi)
-{
-    int rc = -1;
-    btc_modules_lock();
-    btc_modules_refresh();
-    btc_module *m = btc_module_find(pc);
-    const btc_table *t = m ? btc_module_table(m) : NULL;
-    uint32_t a, b;
-    if (t && pc >= m->bias && pc - m->bias <= UINT32_MAX && btc_table_fde(t, (uint32_t)(pc - m->bias), &a, &b)) {
-        *lo = m->bias + a;
-        *hi = m->bias + b;
-        rc = 0;
-    }
-    btc_modules_unlock();
-    return rc;
-}
-
-/* Build a table from raw bytes as if they were a module's .eh_frame, and
- * check the invariants lookups rely on.  Rows are relative to data - 2 GiB so
- * that pc-relative FDEs of a copied section still land in the row space. */
-int btc_cfi_selftest_garbage(const uint8_t *data, size_t size)
-{
-    uintptr_t base = (uintptr_t)data;
-    btc_image img = {
-        .bias = base > 0x80000000u ? base - 0x80000000u : 0,
-        .eh_frame = data,
-        .eh_frame_size = size,
-        .readable_lo = { base },
-        .readable_hi = { base + size },
-        .nreadable = 1,
-    };
-    btc_table *t = btc_table_build(&img);
-    if (!t)
-        return -1;
-    int result = (int)t->nrows;
-    for (uint32_t i = 0; i < t->nrows; i++) {
-        const btc_cfi_row *found = btc_table_lookup(t, t->rows[i].pc);
-        bool sorted = i == 0 || t->rows[i - 1].pc < t->rows[i].pc;
-        if (!sorted || found != (t->rows[i].cfa_kind == BTC_CFA_NONE ? NULL : &t->rows[i]))
-            result = -2;
-    }
-    if (t->nrows && t->rows[t->nrows - 1].cfa_kind != BTC_CFA_NONE)
-        result = -2;
-    btc_table_free(t);
-    return result;
 }

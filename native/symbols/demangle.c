@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/btcore.h"
+#include "common/base.h"
 
 /* ---- output buffer ---- */
 

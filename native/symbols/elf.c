@@ -20,8 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/btcore.h"
-#include "symbols/dwarf.h"
+#include "symbols/elf.h"
 
 /* No section we need is anywhere near this; a bigger one is garbage. */
 #define MAX_SECTION ((uint64_t)1 << 30)

@@ -223,7 +223,7 @@ def _builtin_doc(fn) -> bytes:
     return f"{fn.__name__}($module, /, {str(sig)[1:]}\n--\n\n{inspect.getdoc(fn)}".encode()
 
 
-# btcore.collect is a builtin (native/pycollect.c) doing the calls with plain
+# btcore.collect is a builtin (native/capture/collect_builtin.c) doing the calls with plain
 # arguments in C, and handing every other call to the function above: a
 # Python-level call costs about as much as the capture itself.
 _python_collect = collect

@@ -85,7 +85,7 @@ MUTATIONS = [
     Mutation("native/symbols/demangle.c", "return s->p < s->end ? *s->p : 0;", "return *s->p;",
              "tests/test_elf_garbage.py::test_demangler_reads_nothing_past_the_name",
              "the Rust v0 demangler peeks past the end of the name"),
-    Mutation("native/symbols/dwarf.c", "pthread_atfork(NULL, NULL, cache_after_fork_child);", "(void)cache_after_fork_child;",
+    Mutation("native/symbols/symbolize.c", "pthread_atfork(NULL, NULL, cache_after_fork_child);", "(void)cache_after_fork_child;",
              "tests/test_fork.py",
              "a fork while another thread decodes DWARF leaves the child's cache lock held"),
     Mutation("native/capture/capture.c", "    if (!active)\n        return 0;", "    if (!PyObject_IsTrue(g))\n        return 0;",
