@@ -49,7 +49,7 @@ void btc_modules_release(void)
  * loader's main lock, not the one dl_iterate_phdr holds: a fork while
  * another thread is inside dl_iterate_phdr leaves the child's loader list
  * locked for good (2 forks in ~4000 under a resolving thread).  So, unlike
- * the DWARF cache (dwarf.c), the lock is taken before fork() and released
+ * the DWARF file cache (symbols/symbolize.c), the lock is taken before fork() and released
  * in both processes: no btcore thread is then inside dl_iterate_phdr.
  * This is safe because no holder waits for anything the forking thread
  * may hold: holders run C code only, never Python (so never wait for the
