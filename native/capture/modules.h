@@ -3,7 +3,7 @@
 #ifndef BTC_MODULES_H
 #define BTC_MODULES_H
 
-#include "capture/cfi.h"
+#include "capture/cfi_build.h"
 #include "symbols/elf.h"
 
 #define BTC_BUILD_ID_MAX 32

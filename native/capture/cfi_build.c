@@ -1,5 +1,6 @@
-/* .eh_frame -> compact CFI rows (btc_table), and the lookup the walker runs
- * for every frame.
+/* .eh_frame -> compact CFI rows (btc_table): FDE enumeration, the CFA
+ * program interpreter, the page index.  The per-frame lookup over the result
+ * is cfi_lookup.c.
  *
  * The unwind data is read where the loader mapped it, so none of it is
  * trusted: a record is read only after its whole span was found inside one
@@ -10,12 +11,12 @@
  *
  * The build runs once per module (with the loader lock held by modules.c);
  * the lookup runs for every frame of every capture, possibly inside a signal
- * handler, so it allocates nothing and takes no lock.
+ * handler (cfi_lookup.c), so it allocates nothing and takes no lock.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "capture/cfi.h"
+#include "capture/cfi_build.h"
 
 /* Guards against garbage that would otherwise make the build run for ever or
  * eat the heap: a real module has a few thousand FDEs and < 100k rows. */
@@ -974,40 +975,4 @@ void btc_table_free(btc_table *t)
     free(t->page_first);
     free(t->fde_ranges);
     free(t);
-}
-
-const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc)
-{
-    /* Below pc_lo the subtraction wraps to a page past the end. */
-    uint32_t page = (rel_pc - t->pc_lo) >> t->page_shift;
-    if (page >= t->npages)
-        return NULL;   /* past the last row, which ends the last FDE */
-    uint32_t lo = t->page_first[page], hi = t->page_first[page + 1];
-    const btc_cfi_row *rows = t->rows;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) / 2;
-        if (rows[mid].pc <= rel_pc)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return rows[lo].cfa_kind == BTC_CFA_NONE ? NULL : &rows[lo];
-}
-
-bool btc_table_fde(const btc_table *t, uint32_t rel_pc, uint32_t *lo, uint32_t *hi)
-{
-    /* The last FDE starting at or below rel_pc. */
-    uint32_t a = 0, b = t->nfdes;
-    while (a < b) {
-        uint32_t mid = a + (b - a) / 2;
-        if (t->fde_ranges[2 * mid] <= rel_pc)
-            a = mid + 1;
-        else
-            b = mid;
-    }
-    if (a == 0 || rel_pc >= t->fde_ranges[2 * (a - 1) + 1])
-        return false;
-    *lo = t->fde_ranges[2 * (a - 1)];
-    *hi = t->fde_ranges[2 * (a - 1) + 1];
-    return true;
 }

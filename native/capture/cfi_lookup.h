@@ -1,7 +1,8 @@
-/* Compact CFI tables: a module's .eh_frame parsed into sorted rows (cfi.c),
- * and the per-frame lookup the walker runs. */
-#ifndef BTC_CFI_H
-#define BTC_CFI_H
+/* A module's compact CFI table and the per-frame lookup (cfi_lookup.c):
+ * the part of the CFI code a walk runs, kept apart from the parser so it can
+ * run where allocation and locks are not allowed (a signal handler). */
+#ifndef BTC_CFI_LOOKUP_H
+#define BTC_CFI_LOOKUP_H
 
 #include "common/base.h"
 
@@ -16,20 +17,6 @@ typedef struct btc_table {
     uint32_t nfdes;
 } btc_table;
 
-/* Where a module's unwind data is, as the loader mapped it. */
-typedef struct btc_image {
-    uintptr_t bias;                 /* load bias (dlpi_addr) */
-    const uint8_t *eh_frame_hdr;    /* NULL if the module has none */
-    const uint8_t *eh_frame;        /* NULL if unknown; found through eh_frame_hdr otherwise */
-    size_t eh_frame_size;           /* 0 if unknown: the walk trusts the terminator */
-    uintptr_t readable_lo[8], readable_hi[8];   /* PT_LOAD ranges (absolute) */
-    int nreadable;
-} btc_image;
-
-/* Parse the module's .eh_frame into a table; NULL on failure (bad data is
- * skipped, never trusted: every read is bounded by the readable ranges). */
-btc_table *btc_table_build(const btc_image *img);
-void btc_table_free(btc_table *t);
 /* The row covering pc (relative to bias), or NULL if no FDE covers it. */
 const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc);
 /* [lo, hi) of the FDE covering rel_pc (relative to bias); false if none.
