@@ -4,7 +4,7 @@
 #ifndef BTC_ELF_H
 #define BTC_ELF_H
 
-#include "common/base.h"
+#include "common/reader.h"
 
 typedef struct btc_elf btc_elf;
 btc_elf *btc_elf_open(const char *path);
@@ -15,13 +15,6 @@ const char *btc_elf_symbolize(btc_elf *e, uintptr_t vaddr, uintptr_t *sym_vaddr)
  * starts with `name` followed by '.' (gcc's .cold/.part clones); returns how
  * many ranges were written. */
 int btc_elf_function_ranges(btc_elf *e, const char *name, uintptr_t *lo, uintptr_t *hi, int max);
-
-/* A heap buffer holding a section's contents, followed by one NUL byte
- * (not counted in size) so strings at its end are terminated. */
-typedef struct {
-    uint8_t *data;
-    size_t size;
-} btc_bytes;
 
 void btc_bytes_free(btc_bytes *b);
 
