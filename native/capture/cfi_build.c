@@ -585,6 +585,17 @@ static bool factored(const cfa_machine *m, int64_t v, int64_t *out)
 /* Recognise the CFA expressions compilers emit:
  *   bregN off; deref            stack realignment, glibc's __restore_rt
  *   breg7 A; breg16 0; lit15; and; litT; ge; lit3; shl; plus     PLT stubs */
+/* reg saved at CFA + the factored offset s; unsupported when the offset
+ * read did not fit (fits) or its product does not fit a row. */
+static void set_saved_at_cfa(cfa_machine *m, uint64_t reg, bool fits, int64_t s)
+{
+    int64_t off;
+    if (fits && factored(m, s, &off))
+        set_rule(m, reg, BTC_RULE_AT_CFA, off);
+    else
+        set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+}
+
 static void set_cfa_expression(cfa_machine *m, cursor e)
 {
     uint8_t op = read_u8(&e);
@@ -669,10 +680,7 @@ static bool execute_one(cfa_machine *m, cursor *c)
         return advance_by(m, op & 0x3f);
     case DW_CFA_offset:
         u = read_uleb(c);
-        if (u <= INT64_MAX && factored(m, (int64_t)u, &off))
-            set_rule(m, op & 0x3f, BTC_RULE_AT_CFA, off);
-        else
-            set_rule(m, op & 0x3f, BTC_RULE_UNSUPPORTED, 0);
+        set_saved_at_cfa(m, op & 0x3f, u <= INT64_MAX, (int64_t)u);
         return c->ok;
     case DW_CFA_restore:
         if (m->in_cie)
@@ -702,18 +710,12 @@ static bool execute_one(cfa_machine *m, cursor *c)
         s = (int64_t)u;
         if (op == DW_CFA_GNU_negative_offset_extended)
             s = -s;
-        if (u <= INT64_MAX && factored(m, s, &off))
-            set_rule(m, reg, BTC_RULE_AT_CFA, off);
-        else
-            set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+        set_saved_at_cfa(m, reg, u <= INT64_MAX, s);
         return c->ok;
     case DW_CFA_offset_extended_sf:
         reg = read_uleb(c);
         s = read_sleb(c);
-        if (factored(m, s, &off))
-            set_rule(m, reg, BTC_RULE_AT_CFA, off);
-        else
-            set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+        set_saved_at_cfa(m, reg, true, s);
         return c->ok;
     case DW_CFA_restore_extended:
         reg = read_uleb(c);

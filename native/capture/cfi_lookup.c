@@ -5,6 +5,7 @@
  * only the table, which stays valid while the module lock is held.
  */
 #include "capture/cfi_lookup.h"
+#include "common/search.h"
 
 const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc)
 {
@@ -27,14 +28,7 @@ const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc)
 bool btc_table_fde(const btc_table *t, uint32_t rel_pc, uint32_t *lo, uint32_t *hi)
 {
     /* The last FDE starting at or below rel_pc. */
-    uint32_t a = 0, b = t->nfdes;
-    while (a < b) {
-        uint32_t mid = a + (b - a) / 2;
-        if (t->fde_ranges[2 * mid] <= rel_pc)
-            a = mid + 1;
-        else
-            b = mid;
-    }
+    size_t a = BTC_PARTITION_POINT(t->nfdes, i, t->fde_ranges[2 * i] <= rel_pc);
     if (a == 0 || rel_pc >= t->fde_ranges[2 * (a - 1) + 1])
         return false;
     *lo = t->fde_ranges[2 * (a - 1)];

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "capture/modules.h"
+#include "common/search.h"
 
 static pthread_mutex_t modules_mutex = PTHREAD_MUTEX_INITIALIZER;
 static btc_module **modules;    /* sorted by lo */
@@ -291,18 +292,9 @@ void btc_modules_acquire(void)
 
 btc_module *btc_module_find(uintptr_t pc)
 {
-    int lo = 0, hi = nmodules - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        btc_module *m = modules[mid];
-        if (pc < m->lo)
-            hi = mid - 1;
-        else if (pc >= m->hi)
-            lo = mid + 1;
-        else
-            return m;
-    }
-    return NULL;
+    /* Spans do not overlap, so sorted by lo they are sorted by hi too. */
+    size_t i = BTC_PARTITION_POINT(nmodules, k, modules[k]->hi <= pc);
+    return i < (size_t)nmodules && modules[i]->lo <= pc ? modules[i] : NULL;
 }
 
 /* ---- building a table while the loader cannot unmap the module ---- */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "symbols/dwarf_internal.h"
+#include "common/search.h"
 
 static const char *const section_names[NSECTIONS] = {
     ".debug_info", ".debug_abbrev", ".debug_line", ".debug_str", ".debug_line_str",
@@ -119,14 +120,7 @@ static const abbrev *find_abbrev(const unit *u, uint64_t code)
     /* Codes are usually 1..n in order: try the direct slot first. */
     if (code - 1 < u->nabbrevs && u->abbrevs[code - 1].code == code)
         return &u->abbrevs[code - 1];
-    size_t lo = 0, hi = u->nabbrevs;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (u->abbrevs[mid].code < code)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = BTC_PARTITION_POINT(u->nabbrevs, i, u->abbrevs[i].code < code);
     return lo < u->nabbrevs && u->abbrevs[lo].code == code ? &u->abbrevs[lo] : NULL;
 }
 

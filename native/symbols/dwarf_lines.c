@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "symbols/dwarf_internal.h"
+#include "common/search.h"
 
 /* ---- line programs ---- */
 
@@ -297,14 +298,7 @@ void dwarf_decode_lines(btc_dwarf *d, unit *u)
 
 const line_row *dwarf_row_for(const unit *u, uint64_t addr)
 {
-    size_t lo = 0, hi = u->nrows;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (u->rows[mid].addr <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = BTC_PARTITION_POINT(u->nrows, i, u->rows[i].addr <= addr);
     return lo > 0 && !u->rows[lo - 1].end_sequence ? &u->rows[lo - 1] : NULL;
 }
 

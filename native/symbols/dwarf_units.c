@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "symbols/dwarf_internal.h"
+#include "common/search.h"
 
 /* ---- units ---- */
 
@@ -46,14 +47,7 @@ static void scan_units(btc_dwarf *d)
 
 unit *dwarf_unit_containing(btc_dwarf *d, uint64_t info_offset)
 {
-    size_t lo = 0, hi = d->nunits;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->units[mid].end <= info_offset)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = BTC_PARTITION_POINT(d->nunits, i, d->units[i].end <= info_offset);
     return lo < d->nunits && d->units[lo].offset <= info_offset ? &d->units[lo] : NULL;
 }
 
@@ -295,14 +289,7 @@ static void build_unit_ranges(btc_dwarf *d, bool from_dies)
 
 const pc_range *dwarf_range_covering(const pc_range *items, size_t n, uint64_t addr)
 {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (items[mid].lo <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = BTC_PARTITION_POINT(n, i, items[i].lo <= addr);
     for (size_t k = lo; k > 0 && k + OVERLAP_LOOKBACK > lo; k--)
         if (addr < items[k - 1].hi)
             return &items[k - 1];
