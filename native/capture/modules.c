@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "capture/modules.h"
+#include "common/array.h"
 #include "common/search.h"
 
 static pthread_mutex_t modules_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -214,7 +215,8 @@ static btc_module *new_module(module_identity *id)
 
 typedef struct {
     btc_module **list;
-    int n, cap;
+    int n;
+    size_t cap;
 } module_list;
 
 static int collect_module(struct dl_phdr_info *info, size_t size BTC_UNUSED, void *data)
@@ -224,15 +226,9 @@ static int collect_module(struct dl_phdr_info *info, size_t size BTC_UNUSED, voi
     bool first = ml->n == 0;
     if (!identify(info, first, &id))
         return 0;
-    if (ml->n == ml->cap) {
-        int cap = ml->cap ? ml->cap * 2 : 64;
-        btc_module **grown = realloc(ml->list, cap * sizeof *grown);
-        if (!grown) {
-            free(id.path);
-            return 1;
-        }
-        ml->list = grown;
-        ml->cap = cap;
+    if (!grow((void **)&ml->list, &ml->cap, (size_t)ml->n + 1, sizeof *ml->list)) {
+        free(id.path);
+        return 1;
     }
     btc_module *m = take_existing(&id);
     if (!m)

@@ -1,9 +1,9 @@
-/* A bounded byte reader over a buffer already in memory, and growable
- * arrays whose capacity the caller bounds by its input size.
+/* A bounded byte reader over a buffer already in memory.
  *
  * Every read checks the bytes left; a read past the end sets `bad`, moves
  * to the end and returns 0, so a parser reads a group of fields and tests
- * `bad` once.  Used by the DWARF engine (symbols/dwarf*.c).
+ * `bad` once.  Used by the .eh_frame parser (capture/cfi_build.c) and the
+ * DWARF engine (symbols/dwarf*.c): one reader, one LEB128 rule.
  */
 #ifndef BTC_READER_H
 #define BTC_READER_H
@@ -26,6 +26,12 @@ typedef struct {
     const uint8_t *p, *end;
     bool bad;   /* a read went past end; every later read returns 0 */
 } reader;
+
+/* [p, end), a span the caller already checked to be readable. */
+static inline reader reader_over(const uint8_t *p, const uint8_t *end)
+{
+    return (reader){p, end, p > end};
+}
 
 static inline reader reader_at(const btc_bytes *b, uint64_t off, uint64_t size)
 {
@@ -63,37 +69,39 @@ static inline uint64_t read_uint(reader *r, int n)
 }
 
 static inline uint8_t read_u8(reader *r) { return (uint8_t)read_uint(r, 1); }
+static inline uint16_t read_u16(reader *r) { return (uint16_t)read_uint(r, 2); }
+static inline uint32_t read_u32(reader *r) { return (uint32_t)read_uint(r, 4); }
+static inline uint64_t read_u64(reader *r) { return read_uint(r, 8); }
 
-static inline uint64_t read_uleb(reader *r)
+/* LEB128 values wider than 64 bits are garbage, not big numbers: beyond
+ * bit 63 only padding (0, or 0x7f for a negative signed value) is accepted;
+ * anything else marks the reader bad. */
+static inline uint64_t read_leb(reader *r, bool is_signed)
 {
     uint64_t v = 0;
-    for (int shift = 0; take(r, 1); shift += 7) {
-        uint8_t b = *r->p++;
-        if (shift < 64)
-            v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            return v;
-    }
-    return 0;
-}
-
-static inline int64_t read_sleb(reader *r)
-{
-    uint64_t v = 0;
-    int shift = 0;
-    while (take(r, 1)) {
-        uint8_t b = *r->p++;
-        if (shift < 64)
-            v |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80)) {
-            if (shift < 64 && (b & 0x40))
-                v |= ~0ull << shift;
-            return (int64_t)v;
+    unsigned shift = 0;
+    uint8_t byte;
+    do {
+        if (!take(r, 1))
+            return 0;
+        byte = *r->p++;
+        if (shift >= 64) {
+            if ((byte & 0x7f) != (is_signed && (int64_t)v < 0 ? 0x7f : 0)) {
+                r->bad = true;
+                return 0;
+            }
+        } else {
+            v |= (uint64_t)(byte & 0x7f) << shift;
         }
-    }
-    return 0;
+        shift += 7;
+    } while (byte & 0x80);
+    if (is_signed && shift < 64 && (byte & 0x40))
+        v |= ~(uint64_t)0 << shift;
+    return v;
 }
+
+static inline uint64_t read_uleb(reader *r) { return read_leb(r, false); }
+static inline int64_t read_sleb(reader *r) { return (int64_t)read_leb(r, true); }
 
 static inline void skip(reader *r, uint64_t n)
 {
@@ -123,25 +131,5 @@ static inline reader sub_reader(reader *r, uint64_t len)
     }
     return s;
 }
-
-/* ---- growable arrays: capacity bounded by the caller's input size ---- */
-
-static inline bool grow(void **items, size_t *cap, size_t need, size_t item_size)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap * 2 : 16;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*items, n * item_size);
-    if (!p)
-        return false;
-    *items = p;
-    *cap = n;
-    return true;
-}
-
-#define PUSH(arr, count, cap, value) \
-    (grow((void **)&(arr), &(cap), (count) + 1, sizeof *(arr)) ? ((arr)[(count)++] = (value), true) : false)
 
 #endif

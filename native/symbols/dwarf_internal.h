@@ -11,6 +11,7 @@
 #ifndef BTC_DWARF_INTERNAL_H
 #define BTC_DWARF_INTERNAL_H
 
+#include "common/array.h"
 #include "common/reader.h"
 #include "symbols/dwarf.h"
 #include "symbols/elf.h"
