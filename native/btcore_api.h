@@ -56,7 +56,7 @@ int btc_bind_backtrace(uintptr_t backtrace_type);
 #define BTC_DEFAULT_CAPACITY 64
 #define BTC_MAX_CAPACITY 65536
 
-/* Put the builtin collect() (native/pycollect.c) into the module at
+/* Put the builtin collect() (native/capture/collect_builtin.c) into the module at
  * `module` (btcore.backtrace): it does the common calls in C and hands every other
  * call to python_impl, the Python collect().  doc is its __doc__, starting
  * with the text signature ("collect($module, /, ...)\n--\n\n"): copied.
@@ -198,7 +198,7 @@ int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uint
  * built, -2 if the table breaks an invariant lookups rely on. */
 int btc_cfi_selftest_garbage(const uint8_t *data, size_t size);
 
-/* ---- symbolization: source locations from DWARF (dwarf.c) ---- */
+/* ---- symbolization: source locations from DWARF (symbols/symbolize.c) ---- */
 
 typedef struct {
     const char *function;   /* raw name: mangled when DWARF has a linkage name; NULL if unknown */
@@ -230,7 +230,7 @@ void btc_symbolize_reset(void);
 /* Where separate debug files live (default /usr/lib/debug); drops the cache. */
 void btc_symbolize_debug_root(const char *dir);
 
-/* ---- codec: module identity for compact tokens (codec.c) ---- */
+/* ---- codec: module identity for compact tokens (capture/modules.c, symbols/symbolize.c) ---- */
 
 /* A record of a Backtrace built by btcore.decode(): the frame came from a
  * token, and the Backtrace's _refs holds what it names (a Python frame's

@@ -1,7 +1,12 @@
-/* Test-only entry points (declared in btcore_api.h's introspection section):
- * they expose one internal contract each, on inputs a test builds, so the
- * contract is checked directly instead of through a whole capture. */
-#include "context.h"
+/* Test- and benchmark-only entry points (declared in btcore_api.h's
+ * introspection section): they expose one internal contract each, on inputs
+ * a test builds, so the contract is checked directly instead of through a
+ * whole capture; btc_backtrace() is the native-only walk benchmarks compare
+ * with libunwind's and glibc's. */
+#include <string.h>
+
+#include "capture/modules.h"
+#include "capture/unwind.h"
 
 int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out)
 {
@@ -15,11 +20,93 @@ int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uint
     btc_context ctx = {.regs = {.ip = ip, .sp = sp}, .ip_is_exact = true, .mem = {.lo = lo, .hi = hi}};
     if (max > 16)
         max = 16;
-    btc_modules_lock();
-    btc_modules_refresh();
+    btc_modules_acquire();
     int n = btc_unwind(&ctx, frames, max);
-    btc_modules_unlock();
+    btc_modules_release();
     for (int i = 0; i < n; i++)
         pcs[i] = frames[i].pc;
     return n;
+}
+
+int btc_cfi_rows(uintptr_t pc, btc_cfi_row *out, int max, uintptr_t *bias)
+{
+    int n = -1;
+    btc_modules_acquire();
+    btc_module *m = btc_module_find(pc);
+    if (m) {
+        const btc_table *t = btc_module_table(m);
+        n = t ? (int)t->nrows : 0;
+        if (t && out)
+            memcpy(out, t->rows, (size_t)(n < max ? n : max) * sizeof *out);
+        *bias = m->bias;
+    }
+    btc_modules_release();
+    return n;
+}
+
+int btc_cfi_fde_range(uintptr_t pc, uintptr_t *lo, uintptr_t *hi)
+{
+    int rc = -1;
+    btc_modules_acquire();
+    btc_module *m = btc_module_find(pc);
+    const btc_table *t = m ? btc_module_table(m) : NULL;
+    uint32_t a, b;
+    if (t && pc >= m->bias && pc - m->bias <= UINT32_MAX && btc_table_fde(t, (uint32_t)(pc - m->bias), &a, &b)) {
+        *lo = m->bias + a;
+        *hi = m->bias + b;
+        rc = 0;
+    }
+    btc_modules_release();
+    return rc;
+}
+
+/* Build a table from raw bytes as if they were a module's .eh_frame, and
+ * check the invariants lookups rely on.  Rows are relative to data - 2 GiB so
+ * that pc-relative FDEs of a copied section still land in the row space. */
+int btc_cfi_selftest_garbage(const uint8_t *data, size_t size)
+{
+    uintptr_t base = (uintptr_t)data;
+    btc_image img = {
+        .bias = base > 0x80000000u ? base - 0x80000000u : 0,
+        .eh_frame = data,
+        .eh_frame_size = size,
+        .readable_lo = { base },
+        .readable_hi = { base + size },
+        .nreadable = 1,
+    };
+    btc_table *t = btc_table_build(&img);
+    if (!t)
+        return -1;
+    int result = (int)t->nrows;
+    for (uint32_t i = 0; i < t->nrows; i++) {
+        const btc_cfi_row *found = btc_table_lookup(t, t->rows[i].pc);
+        bool sorted = i == 0 || t->rows[i - 1].pc < t->rows[i].pc;
+        if (!sorted || found != (t->rows[i].cfa_kind == BTC_CFA_NONE ? NULL : &t->rows[i]))
+            result = -2;
+    }
+    if (t->nrows && t->rows[t->nrows - 1].cfa_kind != BTC_CFA_NONE)
+        result = -2;
+    btc_table_free(t);
+    return result;
+}
+
+#define BACKTRACE_MAX_FRAMES 256
+
+int btc_backtrace(uintptr_t *out, int max)
+{
+    btc_native_frame nat[BACKTRACE_MAX_FRAMES];
+    btc_context ctx = {0};
+    uintptr_t lo;
+    btc_get_regs(&ctx.regs);
+    if (max <= 0 || !btc_thread_stack(&lo, &ctx.mem.hi))
+        return 0;
+    ctx.mem.lo = ctx.regs.sp;
+    if (max > BACKTRACE_MAX_FRAMES - 1)
+        max = BACKTRACE_MAX_FRAMES - 1;
+    btc_modules_acquire();
+    int n = btc_unwind(&ctx, nat, max + 1);
+    btc_modules_release();
+    for (int i = 1; i < n; i++)   /* nat[0] is this function */
+        out[i - 1] = nat[i].pc;
+    return n > 0 ? n - 1 : 0;
 }

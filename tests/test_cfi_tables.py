@@ -1,4 +1,4 @@
-"""The native CFI tables (native/cfi.c) against pyelftools' decoding.
+"""The native CFI tables (native/capture/cfi_build.c) against pyelftools' decoding.
 
 For libpython, libc and greenlet's C++ extension, every FDE pyelftools
 decodes from .eh_frame must be described by btcore's rows, row by row: the

@@ -1,4 +1,4 @@
-"""Garbage in, no crash out: ELF and DWARF readers (native/elf.c, dwarf.c)
+"""Garbage in, no crash out: ELF and DWARF readers (native/symbols/elf.c, dwarf.c)
 and the demangler on truncated and mutated input.
 
 Each batch runs in a child process so that a crash shows up as a failed

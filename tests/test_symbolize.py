@@ -1,4 +1,4 @@
-"""The native DWARF engine (native/dwarf.c) against binutils addr2line.
+"""The native DWARF engine (native/symbols/dwarf.c) against binutils addr2line.
 
 btc_symbolize_file(path, vaddr) must agree with `addr2line -f -i -C` on
 function (demangled), file and line at every inline level, for libpython

@@ -1,7 +1,7 @@
 """cffi build script: compiles native/ into the extension btcore._native.
 
 Run by setuptools during `pip install .` (see setup.py); nothing is compiled
-at import time.  Every native/*.c and native/cpython/*.c is part of the
+at import time.  Every .c file under native/, in any folder, is part of the
 module; a CPython-version unit compiles to nothing on other versions.
 """
 import glob
@@ -16,7 +16,7 @@ NATIVE = os.path.join(ROOT, "native")
 
 
 def _sources():
-    found = glob.glob(os.path.join(NATIVE, "*.c")) + glob.glob(os.path.join(NATIVE, "cpython", "*.c"))
+    found = glob.glob(os.path.join(NATIVE, "**", "*.c"), recursive=True)
     # setuptools wants paths relative to setup.py
     return sorted(os.path.relpath(p, ROOT) for p in found)
 

@@ -16,10 +16,25 @@ DEFAULT_CAPACITY = lib.BTC_DEFAULT_CAPACITY
 MAX_CAPACITY = lib.BTC_MAX_CAPACITY
 JOIN_MARKER = "  ==== appended backtrace boundary ===="
 
+_STRUCT_CODES = {(1, False): "B", (2, False): "H", (4, False): "I", (8, False): "Q",
+                 (1, True): "b", (2, True): "h", (4, True): "i", (8, True): "q"}
+
+
+def _record_struct(ctype):
+    """The struct format of one native record, read from cffi's declared
+    layout of it (fields in order, padding where the compiler put some), so
+    the Python side has no second hand-written copy of btcore_api.h."""
+    fmt, at = "=", 0
+    for _, field in ctype.fields:
+        size = ffi.sizeof(field.type)
+        fmt += "x" * (field.offset - at) + _STRUCT_CODES[size, field.type.cname.startswith("int")]
+        at = field.offset + size
+    return struct.Struct(fmt + "x" * (ffi.sizeof(ctype) - at))
+
+
 # One btc_frame record (native/btcore_api.h): addr, lasti, kind, flags, reserved.
-RECORD = struct.Struct("=QiBBH")
-assert RECORD.size == ffi.sizeof("btc_frame") == 16
-_KIND_AT, _FLAGS_AT = 12, 13
+RECORD = _record_struct(ffi.typeof("btc_frame"))
+_KIND_AT, _FLAGS_AT = ffi.offsetof("btc_frame", "kind"), ffi.offsetof("btc_frame", "flags")
 
 KIND_NATIVE = lib.BTC_KIND_NATIVE
 KIND_PYTHON = lib.BTC_KIND_PYTHON
@@ -231,7 +246,7 @@ def _builtin_doc(fn) -> bytes:
     return f"{fn.__name__}($module, /, {str(sig)[1:]}\n--\n\n{inspect.getdoc(fn)}".encode()
 
 
-# btcore.collect is a builtin (native/pycollect.c) doing the calls with plain
+# btcore.collect is a builtin (native/capture/collect_builtin.c) doing the calls with plain
 # arguments in C, and handing every other call to the function above: a
 # Python-level call costs about as much as the capture itself.
 _python_collect = collect

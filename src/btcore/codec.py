@@ -719,7 +719,7 @@ def _read_build_id(fd: int) -> bytes | None:
 
 
 def _note_build_id(notes: bytes) -> bytes | None:
-    """The GNU build-id note's bytes, as native/codec.c reads them."""
+    """The GNU build-id note's bytes, as native/capture/modules.c reads them."""
     at = 0
     while len(notes) - at >= 12:
         namesz, descsz, kind = struct.unpack_from("<III", notes, at)

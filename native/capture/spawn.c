@@ -33,7 +33,8 @@
  */
 #include <Python.h>
 
-#include "context.h"
+#include "capture/capture.h"
+#include "capture/greenlet_context.h"
 
 /* ---- state ---- */
 

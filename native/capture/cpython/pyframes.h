@@ -17,7 +17,7 @@
 
 #include <Python.h>
 
-#include "../context.h"
+#include "capture/context.h"
 
 #if defined(Py_GIL_DISABLED)
 #define BTC_PY_FAMILY 0   /* free-threaded builds: frames are read differently (not supported) */

@@ -3,7 +3,7 @@
  * The list is rebuilt only when dl_iterate_phdr's adds/subs counters change
  * (dlopen/dlclose); every capture checks them first, so a table is never used
  * after its module was unloaded.  Tables of modules still loaded survive a
- * rebuild.  All of this runs under one mutex (btc_modules_lock).
+ * rebuild.  All of this runs under one mutex (btc_modules_acquire).
  *
  * A module is the same across a rebuild only if its mapping (bias, span),
  * its path and its build-id are: a different library loaded where an
@@ -17,9 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "btcore.h"
-#include "context.h"
-#include "gil.h"
+#include "capture/modules.h"
+#include "common/array.h"
+#include "common/search.h"
 
 static pthread_mutex_t modules_mutex = PTHREAD_MUTEX_INITIALIZER;
 static btc_module **modules;    /* sorted by lo */
@@ -30,13 +30,13 @@ uint64_t btc_modules_generation;
 
 static pthread_t modules_owner;   /* valid while the lock is held */
 
-void btc_modules_lock(void)
+static void modules_lock(void)
 {
     pthread_mutex_lock(&modules_mutex);
     modules_owner = pthread_self();
 }
 
-void btc_modules_unlock(void)
+void btc_modules_release(void)
 {
     modules_owner = 0;
     pthread_mutex_unlock(&modules_mutex);
@@ -51,7 +51,7 @@ void btc_modules_unlock(void)
  * loader's main lock, not the one dl_iterate_phdr holds: a fork while
  * another thread is inside dl_iterate_phdr leaves the child's loader list
  * locked for good (2 forks in ~4000 under a resolving thread).  So, unlike
- * the DWARF cache (dwarf.c), the lock is taken before fork() and released
+ * the DWARF file cache (symbols/symbolize.c), the lock is taken before fork() and released
  * in both processes: no btcore thread is then inside dl_iterate_phdr.
  * This is safe because no holder waits for anything the forking thread
  * may hold: holders run C code only, never Python (so never wait for the
@@ -64,13 +64,13 @@ static void modules_before_fork(void)
 {
     fork_took_lock = !(modules_owner && pthread_equal(modules_owner, pthread_self()));
     if (fork_took_lock)
-        btc_modules_lock();
+        modules_lock();
 }
 
 static void modules_after_fork(void)
 {
     if (fork_took_lock)
-        btc_modules_unlock();
+        btc_modules_release();
 }
 
 __attribute__((constructor)) static void modules_fork_safe(void)
@@ -215,7 +215,8 @@ static btc_module *new_module(module_identity *id)
 
 typedef struct {
     btc_module **list;
-    int n, cap;
+    int n;
+    size_t cap;
 } module_list;
 
 static int collect_module(struct dl_phdr_info *info, size_t size BTC_UNUSED, void *data)
@@ -225,15 +226,9 @@ static int collect_module(struct dl_phdr_info *info, size_t size BTC_UNUSED, voi
     bool first = ml->n == 0;
     if (!identify(info, first, &id))
         return 0;
-    if (ml->n == ml->cap) {
-        int cap = ml->cap ? ml->cap * 2 : 64;
-        btc_module **grown = realloc(ml->list, cap * sizeof *grown);
-        if (!grown) {
-            free(id.path);
-            return 1;
-        }
-        ml->list = grown;
-        ml->cap = cap;
+    if (!grow((void **)&ml->list, &ml->cap, (size_t)ml->n + 1, sizeof *ml->list)) {
+        free(id.path);
+        return 1;
     }
     btc_module *m = take_existing(&id);
     if (!m)
@@ -265,7 +260,6 @@ static void rebuild(void)
 {
     module_list ml = {0};
     dl_iterate_phdr(collect_module, &ml);
-    btc_unwind_forget();
     for (int i = 0; i < nmodules; i++)
         module_free(modules[i]);   /* those not taken over: unloaded */
     free(modules);
@@ -275,7 +269,7 @@ static void rebuild(void)
     btc_modules_generation++;
 }
 
-void btc_modules_refresh(void)
+static void modules_refresh(void)
 {
     unsigned long long c[2] = {0, 0};
     dl_iterate_phdr(read_counters, c);
@@ -286,20 +280,17 @@ void btc_modules_refresh(void)
     seen_subs = c[1];
 }
 
+void btc_modules_acquire(void)
+{
+    modules_lock();
+    modules_refresh();
+}
+
 btc_module *btc_module_find(uintptr_t pc)
 {
-    int lo = 0, hi = nmodules - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        btc_module *m = modules[mid];
-        if (pc < m->lo)
-            hi = mid - 1;
-        else if (pc >= m->hi)
-            lo = mid + 1;
-        else
-            return m;
-    }
-    return NULL;
+    /* Spans do not overlap, so sorted by lo they are sorted by hi too. */
+    size_t i = BTC_PARTITION_POINT(nmodules, k, modules[k]->hi <= pc);
+    return i < (size_t)nmodules && modules[i]->lo <= pc ? modules[i] : NULL;
 }
 
 /* ---- building a table while the loader cannot unmap the module ---- */
@@ -354,7 +345,7 @@ const btc_table *btc_module_table(btc_module *m)
     return m->table;
 }
 
-static btc_elf *module_elf(btc_module *m)
+btc_elf *btc_module_elf(btc_module *m)
 {
     if (!m->elf && m->path[0] == '/')
         m->elf = btc_elf_open(m->path);
@@ -363,78 +354,43 @@ static btc_elf *module_elf(btc_module *m)
 
 /* ---- the cffi API ---- */
 
-int btc_cfi_rows(uintptr_t pc, btc_cfi_row *out, int max, uintptr_t *bias)
-{
-    int n = -1;
-    btc_modules_lock();
-    btc_modules_refresh();
-    btc_module *m = btc_module_find(pc);
-    if (m) {
-        const btc_table *t = btc_module_table(m);
-        n = t ? (int)t->nrows : 0;
-        if (t && out)
-            memcpy(out, t->rows, (size_t)(n < max ? n : max) * sizeof *out);
-        *bias = m->bias;
-    }
-    btc_modules_unlock();
-    return n;
-}
-
-/* Copy s into the caller's buffer; returns the copy or NULL if s is NULL. */
-static const char *copy_out(const char *s, char **buf, size_t *left)
-{
-    if (!s || *left == 0)
-        return NULL;
-    size_t n = strnlen(s, *left - 1);
-    char *dst = *buf;
-    memcpy(dst, s, n);
-    dst[n] = 0;
-    *buf += n + 1;
-    *left -= n + 1;
-    return dst;
-}
-
-int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size)
-{
-    memset(out, 0, sizeof *out);
-    PyThreadState *gil = btc_gil_release();   /* the first call per module reads its symbols */
-    btc_modules_lock();
-    btc_modules_refresh();
-    btc_module *m = btc_module_find(pc);
-    if (m) {
-        uintptr_t sym_vaddr = 0;
-        btc_elf *elf = module_elf(m);
-        const char *sym = elf ? btc_elf_symbolize(elf, pc - m->bias, &sym_vaddr) : NULL;
-        uintptr_t part_lo;
-        if (!sym && (sym = btc_eval_part_name(pc, &part_lo)))   /* a stripped eval loop's unnamed part */
-            sym_vaddr = part_lo - m->bias;
-        out->module = copy_out(m->path, &buf, &size);
-        out->module_base = m->bias;
-        out->module_id = m->id;
-        out->symbol = copy_out(sym, &buf, &size);
-        out->symbol_addr = sym ? sym_vaddr + m->bias : 0;
-    }
-    btc_modules_unlock();
-    btc_gil_restore(gil);
-    return m ? 0 : -1;
-}
-
 uint64_t btc_module_key(uintptr_t pc, uint64_t *module_id, uintptr_t *offset)
 {
-    btc_modules_lock();
-    btc_modules_refresh();
+    btc_modules_acquire();
     btc_module *m = btc_module_find(pc);
     *module_id = m ? m->id : 0;
     *offset = m ? pc - m->bias : pc;
     uint64_t generation = btc_modules_generation;
-    btc_modules_unlock();
+    btc_modules_release();
     return generation;
+}
+
+int btc_loaded_modules(btc_modinfo *out, int max, char *buf, size_t size)
+{
+    btc_modules_acquire();
+    bool fits = true;
+    for (int i = 0; i < nmodules && i < max; i++) {
+        const btc_module *m = modules[i];
+        size_t len = strlen(m->path) + 1;
+        fits = fits && len <= size;
+        if (!fits)
+            break;
+        memcpy(buf, m->path, len);
+        out[i] = (btc_modinfo){.path = buf, .bias = m->bias, .lo = m->lo, .hi = m->hi,
+                               .build_id_len = m->build_id_len <= BTC_BUILD_ID_MAX ? (int)m->build_id_len : 0};
+        memcpy(out[i].build_id, m->build_id, sizeof out[i].build_id);
+        buf += len;
+        size -= len;
+    }
+    int n = nmodules;
+    btc_modules_release();
+    return fits ? n : -1;
 }
 
 int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max)
 {
     btc_module *m = btc_module_find(inside);
-    btc_elf *elf = m ? module_elf(m) : NULL;
+    btc_elf *elf = m ? btc_module_elf(m) : NULL;
     int n = elf ? btc_elf_function_ranges(elf, name, lo, hi, max) : 0;
     for (int i = 0; i < n; i++) {
         lo[i] += m->bias;

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "context.h"
+#include "capture/context.h"
 
 /* btc_get_regs(btc_regs *r): the caller's pc (our return address), the sp
  * the caller has once we return, and its rbp/rbx.  Written in assembly

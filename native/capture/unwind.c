@@ -2,7 +2,8 @@
  * signal handler) goes through btc_unwind(); only the context differs. */
 #include <string.h>
 
-#include "context.h"
+#include "capture/modules.h"
+#include "capture/unwind.h"
 
 #define BTC_HOT static inline __attribute__((always_inline))
 
@@ -84,8 +85,10 @@ BTC_HOT bool step(const btc_cfi_row *row, const btc_context *ctx, btc_regs *r, u
 /* pc -> CFI row, direct-mapped: a stack is walked again and again through
  * the same call sites, and the row tables are large (1.4 MB for libpython),
  * so a hit here saves the module search and the table's cache misses.
- * Rows live as long as their table: btc_unwind_forget() empties the cache
- * whenever the module list is rebuilt.  Used under the module lock. */
+ * Rows live as long as their table: the cache is emptied whenever the
+ * module list was rebuilt since it was filled (btc_modules_generation), so
+ * the module list never calls back into the walker.  Used under the module
+ * lock. */
 #define ROW_CACHE_BITS 10
 /* The row is copied into the entry: a hit then reads one cache line, not
  * the entry and a row somewhere in a table of megabytes (a second cache and
@@ -95,10 +98,15 @@ static struct {
     btc_cfi_row row;
     bool found;   /* false: no module or no FDE covers pc */
 } row_cache[1 << ROW_CACHE_BITS];
+static uint64_t row_cache_generation;
 
-void btc_unwind_forget(void)
+/* Drop the rows of a previous module list: their tables may be freed. */
+static void row_cache_follow_modules(void)
 {
+    if (BTC_LIKELY(row_cache_generation == btc_modules_generation))
+        return;
     memset(row_cache, 0, sizeof row_cache);
+    row_cache_generation = btc_modules_generation;
 }
 
 static const btc_cfi_row *find_row(uintptr_t pc)
@@ -135,6 +143,7 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
     btc_regs r = ctx->regs;
     bool exact = ctx->ip_is_exact;
     int n = 0;
+    row_cache_follow_modules();
     while (n < max) {
         /* A return address points after the call: look up the call itself. */
         uintptr_t pc = exact ? r.ip : r.ip - 1;

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "btcore.h"
+#include "common/base.h"
 
 /* ---- output buffer ---- */
 
@@ -321,6 +321,16 @@ static bool v0_list(v0 *s, bool (*item)(v0 *))
     return true;
 }
 
+/* open, a list of items, close: "(A, B)", "<T, U>". */
+static bool v0_enclosed(v0 *s, const char *open, bool (*item)(v0 *), const char *close)
+{
+    puts_(s->o, open);
+    if (!v0_list(s, item))
+        return false;
+    puts_(s->o, close);
+    return true;
+}
+
 static bool v0_type_inner(v0 *s)
 {
     char c = v0_peek(s);
@@ -355,11 +365,7 @@ static bool v0_type_inner(v0 *s)
         return true;
     case 'T':
         s->p++;
-        puts_(s->o, "(");
-        if (!v0_list(s, v0_type))
-            return false;
-        puts_(s->o, ")");
-        return true;
+        return v0_enclosed(s, "(", v0_type, ")");
     case 'B':
         s->p++;
         return v0_backref(s, v0_type);
@@ -368,13 +374,31 @@ static bool v0_type_inner(v0 *s)
     }
 }
 
-static bool v0_type(v0 *s)
+/* One grammar rule, one level deeper (the recursion is bounded). */
+static bool v0_nested(v0 *s, bool (*rule)(v0 *))
 {
     if (!v0_enter(s))
         return false;
-    bool ok = v0_type_inner(s);
+    bool ok = rule(s);
     s->depth--;
     return ok && !s->bad;
+}
+
+static bool v0_type(v0 *s) { return v0_nested(s, v0_type_inner); }
+
+/* "<type>" (an inherent impl) or "<type as trait-path>" (a trait impl). */
+static bool v0_qualified(v0 *s, bool trait)
+{
+    puts_(s->o, "<");
+    if (!v0_type(s))
+        return false;
+    if (trait) {
+        puts_(s->o, " as ");
+        if (!v0_path(s))
+            return false;
+    }
+    puts_(s->o, ">");
+    return true;
 }
 
 static bool v0_path_inner(v0 *s)
@@ -419,36 +443,14 @@ static bool v0_path_inner(v0 *s)
         s->o = &sink;
         bool ok = v0_path(s);
         s->o = real;
-        if (!ok)
-            return false;
-        puts_(s->o, "<");
-        if (!v0_type(s))
-            return false;
-        if (trait) {
-            puts_(s->o, " as ");
-            if (!v0_path(s))
-                return false;
-        }
-        puts_(s->o, ">");
-        return true;
+        return ok && v0_qualified(s, trait);
     }
     case 'Y':
-        puts_(s->o, "<");
-        if (!v0_type(s))
-            return false;
-        puts_(s->o, " as ");
-        if (!v0_path(s))
-            return false;
-        puts_(s->o, ">");
-        return true;
+        return v0_qualified(s, true);
     case 'I':
         if (!v0_path(s))
             return false;
-        puts_(s->o, "<");
-        if (!v0_list(s, v0_generic_arg))
-            return false;
-        puts_(s->o, ">");
-        return true;
+        return v0_enclosed(s, "<", v0_generic_arg, ">");
     case 'B':
         return v0_backref(s, v0_path);
     default:
@@ -456,14 +458,7 @@ static bool v0_path_inner(v0 *s)
     }
 }
 
-static bool v0_path(v0 *s)
-{
-    if (!v0_enter(s))
-        return false;
-    bool ok = v0_path_inner(s);
-    s->depth--;
-    return ok && !s->bad;
-}
+static bool v0_path(v0 *s) { return v0_nested(s, v0_path_inner); }
 
 static bool demangle_rust_v0(const char *name, out_buf *o)
 {

@@ -25,8 +25,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "btcore.h"
-#include "cpython/pyframes.h"
+#include "capture/cpython/pyframes.h"
+#include "capture/evalloop.h"
+#include "capture/modules.h"
 
 #define MAX_EVAL_RANGES 16
 #define MAX_SCAN_BYTES (1u << 20)
@@ -127,12 +128,11 @@ bool btc_in_eval_loop(uintptr_t pc)
 
 int btc_eval_ranges(uintptr_t *lo, uintptr_t *hi, int max)
 {
-    btc_modules_lock();
-    btc_modules_refresh();
+    btc_modules_acquire();
     btc_eval_ranges_init();
     int n = n_eval < max ? n_eval : max;
     memcpy(lo, eval_lo, n * sizeof *lo);
     memcpy(hi, eval_hi, n * sizeof *hi);
-    btc_modules_unlock();
+    btc_modules_release();
     return n_eval;
 }

@@ -1,5 +1,6 @@
-/* .eh_frame -> compact CFI rows (btc_table), and the lookup the walker runs
- * for every frame.
+/* .eh_frame -> compact CFI rows (btc_table): FDE enumeration, the CFA
+ * program interpreter, the page index.  The per-frame lookup over the result
+ * is cfi_lookup.c.
  *
  * The unwind data is read where the loader mapped it, so none of it is
  * trusted: a record is read only after its whole span was found inside one
@@ -10,12 +11,14 @@
  *
  * The build runs once per module (with the loader lock held by modules.c);
  * the lookup runs for every frame of every capture, possibly inside a signal
- * handler, so it allocates nothing and takes no lock.
+ * handler (cfi_lookup.c), so it allocates nothing and takes no lock.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "btcore.h"
+#include "capture/cfi_build.h"
+#include "common/array.h"
+#include "common/reader.h"
 
 /* Guards against garbage that would otherwise make the build run for ever or
  * eat the heap: a real module has a few thousand FDEs and < 100k rows. */
@@ -86,80 +89,11 @@
 #define DW_OP_lit0  0x30
 #define DW_OP_breg0 0x70
 
-/* ---- bounded reading ----
- *
- * A cursor covers a span already checked to be readable.  A read past its
- * end returns 0 and clears `ok`; callers test `ok` once after a group of
- * reads instead of after each. */
-
-typedef struct {
-    const uint8_t *p, *end;
-    bool ok;
-} cursor;
-
-static cursor cursor_over(const uint8_t *p, const uint8_t *end)
-{
-    return (cursor){ p, end, p <= end };
-}
-
-static bool take(cursor *c, size_t n)
-{
-    if (!c->ok || (size_t)(c->end - c->p) < n) {
-        c->ok = false;
-        return false;
-    }
-    return true;
-}
-
-static uint64_t read_le(cursor *c, size_t n)
-{
-    if (!take(c, n))
-        return 0;
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; i++)
-        v |= (uint64_t)c->p[i] << (8 * i);
-    c->p += n;
-    return v;
-}
-
-static uint8_t read_u8(cursor *c) { return (uint8_t)read_le(c, 1); }
-static uint16_t read_u16(cursor *c) { return (uint16_t)read_le(c, 2); }
-static uint32_t read_u32(cursor *c) { return (uint32_t)read_le(c, 4); }
-static uint64_t read_u64(cursor *c) { return read_le(c, 8); }
-
-/* LEB128 values wider than 64 bits are garbage, not big numbers. */
-static uint64_t read_leb(cursor *c, bool is_signed)
-{
-    uint64_t v = 0;
-    unsigned shift = 0;
-    uint8_t byte;
-    do {
-        if (!take(c, 1))
-            return 0;
-        byte = *c->p++;
-        if (shift >= 64) {
-            if ((byte & 0x7f) != (is_signed && (int64_t)v < 0 ? 0x7f : 0)) {
-                c->ok = false;
-                return 0;
-            }
-        } else {
-            v |= (uint64_t)(byte & 0x7f) << shift;
-        }
-        shift += 7;
-    } while (byte & 0x80);
-    if (is_signed && shift < 64 && (byte & 0x40))
-        v |= ~(uint64_t)0 << shift;
-    return v;
-}
-
-static uint64_t read_uleb(cursor *c) { return read_leb(c, false); }
-static int64_t read_sleb(cursor *c) { return (int64_t)read_leb(c, true); }
-
 /* Read a DW_EH_PE_* encoded pointer.  The bytes are always consumed when the
  * format is known (so a pointer we cannot resolve, like an indirect
  * personality, can still be skipped); returns whether *out holds an address.
  * datarel is relative to .eh_frame_hdr, the only place x86-64 uses it. */
-static bool read_encoded(cursor *c, uint8_t enc, uintptr_t datarel_base, uint64_t *out)
+static bool read_encoded(reader *c, uint8_t enc, uintptr_t datarel_base, uint64_t *out)
 {
     uintptr_t field = (uintptr_t)c->p;
     uint64_t v;
@@ -176,10 +110,10 @@ static bool read_encoded(cursor *c, uint8_t enc, uintptr_t datarel_base, uint64_
     case DW_EH_PE_sdata4:  v = (uint64_t)(int64_t)(int32_t)read_u32(c); break;
     case DW_EH_PE_sdata8:  v = read_u64(c); break;
     default:
-        c->ok = false;   /* unknown size: nothing after it can be found */
+        c->bad = true;   /* unknown size: nothing after it can be found */
         return false;
     }
-    if (!c->ok)
+    if (c->bad)
         return false;
     switch (enc & 0x70) {
     case 0:
@@ -195,7 +129,7 @@ static bool read_encoded(cursor *c, uint8_t enc, uintptr_t datarel_base, uint64_
     default:
         /* textrel/funcrel have no base here; aligned needs padding first */
         if ((enc & 0x70) == 0x50)
-            c->ok = false;
+            c->bad = true;
         return false;
     }
     if (enc & DW_EH_PE_indirect)
@@ -223,21 +157,21 @@ typedef struct {
     const uint8_t *eh_frame, *eh_frame_end;
 } source;
 
-/* A cursor over the record (CIE or FDE) at p, bounded by its own length;
- * ok is false if the record is a terminator, malformed or not readable. */
-static cursor record_at(const source *src, const uint8_t *p)
+/* A reader over the record (CIE or FDE) at p, bounded by its own length;
+ * bad is set if the record is a terminator, malformed or not readable. */
+static reader record_at(const source *src, const uint8_t *p)
 {
     const uint8_t *limit = readable_end(src->img, p);
     if (src->eh_frame_end && (p < src->eh_frame || p >= src->eh_frame_end))
         limit = NULL;
     else if (limit && src->eh_frame_end && src->eh_frame_end < limit)
         limit = src->eh_frame_end;
-    cursor c = cursor_over(p, limit ? limit : p);
+    reader c = reader_over(p, limit ? limit : p);
     uint32_t len = read_u32(&c);
     /* 0xffffffff announces a 64-bit length: no x86-64 toolchain emits one
      * into .eh_frame, and libgcc does not read it either. */
-    if (!c.ok || len == 0 || len == 0xffffffff || len > (size_t)(c.end - c.p)) {
-        c.ok = false;
+    if (c.bad || len == 0 || len == 0xffffffff || len > (size_t)(c.end - c.p)) {
+        c.bad = true;
         return c;
     }
     c.end = c.p + len;
@@ -265,12 +199,12 @@ typedef struct {
 
 /* Parse the 'z' augmentation data; false if it holds something we cannot
  * skip (an unknown letter may carry data of unknown size). */
-static bool parse_augmentation(cursor *c, const char *aug, uintptr_t datarel_base, cie_info *out)
+static bool parse_augmentation(reader *c, const char *aug, uintptr_t datarel_base, cie_info *out)
 {
     uint64_t len = read_uleb(c);
-    if (!c->ok || len > (size_t)(c->end - c->p))
+    if (c->bad || len > (size_t)(c->end - c->p))
         return false;
-    cursor data = cursor_over(c->p, c->p + len);
+    reader data = reader_over(c->p, c->p + len);
     c->p += len;
     uint64_t ignored;
     for (const char *a = aug + 1; *a; a++) {
@@ -282,19 +216,19 @@ static bool parse_augmentation(cursor *c, const char *aug, uintptr_t datarel_bas
         default: return false;
         }
     }
-    return data.ok;
+    return !data.bad;
 }
 
 static bool parse_cie(const source *src, const uint8_t *p, cie_info *out)
 {
-    cursor c = record_at(src, p);
-    if (read_u32(&c) != 0 || !c.ok)
+    reader c = record_at(src, p);
+    if (read_u32(&c) != 0 || c.bad)
         return false;   /* CIE id 0 is what tells a CIE from an FDE in .eh_frame */
     uint8_t version = read_u8(&c);
     if (version != 1 && version != 3)
         return false;
     const char *aug = (const char *)c.p;
-    size_t aug_room = c.ok ? (size_t)(c.end - c.p) : 0;
+    size_t aug_room = c.bad ? 0 : (size_t)(c.end - c.p);
     const uint8_t *nul = memchr(c.p, 0, aug_room < MAX_AUGMENTATION ? aug_room : MAX_AUGMENTATION);
     if (!nul)
         return false;
@@ -304,7 +238,7 @@ static bool parse_cie(const source *src, const uint8_t *p, cie_info *out)
     out->data_align = read_sleb(&c);
     out->ra_reg = version == 1 ? read_u8(&c) : read_uleb(&c);
     out->fde_enc = DW_EH_PE_absptr;
-    if (!c.ok)
+    if (c.bad)
         return false;
     if (aug[0] == 'z') {
         out->has_aug_data = true;
@@ -315,17 +249,17 @@ static bool parse_cie(const source *src, const uint8_t *p, cie_info *out)
     }
     out->insns = c.p;
     out->insns_end = c.end;
-    return c.ok;
+    return !c.bad;
 }
 
 /* Parse the FDE at p (and its CIE); false for anything that is not a usable
  * FDE: a CIE, garbage, or a range outside the 32-bit row space. */
 static bool parse_fde(const source *src, const uint8_t *p, fde_info *out)
 {
-    cursor c = record_at(src, p);
+    reader c = record_at(src, p);
     const uint8_t *id_field = c.p;
     uint32_t cie_offset = read_u32(&c);
-    if (!c.ok || cie_offset == 0 || cie_offset > (uintptr_t)id_field)
+    if (c.bad || cie_offset == 0 || cie_offset > (uintptr_t)id_field)
         return false;
     /* In .eh_frame the CIE pointer counts back from the field itself. */
     if (!parse_cie(src, id_field - cie_offset, &out->cie))
@@ -337,12 +271,12 @@ static bool parse_fde(const source *src, const uint8_t *p, fde_info *out)
         return false;
     if (out->cie.has_aug_data) {
         uint64_t len = read_uleb(&c);
-        if (!c.ok || len > (size_t)(c.end - c.p))
+        if (c.bad || len > (size_t)(c.end - c.p))
             return false;
         c.p += len;
     }
     uint64_t lo = begin - src->img->bias;
-    if (!c.ok || begin < src->img->bias || lo > UINT32_MAX || range > UINT32_MAX - lo)
+    if (c.bad || begin < src->img->bias || lo > UINT32_MAX || range > UINT32_MAX - lo)
         return false;
     out->lo = lo;
     out->hi = lo + range;
@@ -361,24 +295,13 @@ typedef struct {
 
 static bool fde_list_push(fde_list *l, const fde_info *f)
 {
-    if (l->n == l->cap) {
-        if (l->cap >= MAX_FDES)
-            return false;
-        size_t cap = l->cap ? 2 * l->cap : 1024;
-        fde_info *v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return false;
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n++] = *f;
-    return true;
+    return l->n < MAX_FDES && PUSH(l->v, l->n, l->cap, *f);
 }
 
 typedef struct {
     uint8_t table_enc;
     uint64_t count;
-    cursor table;          /* the (initial location, FDE address) pairs */
+    reader table;          /* the (initial location, FDE address) pairs */
     const uint8_t *eh_frame;
 } eh_frame_hdr;
 
@@ -388,13 +311,13 @@ static bool parse_eh_frame_hdr(const btc_image *img, eh_frame_hdr *out)
     const uint8_t *end = hdr ? readable_end(img, hdr) : NULL;
     if (!end)
         return false;
-    cursor c = cursor_over(hdr, end);
+    reader c = reader_over(hdr, end);
     uint8_t version = read_u8(&c);
     uint8_t eh_frame_enc = read_u8(&c);
     uint8_t count_enc = read_u8(&c);
     out->table_enc = read_u8(&c);
     uint64_t eh_frame = 0;
-    if (!c.ok || version != 1 || !read_encoded(&c, eh_frame_enc, (uintptr_t)hdr, &eh_frame))
+    if (c.bad || version != 1 || !read_encoded(&c, eh_frame_enc, (uintptr_t)hdr, &eh_frame))
         return false;
     out->eh_frame = (const uint8_t *)(uintptr_t)eh_frame;
     if (!read_encoded(&c, count_enc, (uintptr_t)hdr, &out->count))
@@ -416,9 +339,9 @@ static void collect_from_hdr(const source *src, const eh_frame_hdr *hdr, fde_lis
     default:
         return;
     }
-    cursor c = hdr->table;
+    reader c = hdr->table;
     uintptr_t base = (uintptr_t)src->img->eh_frame_hdr;
-    for (uint64_t i = 0; i < hdr->count && c.ok; i++) {
+    for (uint64_t i = 0; i < hdr->count && !c.bad; i++) {
         uint64_t start, addr;
         fde_info f;
         read_encoded(&c, hdr->table_enc, base, &start);   /* the FDE says it again */
@@ -435,8 +358,8 @@ static void collect_from_eh_frame(const source *src, fde_list *out)
 {
     const uint8_t *p = src->eh_frame;
     for (;;) {
-        cursor c = record_at(src, p);
-        if (!c.ok)
+        reader c = record_at(src, p);
+        if (c.bad)
             return;
         fde_info f;
         bool is_fde = read_u32(&c) != 0;   /* a CIE has id 0 */
@@ -460,7 +383,8 @@ static int compare_fdes(const void *a, const void *b)
 
 typedef struct {
     btc_cfi_row *v;
-    uint32_t n, cap;
+    uint32_t n;
+    size_t cap;
     uint32_t limit;   /* rows allowed; one below MAX_ROWS until the final gap row */
     bool full;        /* a row was refused: the limit, or no memory */
     uint32_t *fde_ranges;   /* [lo, hi) pairs of the FDEs whose rows were kept */
@@ -488,17 +412,10 @@ static bool add_row(row_list *l, const btc_cfi_row *rules, uint32_t pc)
         l->full = true;
         return false;
     }
-    if (l->n == l->cap) {
-        uint32_t cap = l->cap ? 2 * l->cap : 4096;
-        if (cap > MAX_ROWS)
-            cap = MAX_ROWS;
-        btc_cfi_row *v = realloc(l->v, (size_t)cap * sizeof *v);
-        if (!v) {
-            l->full = true;
-            return false;
-        }
-        l->v = v;
-        l->cap = cap;
+    /* n < limit <= MAX_ROWS, a power of two: the capacity never passes it. */
+    if (!grow((void **)&l->v, &l->cap, (size_t)l->n + 1, sizeof *l->v)) {
+        l->full = true;
+        return false;
     }
     l->v[l->n] = *rules;
     l->v[l->n].pc = pc;
@@ -584,15 +501,26 @@ static bool factored(const cfa_machine *m, int64_t v, int64_t *out)
 /* Recognise the CFA expressions compilers emit:
  *   bregN off; deref            stack realignment, glibc's __restore_rt
  *   breg7 A; breg16 0; lit15; and; litT; ge; lit3; shl; plus     PLT stubs */
-static void set_cfa_expression(cfa_machine *m, cursor e)
+/* reg saved at CFA + the factored offset s; unsupported when the offset
+ * read did not fit (fits) or its product does not fit a row. */
+static void set_saved_at_cfa(cfa_machine *m, uint64_t reg, bool fits, int64_t s)
+{
+    int64_t off;
+    if (fits && factored(m, s, &off))
+        set_rule(m, reg, BTC_RULE_AT_CFA, off);
+    else
+        set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
+}
+
+static void set_cfa_expression(cfa_machine *m, reader e)
 {
     uint8_t op = read_u8(&e);
     int64_t off = read_sleb(&e);
-    if (!e.ok || op < DW_OP_breg0 || op > DW_OP_breg0 + 31) {
+    if (e.bad || op < DW_OP_breg0 || op > DW_OP_breg0 + 31) {
         set_cfa(m, BTC_CFA_UNSUPPORTED, 0, 0);
         return;
     }
-    if (read_u8(&e) == DW_OP_deref && e.ok && e.p == e.end) {
+    if (read_u8(&e) == DW_OP_deref && !e.bad && e.p == e.end) {
         set_cfa(m, BTC_CFA_REG_DEREF, op - DW_OP_breg0, off);
         return;
     }
@@ -612,26 +540,26 @@ static void set_cfa_expression(cfa_machine *m, cursor e)
 /* A register saved at bregN + off, N one of the registers the walk has.
  * BTC_RULE_AT_REG keeps N in the rule's top 4 bits, so rip (16) cannot be a
  * base: no compiler saves a register relative to rip anyway. */
-static void set_register_expression(cfa_machine *m, uint64_t reg, cursor e)
+static void set_register_expression(cfa_machine *m, uint64_t reg, reader e)
 {
     uint8_t op = read_u8(&e);
     int64_t off = read_sleb(&e);
     unsigned base = op - DW_OP_breg0;
-    if (e.ok && e.p == e.end && (base == REG_RBX || base == REG_RBP || base == REG_RSP))
+    if (!e.bad && e.p == e.end && (base == REG_RBX || base == REG_RBP || base == REG_RSP))
         set_rule(m, reg, (uint8_t)(BTC_RULE_AT_REG | (base << 4)), off);
     else
         set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
 }
 
 /* A DWARF expression block: uleb length, then the bytes. */
-static cursor read_block(cursor *c)
+static reader read_block(reader *c)
 {
     uint64_t len = read_uleb(c);
-    if (!c->ok || len > (size_t)(c->end - c->p)) {
-        c->ok = false;
-        return cursor_over(c->p, c->p);
+    if (c->bad || len > (size_t)(c->end - c->p)) {
+        c->bad = true;
+        return reader_over(c->p, c->p);
     }
-    cursor b = cursor_over(c->p, c->p + len);
+    reader b = reader_over(c->p, c->p + len);
     c->p += len;
     return b;
 }
@@ -658,7 +586,7 @@ static bool advance_by(cfa_machine *m, uint64_t delta)
 }
 
 /* Execute one instruction; false if the program is invalid. */
-static bool execute_one(cfa_machine *m, cursor *c)
+static bool execute_one(cfa_machine *m, reader *c)
 {
     uint8_t op = read_u8(c);
     uint64_t reg, u;
@@ -668,11 +596,8 @@ static bool execute_one(cfa_machine *m, cursor *c)
         return advance_by(m, op & 0x3f);
     case DW_CFA_offset:
         u = read_uleb(c);
-        if (u <= INT64_MAX && factored(m, (int64_t)u, &off))
-            set_rule(m, op & 0x3f, BTC_RULE_AT_CFA, off);
-        else
-            set_rule(m, op & 0x3f, BTC_RULE_UNSUPPORTED, 0);
-        return c->ok;
+        set_saved_at_cfa(m, op & 0x3f, u <= INT64_MAX, (int64_t)u);
+        return !c->bad;
     case DW_CFA_restore:
         if (m->in_cie)
             return false;
@@ -689,11 +614,11 @@ static bool execute_one(cfa_machine *m, cursor *c)
         return advance_to(m, addr - m->bias);
     }
     case DW_CFA_advance_loc1:
-        return advance_by(m, read_u8(c)) && c->ok;
+        return advance_by(m, read_u8(c)) && !c->bad;
     case DW_CFA_advance_loc2:
-        return advance_by(m, read_u16(c)) && c->ok;
+        return advance_by(m, read_u16(c)) && !c->bad;
     case DW_CFA_advance_loc4:
-        return advance_by(m, read_u32(c)) && c->ok;
+        return advance_by(m, read_u32(c)) && !c->bad;
     case DW_CFA_offset_extended:
     case DW_CFA_GNU_negative_offset_extended:
         reg = read_uleb(c);
@@ -701,37 +626,31 @@ static bool execute_one(cfa_machine *m, cursor *c)
         s = (int64_t)u;
         if (op == DW_CFA_GNU_negative_offset_extended)
             s = -s;
-        if (u <= INT64_MAX && factored(m, s, &off))
-            set_rule(m, reg, BTC_RULE_AT_CFA, off);
-        else
-            set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
-        return c->ok;
+        set_saved_at_cfa(m, reg, u <= INT64_MAX, s);
+        return !c->bad;
     case DW_CFA_offset_extended_sf:
         reg = read_uleb(c);
         s = read_sleb(c);
-        if (factored(m, s, &off))
-            set_rule(m, reg, BTC_RULE_AT_CFA, off);
-        else
-            set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
-        return c->ok;
+        set_saved_at_cfa(m, reg, true, s);
+        return !c->bad;
     case DW_CFA_restore_extended:
         reg = read_uleb(c);
         if (m->in_cie)
             return false;
         restore_rule(m, reg);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_undefined:
         set_rule(m, read_uleb(c), BTC_RULE_UNDEFINED, 0);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_same_value:
         set_rule(m, read_uleb(c), BTC_RULE_SAME, 0);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_register:
         reg = read_uleb(c);
         u = read_uleb(c);
         /* The walk keeps no other registers: only "saved in itself" works. */
         set_rule(m, reg, reg == u ? BTC_RULE_SAME : BTC_RULE_UNSUPPORTED, 0);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_remember_state:
         /* The whole row, CFA included, as gcc's .cfi_remember_state around
          * an epilogue expects (and as libgcc and pyelftools do). */
@@ -748,56 +667,56 @@ static bool execute_one(cfa_machine *m, cursor *c)
         reg = read_uleb(c);
         u = read_uleb(c);
         set_cfa(m, u <= INT32_MAX ? BTC_CFA_REG : BTC_CFA_UNSUPPORTED, reg, (int64_t)u);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_def_cfa_sf:
         reg = read_uleb(c);
         s = read_sleb(c);
         set_cfa(m, factored(m, s, &off) ? BTC_CFA_REG : BTC_CFA_UNSUPPORTED, reg, off);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_def_cfa_register:
         /* Keeps the offset, so it only means something after a reg+offset rule. */
         reg = read_uleb(c);
         set_cfa(m, m->cur.cfa_kind == BTC_CFA_REG ? BTC_CFA_REG : BTC_CFA_UNSUPPORTED, reg,
                 m->cur.cfa_off);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_def_cfa_offset:
         u = read_uleb(c);
         set_cfa(m, m->cur.cfa_kind == BTC_CFA_REG && u <= INT32_MAX ? BTC_CFA_REG : BTC_CFA_UNSUPPORTED,
                 m->cur.cfa_reg, (int64_t)u);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_def_cfa_offset_sf:
         s = read_sleb(c);
         set_cfa(m, m->cur.cfa_kind == BTC_CFA_REG && factored(m, s, &off) ? BTC_CFA_REG
                                                                           : BTC_CFA_UNSUPPORTED,
                 m->cur.cfa_reg, off);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_def_cfa_expression: {
-        cursor e = read_block(c);
-        if (c->ok)
+        reader e = read_block(c);
+        if (!c->bad)
             set_cfa_expression(m, e);
-        return c->ok;
+        return !c->bad;
     }
     case DW_CFA_expression: {
         reg = read_uleb(c);
-        cursor e = read_block(c);
-        if (c->ok)
+        reader e = read_block(c);
+        if (!c->bad)
             set_register_expression(m, reg, e);
-        return c->ok;
+        return !c->bad;
     }
     case DW_CFA_val_offset:
     case DW_CFA_val_offset_sf:
         reg = read_uleb(c);
         read_uleb(c);   /* same size as an sleb: the value is not needed */
         set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_val_expression:
         reg = read_uleb(c);
         read_block(c);
         set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
-        return c->ok;
+        return !c->bad;
     case DW_CFA_GNU_args_size:
         read_uleb(c);
-        return c->ok;
+        return !c->bad;
     default:
         return false;   /* an unknown opcode: its operands cannot be skipped */
     }
@@ -805,12 +724,12 @@ static bool execute_one(cfa_machine *m, cursor *c)
 
 static bool run_program(cfa_machine *m, const uint8_t *p, const uint8_t *end)
 {
-    cursor c = cursor_over(p, end);
+    reader c = reader_over(p, end);
     while (c.p < c.end && !m->done) {
         if (!execute_one(m, &c))
             return false;
     }
-    return c.ok;
+    return !c.bad;
 }
 
 /* Append the rows of one FDE; false if its program is invalid (the caller
@@ -974,87 +893,4 @@ void btc_table_free(btc_table *t)
     free(t->page_first);
     free(t->fde_ranges);
     free(t);
-}
-
-const btc_cfi_row *btc_table_lookup(const btc_table *t, uint32_t rel_pc)
-{
-    /* Below pc_lo the subtraction wraps to a page past the end. */
-    uint32_t page = (rel_pc - t->pc_lo) >> t->page_shift;
-    if (page >= t->npages)
-        return NULL;   /* past the last row, which ends the last FDE */
-    uint32_t lo = t->page_first[page], hi = t->page_first[page + 1];
-    const btc_cfi_row *rows = t->rows;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) / 2;
-        if (rows[mid].pc <= rel_pc)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return rows[lo].cfa_kind == BTC_CFA_NONE ? NULL : &rows[lo];
-}
-
-bool btc_table_fde(const btc_table *t, uint32_t rel_pc, uint32_t *lo, uint32_t *hi)
-{
-    /* The last FDE starting at or below rel_pc. */
-    uint32_t a = 0, b = t->nfdes;
-    while (a < b) {
-        uint32_t mid = a + (b - a) / 2;
-        if (t->fde_ranges[2 * mid] <= rel_pc)
-            a = mid + 1;
-        else
-            b = mid;
-    }
-    if (a == 0 || rel_pc >= t->fde_ranges[2 * (a - 1) + 1])
-        return false;
-    *lo = t->fde_ranges[2 * (a - 1)];
-    *hi = t->fde_ranges[2 * (a - 1) + 1];
-    return true;
-}
-
-int btc_cfi_fde_range(uintptr_t pc, uintptr_t *lo, uintptr_t *hi)
-{
-    int rc = -1;
-    btc_modules_lock();
-    btc_modules_refresh();
-    btc_module *m = btc_module_find(pc);
-    const btc_table *t = m ? btc_module_table(m) : NULL;
-    uint32_t a, b;
-    if (t && pc >= m->bias && pc - m->bias <= UINT32_MAX && btc_table_fde(t, (uint32_t)(pc - m->bias), &a, &b)) {
-        *lo = m->bias + a;
-        *hi = m->bias + b;
-        rc = 0;
-    }
-    btc_modules_unlock();
-    return rc;
-}
-
-/* Build a table from raw bytes as if they were a module's .eh_frame, and
- * check the invariants lookups rely on.  Rows are relative to data - 2 GiB so
- * that pc-relative FDEs of a copied section still land in the row space. */
-int btc_cfi_selftest_garbage(const uint8_t *data, size_t size)
-{
-    uintptr_t base = (uintptr_t)data;
-    btc_image img = {
-        .bias = base > 0x80000000u ? base - 0x80000000u : 0,
-        .eh_frame = data,
-        .eh_frame_size = size,
-        .readable_lo = { base },
-        .readable_hi = { base + size },
-        .nreadable = 1,
-    };
-    btc_table *t = btc_table_build(&img);
-    if (!t)
-        return -1;
-    int result = (int)t->nrows;
-    for (uint32_t i = 0; i < t->nrows; i++) {
-        const btc_cfi_row *found = btc_table_lookup(t, t->rows[i].pc);
-        bool sorted = i == 0 || t->rows[i - 1].pc < t->rows[i].pc;
-        if (!sorted || found != (t->rows[i].cfa_kind == BTC_CFA_NONE ? NULL : &t->rows[i]))
-            result = -2;
-    }
-    if (t->nrows && t->rows[t->nrows - 1].cfa_kind != BTC_CFA_NONE)
-        result = -2;
-    btc_table_free(t);
-    return result;
 }

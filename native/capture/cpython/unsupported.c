@@ -1,5 +1,6 @@
 /* Any CPython without a version unit: import works, capture says why not. */
 #include "pyframes.h"
+#include "common/errors.h"
 
 #if BTC_PY_FAMILY == 0
 

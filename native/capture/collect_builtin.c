@@ -12,7 +12,8 @@
  */
 #include <Python.h>
 
-#include "context.h"
+#include "capture/capture.h"
+#include "capture/greenlet_context.h"
 
 static PyObject *python_collect;   /* btcore.backtrace's collect(), for every other call */
 static PyTypeObject *backtrace_type;

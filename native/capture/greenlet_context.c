@@ -15,7 +15,9 @@
 #include <Python.h>
 #include <string.h>
 
-#include "context.h"
+#include "capture/greenlet_context.h"
+#include "capture/modules.h"
+#include "common/errors.h"
 
 typedef struct {
     uintptr_t start, stop, copy;
@@ -125,8 +127,7 @@ static uintptr_t after_call_to(uintptr_t lo, uintptr_t hi, const uintptr_t *call
 static int learn_switch_code(uintptr_t inside_module)
 {
     uintptr_t lo[2], hi[2], tlo[4], thi[4];
-    btc_modules_lock();
-    btc_modules_refresh();
+    btc_modules_acquire();
     int n = btc_module_function_ranges(inside_module, "slp_switch", lo, hi, 2);
     int t = btc_module_function_ranges(inside_module, "slp_save_state_trampoline", tlo, thi, 4);
     layout.nstub = btc_module_function_ranges(inside_module, INITIAL_STUB, layout.stub_lo, layout.stub_hi, 2);
@@ -135,7 +136,7 @@ static int learn_switch_code(uintptr_t inside_module)
         layout.module_lo = m->lo;
         layout.module_hi = m->hi;
     }
-    btc_modules_unlock();
+    btc_modules_release();
     if (n != 1 || t < 1 || !m || lo[0] < m->lo || hi[0] > m->hi)
         return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch or slp_save_state_trampoline not found "
                                       "in its symbol table");

@@ -7,37 +7,13 @@
 #include <Python.h>
 #include <structmember.h>
 
-#include "context.h"
-#include "cpython/pyframes.h"
-
-/* ---- errors ---- */
-
-static __thread const char *last_error = "";
-
-int btc_fail(int code, const char *reason)
-{
-    last_error = reason;
-    return code;
-}
-
-const char *btc_last_error(void) { return last_error; }
-
-int btc_fail_python(int code, const char *what)
-{
-    static __thread char text[256];
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *shown = value ? PyObject_Str(value) : NULL;
-    const char *detail = shown ? PyUnicode_AsUTF8(shown) : NULL;
-    snprintf(text, sizeof text, "%s: %s: %s", what, type ? ((PyTypeObject *)type)->tp_name : "?",
-             detail ? detail : "?");
-    PyErr_Clear();   /* from PyObject_Str, if it failed: the original is what we report */
-    Py_XDECREF(shown);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    return btc_fail(code, text);
-}
+#include "capture/capture.h"
+#include "capture/cpython/pyframes.h"
+#include "capture/evalloop.h"
+#include "capture/greenlet_context.h"
+#include "capture/modules.h"
+#include "capture/unwind.h"
+#include "common/errors.h"
 
 static bool in_eval_loop(const btc_native_frame *f)
 {
@@ -215,8 +191,7 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
     btc_native_frame *heap = NULL;
     if (max > STACK_NATIVE_FRAMES && !(w.nat = heap = malloc(max * sizeof *w.nat)))
         return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
-    btc_modules_lock();
-    btc_modules_refresh();
+    btc_modules_acquire();
     btc_eval_ranges_init();
     w.n = btc_unwind(ctx, w.nat, max);
     w.complete = w.n < max;
@@ -231,7 +206,7 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         w.n -= own;
     }
     merge(s, &w, py, want);
-    btc_modules_unlock();
+    btc_modules_release();
     free(heap);
     return 0;
 }
@@ -430,26 +405,6 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
         free(s.codes);
     PyGILState_Release(gil);
     return rc;
-}
-
-int btc_backtrace(uintptr_t *out, int max)
-{
-    btc_native_frame nat[STACK_NATIVE_FRAMES];
-    btc_context ctx = {0};
-    uintptr_t lo;
-    btc_get_regs(&ctx.regs);
-    if (max <= 0 || !btc_thread_stack(&lo, &ctx.mem.hi))
-        return 0;
-    ctx.mem.lo = ctx.regs.sp;
-    if (max > STACK_NATIVE_FRAMES - 1)
-        max = STACK_NATIVE_FRAMES - 1;
-    btc_modules_lock();
-    btc_modules_refresh();
-    int n = btc_unwind(&ctx, nat, max + 1);
-    btc_modules_unlock();
-    for (int i = 1; i < n; i++)   /* nat[0] is this function */
-        out[i - 1] = nat[i].pc;
-    return n > 0 ? n - 1 : 0;
 }
 
 /* ---- spawn sites (spawn.c): raw frames of the creating stack ---- */

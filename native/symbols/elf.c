@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "btcore.h"
-#include "dwarf.h"
+#include "symbols/elf.h"
+#include "common/search.h"
 
 /* No section we need is anywhere near this; a bigger one is garbage. */
 #define MAX_SECTION ((uint64_t)1 << 30)
@@ -388,14 +388,7 @@ void btc_elf_close(btc_elf *e)
  * (preferred) of its aliases; -1 if every symbol lies above vaddr. */
 static ptrdiff_t preceding_symbol(const btc_elf *e, uint64_t vaddr)
 {
-    size_t lo = 0, hi = e->nsyms;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (e->syms[mid].lo <= vaddr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = BTC_PARTITION_POINT(e->nsyms, i, e->syms[i].lo <= vaddr);
     if (lo == 0)
         return -1;
     size_t i = lo - 1;

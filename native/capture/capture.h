@@ -1,0 +1,36 @@
+/* Capture (capture.c): context -> walk -> merge -> raw frames in a
+ * btcore.Backtrace.  GIL held throughout. */
+#ifndef BTC_CAPTURE_H
+#define BTC_CAPTURE_H
+
+#include <Python.h>
+
+#include "capture/context.h"
+
+/* Remember collect()'s greenlet target in a Backtrace, weakly, for format()'s
+ * header. */
+void btc_backtrace_remember_target(PyObject *bt, PyObject *target);
+
+/* ---- spawn sites (for spawn.c) ---- */
+
+/* A raw capture into the caller's buffer (max entries). */
+typedef struct {
+    btc_frame *frames;
+    int max, n;
+    bool truncated;
+} btc_raw_capture;
+
+/* The calling thread's stack (in a greenlet, down to its outermost frame)
+ * as seen from inside btcore's creation hook, walked from regs (taken by
+ * btc_get_regs() in a frame that is still live): only btcore's own native
+ * frames are dropped.  No references are taken: the code objects named are
+ * those of frames running below the hook, alive until it returns.  0 or a
+ * BTC_E_* code. */
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs);
+/* A new btcore.Backtrace holding the capture (taking a reference to each
+ * code object it names; codes: room for c->n), or NULL (no exception set). */
+PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, int capacity);
+/* Does the btcore.Backtrace bt hold exactly c's frames (and truncation)? */
+bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c);
+
+#endif

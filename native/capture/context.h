@@ -1,0 +1,57 @@
+/* A walk's starting point and its view of memory.
+ *
+ * The current thread, a suspended greenlet and (later) a signal handler or
+ * another process differ only here: which registers the walk starts from,
+ * which stack range may be read, and whether part of that range lives
+ * elsewhere (greenlet copies the low part of a suspended stack to the heap).
+ * The unwinder (unwind.c) is the same for all of them.
+ */
+#ifndef BTC_CONTEXT_H
+#define BTC_CONTEXT_H
+
+#include "common/base.h"
+
+/* The registers the x86-64 walk tracks (DWARF numbers 16, 7, 6, 3). */
+typedef struct {
+    uintptr_t ip, sp, bp, bx;
+} btc_regs;
+
+typedef struct {
+    uintptr_t lo, hi;              /* [lo, hi): the only stack addresses we read */
+    uintptr_t spill_lo, spill_hi;  /* [spill_lo, spill_hi) is read from spill instead */
+    const uint8_t *spill;
+} btc_memview;
+
+typedef struct {
+    btc_regs regs;
+    bool ip_is_exact;    /* regs.ip is where execution stopped, not a return address */
+    btc_memview mem;
+    uintptr_t last_cfa;  /* frames whose CFA lies above this belong to someone else (0: no limit) */
+    uintptr_t end_lo[2], end_hi[2];   /* the walk ends after a frame whose pc lies in one of these */
+    int nend;
+} btc_context;
+
+/* Read one aligned 8-byte word of the stack; false if outside the view. */
+static inline bool btc_mem_read(const btc_memview *m, uintptr_t addr, uintptr_t *out)
+{
+    if (BTC_UNLIKELY(addr & 7) || addr < m->lo || addr > m->hi - 8)
+        return false;
+    if (addr >= m->spill_lo && addr < m->spill_hi) {
+        *out = *(const uintptr_t *)(m->spill + (addr - m->spill_lo));
+        return true;
+    }
+    *out = *(const uintptr_t *)addr;
+    return true;
+}
+
+/* The calling thread's stack range, cached per thread. */
+bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi);
+
+/* Store the caller's registers: its pc (as a return address), sp, rbp, rbx.
+ * The caller must stay on the stack while a walk uses them. */
+void btc_get_regs(btc_regs *r);
+
+/* [lo, hi) of the memory mapping containing addr (from /proc/self/maps). */
+bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
+
+#endif

@@ -1,0 +1,36 @@
+/* Suspended greenlets (greenlet_context.c): their saved context, and what
+ * collect() needs to know about a greenlet target.  GIL held throughout. */
+#ifndef BTC_GREENLET_CONTEXT_H
+#define BTC_GREENLET_CONTEXT_H
+
+#include <Python.h>
+
+#include "capture/context.h"
+
+/* Fill ctx from a suspended greenlet's saved state. */
+int btc_greenlet_context(PyObject *g, btc_context *ctx);
+/* Where a walk of the calling thread's stack ends: in a greenlet other than
+ * the thread's main one, after that greenlet's outermost own frame (its
+ * start-up stub), found from greenlet's code alone: no layout check, no
+ * greenlet switched.  Returns 1 in such a greenlet, 0 in a main greenlet (the
+ * whole stack), or a BTC_E_* code. */
+int btc_greenlet_current_end(btc_context *ctx);
+/* What a collect() target is, for the builtin's fast path: UNKNOWN when it
+ * is not a greenlet or greenlet's layout is not learned yet (the Python
+ * implementation then decides). */
+enum { BTC_TARGET_UNKNOWN, BTC_TARGET_CURRENT, BTC_TARGET_THIS_THREAD, BTC_TARGET_OTHER_THREAD };
+int btc_greenlet_target(PyObject *target);
+/* greenlet's own "started and not dead" (its C API, not g.__bool__, which
+ * subclasses override): 1 or 0; -1 if g is not a greenlet (reason set). */
+int btc_greenlet_active(PyObject *g);
+/* g's gr_frame read through greenlet's own descriptor (new reference; None
+ * when it has no Python frame); NULL with the reason set on failure.  Call
+ * after btc_greenlet_active(). */
+PyObject *btc_greenlet_frame(PyObject *g);
+/* The calling thread's current greenlet (a new reference), NULL if greenlet
+ * is not importable. */
+PyObject *btc_current_greenlet(void);
+/* Is pc in greenlet's own module (its switching machinery)? */
+bool btc_greenlet_internal(uintptr_t pc);
+
+#endif

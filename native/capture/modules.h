@@ -1,0 +1,45 @@
+/* The loaded ELF objects (modules.c): their executable ranges, identity,
+ * CFI tables and symbols, kept current across dlopen/dlclose. */
+#ifndef BTC_MODULES_H
+#define BTC_MODULES_H
+
+#include "capture/cfi_build.h"
+#include "common/base.h"
+#include "symbols/elf.h"
+
+/* BTC_BUILD_ID_MAX: btcore_api.h (through common/base.h) */
+
+typedef struct btc_module {
+    uintptr_t lo, hi;           /* span of executable PT_LOAD segments (absolute) */
+    uintptr_t bias;
+    char *path;                 /* "" for the vDSO */
+    uint8_t build_id[BTC_BUILD_ID_MAX];   /* the GNU build-id note, as mapped (first bytes) */
+    size_t build_id_len;                  /* its full length; 0: none */
+    uint64_t id;                /* unique in the process: a new one for every mapping seen */
+    btc_table *table;           /* built on first use */
+    int table_failed;
+    btc_elf *elf;               /* symbols, opened on first use (symbols/elf.c) */
+} btc_module;
+
+/* Take the module lock and bring the list up to date (dlopen/dlclose are
+ * noticed through dl_iterate_phdr's adds/subs counters; stale tables are
+ * dropped).  Everything below needs it held; release it when done. */
+void btc_modules_acquire(void);
+void btc_modules_release(void);
+/* Bumped whenever the list is rebuilt: tables and symbols of the previous
+ * generation may be freed, so whoever caches pointers into them (the
+ * walker's row cache) drops its entries when this changes. */
+extern uint64_t btc_modules_generation;
+
+btc_module *btc_module_find(uintptr_t pc);
+/* The module's CFI table, built on first use (under the loader lock so the
+ * module cannot be unloaded while we parse its mapped .eh_frame). */
+const btc_table *btc_module_table(btc_module *m);
+/* The module's symbols, opened on first use; NULL for the vDSO or an
+ * unreadable file. */
+btc_elf *btc_module_elf(btc_module *m);
+/* btc_elf_function_ranges() on the module containing `inside`, as absolute
+ * addresses. */
+int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max);
+
+#endif

@@ -1,0 +1,24 @@
+/* What every unit of the native core starts from: fixed-width types, the
+ * cffi API's types (btcore_api.h) and branch hints.
+ *
+ * The tree follows the data flow (docs/design.md, "Layers"):
+ *   common/   errors, this header, the GIL helper
+ *   capture/  context -> walk (CFI tables, module list) -> merge with the
+ *             interpreter's frames (cpython/) -> raw frames in a Backtrace
+ *   symbols/  resolution of those frames: ELF symbols, DWARF, demangling
+ *   testing.c test- and benchmark-only entry points
+ */
+#ifndef BTC_BASE_H
+#define BTC_BASE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "btcore_api.h"
+
+#define BTC_UNUSED __attribute__((unused))
+#define BTC_LIKELY(x) __builtin_expect(!!(x), 1)
+#define BTC_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#endif

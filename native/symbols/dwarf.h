@@ -1,0 +1,21 @@
+/* The DWARF engine (dwarf.c): one per ELF file, decoded lazily, kept:
+ * address -> compile unit -> line rows and inline chain. */
+#ifndef BTC_DWARF_H
+#define BTC_DWARF_H
+
+#include "common/base.h"
+
+typedef struct btc_dwarf btc_dwarf;
+
+/* NULL if path is not a readable ELF file.  A file without DWARF still
+ * opens: lookups then answer 0. */
+btc_dwarf *btc_dwarf_open(const char *path, const char *debug_root);
+void btc_dwarf_close(btc_dwarf *d);
+/* addr2line -f -i for module-relative vaddr: innermost inlined call first.
+ * Without DWARF for vaddr, one level named from the symbol table with a
+ * NULL file.  Strings point into d.  Returns the number of levels written. */
+int btc_dwarf_lookup(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out, int max);
+/* Bytes d holds: section copies plus decoded tables. */
+size_t btc_dwarf_memory(const btc_dwarf *d);
+
+#endif
