@@ -27,34 +27,10 @@ import statistics
 import tempfile
 import time
 
-import gevent
-import gevent.event
-import gevent.queue
 
 import btcore
+from parked import park   # benchmarks/ is the script's directory, first on sys.path
 import btcore.html
-
-
-def park(n):
-    """n greenlets parked in 3 distinct places; returns release()."""
-    gate, queue = gevent.event.Event(), gevent.queue.Queue()
-
-    def deep(levels):
-        return deep(levels - 1) if levels else gate.wait()
-
-    def in_callback():
-        return sorted([2, 1], key=lambda item: gate.wait() and item)
-
-    kinds = [lambda: deep(5), queue.get, in_callback]
-    greenlets = [gevent.spawn(kinds[i % len(kinds)]) for i in range(n)]
-    gevent.sleep(0)
-    gevent.sleep(0)
-
-    def release():
-        gate.set()
-        gevent.killall(greenlets)
-
-    return release
 
 
 def median_time(fn, rounds):
@@ -111,7 +87,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-browser", action="store_true")
     args = parser.parse_args()
-    release = park(args.greenlets)
+    _, release = park(args.greenlets, ("deep", "queue", "callback"))
     try:
         snap = median_time(btcore.snapshot, args.rounds)
         infos = btcore.snapshot()

@@ -28,33 +28,10 @@ import time
 import tracemalloc
 
 import gevent
-import gevent.event
-import gevent.queue
 import gevent.util
 
 import btcore
-
-
-def park(n):
-    """n greenlets parked in 4 distinct places; returns (greenlets, release)."""
-    gate, queue = gevent.event.Event(), gevent.queue.Queue()
-
-    def deep(levels):
-        return deep(levels - 1) if levels else gate.wait()
-
-    def in_callback():
-        return sorted([2, 1], key=lambda item: gate.wait() and item)
-
-    kinds = [lambda: deep(5), queue.get, lambda: gevent.sleep(3600), in_callback]
-    greenlets = [gevent.spawn(kinds[i % len(kinds)]) for i in range(n)]
-    gevent.sleep(0)
-    gevent.sleep(0)
-
-    def release():
-        gate.set()
-        gevent.killall(greenlets)
-
-    return greenlets, release
+from parked import park   # benchmarks/ is the script's directory, first on sys.path
 
 
 def btcore_grouped():

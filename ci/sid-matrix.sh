@@ -338,14 +338,8 @@ install_into_chroot() {   # $1: what for; $2...: packages (missing ones only)
 install_into_chroot "test oracles" $TEST_PKGS
 
 if [ "$BENCH" = 1 ]; then
-    for p in $BENCH_PKGS; do
-        in_chroot "$SID_ROOT" dpkg -s "$p" >/dev/null 2>&1 && continue
-        log "installing $p into the chroot for the benchmark"
-        { in_chroot "$SID_ROOT" apt-get install -y --no-install-recommends "$p" ||
-          { in_chroot "$SID_ROOT" apt-get update && in_chroot "$SID_ROOT" apt-get install -y --no-install-recommends "$p"; }
-        } >>"$LOGDIR/chroot-apt.log" 2>&1 || log "warning: cannot install $p: the benchmark runs without that peer"
-        in_chroot "$SID_ROOT" apt-get clean || true
-    done
+    # shellcheck disable=SC2086
+    install_into_chroot "benchmark peer; the benchmark runs without it if it cannot" $BENCH_PKGS
 fi
 
 # Files to copy: tracked + untracked-but-not-ignored files of the checkout
