@@ -66,7 +66,10 @@ def driver():
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1280,1000"):
         options.add_argument(arg)
-    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    # The browser is an oracle, not under test: no preloaded sanitizer runtime
+    # (ci/asan.sh preloads libasan, which aborts chromedriver)
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
+    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver"), env=env), options=options)
     browser.set_page_load_timeout(TIMEOUT)
     yield browser
     browser.quit()
