@@ -259,3 +259,31 @@ int btc_loaded_modules(btc_modinfo *out, int max, char *buf, size_t size);
  * or -1 when no symbol covers vaddr or the file cannot be read.  The last
  * few files are kept open (keyed by path, device, inode, size and mtime). */
 int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr);
+
+/* ---- codec: the token encoder (codec/encode.c) ---- */
+
+#define BTC_TOKEN_VERSION 2          /* tokens are "btc2." + base64url */
+#define BTC_TOKEN_BUILD_ID_BYTES 4   /* the build-id prefix a token keeps per module */
+
+#define BTC_ENCODE_NEED_MODULE  -2   /* teach need->module_id[0..count) with btc_encode_module(), call again */
+#define BTC_ENCODE_SMALL_BUFFER -3   /* call again with need->size bytes of out */
+#define BTC_ENCODE_ELSEWHERE    -4   /* frames this encoder does not write: use btcore/codec.py's */
+#define BTC_ENCODE_MAX_NEED 16
+
+typedef struct {
+    int       count;
+    uint64_t  module_id[BTC_ENCODE_MAX_NEED];
+    uintptr_t pc[BTC_ENCODE_MAX_NEED];   /* an address inside each of them (look it up as exact) */
+    size_t    size;
+} btc_encode_need;
+
+/* The token of n raw records (a Backtrace's _raw; Python records' code
+ * objects kept alive by the caller) into out: returns its length (no NUL),
+ * or a BTC_ENCODE_* code.  Runs with the GIL held. */
+int btc_encode(const btc_frame *frames, int n, int truncated, char *out, size_t size, btc_encode_need *need);
+/* The module table entry (nbits bits, design.md format 2) of the module
+ * with id module_id (btc_module_key()), kept for every later token
+ * (bounded).  Returns 0, or -1 if refused (already known, too long). */
+int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);
+/* Forget every module entry (tests: a cold encoder). */
+void btc_encode_forget(void);

@@ -209,6 +209,12 @@ _module_keys: dict = {}   # pc (negated if exact) -> (generation, cache key)
 _generation = memoryview(ffi.buffer(ffi.addressof(lib, "btc_modules_generation"), 8)).cast("Q")
 
 
+def modules_generation() -> int:
+    """Changes whenever the core's module list is rebuilt (dlopen/dlclose):
+    what was learnt about a pc under another generation may be stale."""
+    return _generation[0]
+
+
 def _module_key(pc: int, exact: bool) -> tuple:
     module_id, offset = ffi.new("uint64_t *"), ffi.new("uintptr_t *")
     generation = lib.btc_module_key(pc if exact else pc - 1, module_id, offset)

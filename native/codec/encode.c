@@ -1,0 +1,510 @@
+/* The token encoder: a Backtrace's raw records -> "btc2." + base64url of the
+ * bit stream docs/design.md ("Compact tokens", format 2) specifies.
+ * btcore/codec.py holds the reference encoder this one must equal bit for
+ * bit (tests/test_codec.py, tests/fuzz_codec.py compare them).
+ *
+ * What costs time elsewhere is learnt once here: a module's table entry
+ * (build-id prefix, path or not: decided in Python, which knows where a
+ * decoder searches) is taught once per module through btc_encode_module()
+ * and kept, keyed by the module's id (unique in the process across
+ * dlopen/dlclose: a library loaded where another was has a new id); a
+ * Python frame's name and file are read from its code object as the UTF-8
+ * CPython caches in each string.
+ *
+ * Concurrency: everything runs with the GIL held (cffi keeps it for btcore's
+ * entry points, see _build.py) and calls nothing that could hand it over,
+ * so the learnt modules and the scratch buffer need no lock (and nothing to
+ * reset after fork).  The module lock is held only while pcs are mapped to
+ * modules, never while Python objects are read.
+ */
+#include <Python.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/modules.h"
+#include "common/base.h"
+
+/* ---- bits, least significant first (design.md: "B is a bit stream") ---- */
+
+typedef struct {
+    uint8_t *bytes;   /* cap bytes; past them bits are counted, not kept */
+    size_t cap;
+    size_t len;       /* whole bytes written (or counted) */
+    uint64_t acc;     /* pending bits */
+    unsigned nacc;
+} bit_writer;
+
+static void flush_word(bit_writer *w)
+{
+    if (w->len + 8 <= w->cap)
+        for (int i = 0; i < 8; i++)
+            w->bytes[w->len + i] = (uint8_t)(w->acc >> (8 * i));
+    w->len += 8;
+    w->acc = 0;
+    w->nacc = 0;
+}
+
+static void put(bit_writer *w, uint64_t value, unsigned width)
+{
+    while (width) {
+        unsigned take = width < 64 - w->nacc ? width : 64 - w->nacc;
+        uint64_t part = take == 64 ? value : value & ((UINT64_C(1) << take) - 1);
+        w->acc |= part << w->nacc;
+        w->nacc += take;
+        value = take == 64 ? 0 : value >> take;
+        width -= take;
+        if (w->nacc == 64)
+            flush_word(w);
+    }
+}
+
+static size_t bit_count(const bit_writer *w)
+{
+    return 8 * w->len + w->nacc;
+}
+
+static unsigned bit_length(uint64_t v)
+{
+    return v ? 64 - (unsigned)__builtin_clzll(v) : 0;
+}
+
+/* uint: a 4-bit width class, then that many bits */
+static const unsigned WIDTHS[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 28, 32, 64};
+
+static unsigned width_class(uint64_t v)
+{
+    unsigned bits = bit_length(v), c = 0;
+    while (WIDTHS[c] < bits)
+        c++;
+    return c;
+}
+
+static void put_uint(bit_writer *w, uint64_t v)
+{
+    unsigned c = width_class(v);
+    put(w, c, 4);
+    put(w, v, WIDTHS[c]);
+}
+
+static void put_varint(bit_writer *w, uint64_t v)
+{
+    for (;;) {
+        bool more = v > 15;
+        put(w, (v & 15) | (uint64_t)more << 4, 5);
+        v >>= 4;
+        if (!more)
+            return;
+    }
+}
+
+/* 6-bit symbols: ALPHABET[s] for s < 62, 62 = a raw byte follows, 63 = end */
+#define SYMBOL_ESCAPE 62
+#define SYMBOL_END 63
+static const char ALPHABET[] = "/._-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV";
+static int8_t symbol_of[256];
+static bool symbols_ready;
+
+static void init_symbols(void)
+{
+    if (symbols_ready)
+        return;
+    memset(symbol_of, -1, sizeof symbol_of);
+    for (int i = 0; ALPHABET[i]; i++)
+        symbol_of[(uint8_t)ALPHABET[i]] = (int8_t)i;
+    symbols_ready = true;
+}
+
+static void put_symbols(bit_writer *w, const uint8_t *data, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        int s = symbol_of[data[i]];
+        if (s < 0)
+            put(w, SYMBOL_ESCAPE | (uint64_t)data[i] << 6, 14);
+        else
+            put(w, (uint64_t)s, 6);
+    }
+    put(w, SYMBOL_END, 6);
+}
+
+/* ---- modules: table entries taught by Python, kept by module id ---- */
+
+#define MAX_LEARNT 512
+#define MAX_ENTRY_BYTES 8192
+
+typedef struct {
+    uint64_t id;
+    uint8_t *entry;   /* the module table entry, nbits bits */
+    size_t nbits;
+} learnt_module;
+
+static learnt_module learnt[MAX_LEARNT];
+static int nlearnt;
+
+static const learnt_module *find_learnt(uint64_t id)
+{
+    for (int i = nlearnt - 1; i >= 0; i--)
+        if (learnt[i].id == id)
+            return &learnt[i];
+    return NULL;
+}
+
+static void forget_all(void)
+{
+    for (int i = 0; i < nlearnt; i++)
+        free(learnt[i].entry);
+    nlearnt = 0;
+}
+
+int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits)
+{
+    if (!entry || module_id == 0 || nbits == 0 || nbits > 8 * MAX_ENTRY_BYTES || find_learnt(module_id))
+        return -1;
+    uint8_t *copy = malloc((nbits + 7) / 8);
+    if (!copy)
+        return -1;
+    memcpy(copy, entry, (nbits + 7) / 8);
+    if (nlearnt == MAX_LEARNT)   /* bounded: start again; what is still used is taught again */
+        forget_all();
+    learnt[nlearnt++] = (learnt_module){module_id, copy, nbits};
+    return 0;
+}
+
+void btc_encode_forget(void)
+{
+    forget_all();
+}
+
+static bool same_entry(const learnt_module *a, const learnt_module *b)
+{
+    return a->nbits == b->nbits && memcmp(a->entry, b->entry, (a->nbits + 7) / 8) == 0;
+}
+
+static void put_entry(bit_writer *w, const learnt_module *m)
+{
+    size_t i = 0;
+    for (; i + 8 <= m->nbits; i += 8)
+        put(w, m->entry[i / 8], 8);
+    if (i < m->nbits)
+        put(w, m->entry[i / 8], (unsigned)(m->nbits - i));
+}
+
+/* ---- one encoding ---- */
+
+#define HISTORY 4
+#define MAX_STRINGS 4096   /* distinct names (and files) per token kept for references */
+
+typedef struct {
+    uint64_t module_id;   /* 0: no module contains the pc */
+    uint64_t vaddr;       /* pc - load bias (the pc itself without a module) */
+} place;
+
+typedef struct {
+    const uint8_t *data;
+    size_t len;
+    PyObject *object;     /* the str it came from (same object: same string) */
+} text;
+
+typedef struct {
+    text items[MAX_STRINGS];   /* distinct strings, in order: the table and the reference list */
+    int count;
+} string_table;
+
+typedef struct {
+    const learnt_module *modules[MAX_LEARNT];   /* the token's module table */
+    int nmodules;
+    unsigned module_bits;
+    struct { int index; uint64_t vaddr; } history[HISTORY];
+    int nhistory;
+    string_table names, files;
+} encoder;
+
+/* The module's index in the token's table (added on first use); -1 if it
+ * was never taught. */
+static int module_index(encoder *e, uint64_t id)
+{
+    const learnt_module *m = find_learnt(id);
+    if (!m)
+        return -1;
+    for (int i = 0; i < e->nmodules; i++)
+        if (e->modules[i] == m || same_entry(e->modules[i], m))
+            return i;
+    e->modules[e->nmodules] = m;
+    return e->nmodules++;
+}
+
+static void remember(encoder *e, int index, uint64_t vaddr)
+{
+    memmove(&e->history[1], &e->history[0], sizeof e->history[0] * (HISTORY - 1));
+    e->history[0].index = index;
+    e->history[0].vaddr = vaddr;
+    if (e->nhistory < HISTORY)
+        e->nhistory++;
+}
+
+static void put_native(bit_writer *w, encoder *e, int index, uint64_t vaddr)
+{
+    int best_k = -1;
+    unsigned best_bits = 0;
+    uint64_t best_delta = 0;
+    bool best_negative = false;
+    for (int k = 0; k < e->nhistory; k++) {
+        if (e->history[k].index != index)
+            continue;
+        uint64_t ref = e->history[k].vaddr;
+        if (ref == vaddr) {
+            put(w, 0, 2);   /* REPEAT */
+            put(w, (uint64_t)k, 2);
+            remember(e, index, vaddr);
+            return;
+        }
+        bool negative = vaddr < ref;
+        uint64_t delta = negative ? ref - vaddr : vaddr - ref;
+        unsigned bits = WIDTHS[width_class(delta)];
+        if (best_k < 0 || bits < best_bits) {
+            best_k = k;
+            best_bits = bits;
+            best_delta = delta;
+            best_negative = negative;
+        }
+    }
+    unsigned literal_bits = e->module_bits + WIDTHS[width_class(vaddr)];
+    if (best_k >= 0 && best_bits + 3 < literal_bits) {
+        put(w, 0b10, 2);   /* DELTA */
+        put(w, (uint64_t)best_k | (uint64_t)best_negative << 2, 3);
+        put_uint(w, best_delta);
+    } else {
+        put(w, 0b01, 2);   /* LITERAL */
+        put(w, (uint64_t)index, e->module_bits);
+        put_uint(w, vaddr);
+    }
+    remember(e, index, vaddr);
+}
+
+/* The common prefix of a and b, then the common suffix of what is left. */
+static size_t sharing(const text *a, const text *b, size_t *prefix, size_t *suffix)
+{
+    size_t n = a->len < b->len ? a->len : b->len, p = 0, q = 0;
+    while (p < n && a->data[p] == b->data[p])
+        p++;
+    while (q < n - p && a->data[a->len - 1 - q] == b->data[b->len - 1 - q])
+        q++;
+    *prefix = p;
+    *suffix = q;
+    return p + q;
+}
+
+/* A table reference (bit 0 + index) or a new string (bit 1 + the string
+ * against the earlier one it shares the most with, the first on a tie). */
+static int put_string(bit_writer *w, string_table *t, const text *s)
+{
+    for (int i = 0; i < t->count; i++) {
+        const text *o = &t->items[i];
+        if (o->object == s->object || (o->len == s->len && memcmp(o->data, s->data, s->len) == 0)) {
+            put(w, 0, 1);
+            put(w, (uint64_t)i, bit_length((uint64_t)t->count - 1));
+            return 0;
+        }
+    }
+    if (t->count == MAX_STRINGS)
+        return -1;
+    put(w, 1, 1);
+    size_t prefix = 0, suffix = 0;
+    if (t->count) {
+        int best = 0;
+        size_t best_shared = sharing(s, &t->items[0], &prefix, &suffix);
+        for (int i = 1; i < t->count; i++) {
+            size_t p, q, shared = sharing(s, &t->items[i], &p, &q);
+            if (shared > best_shared) {
+                best = i;
+                best_shared = shared;
+                prefix = p;
+                suffix = q;
+            }
+        }
+        put(w, (uint64_t)best, bit_length((uint64_t)t->count - 1));
+    }
+    put_varint(w, prefix);
+    put_varint(w, suffix);
+    put_symbols(w, s->data + prefix, s->len - prefix - suffix);
+    t->items[t->count++] = *s;
+    return 0;
+}
+
+static int utf8_of(PyObject *str, text *out)
+{
+    Py_ssize_t len;
+    const char *data = PyUnicode_Check(str) ? PyUnicode_AsUTF8AndSize(str, &len) : NULL;
+    if (!data) {   /* lone surrogates: the reference encoder writes them */
+        PyErr_Clear();
+        return -1;
+    }
+    *out = (text){(const uint8_t *)data, (size_t)len, str};
+    return 0;
+}
+
+static int put_python(bit_writer *w, encoder *e, const btc_frame *f)
+{
+    PyObject *obj = (PyObject *)f->addr;
+    if (!PyCode_Check(obj))
+        return -1;
+    PyCodeObject *code = (PyCodeObject *)obj;
+    text name, file;
+    if (utf8_of(code->co_qualname, &name) < 0 || utf8_of(code->co_filename, &file) < 0)
+        return -1;
+    int line = f->lasti < 0 ? -1 : PyCode_Addr2Line(code, f->lasti);
+    put(w, 0b011, 3);
+    if (put_string(w, &e->names, &name) < 0 || put_string(w, &e->files, &file) < 0)
+        return -1;
+    put_uint(w, line < 0 ? 0 : (uint64_t)line + 1);
+    return 0;
+}
+
+/* ---- the entry point ---- */
+
+#define STRINGIFY(x) #x
+#define TEXT_OF(x) STRINGIFY(x)
+#define TOKEN_PREFIX "btc" TEXT_OF(BTC_TOKEN_VERSION) "."
+#define TOKEN_PREFIX_LEN (sizeof TOKEN_PREFIX - 1)
+static const char BASE64URL[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+static size_t token_length(size_t nbytes)
+{
+    return TOKEN_PREFIX_LEN + (nbytes * 8 + 5) / 6;
+}
+
+static void base64url(const uint8_t *in, size_t n, char *out)
+{
+    size_t o = 0;
+    uint32_t acc = 0;
+    unsigned nacc = 0;
+    for (size_t i = 0; i < n; i++) {
+        acc = acc << 8 | in[i];
+        nacc += 8;
+        while (nacc >= 6) {
+            nacc -= 6;
+            out[o++] = BASE64URL[(acc >> nacc) & 63];
+        }
+    }
+    if (nacc)
+        out[o++] = BASE64URL[(acc << (6 - nacc)) & 63];
+}
+
+/* Where each native record's pc is: one pass under the module lock. */
+static void map_places(const btc_frame *frames, int n, place *places)
+{
+    btc_modules_acquire();
+    for (int i = 0; i < n; i++) {
+        if (frames[i].kind != BTC_KIND_NATIVE)
+            continue;
+        uintptr_t pc = frames[i].addr;
+        btc_module *m = btc_module_find(frames[i].flags & BTC_F_EXACT ? pc : pc - 1);
+        places[i] = m ? (place){m->id, pc - m->bias} : (place){0, pc};
+    }
+    btc_modules_release();
+}
+
+/* The token's module table, in order of first use; 0, or the number of
+ * modules never taught (the first BTC_ENCODE_MAX_NEED in need). */
+static int collect_modules(encoder *e, const btc_frame *frames, int n, const place *places,
+                           btc_encode_need *need)
+{
+    need->count = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t id = places[i].module_id;
+        if (frames[i].kind != BTC_KIND_NATIVE || id == 0 || module_index(e, id) >= 0)
+            continue;
+        bool listed = false;
+        for (int k = 0; k < need->count && !listed; k++)
+            listed = need->module_id[k] == id;
+        if (!listed && need->count < BTC_ENCODE_MAX_NEED) {
+            uintptr_t pc = frames[i].addr;
+            need->module_id[need->count] = id;
+            need->pc[need->count++] = frames[i].flags & BTC_F_EXACT ? pc : pc - 1;
+        }
+    }
+    e->module_bits = bit_length((uint64_t)e->nmodules);
+    return need->count;
+}
+
+static int put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n, const place *places)
+{
+    for (int i = 0; i < n; i++) {
+        const btc_frame *f = &frames[i];
+        if (f->flags & BTC_F_JOIN)
+            put(w, 0b1111, 4);
+        if (f->kind == BTC_KIND_PYTHON) {
+            if (put_python(w, e, f) < 0)
+                return -1;
+            continue;
+        }
+        if (f->flags & BTC_F_EXACT)
+            put(w, 0b0111, 4);
+        int index = places[i].module_id ? module_index(e, places[i].module_id) : e->nmodules;
+        put_native(w, e, index, places[i].vaddr);
+    }
+    return 0;
+}
+
+/* Reused from call to call (GIL-held): the encoder's state, the places of
+ * the records, the bit stream. */
+static encoder enc;
+static place *places;
+static size_t places_bytes;
+static uint8_t *scratch;
+static size_t scratch_cap;
+
+static bool reserve(void **buf, size_t *cap, size_t want)
+{
+    if (want <= *cap)
+        return true;
+    void *grown = realloc(*buf, want);
+    if (!grown)
+        return false;
+    *buf = grown;
+    *cap = want;
+    return true;
+}
+
+static int encode_into(const btc_frame *frames, int n, int truncated, char *out, size_t size,
+                       btc_encode_need *need)
+{
+    encoder *e = &enc;
+    e->nmodules = e->nhistory = e->names.count = e->files.count = 0;
+    map_places(frames, n, places);
+    if (collect_modules(e, frames, n, places, need))
+        return BTC_ENCODE_NEED_MODULE;
+    size_t cap = size < TOKEN_PREFIX_LEN ? 0 : (size - TOKEN_PREFIX_LEN) * 6 / 8;
+    if (!reserve((void **)&scratch, &scratch_cap, cap))
+        return BTC_ENCODE_ELSEWHERE;
+    bit_writer w = {scratch, cap, 0, 0, 0};
+    put(&w, truncated != 0, 1);
+    put(&w, BTC_TOKEN_BUILD_ID_BYTES, 4);
+    put_varint(&w, (uint64_t)e->nmodules);
+    for (int i = 0; i < e->nmodules; i++)
+        put_entry(&w, e->modules[i]);
+    put_varint(&w, (uint64_t)n);
+    if (put_frames(&w, e, frames, n, places) < 0)
+        return BTC_ENCODE_ELSEWHERE;
+    size_t nbytes = (bit_count(&w) + 7) / 8;
+    if (w.len + 8 > cap || token_length(nbytes) > size) {
+        need->size = token_length(nbytes + 16);   /* room for the last word's flush */
+        return BTC_ENCODE_SMALL_BUFFER;
+    }
+    flush_word(&w);   /* the pending bits, zero-padded */
+    memcpy(out, TOKEN_PREFIX, TOKEN_PREFIX_LEN);
+    base64url(scratch, nbytes, out + TOKEN_PREFIX_LEN);
+    return (int)token_length(nbytes);
+}
+
+int btc_encode(const btc_frame *frames, int n, int truncated, char *out, size_t size, btc_encode_need *need)
+{
+    if (n < 0 || n > BTC_MAX_CAPACITY || !PyGILState_Check())
+        return BTC_ENCODE_ELSEWHERE;
+    for (int i = 0; i < n; i++)
+        if (frames[i].kind != BTC_KIND_NATIVE && frames[i].kind != BTC_KIND_PYTHON)
+            return BTC_ENCODE_ELSEWHERE;   /* decoded frames: the reference encoder */
+    init_symbols();
+    if (!reserve((void **)&places, &places_bytes, sizeof *places * (size_t)(n ? n : 1)))
+        return BTC_ENCODE_ELSEWHERE;
+    return encode_into(frames, n, truncated, out, size, need);
+}
