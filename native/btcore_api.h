@@ -277,10 +277,10 @@ typedef struct {
     size_t    size;
 } btc_encode_need;
 
-/* The token of n raw records (a Backtrace's _raw; Python records' code
- * objects kept alive by the caller) into out: returns its length (no NUL),
- * or a BTC_ENCODE_* code.  Runs with the GIL held. */
-int btc_encode(const btc_frame *frames, int n, int truncated, char *out, size_t size, btc_encode_need *need);
+/* The token of the btcore.Backtrace at address backtrace (CPython's id();
+ * the caller keeps it alive) into out: returns its length (no NUL), or a
+ * BTC_ENCODE_* code.  Runs with the GIL held. */
+int btc_encode(uintptr_t backtrace, char *out, size_t size, btc_encode_need *need);
 /* The module table entry (nbits bits, design.md format 2) of the module
  * with id module_id (btc_module_key()), kept for every later token
  * (bounded).  Returns 0, or -1 if refused (already known, too long). */

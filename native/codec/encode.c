@@ -44,18 +44,20 @@ static void flush_word(bit_writer *w)
     w->nacc = 0;
 }
 
-static void put(bit_writer *w, uint64_t value, unsigned width)
+/* value's low width bits (width <= 64) */
+static inline void put(bit_writer *w, uint64_t value, unsigned width)
 {
-    while (width) {
-        unsigned take = width < 64 - w->nacc ? width : 64 - w->nacc;
-        uint64_t part = take == 64 ? value : value & ((UINT64_C(1) << take) - 1);
-        w->acc |= part << w->nacc;
-        w->nacc += take;
-        value = take == 64 ? 0 : value >> take;
-        width -= take;
-        if (w->nacc == 64)
-            flush_word(w);
+    if (width < 64)
+        value &= (UINT64_C(1) << width) - 1;
+    unsigned had = w->nacc, total = had + width;
+    w->acc |= value << had;   /* had < 64 */
+    if (total < 64) {
+        w->nacc = total;
+        return;
     }
+    flush_word(w);
+    w->acc = had ? value >> (64 - had) : 0;
+    w->nacc = total - 64;
 }
 
 static size_t bit_count(const bit_writer *w)
@@ -71,12 +73,16 @@ static unsigned bit_length(uint64_t v)
 /* uint: a 4-bit width class, then that many bits */
 static const unsigned WIDTHS[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 28, 32, 64};
 
+/* The smallest class whose width holds a value of b bits, for b = 0..64. */
+static const uint8_t CLASS_OF_BITS[65] = {
+    0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12,
+    13, 13, 13, 13, 14, 14, 14, 14,
+    15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
+    15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
+
 static unsigned width_class(uint64_t v)
 {
-    unsigned bits = bit_length(v), c = 0;
-    while (WIDTHS[c] < bits)
-        c++;
-    return c;
+    return CLASS_OF_BITS[bit_length(v)];
 }
 
 static void put_uint(bit_writer *w, uint64_t v)
@@ -342,6 +348,48 @@ static int utf8_of(PyObject *str, text *out)
     return 0;
 }
 
+/* Lines per (code object, instruction offset): PyCode_Addr2Line() walks
+ * the line table from its start every time.  Direct-mapped, bounded; an
+ * entry holds a reference to its code object, so that the address cannot
+ * name another code object while the entry lives.  References an encoding
+ * evicts are dropped when it is done (a code object's deallocation can run
+ * Python code: weakref callbacks). */
+#define LINE_CACHE 2048
+#define MAX_EVICTED 256
+
+typedef struct {
+    PyObject *code;
+    int lasti;
+    int line;
+} line_entry;
+
+static line_entry line_cache[LINE_CACHE];
+static PyObject *evicted[MAX_EVICTED];
+static int nevicted;
+
+static int line_of(PyCodeObject *code, int lasti)
+{
+    if (lasti < 0)
+        return -1;
+    line_entry *slot = &line_cache[((uintptr_t)code >> 4 ^ (uintptr_t)lasti * 0x9E3779B1u) % LINE_CACHE];
+    if (slot->code == (PyObject *)code && slot->lasti == lasti)
+        return slot->line;
+    int line = PyCode_Addr2Line(code, lasti);
+    if (slot->code && nevicted == MAX_EVICTED)
+        return line;   /* not cached: no room to drop the old entry's reference later */
+    if (slot->code)
+        evicted[nevicted++] = slot->code;
+    Py_INCREF(code);
+    *slot = (line_entry){(PyObject *)code, lasti, line};
+    return line;
+}
+
+static void release_evicted(void)
+{
+    while (nevicted)
+        Py_DECREF(evicted[--nevicted]);
+}
+
 static int put_python(bit_writer *w, encoder *e, const btc_frame *f)
 {
     PyObject *obj = (PyObject *)f->addr;
@@ -351,7 +399,7 @@ static int put_python(bit_writer *w, encoder *e, const btc_frame *f)
     text name, file;
     if (utf8_of(code->co_qualname, &name) < 0 || utf8_of(code->co_filename, &file) < 0)
         return -1;
-    int line = f->lasti < 0 ? -1 : PyCode_Addr2Line(code, f->lasti);
+    int line = line_of(code, f->lasti);
     put(w, 0b011, 3);
     if (put_string(w, &e->names, &name) < 0 || put_string(w, &e->files, &file) < 0)
         return -1;
@@ -496,9 +544,38 @@ static int encode_into(const btc_frame *frames, int n, int truncated, char *out,
     return (int)token_length(nbytes);
 }
 
-int btc_encode(const btc_frame *frames, int n, int truncated, char *out, size_t size, btc_encode_need *need)
+/* The records and truncation of the btcore.Backtrace at address backtrace
+ * (its _raw bytearray of btc_frame, its truncated attribute). */
+static int read_backtrace(PyObject *bt, const btc_frame **frames, int *n, int *truncated)
 {
-    if (n < 0 || n > BTC_MAX_CAPACITY || !PyGILState_Check())
+    static PyObject *raw_name, *truncated_name;
+    if (!raw_name && !(raw_name = PyUnicode_InternFromString("_raw")))
+        return -1;
+    if (!truncated_name && !(truncated_name = PyUnicode_InternFromString("truncated")))
+        return -1;
+    PyObject *raw = PyObject_GetAttr(bt, raw_name);
+    PyObject *flag = raw ? PyObject_GetAttr(bt, truncated_name) : NULL;
+    int ok = flag && PyByteArray_Check(raw) && PyByteArray_GET_SIZE(raw) % sizeof(btc_frame) == 0 &&
+             PyByteArray_GET_SIZE(raw) / (Py_ssize_t)sizeof(btc_frame) <= BTC_MAX_CAPACITY;
+    *truncated = ok ? PyObject_IsTrue(flag) : -1;
+    if (ok && *truncated >= 0) {
+        *frames = (const btc_frame *)PyByteArray_AS_STRING(raw);
+        *n = (int)(PyByteArray_GET_SIZE(raw) / (Py_ssize_t)sizeof(btc_frame));
+    }
+    Py_XDECREF(flag);
+    Py_XDECREF(raw);   /* the Backtrace still holds it: frames stays valid until we return */
+    if (!ok || *truncated < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+int btc_encode(uintptr_t backtrace, char *out, size_t size, btc_encode_need *need)
+{
+    const btc_frame *frames;
+    int n, truncated;
+    if (!PyGILState_Check() || read_backtrace((PyObject *)backtrace, &frames, &n, &truncated) < 0)
         return BTC_ENCODE_ELSEWHERE;
     for (int i = 0; i < n; i++)
         if (frames[i].kind != BTC_KIND_NATIVE && frames[i].kind != BTC_KIND_PYTHON)
@@ -506,5 +583,7 @@ int btc_encode(const btc_frame *frames, int n, int truncated, char *out, size_t 
     init_symbols();
     if (!reserve((void **)&places, &places_bytes, sizeof *places * (size_t)(n ? n : 1)))
         return BTC_ENCODE_ELSEWHERE;
-    return encode_into(frames, n, truncated, out, size, need);
+    int rc = encode_into(frames, n, truncated, out, size, need);
+    release_evicted();
+    return rc;
 }

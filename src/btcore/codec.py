@@ -363,8 +363,10 @@ def search_places() -> tuple:
 def searched(path: str) -> bool:
     """Whether a decoder's search (with the places this process has) finds
     the file at path by build-id, so that a token need not name the path."""
+    if not path.startswith("/"):   # the vDSO ("")
+        return False
     flat, deep = search_places()
-    folder = os.path.realpath(os.path.dirname(path)) if path.startswith("/") else ""
+    folder = os.path.realpath(os.path.dirname(path))
     if folder in flat:
         return True
     if not _SHARED_OBJECT.search(os.path.basename(path)):
@@ -506,32 +508,23 @@ def encode(bt: Backtrace) -> str:
     C encoder; a backtrace holding frames decoded from a token, or a string
     the C encoder does not write (not UTF-8), goes through the reference
     encoder below."""
-    raw = bt._raw
-    size = len(_out)
     for _ in range(MAX_MODULES // lib.BTC_ENCODE_MAX_NEED):   # each round teaches up to 16 modules
-        n = lib.btc_encode(ffi.from_buffer("btc_frame[]", raw), len(raw) // RECORD.size, bool(bt.truncated),
-                           _out, size, _need)
+        n = lib.btc_encode(id(bt), _out[0], _out[1], _need)
         if n >= 0:
-            return ffi.unpack(_out, n).decode("ascii")
+            return ffi.unpack(_out[0], n).decode("ascii")
         if n == lib.BTC_ENCODE_NEED_MODULE:
             if not all(_teach(_need.module_id[i], _need.pc[i]) for i in range(_need.count)):
                 break
         elif n == lib.BTC_ENCODE_SMALL_BUFFER and _need.size <= MAX_TOKEN_CHARS:
-            _grow(_need.size)
-            size = len(_out)
+            _out[:] = ffi.new("char[]", _need.size), _need.size
         else:
             break   # BTC_ENCODE_ELSEWHERE, or longer than MAX_TOKEN_CHARS
     return _encode(bt)
 
 
-# The C encoder's output, one per process: it runs with the GIL held.
+# The C encoder's output buffer and its size (one per process: it runs with the GIL held).
 _need = ffi.new("btc_encode_need *")
-_out = ffi.new("char[]", 4096)
-
-
-def _grow(size: int) -> None:
-    global _out
-    _out = ffi.new("char[]", size)
+_out = [ffi.new("char[]", 4096), 4096]
 
 
 def _teach(module_id: int, pc: int) -> bool:
