@@ -285,5 +285,6 @@ int btc_encode(uintptr_t backtrace, char *out, size_t size, btc_encode_need *nee
  * with id module_id (btc_module_key()), kept for every later token
  * (bounded).  Returns 0, or -1 if refused (already known, too long). */
 int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);
-/* Forget every module entry (tests: a cold encoder). */
+/* Forget every module entry and cached line (tests, benchmarks: a cold
+ * encoder).  Runs with the GIL held. */
 void btc_encode_forget(void);

@@ -103,6 +103,51 @@ def test_token_is_one_printable_word(chain):
     assert codec.TOKEN_IN_TEXT.findall(f'msg="x {token}" {token}.') == [token, token]
 
 
+def test_c_encoder_writes_the_reference_token_cold_and_warm(chain):
+    """Guards: the C encoder (native/codec/encode.c) writes, bit for bit,
+    the token of the reference encoder (codec._encode), whether it must
+    first be taught every module (cold) or knows them (warm)."""
+    traces = [capture_in_chain(chain), capture_in_chain(chain, python=False),
+              capture_in_chain(chain, native=False), btcore.collect(capacity=512)]
+    for bt in traces:
+        codec.lib.btc_encode_forget()
+        cold = bt.encode()
+        assert cold == bt.encode() == codec._encode(bt)
+
+
+def test_module_paths_are_kept_only_outside_the_searched_places(chain):
+    """Guards: a module in a place the decoder searches by build-id (libc,
+    libpython) is named by build-id alone; the fixture, built in a
+    temporary directory, keeps its path."""
+    decoded = btcore.decode(capture_in_chain(chain).encode())
+    named = {m.path: m.named for m in decoded.modules}
+    assert named[chain.so_path] == chain.so_path
+    libc = [p for p in named if os.path.basename(p).startswith("libc.so")]
+    assert libc and named[libc[0]] is None
+
+
+def test_a_module_without_path_is_found_by_build_id_in_the_search_path(tmp_path, monkeypatch):
+    """Guards: a token naming a module by build-id alone is named from a
+    file with that build-id found in a directory of search= (or of
+    BTCORE_SEARCH_PATH); a file of another build in that place is never
+    used, and the module is reported missing with the way to add places."""
+    path = str(tmp_path / "found" / "libcodec.so")
+    os.makedirs(os.path.dirname(path))
+    build_library(tmp_path, path, "")
+    build_id = codec.file_build_id(path)[:codec.BUILD_ID_BYTES]
+    token = token_with_module(None, build_id, vaddr=0x1100)
+    decoded = btcore.decode(token, search=[str(tmp_path / "found")])
+    assert [(m.path, m.status, m.named) for m in decoded.modules] == [(path, "file", None)]
+    assert decoded.frames()[0].function is not None
+    monkeypatch.setenv(codec.SEARCH_PATH_VARIABLE, str(tmp_path / "found"))
+    assert btcore.decode(token).modules[0].status == "file"
+    monkeypatch.delenv(codec.SEARCH_PATH_VARIABLE)
+    build_library(tmp_path, path, PADDING)   # another build where the first one was
+    [missing] = btcore.decode(token, search=[str(tmp_path / "found")]).modules
+    assert missing.status == "missing" and codec.SEARCH_PATH_VARIABLE in missing.detail
+    assert "padding_fn_" not in btcore.decode(token, search=[str(tmp_path / "found")]).format()
+
+
 # ---- in another process: another load address, the fixture not loaded ----
 
 ENCODER = r"""

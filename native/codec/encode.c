@@ -36,9 +36,14 @@ typedef struct {
 
 static void flush_word(bit_writer *w)
 {
-    if (w->len + 8 <= w->cap)
-        for (int i = 0; i < 8; i++)
-            w->bytes[w->len + i] = (uint8_t)(w->acc >> (8 * i));
+    if (w->len + 8 <= w->cap) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        uint64_t le = w->acc;   /* the stream is least significant byte first */
+#else
+        uint64_t le = __builtin_bswap64(w->acc);
+#endif
+        memcpy(w->bytes + w->len, &le, 8);
+    }
     w->len += 8;
     w->acc = 0;
     w->nacc = 0;
@@ -175,10 +180,6 @@ int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits)
     return 0;
 }
 
-void btc_encode_forget(void)
-{
-    forget_all();
-}
 
 static bool same_entry(const learnt_module *a, const learnt_module *b)
 {
@@ -202,6 +203,7 @@ static void put_entry(bit_writer *w, const learnt_module *m)
 typedef struct {
     uint64_t module_id;   /* 0: no module contains the pc */
     uint64_t vaddr;       /* pc - load bias (the pc itself without a module) */
+    int index;            /* in the token's module table (collect_modules()) */
 } place;
 
 typedef struct {
@@ -232,7 +234,10 @@ static int module_index(encoder *e, uint64_t id)
     if (!m)
         return -1;
     for (int i = 0; i < e->nmodules; i++)
-        if (e->modules[i] == m || same_entry(e->modules[i], m))
+        if (e->modules[i] == m)
+            return i;
+    for (int i = 0; i < e->nmodules; i++)   /* another mapping of the same file */
+        if (same_entry(e->modules[i], m))
             return i;
     e->modules[e->nmodules] = m;
     return e->nmodules++;
@@ -390,6 +395,14 @@ static void release_evicted(void)
         Py_DECREF(evicted[--nevicted]);
 }
 
+void btc_encode_forget(void)
+{
+    forget_all();
+    for (int i = 0; i < LINE_CACHE; i++) {
+        Py_CLEAR(line_cache[i].code);
+    }
+}
+
 static int put_python(bit_writer *w, encoder *e, const btc_frame *f)
 {
     PyObject *obj = (PyObject *)f->addr;
@@ -422,19 +435,21 @@ static size_t token_length(size_t nbytes)
 
 static void base64url(const uint8_t *in, size_t n, char *out)
 {
-    size_t o = 0;
-    uint32_t acc = 0;
-    unsigned nacc = 0;
-    for (size_t i = 0; i < n; i++) {
-        acc = acc << 8 | in[i];
-        nacc += 8;
-        while (nacc >= 6) {
-            nacc -= 6;
-            out[o++] = BASE64URL[(acc >> nacc) & 63];
-        }
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3, out += 4) {   /* 3 bytes -> 4 characters */
+        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
+        out[0] = BASE64URL[v >> 18];
+        out[1] = BASE64URL[(v >> 12) & 63];
+        out[2] = BASE64URL[(v >> 6) & 63];
+        out[3] = BASE64URL[v & 63];
     }
-    if (nacc)
-        out[o++] = BASE64URL[(acc << (6 - nacc)) & 63];
+    if (i < n) {   /* 1 or 2 bytes left: 2 or 3 characters, no padding */
+        uint32_t v = (uint32_t)in[i] << 16 | (i + 1 < n ? (uint32_t)in[i + 1] << 8 : 0);
+        out[0] = BASE64URL[v >> 18];
+        out[1] = BASE64URL[(v >> 12) & 63];
+        if (i + 1 < n)
+            out[2] = BASE64URL[(v >> 6) & 63];
+    }
 }
 
 /* Where each native record's pc is: one pass under the module lock. */
@@ -453,13 +468,22 @@ static void map_places(const btc_frame *frames, int n, place *places)
 
 /* The token's module table, in order of first use; 0, or the number of
  * modules never taught (the first BTC_ENCODE_MAX_NEED in need). */
-static int collect_modules(encoder *e, const btc_frame *frames, int n, const place *places,
+static int collect_modules(encoder *e, const btc_frame *frames, int n, place *places,
                            btc_encode_need *need)
 {
     need->count = 0;
+    uint64_t last_id = 0;
+    int last_index = -1;
     for (int i = 0; i < n; i++) {
         uint64_t id = places[i].module_id;
-        if (frames[i].kind != BTC_KIND_NATIVE || id == 0 || module_index(e, id) >= 0)
+        if (frames[i].kind != BTC_KIND_NATIVE || id == 0)
+            continue;
+        if (id != last_id) {   /* neighbouring frames are often in one module */
+            last_id = id;
+            last_index = module_index(e, id);
+        }
+        places[i].index = last_index;
+        if (last_index >= 0)
             continue;
         bool listed = false;
         for (int k = 0; k < need->count && !listed; k++)
@@ -471,6 +495,9 @@ static int collect_modules(encoder *e, const btc_frame *frames, int n, const pla
         }
     }
     e->module_bits = bit_length((uint64_t)e->nmodules);
+    for (int i = 0; i < n; i++)
+        if (frames[i].kind == BTC_KIND_NATIVE && places[i].module_id == 0)
+            places[i].index = e->nmodules;   /* no module */
     return need->count;
 }
 
@@ -487,8 +514,7 @@ static int put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n,
         }
         if (f->flags & BTC_F_EXACT)
             put(w, 0b0111, 4);
-        int index = places[i].module_id ? module_index(e, places[i].module_id) : e->nmodules;
-        put_native(w, e, index, places[i].vaddr);
+        put_native(w, e, places[i].index, places[i].vaddr);
     }
     return 0;
 }
