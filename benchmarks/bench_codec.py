@@ -15,6 +15,10 @@ trace (collect(limit=40) at the bottom of the deep recursion):
   encode()           steady state: the C encoder knows the trace's modules
                      (every encode() writes the whole token: there is no
                      token cache)
+  encode, new        a trace whose Python frames' lines are not cached
+                     (the line cache emptied first, which is part of the
+                     time): what a stack never encoded before costs once
+                     its modules are known
   encode, cold       the first encode() in a process: the C encoder forgets
                      every module first and is taught them again (Python
                      computes each module's table entry)
@@ -107,13 +111,18 @@ def main():
     forty.encode()   # warm: the modules taught
 
     def cold():
-        codec.lib.btc_encode_forget()
+        codec.lib.btc_encode_forget(1, 1)
         codec._places.cache.clear()
+        return forty.encode()
+
+    def new_lines():
+        codec.lib.btc_encode_forget(0, 1)
         return forty.encode()
 
     runs = interleaved({
         "collect": lambda: through_c(0, lambda: btcore.collect(limit=40)),
         "encode": forty.encode,
+        "encode_new": new_lines,
         "encode_cold": cold,
         "reference": lambda: codec._encode(forty),
     }, args.rounds)
@@ -121,6 +130,7 @@ def main():
     for name, values in runs.items():
         print(f"  {name:<14} {spread(values).text(0)}")
     print(f"  encode() / collect()        {ratio(runs['encode'], runs['collect']).text()}")
+    print(f"  new-trace encode / collect() {ratio(runs['encode_new'], runs['collect']).text()}")
     print(f"  cold encode / collect()     {ratio(runs['encode_cold'], runs['collect']).text()}")
     print(f"  reference / collect()       {ratio(runs['reference'], runs['collect']).text()}")
     print(f"  token: {len(forty.encode())} characters for 40 raw frames")

@@ -266,25 +266,25 @@ int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, u
 #define BTC_TOKEN_BUILD_ID_BYTES 4   /* the build-id prefix a token keeps per module */
 
 #define BTC_ENCODE_NEED_MODULE  -2   /* teach need->module_id[0..count) with btc_encode_module(), call again */
-#define BTC_ENCODE_SMALL_BUFFER -3   /* call again with need->size bytes of out */
-#define BTC_ENCODE_ELSEWHERE    -4   /* frames this encoder does not write: use btcore/codec.py's */
+#define BTC_ENCODE_ELSEWHERE    -4   /* what this encoder does not write: use btcore/codec.py's */
 #define BTC_ENCODE_MAX_NEED 16
 
 typedef struct {
     int       count;
     uint64_t  module_id[BTC_ENCODE_MAX_NEED];
     uintptr_t pc[BTC_ENCODE_MAX_NEED];   /* an address inside each of them (look it up as exact) */
-    size_t    size;
 } btc_encode_need;
 
 /* The token of the btcore.Backtrace at address backtrace (CPython's id();
- * the caller keeps it alive) into out: returns its length (no NUL), or a
- * BTC_ENCODE_* code.  Runs with the GIL held. */
-int btc_encode(uintptr_t backtrace, char *out, size_t size, btc_encode_need *need);
+ * the caller keeps it alive), as a str appended to the list at address
+ * into: returns its length, or a BTC_ENCODE_* code (nothing appended).
+ * Runs with the GIL held. */
+int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need);
 /* The module table entry (nbits bits, design.md format 2) of the module
  * with id module_id (btc_module_key()), kept for every later token
  * (bounded).  Returns 0, or -1 if refused (already known, too long). */
 int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);
-/* Forget every module entry and cached line (tests, benchmarks: a cold
- * encoder).  Runs with the GIL held. */
-void btc_encode_forget(void);
+/* Forget the module entries (modules != 0) and the cached lines
+ * (lines != 0): tests and benchmarks of a cold encoder.  Runs with the GIL
+ * held. */
+void btc_encode_forget(int modules, int lines);

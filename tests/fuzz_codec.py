@@ -170,7 +170,7 @@ def backtrace_from_bytes(data: bytes, pcs: list, codes: list) -> Backtrace:
 
 def check_encoder(rng: random.Random, pcs: list, codes: list) -> None:
     if rng.random() < 0.01:
-        codec.lib.btc_encode_forget()   # a cold encoder: modules taught again
+        codec.lib.btc_encode_forget(1, 1)   # a cold encoder: modules taught again, lines looked up
     check_backtrace(random_backtrace(rng, pcs, codes))
 
 

@@ -110,7 +110,7 @@ def test_c_encoder_writes_the_reference_token_cold_and_warm(chain):
     traces = [capture_in_chain(chain), capture_in_chain(chain, python=False),
               capture_in_chain(chain, native=False), btcore.collect(capacity=512)]
     for bt in traces:
-        codec.lib.btc_encode_forget()
+        codec.lib.btc_encode_forget(1, 1)
         cold = bt.encode()
         assert cold == bt.encode() == codec._encode(bt)
 

@@ -26,17 +26,33 @@
 
 /* ---- bits, least significant first (design.md: "B is a bit stream") ---- */
 
+#define MAX_BODY_BYTES (3 << 18)   /* 2^20 characters of base64: longer tokens are not written here */
+
 typedef struct {
-    uint8_t *bytes;   /* cap bytes; past them bits are counted, not kept */
+    uint8_t *bytes;   /* cap bytes, grown as needed */
     size_t cap;
-    size_t len;       /* whole bytes written (or counted) */
+    size_t len;       /* whole bytes written (counted only once growing failed) */
     uint64_t acc;     /* pending bits */
     unsigned nacc;
+    bool failed;      /* out of memory, or past MAX_BODY_BYTES */
 } bit_writer;
+
+static bool grow(bit_writer *w)
+{
+    size_t cap = w->cap ? 2 * w->cap : 1024;
+    uint8_t *bytes = cap <= MAX_BODY_BYTES + 8 ? realloc(w->bytes, cap) : NULL;
+    if (!bytes)
+        return false;
+    w->bytes = bytes;
+    w->cap = cap;
+    return true;
+}
 
 static void flush_word(bit_writer *w)
 {
-    if (w->len + 8 <= w->cap) {
+    if (w->len + 8 > w->cap && !w->failed && !grow(w))
+        w->failed = true;
+    if (!w->failed) {
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         uint64_t le = w->acc;   /* the stream is least significant byte first */
 #else
@@ -304,15 +320,39 @@ static size_t sharing(const text *a, const text *b, size_t *prefix, size_t *suff
     return p + q;
 }
 
+static int utf8_of(PyObject *str, text *out)
+{
+    Py_ssize_t len;
+    const char *data = PyUnicode_Check(str) ? PyUnicode_AsUTF8AndSize(str, &len) : NULL;
+    if (!data) {   /* lone surrogates: the reference encoder writes them */
+        PyErr_Clear();
+        return -1;
+    }
+    *out = (text){(const uint8_t *)data, (size_t)len, str};
+    return 0;
+}
+
+static void put_reference(bit_writer *w, const string_table *t, int i)
+{
+    put(w, 0, 1);
+    put(w, (uint64_t)i, bit_length((uint64_t)t->count - 1));
+}
+
 /* A table reference (bit 0 + index) or a new string (bit 1 + the string
  * against the earlier one it shares the most with, the first on a tie). */
-static int put_string(bit_writer *w, string_table *t, const text *s)
+static int put_string(bit_writer *w, string_table *t, PyObject *str)
 {
+    for (int i = 0; i < t->count; i++)
+        if (t->items[i].object == str) {   /* the same object: the same string */
+            put_reference(w, t, i);
+            return 0;
+        }
+    text utf8, *s = &utf8;
+    if (utf8_of(str, s) < 0)
+        return -1;
     for (int i = 0; i < t->count; i++) {
-        const text *o = &t->items[i];
-        if (o->object == s->object || (o->len == s->len && memcmp(o->data, s->data, s->len) == 0)) {
-            put(w, 0, 1);
-            put(w, (uint64_t)i, bit_length((uint64_t)t->count - 1));
+        if (t->items[i].len == s->len && memcmp(t->items[i].data, s->data, s->len) == 0) {
+            put_reference(w, t, i);
             return 0;
         }
     }
@@ -341,17 +381,6 @@ static int put_string(bit_writer *w, string_table *t, const text *s)
     return 0;
 }
 
-static int utf8_of(PyObject *str, text *out)
-{
-    Py_ssize_t len;
-    const char *data = PyUnicode_Check(str) ? PyUnicode_AsUTF8AndSize(str, &len) : NULL;
-    if (!data) {   /* lone surrogates: the reference encoder writes them */
-        PyErr_Clear();
-        return -1;
-    }
-    *out = (text){(const uint8_t *)data, (size_t)len, str};
-    return 0;
-}
 
 /* Lines per (code object, instruction offset): PyCode_Addr2Line() walks
  * the line table from its start every time.  Direct-mapped, bounded; an
@@ -395,12 +424,12 @@ static void release_evicted(void)
         Py_DECREF(evicted[--nevicted]);
 }
 
-void btc_encode_forget(void)
+void btc_encode_forget(int modules, int lines)
 {
-    forget_all();
-    for (int i = 0; i < LINE_CACHE; i++) {
+    if (modules)
+        forget_all();
+    for (int i = 0; lines && i < LINE_CACHE; i++)
         Py_CLEAR(line_cache[i].code);
-    }
 }
 
 static int put_python(bit_writer *w, encoder *e, const btc_frame *f)
@@ -409,13 +438,10 @@ static int put_python(bit_writer *w, encoder *e, const btc_frame *f)
     if (!PyCode_Check(obj))
         return -1;
     PyCodeObject *code = (PyCodeObject *)obj;
-    text name, file;
-    if (utf8_of(code->co_qualname, &name) < 0 || utf8_of(code->co_filename, &file) < 0)
+    put(w, 0b011, 3);
+    if (put_string(w, &e->names, code->co_qualname) < 0 || put_string(w, &e->files, code->co_filename) < 0)
         return -1;
     int line = line_of(code, f->lasti);
-    put(w, 0b011, 3);
-    if (put_string(w, &e->names, &name) < 0 || put_string(w, &e->files, &file) < 0)
-        return -1;
     put_uint(w, line < 0 ? 0 : (uint64_t)line + 1);
     return 0;
 }
@@ -524,8 +550,7 @@ static int put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n,
 static encoder enc;
 static place *places;
 static size_t places_bytes;
-static uint8_t *scratch;
-static size_t scratch_cap;
+static bit_writer scratch;   /* its buffer, kept from call to call */
 
 static bool reserve(void **buf, size_t *cap, size_t want)
 {
@@ -539,35 +564,53 @@ static bool reserve(void **buf, size_t *cap, size_t want)
     return true;
 }
 
-static int encode_into(const btc_frame *frames, int n, int truncated, char *out, size_t size,
-                       btc_encode_need *need)
+/* The token as a new str (a new reference), NULL and no exception when
+ * it cannot be written here. */
+static PyObject *token_of(const bit_writer *w)
+{
+    size_t nbytes = (8 * w->len + 7) / 8;
+    PyObject *token = PyUnicode_New((Py_ssize_t)token_length(nbytes), 127);
+    if (!token) {
+        PyErr_Clear();
+        return NULL;
+    }
+    char *out = (char *)PyUnicode_1BYTE_DATA(token);
+    memcpy(out, TOKEN_PREFIX, TOKEN_PREFIX_LEN);
+    base64url(w->bytes, nbytes, out + TOKEN_PREFIX_LEN);
+    return token;
+}
+
+static int encode_into(const btc_frame *frames, int n, int truncated, PyObject *into, btc_encode_need *need)
 {
     encoder *e = &enc;
     e->nmodules = e->nhistory = e->names.count = e->files.count = 0;
     map_places(frames, n, places);
     if (collect_modules(e, frames, n, places, need))
         return BTC_ENCODE_NEED_MODULE;
-    size_t cap = size < TOKEN_PREFIX_LEN ? 0 : (size - TOKEN_PREFIX_LEN) * 6 / 8;
-    if (!reserve((void **)&scratch, &scratch_cap, cap))
-        return BTC_ENCODE_ELSEWHERE;
-    bit_writer w = {scratch, cap, 0, 0, 0};
-    put(&w, truncated != 0, 1);
-    put(&w, BTC_TOKEN_BUILD_ID_BYTES, 4);
-    put_varint(&w, (uint64_t)e->nmodules);
+    bit_writer *w = &scratch;
+    w->len = w->acc = w->nacc = 0;
+    w->failed = false;
+    put(w, truncated != 0, 1);
+    put(w, BTC_TOKEN_BUILD_ID_BYTES, 4);
+    put_varint(w, (uint64_t)e->nmodules);
     for (int i = 0; i < e->nmodules; i++)
-        put_entry(&w, e->modules[i]);
-    put_varint(&w, (uint64_t)n);
-    if (put_frames(&w, e, frames, n, places) < 0)
+        put_entry(w, e->modules[i]);
+    put_varint(w, (uint64_t)n);
+    if (put_frames(w, e, frames, n, places) < 0)
         return BTC_ENCODE_ELSEWHERE;
-    size_t nbytes = (bit_count(&w) + 7) / 8;
-    if (w.len + 8 > cap || token_length(nbytes) > size) {
-        need->size = token_length(nbytes + 16);   /* room for the last word's flush */
-        return BTC_ENCODE_SMALL_BUFFER;
+    size_t nbits = bit_count(w);
+    flush_word(w);   /* the pending bits, zero-padded */
+    w->len = (nbits + 7) / 8;
+    PyObject *token = w->failed ? NULL : token_of(w);
+    if (!token)
+        return BTC_ENCODE_ELSEWHERE;
+    int length = (int)PyUnicode_GET_LENGTH(token);
+    if (PyList_Append(into, token) < 0) {
+        PyErr_Clear();
+        length = BTC_ENCODE_ELSEWHERE;
     }
-    flush_word(&w);   /* the pending bits, zero-padded */
-    memcpy(out, TOKEN_PREFIX, TOKEN_PREFIX_LEN);
-    base64url(scratch, nbytes, out + TOKEN_PREFIX_LEN);
-    return (int)token_length(nbytes);
+    Py_DECREF(token);
+    return length;
 }
 
 /* The records and truncation of the btcore.Backtrace at address backtrace
@@ -597,11 +640,12 @@ static int read_backtrace(PyObject *bt, const btc_frame **frames, int *n, int *t
     return 0;
 }
 
-int btc_encode(uintptr_t backtrace, char *out, size_t size, btc_encode_need *need)
+int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need)
 {
     const btc_frame *frames;
     int n, truncated;
-    if (!PyGILState_Check() || read_backtrace((PyObject *)backtrace, &frames, &n, &truncated) < 0)
+    if (!PyGILState_Check() || !PyList_Check((PyObject *)into) ||
+        read_backtrace((PyObject *)backtrace, &frames, &n, &truncated) < 0)
         return BTC_ENCODE_ELSEWHERE;
     for (int i = 0; i < n; i++)
         if (frames[i].kind != BTC_KIND_NATIVE && frames[i].kind != BTC_KIND_PYTHON)
@@ -609,7 +653,7 @@ int btc_encode(uintptr_t backtrace, char *out, size_t size, btc_encode_need *nee
     init_symbols();
     if (!reserve((void **)&places, &places_bytes, sizeof *places * (size_t)(n ? n : 1)))
         return BTC_ENCODE_ELSEWHERE;
-    int rc = encode_into(frames, n, truncated, out, size, need);
+    int rc = encode_into(frames, n, truncated, (PyObject *)into, need);
     release_evicted();
     return rc;
 }

@@ -508,23 +508,26 @@ def encode(bt: Backtrace) -> str:
     C encoder; a backtrace holding frames decoded from a token, or a string
     the C encoder does not write (not UTF-8), goes through the reference
     encoder below."""
-    for _ in range(MAX_MODULES // lib.BTC_ENCODE_MAX_NEED):   # each round teaches up to 16 modules
-        n = lib.btc_encode(id(bt), _out[0], _out[1], _need)
-        if n >= 0:
-            return ffi.unpack(_out[0], n).decode("ascii")
-        if n == lib.BTC_ENCODE_NEED_MODULE:
-            if not all(_teach(_need.module_id[i], _need.pc[i]) for i in range(_need.count)):
-                break
-        elif n == lib.BTC_ENCODE_SMALL_BUFFER and _need.size <= MAX_TOKEN_CHARS:
-            _out[:] = ffi.new("char[]", _need.size), _need.size
-        else:
-            break   # BTC_ENCODE_ELSEWHERE, or longer than MAX_TOKEN_CHARS
+    into = []
+    if lib.btc_encode(id(bt), id(into), _need) >= 0:
+        return into[0]
+    return _encode_teaching(bt, into)
+
+
+_need = ffi.new("btc_encode_need *")   # the C encoder runs with the GIL held: one is enough
+
+
+def _encode_teaching(bt: Backtrace, into: list) -> str:
+    """encode() when the C encoder must first be taught modules (up to 16
+    per round) or hands the backtrace over."""
+    for _ in range(MAX_MODULES // lib.BTC_ENCODE_MAX_NEED):
+        rc = lib.btc_encode(id(bt), id(into), _need)
+        if rc >= 0:
+            return into[0]
+        if rc != lib.BTC_ENCODE_NEED_MODULE or \
+                not all(_teach(_need.module_id[i], _need.pc[i]) for i in range(_need.count)):
+            break
     return _encode(bt)
-
-
-# The C encoder's output buffer and its size (one per process: it runs with the GIL held).
-_need = ffi.new("btc_encode_need *")
-_out = [ffi.new("char[]", 4096), 4096]
 
 
 def _teach(module_id: int, pc: int) -> bool:
