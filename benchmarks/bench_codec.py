@@ -11,7 +11,8 @@ divided by the raw frames it holds; targets: native-only <= 6, merged <= 16):
 
 Time, in interleaved rounds (benchmarks/timing.py), on a 40-frame merged
 trace (collect(limit=40) at the bottom of the deep recursion):
-  collect()          the capture of that stack, for scale
+  collect()          the capture of that stack (timed at the bottom of the
+                     same recursion), for scale
   encode()           steady state: the C encoder knows the trace's modules
                      (every encode() writes the whole token: there is no
                      token cache)
@@ -119,13 +120,14 @@ def main():
         codec.lib.btc_encode_forget(0, 1)
         return forty.encode()
 
-    runs = interleaved({
-        "collect": lambda: through_c(0, lambda: btcore.collect(limit=40)),
+    # collect() at the bottom of the same recursion: the same 40 frames
+    runs = through_c(DEPTH, lambda: interleaved({
+        "collect": lambda: btcore.collect(limit=40),
         "encode": forty.encode,
         "encode_new": new_lines,
         "encode_cold": cold,
         "reference": lambda: codec._encode(forty),
-    }, args.rounds)
+    }, args.rounds))
     print(f"\n40-frame merged trace, {args.rounds} interleaved rounds: median ns (min-max)")
     for name, values in runs.items():
         print(f"  {name:<14} {spread(values).text(0)}")
