@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # ci/fuzz.sh — coverage-guided fuzzing of the parsers of outside bytes
-# (.eh_frame, ELF, DWARF, compressed sections, demangling): atheris
+# (.eh_frame, ELF, DWARF, compressed sections, demangling, tokens): atheris
 # (libFuzzer) over a core built with clang-14, ASan and libFuzzer's coverage
 # counters, in its own venv (.venv-fuzz), so the default build is untouched.
 # Each target runs in a child process: a crash, a hang (-timeout) or memory
 # past -rss_limit_mb fails the run and leaves the input in the work dir.
 #
 # Usage: ci/fuzz.sh [--long] [SECONDS_PER_TARGET]
-#   default 50 s per target (3 targets, CI); --long: 1800 s per target.
+#   default 50 s per target (4 targets, CI); --long: 1800 s per target.
 # Environment: BTCORE_FUZZ_VENV, BTCORE_FUZZ_WORK (given: kept, corpus and
 # artifacts; else a temporary dir, kept only when the run fails).
 # Needs clang-14: installed with apt-get when missing and run as root.
