@@ -32,7 +32,8 @@ from typing import NamedTuple
 from ._native import ffi, lib
 from .backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace, _new
 from .frame import NATIVE, PYTHON, Frame
-from .resolve import F_EXACT, FrameCache, cache, file_symbol, modules_generation, native_frames, resolve_python
+from .resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modules_generation, native_frames,
+                      resolve_python)
 
 VERSION = lib.BTC_TOKEN_VERSION
 PREFIX = f"btc{VERSION}."
@@ -247,7 +248,7 @@ def loaded_modules() -> list:
     return sorted(mods)
 
 
-def module_key(mod: _Module) -> tuple:
+def module_entry_key(mod: _Module) -> tuple:
     """What a token says about a module: (build-id prefix or b"", path or
     None).  The path is left out when the decoder's search finds the file
     by its build-id (searched()); a module without a build-id keeps it."""
@@ -300,7 +301,7 @@ class _Places:
             mod = self._containing(lookup)
         if mod is None:
             return None, pc
-        return module_key(mod), pc - mod.bias
+        return module_entry_key(mod), pc - mod.bias
 
     def _containing(self, pc: int):
         modules, los = self.listed
@@ -480,7 +481,7 @@ class DecodedModule(NamedTuple):
 
     @property
     def key(self) -> tuple:
-        """The module as the token named it (module_key())."""
+        """The module as the token named it (module_entry_key())."""
         return bytes.fromhex(self.build_id), self.named
 
 
@@ -514,27 +515,32 @@ def encode(bt: Backtrace) -> str:
     return _encode_teaching(bt, into)
 
 
-_need = ffi.new("btc_encode_need *")   # the C encoder runs with the GIL held: one is enough
+# What the fast path's calls need to be taught: written, never read there.
+_need = ffi.new("btc_encode_need *")
 
 
 def _encode_teaching(bt: Backtrace, into: list) -> str:
     """encode() when the C encoder must first be taught modules (up to 16
-    per round) or hands the backtrace over."""
+    per round) or hands the backtrace over.  Its own btc_encode_need: the
+    GIL may pass to another encoding thread between rounds."""
+    need = ffi.new("btc_encode_need *")
     for _ in range(MAX_MODULES // lib.BTC_ENCODE_MAX_NEED):
-        rc = lib.btc_encode(id(bt), id(into), _need)
+        rc = lib.btc_encode(id(bt), id(into), need)
         if rc >= 0:
             return into[0]
         if rc != lib.BTC_ENCODE_NEED_MODULE or \
-                not all(_teach(_need.module_id[i], _need.pc[i]) for i in range(_need.count)):
+                not all(_teach(need.module_id[i], need.pc[i]) for i in range(need.count)):
             break
     return _encode(bt)
 
 
 def _teach(module_id: int, pc: int) -> bool:
     """Give the C encoder the module table entry of the module containing
-    pc (where the core found module_id); False if it is gone since."""
+    pc, where the core found module_id; False if that module may be gone
+    since (the module list changed meanwhile, or another module is there)."""
+    generation = modules_generation()
     key, _ = _places.where(pc, True)
-    if key is None:
+    if key is None or module_key(pc, True)[0] != module_id or modules_generation() != generation:
         return False
     value, width = module_identity(key)
     lib.btc_encode_module(module_id, value.to_bytes((width + 7) // 8, "little"), width)
