@@ -19,6 +19,7 @@ with DWARF 4, DWARF 5 and zlib-compressed sections).
 
     python ci/fuzz.py SECONDS_PER_TARGET WORKDIR     run every target, print the figures
     python ci/fuzz.py --target NAME CORPUS... [-- libFuzzer options]   one target (internal)
+    python ci/fuzz.py --codec-seeds DIR                                  the codec seeds (internal)
 """
 import os
 import subprocess
@@ -75,7 +76,9 @@ def write_seeds(work):
     for i, name in enumerate(NAMES):
         with open(os.path.join(dirs["demangle"], "name%d" % i), "wb") as f:
             f.write(name)
-    write_codec_seeds(dirs["codec"])
+    # tokens are made by btcore itself: in a process that can load the fuzzing build
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--codec-seeds", dirs["codec"]],
+                   env=fuzzer_env(), check=True, timeout=600)
     return dirs
 
 
@@ -192,12 +195,17 @@ def run_target(name, argv):
 
 # ---- the driver ----
 
+def fuzzer_env():
+    """The environment of a process that imports the fuzzing build of btcore."""
+    import atheris
+    return dict(os.environ, LD_PRELOAD=os.path.join(atheris.path(), "asan_with_fuzzer.so"),
+                PYTHONMALLOC="malloc",
+                ASAN_OPTIONS="detect_leaks=0:replace_intrin=0:allocator_may_return_null=1")
+
+
 def fuzz(target, corpus, seconds, work):
     """(ok, executions, coverage, features, output tail)."""
-    import atheris
-    env = dict(os.environ, LD_PRELOAD=os.path.join(atheris.path(), "asan_with_fuzzer.so"),
-               PYTHONMALLOC="malloc",
-               ASAN_OPTIONS="detect_leaks=0:replace_intrin=0:allocator_may_return_null=1")
+    env = fuzzer_env()
     artifacts = os.path.join(work, "artifacts-%s" % target) + "/"
     os.makedirs(artifacts, exist_ok=True)
     cmd = [sys.executable, os.path.abspath(__file__), "--target", target, corpus,
@@ -216,6 +224,9 @@ def fuzz(target, corpus, seconds, work):
 
 
 def main():
+    if sys.argv[1] == "--codec-seeds":
+        write_codec_seeds(sys.argv[2])
+        return 0
     if sys.argv[1] == "--target":
         run_target(sys.argv[2], [a for a in sys.argv[3:] if a != "--"])
         return 0
