@@ -110,3 +110,87 @@ int btc_backtrace(uintptr_t *out, int max)
         out[i - 1] = nat[i].pc;
     return n > 0 ? n - 1 : 0;
 }
+
+/* ---- the signal-context capture under a timer (tests/test_stress.py) ---- */
+
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+
+#include "capture/signal_capture.h"
+
+static struct {
+    int signum, slot;
+    struct sigaction previous;
+    btc_native_frame nat[BTC_SIGNAL_NATIVE];
+    btc_sigsample sample;
+    _Atomic int64_t complete, partial, invalid;
+} stress;
+
+/* Checked inside the handler, while the frames it names still run: every
+ * record is a native pc or a live code object; a complete sample starts at
+ * the interrupted pc and holds both kinds (the thread runs Python). */
+static bool sample_valid(const btc_sigsample *s)
+{
+    int native = 0, python = 0;
+    if (s->n < 0 || s->n > BTC_SIGNAL_FRAMES)
+        return false;
+    for (int i = 0; i < s->n; i++) {
+        const btc_frame *f = &s->frames[i];
+        if (f->kind == BTC_KIND_NATIVE && f->addr)
+            native++;
+        else if (f->kind == BTC_KIND_PYTHON && f->addr && PyCode_Check((PyObject *)f->addr))
+            python++;
+        else
+            return false;
+    }
+    if (s->partial)
+        return true;
+    return native && python && s->frames[0].kind == BTC_KIND_NATIVE && (s->frames[0].flags & BTC_F_EXACT);
+}
+
+static void on_stress_signal(int signum BTC_UNUSED, siginfo_t *si BTC_UNUSED, void *ucontext)
+{
+    int saved_errno = errno;
+    const btc_thread_info *info = btc_thread_info_of(stress.slot);
+    if (info && btc_thread_slot_self() == stress.slot) {
+        btc_signal_capture(info, ucontext, &stress.sample, stress.nat);
+        if (!sample_valid(&stress.sample))
+            atomic_fetch_add(&stress.invalid, 1);
+        else if (stress.sample.partial)
+            atomic_fetch_add(&stress.partial, 1);
+        else
+            atomic_fetch_add(&stress.complete, 1);
+    }
+    errno = saved_errno;
+}
+
+int btc_test_signal_stress_start(int signum)
+{
+    int slot = btc_thread_register();
+    if (slot < 0 || stress.signum)
+        return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_stress_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    stress.slot = slot;
+    atomic_store(&stress.complete, 0);
+    atomic_store(&stress.partial, 0);
+    atomic_store(&stress.invalid, 0);
+    if (sigaction(signum, &sa, &stress.previous) != 0)
+        return -1;
+    stress.signum = signum;
+    return 0;
+}
+
+void btc_test_signal_stress_stop(int64_t *complete, int64_t *partial, int64_t *invalid)
+{
+    if (stress.signum)
+        sigaction(stress.signum, &stress.previous, NULL);
+    stress.signum = 0;
+    *complete = atomic_load(&stress.complete);
+    *partial = atomic_load(&stress.partial);
+    *invalid = atomic_load(&stress.invalid);
+}

@@ -178,22 +178,13 @@ static void python_only(sink *s, btc_pycursor *py)
 /* Native frames a walk may need beyond the output's size: btcore's own. */
 #define OWN_NATIVE_FRAMES 32
 
-static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
-                   bool greenlet)
+/* Walk ctx into nat (max frames) and merge; the module lock held.  Returns
+ * the number of native frames the walk gave. */
+static int walk_and_merge(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
+                          bool greenlet, btc_native_frame *nat, int max)
 {
-    if (!(want & BTC_WANT_NATIVE)) {
-        python_only(s, py);
-        return 0;
-    }
-    btc_native_frame stack_buf[STACK_NATIVE_FRAMES];
-    native_walk w = {.nat = stack_buf, .own_first = own_first, .greenlet = greenlet};
-    int max = s->max + OWN_NATIVE_FRAMES;
-    btc_native_frame *heap = NULL;
-    if (max > STACK_NATIVE_FRAMES && !(w.nat = heap = malloc(max * sizeof *w.nat)))
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
-    btc_modules_acquire();
-    btc_eval_ranges_init();
-    w.n = btc_unwind(ctx, w.nat, max);
+    native_walk w = {.nat = nat, .own_first = own_first, .greenlet = greenlet};
+    int walked = w.n = btc_unwind(ctx, w.nat, max);
     w.complete = w.n < max;
     if (greenlet && !(want & BTC_WANT_INTERNALS)) {
         int hidden = hide_greenlet_internals(&w);
@@ -206,9 +197,45 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         w.n -= own;
     }
     merge(s, &w, py, want);
+    return walked;
+}
+
+static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
+                   bool greenlet)
+{
+    if (!(want & BTC_WANT_NATIVE)) {
+        python_only(s, py);
+        return 0;
+    }
+    btc_native_frame stack_buf[STACK_NATIVE_FRAMES], *nat = stack_buf;
+    int max = s->max + OWN_NATIVE_FRAMES;
+    btc_native_frame *heap = NULL;
+    if (max > STACK_NATIVE_FRAMES && !(nat = heap = malloc(max * sizeof *nat)))
+        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+    btc_modules_acquire();
+    btc_eval_ranges_init();
+    walk_and_merge(ctx, py, s, want, own_first, greenlet, nat, max);
     btc_modules_release();
     free(heap);
     return 0;
+}
+
+int btc_capture_interrupted(btc_raw_capture *c, const btc_context *ctx, btc_pycursor *py,
+                            btc_native_frame *nat, int max)
+{
+    sink s = {.out = c->frames, .max = c->max};
+    int walked = walk_and_merge(ctx, py, &s, BTC_WANT_PYTHON | BTC_WANT_NATIVE, false, false, nat, max);
+    c->n = s.n;
+    c->truncated = s.truncated;
+    return walked;
+}
+
+void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py)
+{
+    sink s = {.out = c->frames, .max = c->max};
+    python_only(&s, py);
+    c->n = s.n;
+    c->truncated = s.truncated;
 }
 
 /* The calling thread's stack, walked from regs (of a frame still live);

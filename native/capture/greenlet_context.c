@@ -430,11 +430,21 @@ int btc_greenlet_current_end(btc_context *ctx)
      * only matters to suspended greenlets); not found: the whole stack (not
      * refused: the current stack is always capturable). */
     learn_code((PyTypeObject *)greenlet_api[GREENLET_TYPE]);
+    btc_greenlet_stub_ends(ctx);
+    return 1;
+}
+
+int btc_greenlet_learn_stub(void)
+{
+    return have_api() ? learn_code((PyTypeObject *)greenlet_api[GREENLET_TYPE]) : BTC_E_UNSUPPORTED;
+}
+
+void btc_greenlet_stub_ends(btc_context *ctx)
+{
     for (ctx->nend = 0; ctx->nend < layout.nstub; ctx->nend++) {
         ctx->end_lo[ctx->nend] = layout.stub_lo[ctx->nend];
         ctx->end_hi[ctx->nend] = layout.stub_hi[ctx->nend];
     }
-    return 1;
 }
 
 int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end)

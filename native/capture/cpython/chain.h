@@ -142,9 +142,14 @@ bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 
 bool btc_py_supported(void) { return true; }
 
+void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts)
+{
+    *c = (btc_pycursor){.frame = btc_thread_frame(ts)};
+}
+
 void btc_py_cursor_current(btc_pycursor *c)
 {
-    *c = (btc_pycursor){.frame = btc_thread_frame(PyThreadState_Get())};
+    btc_py_cursor_thread(c, PyThreadState_Get());
 }
 
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)

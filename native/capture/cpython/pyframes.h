@@ -54,6 +54,9 @@ typedef struct {
 bool btc_py_supported(void);
 /* The calling thread's innermost frame. */
 void btc_py_cursor_current(btc_pycursor *c);
+/* The innermost frame of thread state ts, read raw (no GIL, no allocation),
+ * as faulthandler reads it: from a signal handler running on that thread. */
+void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts);
 /* The chain from a frame object; false if frame is not a frame object. */
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame);
 /* The chain of a suspended greenlet from its gr_frame; mem is the view of
