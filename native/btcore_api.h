@@ -268,6 +268,9 @@ int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, u
 #define BTC_PARTIAL_NO_MODULE 4   /* the walk stopped at a pc in no module known (loaded since?) */
 #define BTC_PARTIAL_TRUNCATED 8   /* more frames than the sample holds */
 #define BTC_PARTIAL_OFF_STACK 16  /* the stack pointer lies outside the thread's stack: Python frames only */
+#define BTC_PARTIAL_PYTHON    32  /* the Python frame chain could not be read to its end */
+#define BTC_PARTIAL_SWITCHING 64  /* interrupted inside a greenlet switch: its innermost native frames only */
+#define BTC_PARTIAL_CUT      128  /* the walk stopped before the stack's end (a caller not recovered) */
 
 #define BTC_SIGNAL_FRAMES 128
 
@@ -290,8 +293,8 @@ int btc_thread_register(void);
 /* Forget the calling thread (on thread exit). */
 void btc_thread_unregister(void);
 /* Sample a registered thread (its threading ident) through the capture
- * signal, waiting at most timeout_ms; tables the handler missed are built
- * here and the thread sampled again (a few times at most).  Releases the
+ * signal, waiting at most timeout_ms per ask; a partial sample is asked
+ * again (a few times at most), after building the table the handler missed.  Releases the
  * GIL while it waits.  Returns 0, or -1 (not registered, or no answer in
  * time: a thread blocking the signal). */
 int btc_signal_sample(uint64_t thread_ident, int timeout_ms, btc_sigsample *out);
@@ -330,7 +333,9 @@ int btc_dump_signal_install(int signum, int fd, int chain);
 int btc_dump_signal_uninstall(int signum);
 
 /* Test-only: a handler on signal signum (a timer) that captures the
- * interrupted registered thread into a ring and checks each sample, until
- * btc_test_signal_stress_stop(); counts are complete, partial, invalid. */
+ * interrupted thread (registered here) and checks each sample inside the
+ * handler, until btc_test_signal_stress_stop(), which writes 11 counts:
+ * complete, partial, invalid samples, then partial ones per BTC_PARTIAL_*
+ * bit (1, 2, 4, ...), and the last invalid sample. */
 int btc_test_signal_stress_start(int signum);
-void btc_test_signal_stress_stop(int64_t *complete, int64_t *partial, int64_t *invalid);
+void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid);

@@ -123,13 +123,16 @@ static struct {
     int signum, slot;
     struct sigaction previous;
     btc_native_frame nat[BTC_SIGNAL_NATIVE];
-    btc_sigsample sample;
+    btc_sigsample sample, last_invalid;
     _Atomic int64_t complete, partial, invalid;
+    _Atomic int64_t reasons[8];   /* partial samples per BTC_PARTIAL_* bit */
 } stress;
 
 /* Checked inside the handler, while the frames it names still run: every
- * record is a native pc or a live code object; a complete sample starts at
- * the interrupted pc and holds both kinds (the thread runs Python). */
+ * record is a native pc or a live code object, and a complete sample holds
+ * both kinds (the thread runs Python).  (Its innermost record need not be
+ * the interrupted pc: an eval loop's frame is replaced by its Python frames,
+ * and a frame just pushed is hidden, as tracebacks hide it.) */
 static bool sample_valid(const btc_sigsample *s)
 {
     int native = 0, python = 0;
@@ -146,7 +149,7 @@ static bool sample_valid(const btc_sigsample *s)
     }
     if (s->partial)
         return true;
-    return native && python && s->frames[0].kind == BTC_KIND_NATIVE && (s->frames[0].flags & BTC_F_EXACT);
+    return native && python;
 }
 
 static void on_stress_signal(int signum BTC_UNUSED, siginfo_t *si BTC_UNUSED, void *ucontext)
@@ -155,11 +158,15 @@ static void on_stress_signal(int signum BTC_UNUSED, siginfo_t *si BTC_UNUSED, vo
     const btc_thread_info *info = btc_thread_info_of(stress.slot);
     if (info && btc_thread_slot_self() == stress.slot) {
         btc_signal_capture(info, ucontext, &stress.sample, stress.nat);
-        if (!sample_valid(&stress.sample))
+        if (!sample_valid(&stress.sample)) {
             atomic_fetch_add(&stress.invalid, 1);
-        else if (stress.sample.partial)
+            stress.last_invalid = stress.sample;
+        } else if (stress.sample.partial) {
             atomic_fetch_add(&stress.partial, 1);
-        else
+            for (int bit = 0; bit < 8; bit++)
+                if (stress.sample.partial & (1u << bit))
+                    atomic_fetch_add(&stress.reasons[bit], 1);
+        } else
             atomic_fetch_add(&stress.complete, 1);
     }
     errno = saved_errno;
@@ -179,18 +186,23 @@ int btc_test_signal_stress_start(int signum)
     atomic_store(&stress.complete, 0);
     atomic_store(&stress.partial, 0);
     atomic_store(&stress.invalid, 0);
+    for (int bit = 0; bit < 8; bit++)
+        atomic_store(&stress.reasons[bit], 0);
     if (sigaction(signum, &sa, &stress.previous) != 0)
         return -1;
     stress.signum = signum;
     return 0;
 }
 
-void btc_test_signal_stress_stop(int64_t *complete, int64_t *partial, int64_t *invalid)
+void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid)
 {
     if (stress.signum)
         sigaction(stress.signum, &stress.previous, NULL);
     stress.signum = 0;
-    *complete = atomic_load(&stress.complete);
-    *partial = atomic_load(&stress.partial);
-    *invalid = atomic_load(&stress.invalid);
+    counts[0] = atomic_load(&stress.complete);
+    counts[1] = atomic_load(&stress.partial);
+    counts[2] = atomic_load(&stress.invalid);
+    for (int bit = 0; bit < 8; bit++)
+        counts[3 + bit] = atomic_load(&stress.reasons[bit]);
+    *last_invalid = stress.last_invalid;
 }

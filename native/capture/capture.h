@@ -35,9 +35,12 @@ int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs);
  * merged with its Python frames from py: no allocation, no reference taken,
  * no lock taken (the caller holds the module lock: btc_modules_try_acquire_prebuilt),
  * the eval loop's ranges already known.  nat: room for max native frames,
- * which hold the walk afterwards; returns how many it gave. */
+ * which hold the walk afterwards; returns how many it gave.  *switching: the
+ * walk reached greenlet's stack switch, and ended there (the stack beyond it
+ * is being copied), and no Python frame was read (the thread state's chain
+ * is between two greenlets then). */
 int btc_capture_interrupted(btc_raw_capture *c, const btc_context *ctx, btc_pycursor *py,
-                            btc_native_frame *nat, int max);
+                            btc_native_frame *nat, int max, bool *switching);
 /* Only the Python frames of py (the module lock was busy). */
 void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py);
 

@@ -38,6 +38,10 @@ PyObject *btc_greenlet_frame(PyObject *g);
 /* The calling thread's current greenlet (a new reference), NULL if greenlet
  * is not importable. */
 PyObject *btc_current_greenlet(void);
+/* Is pc in greenlet's stack switch (g_switchstack, as learned by
+ * btc_greenlet_learn_stub)?  While it runs, the thread state's frame chain
+ * belongs to neither greenlet: a signal handler must not read it. */
+bool btc_greenlet_switching(uintptr_t pc);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
 

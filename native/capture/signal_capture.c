@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -73,11 +74,82 @@ static bool regs_from_ucontext(const void *ucontext, btc_regs *r)
 #endif
 }
 
+/* ---- reading the Python chain without trusting it ----
+ *
+ * The interrupted code may be between two steps of pushing or popping a
+ * frame: CPython clears a frame (and may unmap its data-stack chunk) before
+ * it points the thread state at the previous one.  So a frame is read in
+ * place only where its memory is known to be mapped: in one of the thread's
+ * linked data-stack chunks (freed chunks are unlinked before they are
+ * unmapped) or on its C stack (3.12+'s shim frames).  Anywhere else (a
+ * generator's frame, inside its object) it is first probed with
+ * process_vm_readv on our own process, which fails with EFAULT instead of
+ * faulting; so is the code object of such a frame.  A chunk frame's code
+ * object is read in place: the frame holds it. */
+
+#define FRAME_BYTES 96   /* >= the fixed part of _PyInterpreterFrame that the readers touch */
+#define MAX_CHUNKS 4096
+
+typedef struct {
+    btc_read_check base;
+    const PyThreadState *ts;
+    uintptr_t stack_lo, stack_hi;
+    bool probed;     /* the last frame was probed: so is its code object */
+    bool refused;    /* a read was refused: the chain was cut short */
+} chain_limits;
+
+static bool probe(const void *p, size_t n)
+{
+    char buf[FRAME_BYTES];
+    struct iovec local = {buf, n}, remote = {(void *)p, n};
+    return n <= sizeof buf && process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
+}
+
+static bool in_chunks(const PyThreadState *ts, uintptr_t p)
+{
+    int i = 0;
+    for (const _PyStackChunk *ch = ts->datastack_chunk; ch && i < MAX_CHUNKS; ch = ch->previous, i++)
+        if (p >= (uintptr_t)ch && ch->size >= FRAME_BYTES && p - (uintptr_t)ch <= ch->size - FRAME_BYTES)
+            return true;
+    return false;
+}
+
+static bool frame_readable(btc_read_check *self, const void *frame)
+{
+    chain_limits *l = (chain_limits *)self;
+    uintptr_t p = (uintptr_t)frame;
+    l->probed = false;
+    bool ok = !(p & 7) && ((p >= l->stack_lo && p + FRAME_BYTES <= l->stack_hi) || in_chunks(l->ts, p) ||
+                           (l->probed = probe(frame, FRAME_BYTES)));
+    l->refused |= !ok;
+    return ok;
+}
+
+static bool object_readable(btc_read_check *self, const void *object)
+{
+    chain_limits *l = (chain_limits *)self;
+    bool ok = !((uintptr_t)object & 7) && (!l->probed || probe(object, sizeof(PyCodeObject)));
+    l->refused |= !ok;
+    return ok;
+}
+
 /* ---- the capture, inside the handler ---- */
+
+/* Does the walk end at pc by nature: the thread's outermost frame (no return
+ * address: _start, clone) or the greenlet's start-up stub? */
+static bool natural_end(const btc_context *ctx, const btc_module *m, uintptr_t pc)
+{
+    for (int i = 0; i < ctx->nend; i++)
+        if (pc >= ctx->end_lo[i] && pc < ctx->end_hi[i])
+            return true;
+    const btc_table *t = btc_module_table((btc_module *)m);
+    const btc_cfi_row *row = t && pc - m->bias <= UINT32_MAX ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
+    return row && row->ra_rule == BTC_RULE_UNDEFINED;
+}
 
 /* Why the walk of nat[0..n) ended, as BTC_PARTIAL_* bits (0: at the stack's
  * natural end).  Module lock held. */
-static unsigned walk_end(const btc_native_frame *nat, int n, btc_sigsample *out)
+static unsigned walk_end(const btc_context *ctx, const btc_native_frame *nat, int n, btc_sigsample *out)
 {
     if (n == 0)
         return BTC_PARTIAL_NO_MODULE;
@@ -92,7 +164,7 @@ static unsigned walk_end(const btc_native_frame *nat, int n, btc_sigsample *out)
         out->pending_pc = pc;
         return BTC_PARTIAL_NO_TABLE;
     }
-    return 0;
+    return natural_end(ctx, m, pc) ? 0 : BTC_PARTIAL_CUT;
 }
 
 void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_sigsample *out,
@@ -100,13 +172,18 @@ void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_s
 {
     btc_raw_capture c = {.frames = out->frames, .max = BTC_SIGNAL_FRAMES};
     btc_context ctx = {.ip_is_exact = true};
-    btc_pycursor py;
+    btc_pycursor py = {0};
+    bool switching = false;
     out->partial = 0;
     out->pending_pc = 0;
     /* The thread's state as Python's own thread-local says (pthread_getspecific):
      * NULL once the thread state is gone (an exiting thread). */
     PyThreadState *ts = PyGILState_GetThisThreadState();
-    btc_py_cursor_thread(&py, ts == info->tstate ? ts : NULL);
+    chain_limits limits = {{frame_readable, object_readable}, ts, info->stack_lo, info->stack_hi, false, false};
+    if (ts && ts == info->tstate) {
+        btc_py_cursor_thread(&py, ts);
+        py.check = &limits.base;
+    }
     bool on_stack = regs_from_ucontext(ucontext, &ctx.regs) && ctx.regs.sp >= info->stack_lo &&
                     ctx.regs.sp < info->stack_hi;
     ctx.mem.lo = ctx.regs.sp;
@@ -119,12 +196,16 @@ void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_s
         out->partial = BTC_PARTIAL_LOCKED;
         btc_capture_python_only(&c, &py);
     } else {
-        int walked = btc_capture_interrupted(&c, &ctx, &py, nat, BTC_SIGNAL_NATIVE);
-        out->partial = walk_end(nat, walked, out);
+        int walked = btc_capture_interrupted(&c, &ctx, &py, nat, BTC_SIGNAL_NATIVE, &switching);
+        out->partial = walk_end(&ctx, nat, walked, out);
         btc_modules_release();
     }
     if (c.truncated)
         out->partial |= BTC_PARTIAL_TRUNCATED;
+    if (limits.refused)
+        out->partial |= BTC_PARTIAL_PYTHON;
+    if (switching)
+        out->partial = (out->partial & ~BTC_PARTIAL_CUT) | BTC_PARTIAL_SWITCHING;
     out->n = c.n;
 }
 
@@ -294,7 +375,11 @@ static int ask_once(thread_slot *s, int timeout_ms, btc_sigsample *out)
     return 0;
 }
 
-#define MAX_ASKS 8   /* tables to build along one stack, a busy module lock */
+#define MAX_ASKS 8   /* tables to build along one stack, an unlucky moment or two */
+/* What another sample may not have: tables are built between asks; the lock,
+ * a switch, a frame being pushed or popped are moments. */
+#define ASK_AGAIN (BTC_PARTIAL_NO_TABLE | BTC_PARTIAL_LOCKED | BTC_PARTIAL_SWITCHING | BTC_PARTIAL_PYTHON | \
+                   BTC_PARTIAL_CUT | BTC_PARTIAL_NO_MODULE)
 
 int btc_signal_sample_slot(int slot, int timeout_ms, btc_sigsample *out)
 {
@@ -304,7 +389,7 @@ int btc_signal_sample_slot(int slot, int timeout_ms, btc_sigsample *out)
     pthread_mutex_lock(&request_lock);
     for (int ask = 0; ask < MAX_ASKS; ask++) {
         rc = ask_once(&slots[slot], timeout_ms, out);
-        if (rc < 0 || !(out->partial & (BTC_PARTIAL_NO_TABLE | BTC_PARTIAL_LOCKED)))
+        if (rc < 0 || !(out->partial & ASK_AGAIN))
             break;
         if (out->partial & BTC_PARTIAL_NO_TABLE)
             build_table_at(out->pending_pc);

@@ -102,6 +102,9 @@ static const struct {
     {BTC_PARTIAL_NO_MODULE, "the walk stopped at code in no known module"},
     {BTC_PARTIAL_TRUNCATED, "more frames than a sample holds"},
     {BTC_PARTIAL_OFF_STACK, "the stack pointer was outside the thread's stack: Python frames only"},
+    {BTC_PARTIAL_PYTHON, "the Python frame chain could not be read to its end"},
+    {BTC_PARTIAL_SWITCHING, "interrupted inside a greenlet switch: its innermost native frames only"},
+    {BTC_PARTIAL_CUT, "the walk stopped before the stack's end (a caller could not be recovered)"},
 };
 
 void btc_sigsample_text(const btc_sigsample *s, btc_text *t)

@@ -38,10 +38,10 @@ bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview 
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 {
     _PyInterpreterFrame *frame = (_PyInterpreterFrame *)c->frame;
-    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES)
+    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES || (c->check && !c->check->frame(c->check, frame)))
         return false;
     f->code = (PyObject *)frame->f_code;
-    if (!f->code || !PyCode_Check(f->code))   /* a frame being pushed, seen from a signal handler */
+    if (!f->code || (c->check && !c->check->object(c->check, f->code)) || !PyCode_Check(f->code))
         return false;
     f->lasti = _PyInterpreterFrame_LASTI(frame) * (int)sizeof(_Py_CODEUNIT);
     f->entry = frame->is_entry;

@@ -33,6 +33,14 @@
 #define BTC_PY_FAMILY 0
 #endif
 
+/* A reader that may not trust the chain (a signal handler: the interrupted
+ * code may be pushing or popping a frame): each frame's fixed part and each
+ * code object's header are read only if these say so. */
+typedef struct btc_read_check {
+    bool (*frame)(struct btc_read_check *self, const void *frame);
+    bool (*object)(struct btc_read_check *self, const void *object);
+} btc_read_check;
+
 /* A position in a thread's chain of interpreter frames. */
 typedef struct {
     const void *frame;
@@ -41,6 +49,7 @@ typedef struct {
     const btc_memview *mem;
     bool exposed;       /* greenlet may have relinked the chain ("exposed" frames, 3.12+) */
     int steps;          /* frames visited: bounds a corrupt (cyclic) chain */
+    btc_read_check *check;   /* NULL: the chain is consistent (GIL held) */
 } btc_pycursor;
 
 typedef struct {
