@@ -339,3 +339,7 @@ int btc_dump_signal_uninstall(int signum);
  * bit (1, 2, 4, ...), and the last invalid sample. */
 int btc_test_signal_stress_start(int signum);
 void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid);
+/* Benchmark-only: the handler's capture of the calling registered thread,
+ * from getcontext()'s registers, without a signal.  0, or -1 if the thread
+ * is not registered. */
+int btc_test_capture_here(btc_sigsample *out);

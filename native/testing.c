@@ -206,3 +206,19 @@ void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid)
         counts[3 + bit] = atomic_load(&stress.reasons[bit]);
     *last_invalid = stress.last_invalid;
 }
+
+/* Benchmark-only: the handler's capture (btc_signal_capture) of the calling
+ * registered thread, from the registers getcontext() stores here, without a
+ * signal: what a handler costs apart from the kernel's delivery. */
+#include <ucontext.h>
+
+int btc_test_capture_here(btc_sigsample *out)
+{
+    static btc_native_frame nat[BTC_SIGNAL_NATIVE];
+    const btc_thread_info *info = btc_thread_info_of(btc_thread_slot_self());
+    ucontext_t uc;
+    if (!info || getcontext(&uc) != 0)
+        return -1;
+    btc_signal_capture(info, &uc, out, nat);
+    return 0;
+}

@@ -22,6 +22,7 @@ static struct {
     int signum;             /* 0: none installed */
     struct sigaction previous;
     bool chain;
+    bool active;            /* fd open, semaphore made (thread and handler may be) */
     int fd, slot;
     pthread_t thread;
     bool thread_alive;
@@ -74,11 +75,12 @@ static void *dumper_main(void *arg BTC_UNUSED)
 
 int btc_dump_signal_install(int signum, int fd, int chain)
 {
-    if (dumper.signum || signum <= 0 || signum == btc_capture_signal())
+    if (dumper.active || signum <= 0 || signum == btc_capture_signal())
         return -1;
     int slot = btc_thread_register();
     if (slot < 0 || (dumper.fd = dup(fd)) < 0)
         return -1;
+    dumper.active = true;
     dumper.slot = slot;
     dumper.chain = chain != 0;
     atomic_store(&dumper.stopping, false);
@@ -103,7 +105,7 @@ int btc_dump_signal_install(int signum, int fd, int chain)
 
 int btc_dump_signal_uninstall(int signum)
 {
-    if (signum && signum != dumper.signum)
+    if (!dumper.active || (signum && signum != dumper.signum))
         return 0;
     if (dumper.signum)
         sigaction(dumper.signum, &dumper.previous, NULL);
@@ -120,6 +122,7 @@ int btc_dump_signal_uninstall(int signum)
     int was = dumper.signum != 0;
     dumper.signum = 0;
     dumper.thread_alive = false;
+    dumper.active = false;
     return was;
 }
 

@@ -31,6 +31,7 @@ typedef struct {
     _Atomic int idle;             /* the greenlet switched to is an idle one */
     _Atomic uintptr_t current;    /* that greenlet (identity and type name only) */
     _Atomic int watched;
+    _Atomic uintptr_t thread;     /* the watched thread: a slot reused by another thread is not watched */
     PyObject *previous;           /* the tracer to chain to (GIL) */
     PyTypeObject *idle_type;      /* (GIL) */
 } switch_counter;
@@ -104,6 +105,7 @@ int btc_watch_thread(uintptr_t namespace, uintptr_t previous, uintptr_t idle_typ
         Py_XINCREF(c->idle_type);   /* kept for good: a class outlives its watch */
         atomic_store(&c->idle, 0);
         atomic_store(&c->current, 0);
+        atomic_store(&c->thread, (uintptr_t)pthread_self());
         atomic_store(&c->watched, 1);
         capsule = PyCapsule_New(c, NULL, NULL);
         tracer = capsule ? PyCFunction_New(&tracer_def, capsule) : NULL;
@@ -179,7 +181,7 @@ static void check(int slot, double now)
     switch_counter *c = &counters[slot];
     stuck_state *s = &dog.states[slot];
     uint64_t switches = atomic_load_explicit(&c->switches, memory_order_relaxed);
-    bool watched = atomic_load(&c->watched) && btc_thread_info_of(slot);
+    bool watched = atomic_load(&c->watched) && atomic_load(&c->thread) == btc_thread_ident_of(slot);
     if (!watched || switches != s->seen || atomic_load_explicit(&c->idle, memory_order_relaxed)) {
         if (s->stuck)
             report_recovered(slot, s->greenlet, now - s->since);

@@ -192,3 +192,9 @@ def _install_stuck_dump(signum: int, file, chain: bool) -> None:
 
 def _uninstall_stuck_dump(signum: int) -> bool:
     return lib.btc_dump_signal_uninstall(signum) > 0
+
+
+@atexit.register
+def _uninstall_stuck_dump_at_exit() -> None:
+    # Its thread reads code objects when the signal comes: not during finalization.
+    lib.btc_dump_signal_uninstall(0)
