@@ -106,6 +106,13 @@ def switch_overhead(rounds):
         print(f"   with gevent's GreenletTracer / without:  {ratio(work['gevent'], work['none']).text(3)}")
     for name, runs in bare.items():
         print(f"   bare switch, {name:>6}: {min(runs) / 1000:7.0f} ns per switch")
+    # The same overhead from the quieter measurement: what the tracer adds to
+    # one switch, over what one switch plus its work costs.
+    added = ratio(bare["btcore"], bare["none"])
+    per_switch = min(bare["none"]) / 1000
+    print(f"   btcore's added cost per switch / (switch + work): "
+          f"{(added.median - 1) * per_switch / (min(work['none']) / 1000):.2%} "
+          f"({(added.median - 1) * per_switch:.0f} ns per switch)")
 
 
 def mixed_stack(depth, at_bottom):
