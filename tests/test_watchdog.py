@@ -203,9 +203,9 @@ def test_sample_survives_fork_and_the_child_can_watch(stuck_so):
         pid = os.fork()
         if pid == 0:
             try:
-                dog.stop()     # nothing runs in the child: a no-op
                 with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as child_dog:
                     greenlet.greenlet(stuck_in_syscall).switch()
+                dog.stop()     # the parent's: nothing of it runs in the child, a no-op
                 print("CHILD REPORTS", child_dog.reports, file=sys.stderr, flush=True)
             finally:
                 os._exit(0)

@@ -11,6 +11,7 @@ docs/design.md, "Stuck threads".
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 
@@ -125,6 +126,16 @@ def start_watchdog(threshold: float = 1.0, file=None, *, repeat: bool = True) ->
     dog = Watchdog(float(threshold), file, repeat)
     dog._start()
     return dog
+
+
+def _forget_in_child() -> None:
+    # The C thread does not exist in a forked child (native/watch/watchdog.c
+    # says so there too): the child may start its own.
+    global _running
+    _running = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 @atexit.register
