@@ -3,6 +3,7 @@
  * a test builds, so the contract is checked directly instead of through a
  * whole capture; btc_backtrace() is the native-only walk benchmarks compare
  * with libunwind's and glibc's. */
+#include <Python.h>   /* first (signal_capture.h needs it): it sets the feature macros */
 #include <string.h>
 
 #include "capture/modules.h"

@@ -18,6 +18,7 @@
  * DONE (handler) -> IDLE (requester, after copying).  A handler writes only
  * what was asked for; a requester reads only what is DONE.
  */
+#include <Python.h>   /* first: it sets the feature macros */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
