@@ -7,7 +7,9 @@ rounds, each ratio the median of the per-round ratios, min-max in brackets).
    watchdog thread running, as in production) and with no tracer at all.
    Peer: gevent's own monitor tracer (gevent._tracer.GreenletTracer,
    Cython) on the same run, when gevent is installed.  Target: <= 1.02.
-   Also the bare switch cost (no work between switches), ns per switch.
+   Also the bare switch cost (no work between switches), ns per switch,
+   and the ratio in instructions (callgrind, if valgrind is installed),
+   which a busy machine does not disturb.
 2. Capture of a mixed stack (D levels of Python recursion through C:
    map() and list(), so Python and native frames alternate) inside a
    signal handler's code path vs collect() of the same stack:
@@ -21,6 +23,10 @@ Usage: python benchmarks/bench_watchdog.py [--rounds N] [--depth D]
 Prints a table; exits 0 whatever the result (a report, not a test).
 """
 import argparse
+import os
+import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -113,6 +119,52 @@ def switch_overhead(rounds):
     print(f"   btcore's added cost per switch / (switch + work): "
           f"{(added.median - 1) * per_switch / (min(work['none']) / 1000):.2%} "
           f"({(added.median - 1) * per_switch:.0f} ns per switch)")
+    switch_overhead_in_instructions(spin)
+
+
+PING_PONG_CHILD = r"""
+import sys, greenlet, btcore
+mode, switches, spin = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def other():
+    main = greenlet.getcurrent().parent
+    while True:
+        for _ in range(spin):
+            pass
+        main.switch()
+g = greenlet.greenlet(other)
+g.switch()
+if mode == "btcore":
+    dog = btcore.start_watchdog(threshold=60)
+def main():
+    for _ in range(switches // 2):
+        for _ in range(spin):
+            pass
+        g.switch()
+main()
+"""
+
+
+def instructions(mode, switches, spin):
+    """Instructions a whole child run executes, counted by callgrind."""
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                           "-P", "-c", PING_PONG_CHILD, mode, str(switches), str(spin)],
+                          capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONHASHSEED="0"))
+    return int(re.search(r"Collected : (\d+)", done.stderr).group(1))
+
+
+def switch_overhead_in_instructions(spin):
+    """The same comparison in instructions (callgrind): stable on a busy
+    machine, where the wall-clock ratios above spread widely.  Two run
+    lengths, so that start-up cancels out."""
+    if not shutil.which("valgrind"):
+        print("   (valgrind not found: no instruction counts)")
+        return
+    short, long = 2000, 12000
+    per = {}
+    for mode in ("none", "btcore"):
+        per[mode] = (instructions(mode, long, spin) - instructions(mode, short, spin)) / (long - short)
+    print(f"   instructions per switch + its work (callgrind): {per['none']:.0f} without, {per['btcore']:.0f} with:"
+          f" {per['btcore'] / per['none']:.3f}   (target <= 1.02)")
 
 
 def mixed_stack(depth, at_bottom):
