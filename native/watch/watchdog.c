@@ -219,8 +219,10 @@ static void *watchdog_main(void *arg BTC_UNUSED)
     for (int i = 0; i < BTC_WATCHED_THREADS; i++)
         dog.states[i] = (stuck_state){.seen = atomic_load(&counters[i].switches), .since = start,
                                       .next = dog.threshold};
-    while (!__atomic_load_n(&dog.stopping, __ATOMIC_ACQUIRE)) {
+    bool last = false;
+    while (!last) {   /* one pass after stop(): a switch made just before it is still reported */
         wait_tick(tick);
+        last = __atomic_load_n(&dog.stopping, __ATOMIC_ACQUIRE);
         double now = now_s();
         for (int i = 0; i < BTC_WATCHED_THREADS; i++)
             check(i, now);
