@@ -43,8 +43,8 @@ def run_child(script, *args, bound):
     done = subprocess.run([sys.executable, "-P", "-c", RSS + textwrap.dedent(script), *map(str, args)],
                           capture_output=True, text=True, timeout=bound,
                           env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+    print(done.stdout, end="")   # the figures, for ci/stress.sh and pytest -s (and what failed)
     assert done.returncode == 0, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
-    print(done.stdout, end="")   # the figures, for ci/stress.sh and pytest -s
     return done.stdout
 
 

@@ -129,7 +129,9 @@ static bool frame_readable(btc_read_check *self, const void *frame)
 static bool object_readable(btc_read_check *self, const void *object)
 {
     chain_limits *l = (chain_limits *)self;
-    bool ok = !((uintptr_t)object & 7) && (!l->probed || probe(object, sizeof(PyCodeObject)));
+    /* A frame whose code is not a code object was being pushed or popped: refused too. */
+    bool ok = !((uintptr_t)object & 7) && (!l->probed || probe(object, sizeof(PyCodeObject))) &&
+              PyCode_Check((PyObject *)object);
     l->refused |= !ok;
     return ok;
 }
@@ -168,6 +170,14 @@ static unsigned walk_end(const btc_context *ctx, const btc_native_frame *nat, in
     return natural_end(ctx, m, pc) ? 0 : BTC_PARTIAL_CUT;
 }
 
+static bool python_frames(const btc_sigsample *s)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->frames[i].kind == BTC_KIND_PYTHON)
+            return true;
+    return false;
+}
+
 void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_sigsample *out,
                         btc_native_frame *nat)
 {
@@ -185,6 +195,7 @@ void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_s
         btc_py_cursor_thread(&py, ts);
         py.check = &limits.base;
     }
+    bool py_started = py.frame != NULL;
     bool on_stack = regs_from_ucontext(ucontext, &ctx.regs) && ctx.regs.sp >= info->stack_lo &&
                     ctx.regs.sp < info->stack_hi;
     ctx.mem.lo = ctx.regs.sp;
@@ -201,13 +212,13 @@ void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_s
         out->partial = walk_end(&ctx, nat, walked, out);
         btc_modules_release();
     }
+    out->n = c.n;
     if (c.truncated)
         out->partial |= BTC_PARTIAL_TRUNCATED;
-    if (limits.refused)
-        out->partial |= BTC_PARTIAL_PYTHON;
+    if (limits.refused || (py_started && !switching && !python_frames(out)))
+        out->partial |= BTC_PARTIAL_PYTHON;   /* a chain that had frames gave none: not complete */
     if (switching)
         out->partial = (out->partial & ~BTC_PARTIAL_CUT) | BTC_PARTIAL_SWITCHING;
-    out->n = c.n;
 }
 
 int btc_thread_slot_self(void)
