@@ -288,3 +288,87 @@ int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);
  * (lines != 0): tests and benchmarks of a cold encoder.  Runs with the GIL
  * held. */
 void btc_encode_forget(int modules, int lines);
+
+/* ---- signal-context capture and the watchdog (capture/signal_capture.c, watch/) ---- */
+
+/* Why a signal-context sample is partial (bits of btc_sigsample.partial). */
+#define BTC_PARTIAL_LOCKED    1   /* the module list was busy: Python frames only */
+#define BTC_PARTIAL_NO_TABLE  2   /* the walk stopped at a module whose CFI table was not built yet */
+#define BTC_PARTIAL_NO_MODULE 4   /* the walk stopped at a pc in no module known (loaded since?) */
+#define BTC_PARTIAL_TRUNCATED 8   /* more frames than the sample holds */
+#define BTC_PARTIAL_OFF_STACK 16  /* the stack pointer lies outside the thread's stack: Python frames only */
+#define BTC_PARTIAL_PYTHON    32  /* the Python frame chain could not be read to its end */
+#define BTC_PARTIAL_SWITCHING 64  /* interrupted inside a greenlet switch: its innermost native frames only */
+#define BTC_PARTIAL_CUT      128  /* the walk stopped before the stack's end (a caller not recovered) */
+
+#define BTC_SIGNAL_FRAMES 128
+
+/* One capture made by a signal handler on the thread it interrupted: raw
+ * frames as collect() records them, but no reference held on the code
+ * objects named (resolve them while the thread is still where it was). */
+typedef struct {
+    btc_frame frames[BTC_SIGNAL_FRAMES];
+    int n;
+    unsigned partial;       /* BTC_PARTIAL_* */
+    uintptr_t pending_pc;   /* BTC_PARTIAL_NO_TABLE: a pc in the module whose table is missing */
+} btc_sigsample;
+
+/* Make the calling thread samplable from other threads (GIL held): note its
+ * thread state and stack, learn greenlet's start-up stub and the eval loop,
+ * build the CFI tables of the interpreter and libc, and install the capture
+ * signal's handler.  Idempotent.  Returns the thread's slot (>= 0) or a
+ * BTC_E_* code (btc_last_error() says why: no free slot, the signal taken). */
+int btc_thread_register(void);
+/* Forget the calling thread (on thread exit). */
+void btc_thread_unregister(void);
+/* Sample a registered thread (its threading ident) through the capture
+ * signal, waiting at most timeout_ms per ask; a partial sample is asked
+ * again (a few times at most), after building the table the handler missed.  Releases the
+ * GIL while it waits.  Returns 0, or -1 (not registered, or no answer in
+ * time: a thread blocking the signal). */
+int btc_signal_sample(uint64_t thread_ident, int timeout_ms, btc_sigsample *out);
+/* The sample as text, innermost frame first, one frame a line (native:
+ * "  [module] function+0xoff", Python: "  File "f", line N, in name"),
+ * named without the GIL: symbol tables in C, code objects read raw (call
+ * it while the sampled thread still runs those frames).  Returns the
+ * length written (truncated to size - 1, NUL-terminated). */
+int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size);
+/* The signal the handler captures on (a real-time signal). */
+int btc_capture_signal(void);
+
+/* Switch detection for the watchdog: put the tracer for the calling
+ * thread into the dict at `namespace` as "tracer" (install it with
+ * greenlet.settrace), chaining to `previous` (0: none); a switch into an
+ * instance of `idle_type` (0: none; gevent's Hub) counts as idle, not stuck.
+ * Registers the thread.  Returns its slot or a BTC_E_* code. */
+int btc_watch_thread(uintptr_t namespace, uintptr_t previous, uintptr_t idle_type);
+/* Stop watching the calling thread (its tracer then only chains). */
+void btc_unwatch_thread(void);
+/* Start the watchdog thread (C, never takes the GIL): a watched thread
+ * whose greenlets have not switched for threshold_s is sampled and
+ * reported to fd (dup'ed), again after 2x, 4x, ... while stuck (repeat),
+ * and a line is written when it switches again.  0, or -1 if running. */
+int btc_watchdog_start(double threshold_s, int fd, int repeat);
+/* Stop it and wait for it (the GIL released meanwhile); 0 if it was not running. */
+int btc_watchdog_stop(void);
+/* Reports written since start (for tests). */
+int btc_watchdog_reports(void);
+
+/* register_dump_signal(stuck=True): on signal signum, a C thread samples
+ * the main thread (which must call this) and writes its stack to fd
+ * (dup'ed); chain: also run the handler installed before.  0 or -1. */
+int btc_dump_signal_install(int signum, int fd, int chain);
+/* Put the previous handler back; 0 if none was installed for signum. */
+int btc_dump_signal_uninstall(int signum);
+
+/* Test-only: a handler on signal signum (a timer) that captures the
+ * interrupted thread (registered here) and checks each sample inside the
+ * handler, until btc_test_signal_stress_stop(), which writes 11 counts:
+ * complete, partial, invalid samples, then partial ones per BTC_PARTIAL_*
+ * bit (1, 2, 4, ...), and the last invalid sample. */
+int btc_test_signal_stress_start(int signum);
+void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid);
+/* Benchmark-only: the handler's capture of the calling registered thread,
+ * from getcontext()'s registers, without a signal.  0, or -1 if the thread
+ * is not registered. */
+int btc_test_capture_here(btc_sigsample *out);

@@ -178,23 +178,11 @@ static void python_only(sink *s, btc_pycursor *py)
 /* Native frames a walk may need beyond the output's size: btcore's own. */
 #define OWN_NATIVE_FRAMES 32
 
-static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
-                   bool greenlet)
+/* Merge the walk nat[0..n) (of a buffer of max) with py's frames. */
+static void merge_walked(btc_pycursor *py, sink *s, int want, bool own_first, bool greenlet,
+                         btc_native_frame *nat, int n, int max)
 {
-    if (!(want & BTC_WANT_NATIVE)) {
-        python_only(s, py);
-        return 0;
-    }
-    btc_native_frame stack_buf[STACK_NATIVE_FRAMES];
-    native_walk w = {.nat = stack_buf, .own_first = own_first, .greenlet = greenlet};
-    int max = s->max + OWN_NATIVE_FRAMES;
-    btc_native_frame *heap = NULL;
-    if (max > STACK_NATIVE_FRAMES && !(w.nat = heap = malloc(max * sizeof *w.nat)))
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
-    btc_modules_acquire();
-    btc_eval_ranges_init();
-    w.n = btc_unwind(ctx, w.nat, max);
-    w.complete = w.n < max;
+    native_walk w = {.nat = nat, .n = n, .complete = n < max, .own_first = own_first, .greenlet = greenlet};
     if (greenlet && !(want & BTC_WANT_INTERNALS)) {
         int hidden = hide_greenlet_internals(&w);
         w.nat += hidden;
@@ -206,9 +194,51 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         w.n -= own;
     }
     merge(s, &w, py, want);
+}
+
+static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
+                   bool greenlet)
+{
+    if (!(want & BTC_WANT_NATIVE)) {
+        python_only(s, py);
+        return 0;
+    }
+    btc_native_frame stack_buf[STACK_NATIVE_FRAMES], *nat = stack_buf;
+    int max = s->max + OWN_NATIVE_FRAMES;
+    btc_native_frame *heap = NULL;
+    if (max > STACK_NATIVE_FRAMES && !(nat = heap = malloc(max * sizeof *nat)))
+        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+    btc_modules_acquire();
+    btc_eval_ranges_init();
+    merge_walked(py, s, want, own_first, greenlet, nat, btc_unwind(ctx, nat, max), max);
     btc_modules_release();
     free(heap);
     return 0;
+}
+
+int btc_capture_interrupted(btc_raw_capture *c, const btc_context *ctx, btc_pycursor *py,
+                            btc_native_frame *nat, int max, bool *switching)
+{
+    sink s = {.out = c->frames, .max = c->max};
+    int walked = btc_unwind(ctx, nat, max);
+    *switching = false;
+    for (int i = 0; i < walked && !*switching; i++)
+        if ((*switching = btc_greenlet_switching(nat[i].exact ? nat[i].pc : nat[i].pc - 1))) {
+            walked = i + 1;     /* the stack beyond is being copied in or out */
+            py->frame = NULL;   /* the thread state's chain is between two greenlets */
+        }
+    merge_walked(py, &s, BTC_WANT_PYTHON | BTC_WANT_NATIVE, false, false, nat, walked, max);
+    c->n = s.n;
+    c->truncated = s.truncated;
+    return walked;
+}
+
+void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py)
+{
+    sink s = {.out = c->frames, .max = c->max};
+    python_only(&s, py);
+    c->n = s.n;
+    c->truncated = s.truncated;
 }
 
 /* The calling thread's stack, walked from regs (of a frame still live);

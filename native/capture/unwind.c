@@ -109,10 +109,13 @@ static void row_cache_follow_modules(void)
     row_cache_generation = btc_modules_generation;
 }
 
-static const btc_cfi_row *find_row(uintptr_t pc)
+/* *lasting: the answer holds until the module list changes (false when a
+ * signal handler found the module's table not built yet). */
+static const btc_cfi_row *find_row(uintptr_t pc, bool *lasting)
 {
     btc_module *m = btc_module_find(pc);
     const btc_table *t = m ? btc_module_table(m) : NULL;
+    *lasting = t || !m || !btc_module_table_pending(m);
     return t ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
 }
 
@@ -121,7 +124,10 @@ BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
 {
     size_t i = (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
     if (row_cache[i].pc != pc) {
-        const btc_cfi_row *row = find_row(pc);
+        bool lasting;
+        const btc_cfi_row *row = find_row(pc, &lasting);
+        if (!lasting)
+            return NULL;   /* not cached: the table is built later */
         row_cache[i].found = row != NULL;
         if (row)
             row_cache[i].row = *row;
