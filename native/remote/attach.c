@@ -1,0 +1,67 @@
+/* Stopping one thread of another process to read its registers (ptrace).
+ *
+ * PTRACE_SEIZE does not stop the thread and sends it no signal (unlike
+ * PTRACE_ATTACH's SIGSTOP, which could be seen by the target as a job-control
+ * stop); PTRACE_INTERRUPT then stops it, and PTRACE_DETACH lets it go on as
+ * if nothing happened.  A signal that arrived meanwhile is reported to us
+ * instead of being delivered: it is handed back at detach.  The caller
+ * (btcore/process.py) detaches every thread it stopped, on every path.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "common/base.h"
+
+/* Wait for tid's stop, at most timeout_ms; 0, or -errno (-ETIMEDOUT,
+ * -ESRCH when the thread exited). */
+static int wait_stop(int tid, int timeout_ms, int *pending_signal)
+{
+    struct timespec pause = {0, 100000};   /* 0.1 ms */
+    for (int waited = 0;; waited++) {
+        int status;
+        pid_t r = waitpid(tid, &status, __WALL | WNOHANG);
+        if (r < 0)
+            return -errno;
+        if (r == tid && (WIFEXITED(status) || WIFSIGNALED(status)))
+            return -ESRCH;
+        if (r == tid && WIFSTOPPED(status)) {
+            /* A signal-delivery stop (not our interrupt's PTRACE_EVENT_STOP):
+             * the signal goes back to the thread at detach. */
+            if ((status >> 16) != PTRACE_EVENT_STOP && WSTOPSIG(status) != SIGTRAP)
+                *pending_signal = WSTOPSIG(status);
+            return 0;
+        }
+        if (waited / 10 >= timeout_ms)
+            return -ETIMEDOUT;
+        nanosleep(&pause, NULL);
+    }
+}
+
+int btc_ptrace_stop(int tid, int timeout_ms, uintptr_t *regs, int *pending_signal)
+{
+    *pending_signal = 0;
+    if (ptrace(PTRACE_SEIZE, tid, 0, 0) != 0)
+        return -errno;
+    if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) != 0)
+        return -errno;   /* seized: the caller detaches */
+    int rc = wait_stop(tid, timeout_ms, pending_signal);
+    if (rc)
+        return rc;
+    struct user_regs_struct r;
+    if (ptrace(PTRACE_GETREGS, tid, 0, &r) != 0)
+        return -errno;
+    regs[0] = r.rip;
+    regs[1] = r.rsp;
+    regs[2] = r.rbp;
+    regs[3] = r.rbx;
+    return 0;
+}
+
+int btc_ptrace_detach(int tid, int signal)
+{
+    return ptrace(PTRACE_DETACH, tid, 0, (void *)(uintptr_t)signal) == 0 ? 0 : -errno;
+}

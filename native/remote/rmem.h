@@ -1,0 +1,15 @@
+/* Another process's memory (rmem.c): read through process_vm_readv (or
+ * /proc/PID/mem), or from a core file's segments, with a bounded cache of
+ * 16 KiB chunks.  What was read while the target was stopped stays as it
+ * was: the cache is the dump's snapshot of the target. */
+#ifndef BTC_RMEM_H
+#define BTC_RMEM_H
+
+#include "common/base.h"
+
+/* btc_rmem and its API: btcore_api.h ("another process"). */
+
+/* One aligned word, through the cache; false if unreadable. */
+bool btc_rmem_word(btc_rmem *m, uintptr_t addr, uintptr_t *out);
+
+#endif
