@@ -7,6 +7,8 @@ runs again, from these copies.
 """
 from __future__ import annotations
 
+import bisect
+import ctypes
 import errno
 import functools
 import os
@@ -42,22 +44,28 @@ class DumpPermissionError(DumpError, PermissionError):
 def permission_advice(pid: int, why: str) -> str:
     """One message saying what to change, from what this machine says."""
     scope = _read_text("/proc/sys/kernel/yama/ptrace_scope")
-    lines = [f"cannot read process {pid}: {why}."]
-    if os.geteuid() != 0 and scope in ("1", None):
-        lines.append("Run the dump as root (sudo), or as the target's user with "
-                     "/proc/sys/kernel/yama/ptrace_scope set to 0 "
-                     f"(now {scope}: only a parent may trace its children): "
-                     "sudo sysctl kernel.yama.ptrace_scope=0.")
-    elif scope in ("2", "3"):
-        lines.append(f"kernel.yama.ptrace_scope is {scope}: "
-                     + ("only a process with CAP_SYS_PTRACE (root) may trace." if scope == "2"
-                        else "tracing is disabled until reboot."))
-    elif os.geteuid() != 0:
-        lines.append("Run the dump as root or as the target's own user.")
-    else:
-        lines.append("Root without CAP_SYS_PTRACE (a container?): run it with --cap-add=SYS_PTRACE "
-                     "(docker) or securityContext.capabilities.add: [SYS_PTRACE] (Kubernetes).")
-    return " ".join(lines)
+    owner = _owner(pid)
+    text = f"cannot read process {pid}: {why}. "
+    if os.geteuid() != 0 and owner is not None and owner != os.geteuid():
+        return text + (f"It belongs to uid {owner}, this dump runs as uid {os.geteuid()}: "
+                       "run the dump as root (sudo) or as the target's user.")
+    if scope == "1" and os.geteuid() != 0:
+        return text + ("kernel.yama.ptrace_scope is 1 (only a parent may read its children): run the dump "
+                       "as root (sudo), or allow it with: sudo sysctl kernel.yama.ptrace_scope=0.")
+    if scope == "2" and os.geteuid() != 0:
+        return text + "kernel.yama.ptrace_scope is 2 (only CAP_SYS_PTRACE may read a process): run the dump as root."
+    if scope == "3":
+        return text + "kernel.yama.ptrace_scope is 3: no process may read another until the next reboot."
+    return text + ("This process lacks CAP_SYS_PTRACE (a container?): run the container with "
+                   "--cap-add=SYS_PTRACE (docker, podman) or add SYS_PTRACE to its securityContext "
+                   "capabilities (Kubernetes).")
+
+
+def _owner(pid: int):
+    for line in (_read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
 
 
 def _read_text(path: str):
@@ -163,7 +171,6 @@ class Modules:
         return self._set
 
     def at(self, pc: int) -> Module | None:
-        import bisect
         i = bisect.bisect_right(self._los, pc) - 1
         return self.list[i] if i >= 0 and pc < self.list[i].hi else None
 
@@ -354,8 +361,6 @@ def local_greenlet_offsets():
 def _top_frame_offset(pimpl_off: int, size: int) -> int:
     """Where greenlet keeps a suspended greenlet's top frame object: the one
     word of its C++ object equal to gr_frame, in two greenlets."""
-    import ctypes
-
     def park():
         greenlet.getcurrent().parent.switch()
 
@@ -435,14 +440,18 @@ def _copy_greenlet(target: Target, g: int):
         return None
     start, stop, copy, saved = _STATE.unpack(state)
     main = stop == _MAIN_STACK_STOP
-    # Suspended and started: greenlet marks a running one start == 1, a dead one 0.
+    # Started and not dead (greenlet sets start to 0 when one dies, to 1 when one starts).
     if start <= 1 or start >= stop or saved < 0 or (not main and saved > stop - start):
+        return None
+    # greenlet's own rule: active without a saved frame is running (a
+    # running greenlet's StackState still holds the sp it last had).
+    frame = memory.word(pimpl + frame_off)
+    if not frame:
         return None
     spill = memory.read(copy, saved) if saved else b""
     if spill is None:
         return None
-    frame = memory.word(pimpl + frame_off)
-    pyframes = _pyframes(lib.btc_remote_object_frames, memory, frame) if frame else []
+    pyframes = _pyframes(lib.btc_remote_object_frames, memory, frame)
     return GreenletCopy(g, _type_name(target, g), start, stop, saved, spill, pyframes, main)
 
 
