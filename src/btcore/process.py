@@ -22,7 +22,7 @@ from ._native import ffi, lib
 from .frame import NATIVE, PYTHON, Frame
 from .resolve import file_symbol, native_frames
 from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
-                     snapshot_live)
+                     snapshot_live, vdso_file)
 
 __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "dump_process", "process_stacks"]
 
@@ -240,7 +240,7 @@ def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
     if elf["e_type"] != "ET_CORE":
         f.close()
         raise DumpError(f"{core} is not a core file")
-    memory_handle, keep, mappings, regs_of, pid = lib.btc_rmem_open_segments(), [f], [], {}, 0
+    memory_handle, keep, mappings, regs_of, pid, vdso = lib.btc_rmem_open_segments(), [f], [], {}, 0, None
     for seg in elf.iter_segments():
         if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
             lib.btc_rmem_add_segment(memory_handle, seg["p_vaddr"], seg["p_filesz"], f.fileno(), seg["p_offset"])
@@ -254,6 +254,8 @@ def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
                 regs = struct.unpack_from("<27Q", desc, 112)
                 regs_of[tid] = (regs[16], regs[19], regs[4], regs[5])
                 pid = pid or tid
+            elif note["n_type"] == "NT_AUXV":
+                vdso = _auxv_vdso(note["n_desc"])
             elif note["n_type"] == "NT_FILE":
                 page = note["n_desc"]["page_size"]
                 for entry, name in zip(note["n_desc"]["Elf_Nt_File_Entry"], note["n_desc"]["filename"]):
@@ -266,11 +268,24 @@ def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
             fm = open(m.path, "rb")
             keep.append(fm)
             lib.btc_rmem_add_segment(memory_handle, m.lo, m.hi - m.lo, fm.fileno(), m.offset)
+    segment = next((m for m in mappings if not m.path and vdso is not None and m.lo <= vdso < m.hi), None)
+    if segment is not None:   # a thread may be stopped inside the vDSO (clock_gettime)
+        mappings += vdso_file(Mapping(segment.lo, segment.hi, "", 0, "[vdso]"), memory)
     if exe and not any(m.path == exe for m in mappings):
         notes.append(f"{exe} is not among the core's mapped files")
     target = Target(pid, memory, [m for m in mappings if m.path] + [m for m in mappings if not m.path], notes)
     threads, greenlets = gather(target, regs_of, threads_only)
     return Snapshot(pid, threads, greenlets, target.modules, memory, target.greenlet_code, target.layout, 0.0, notes)
+
+
+_AT_SYSINFO_EHDR = 33
+
+
+def _auxv_vdso(desc):
+    """The vDSO's address from the auxiliary vector (NT_AUXV), or None."""
+    raw = desc if isinstance(desc, bytes) else bytes(desc, "latin-1")
+    pairs = struct.iter_unpack("<QQ", raw[: len(raw) // 16 * 16])
+    return next((value for kind, value in pairs if kind == _AT_SYSINFO_EHDR), None)
 
 
 # ---- public ----

@@ -463,12 +463,11 @@ def _type_name(target: Target, obj: int) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else "?"
 
 
-def _vdso_file(mappings: list, memory: Memory, notes: list) -> list:
+def vdso_file(vdso: Mapping, memory: Memory) -> list:
     """The target's vDSO (code the kernel maps, with its own CFI: a thread in
     clock_gettime is inside it), copied to a file so that it is a module like
     the others.  The file is removed when the dump is done (Memory.close)."""
-    vdso = next((m for m in mappings if m.path == "[vdso]"), None)
-    image = memory.read(vdso.lo, vdso.hi - vdso.lo) if vdso else None
+    image = memory.read(vdso.lo, vdso.hi - vdso.lo)
     if not image:
         return []
     folder = tempfile.mkdtemp(prefix="btcore-vdso-")
@@ -515,7 +514,8 @@ def snapshot_live(pid: int, *, threads_only: bool = False, timeout: float = 5.0)
         raise DumpPermissionError(permission_advice(pid, e.strerror)) from None
     notes = []
     memory = Memory(lib.btc_rmem_open_pid(pid))
-    mappings = mappings + _vdso_file(mappings, memory, notes)
+    vdso = next((m for m in mappings if m.path == "[vdso]"), None)
+    mappings = mappings + (vdso_file(vdso, memory) if vdso else [])
     if memory.read(mappings[0].lo, 8) is None if mappings else True:
         code = lib.btc_rmem_last_errno(memory.handle)
         if code in (errno.EPERM, errno.EACCES):
