@@ -344,3 +344,25 @@ int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyf
 #define BTC_REMOTE_MAX_OBJECTS 50000000
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
                             uintptr_t *out, int max, uint64_t *visited);
+
+/* The suspended greenlets among greenlet objects, with their saved state
+ * (offsets: PyGreenlet.pimpl, StackState and the top frame in greenlet's C++
+ * object, as learned here from greenlets in known states); running, dead,
+ * unstarted and unreadable ones are left out.  Returns how many were
+ * written. */
+typedef struct {
+    uintptr_t address, type;
+    uintptr_t start, stop, copy;
+    intptr_t saved;
+    uintptr_t frame;     /* the top frame object, 0 if none saved */
+    size_t spill_at;     /* btc_remote_greenlet_copies(): where its heap copy went */
+    int32_t frames_at, nframes;   /* ... and its Python frames */
+    int32_t copied;      /* its heap copy was read */
+    int32_t reserved;
+} btc_remote_greenlet;
+int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
+                               btc_remote_greenlet *out);
+/* Copy each greenlet's heap copy of its stack into spill (packed, in
+ * order) and its Python frames into frames; returns the frames written. */
+int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
+                               btc_remote_pyframe *frames, int max_frames);

@@ -21,11 +21,11 @@
 #include "common/array.h"
 #include "remote/rmem.h"
 
-#define CHUNK_SHIFT 14
+#define CHUNK_SHIFT 13
 #define CHUNK_SIZE (1u << CHUNK_SHIFT)
 #define PAGE 4096u
-#define SLOTS 16384u           /* power of two: open addressing */
-#define MAX_CHUNKS 8192u       /* 128 MiB of chunks at most, then the cache is emptied */
+#define SLOTS (2 * MAX_CHUNKS)   /* power of two: open addressing, at most half full */
+#define MAX_CHUNKS ((128u << 20) >> CHUNK_SHIFT)   /* 128 MiB of chunks at most, then the cache is emptied */
 #define MAX_SEGMENTS 65536
 
 typedef struct {

@@ -159,3 +159,63 @@ int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uin
 }
 
 #endif
+
+/* ---- greenlets' saved states (any CPython version: greenlet's layout) ---- */
+
+#define MAIN_STACK_STOP ((uintptr_t)-1)
+
+/* Suspended (neither running, dead nor unstarted), from greenlet's own
+ * marks: start is 0 once dead, 1 while starting; a running greenlet keeps
+ * the sp it last had, but has no saved frame and, having been switched in,
+ * its whole stack back in place (saved 0).  A suspended greenlet may lack a
+ * Python frame (parked in Cython code: gevent.spawn(queue.get)), but then
+ * part of its stack was copied away, or it lies in place untouched: only
+ * that last case is taken for a running one. */
+static bool suspended(const btc_remote_greenlet *g)
+{
+    bool main = g->stop == MAIN_STACK_STOP;
+    if (g->start <= 1 || g->start >= g->stop || g->saved < 0 || (!main && (uintptr_t)g->saved > g->stop - g->start))
+        return false;
+    return g->frame || g->saved > 0;
+}
+
+int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
+                               btc_remote_greenlet *out)
+{
+    size_t pimpl_off = offsets[0], state_off = offsets[1], frame_off = offsets[2];
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        uintptr_t g = greenlets[i], pimpl, state[4];
+        btc_remote_greenlet *o = &out[kept];
+        memset(o, 0, sizeof *o);
+        if (!btc_rmem_word(m, g + sizeof(Py_ssize_t), &o->type) || !btc_rmem_word(m, g + pimpl_off, &pimpl) ||
+            !pimpl || btc_rmem_read(m, pimpl + state_off, state, sizeof state) != 0 ||
+            !btc_rmem_word(m, pimpl + frame_off, &o->frame))
+            continue;
+        o->address = g;
+        o->start = state[0];
+        o->stop = state[1];
+        o->copy = state[2];
+        o->saved = (intptr_t)state[3];
+        kept += suspended(o);
+    }
+    return kept;
+}
+
+int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
+                               btc_remote_pyframe *frames, int max_frames)
+{
+    size_t spilled = 0;
+    int nframes = 0;
+    for (int i = 0; i < n; i++) {
+        btc_remote_greenlet *g = &gs[i];
+        g->copied = g->saved == 0 || ((size_t)g->saved <= spill_size - spilled &&
+                                      btc_rmem_read(m, g->copy, spill + spilled, (size_t)g->saved) == 0);
+        g->spill_at = spilled;
+        spilled += g->copied ? (size_t)g->saved : 0;
+        g->frames_at = nframes;
+        g->nframes = g->frame ? btc_remote_object_frames(m, g->frame, frames + nframes, max_frames - nframes) : 0;
+        nframes += g->nframes;
+    }
+    return nframes;
+}

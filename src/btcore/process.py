@@ -21,7 +21,7 @@ from elftools.elf.elffile import ELFFile
 from ._native import ffi, lib
 from .frame import NATIVE, PYTHON, Frame
 from .resolve import file_symbol, native_frames
-from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
+from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather, greenlet_copies,
                      snapshot_live, vdso_file)
 
 __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "dump_process", "process_stacks"]
@@ -55,6 +55,7 @@ class _Walker:
         self.snap, self.native = snap, native
         self._symbols = {}   # pc (looked-up) -> (module, symbol, start)
         self._codes = {}     # target code address -> (qualname, filename, firstlineno, linetable)
+        self._named = {}     # raw frame -> its Frames
         code = snap.greenlet_code
         stubs = [(code.stub_lo[i], code.stub_hi[i]) for i in range(code.nstub)] if code else []
         self._end_lo = ffi.new("uintptr_t[2]", [lo for lo, _ in stubs] + [0] * (2 - len(stubs)))
@@ -113,9 +114,15 @@ class _Walker:
         return out
 
     def resolve(self, raw: list) -> list:
+        """Frames of a merged raw stack; each raw frame is named once per dump
+        (10 000 greenlets parked in a few places repeat the same frames)."""
         frames = []
-        for kind, a, b in raw:
-            frames.extend(self._python(a, b) if kind == "python" else self._native(a, b))
+        for key in raw:
+            named = self._named.get(key)
+            if named is None:
+                kind, a, b = key
+                named = self._named[key] = self._python(a, b) if kind == "python" else self._native(a, b)
+            frames.extend(named)
         return frames
 
     def _native(self, pc: int, exact: bool) -> tuple:
@@ -220,6 +227,8 @@ def _greenlet_bytes(g, thread):
     """[start, stop) of a suspended greenlet: greenlet's heap copy of the low
     part, then the part still in place on its thread's stack (copied with it)."""
     in_place_lo = g.start + g.saved
+    if g.spill is None:
+        return None
     if not g.main and in_place_lo >= g.stop:
         return g.spill
     if thread is None or in_place_lo < thread.stack_lo:
@@ -275,7 +284,7 @@ def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
         notes.append(f"{exe} is not among the core's mapped files")
     target = Target(pid, memory, [m for m in mappings if m.path] + [m for m in mappings if not m.path], notes)
     threads, greenlets = gather(target, regs_of, threads_only)
-    return Snapshot(pid, threads, greenlets, target.modules, memory, target.greenlet_code, target.layout, 0.0, notes)
+    return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory, target.greenlet_code, target.layout, 0.0, notes)
 
 
 _AT_SYSINFO_EHDR = 33

@@ -29,7 +29,7 @@ _MAX_STACK_COPY = 8 << 20      # bytes of a thread's stack copied, from its sp u
 _MAX_GREENLETS = 1 << 20
 _MAX_PYFRAMES = 4096           # per stack
 _WORD = struct.Struct("<Q")
-_STATE = struct.Struct("<QQQq")   # greenlet's StackState: start, stop, copy, saved
+_SCRATCH = 1 << 16            # reads up to this size reuse one buffer
 _MAIN_STACK_STOP = (1 << 64) - 1
 
 
@@ -85,6 +85,7 @@ class Memory:
         self._m = ffi.gc(handle, lib.btc_rmem_close)
         self._keep = list(keep)   # file objects whose descriptors the segments use
         self._folders = []        # temporary files of the dump
+        self._scratch = ffi.new("char[]", _SCRATCH)
 
     @property
     def handle(self):
@@ -93,7 +94,7 @@ class Memory:
     def read(self, addr: int, n: int) -> bytes | None:
         if n <= 0 or addr <= 0:
             return b"" if n == 0 else None
-        buf = ffi.new("char[]", n)
+        buf = self._scratch if n <= _SCRATCH else ffi.new("char[]", n)
         return ffi.buffer(buf, n)[:] if lib.btc_rmem_read(self._m, addr, buf, n) == 0 else None
 
     def word(self, addr: int) -> int | None:
@@ -241,7 +242,7 @@ class GreenletCopy:
     start: int
     stop: int
     saved: int
-    spill: bytes                # [start, start + saved), from greenlet's heap copy
+    spill: bytes | None         # [start, start + saved), from greenlet's heap copy (None: unreadable)
     pyframes: list
     main: bool
 
@@ -259,10 +260,15 @@ class Snapshot:
     notes: list = field(default_factory=list)
 
 
+_PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
+_pyframe_buffer = ffi.new("btc_remote_pyframe[]", _MAX_PYFRAMES)   # reused: the dump runs on one thread
+
+
 def _pyframes(reader, memory: Memory, addr: int) -> list:
-    out = ffi.new("btc_remote_pyframe[]", _MAX_PYFRAMES)
-    n = reader(memory.handle, addr, out, _MAX_PYFRAMES)
-    return [(out[i].code, out[i].lasti, bool(out[i].entry)) for i in range(n)]
+    """[(code, lasti, entry)] innermost first."""
+    n = reader(memory.handle, addr, _pyframe_buffer, _MAX_PYFRAMES)
+    raw = ffi.buffer(_pyframe_buffer, n * _PYFRAME.size)
+    return [(code, lasti, bool(entry)) for code, lasti, entry in _PYFRAME.iter_unpack(raw)]
 
 
 class Target:
@@ -270,6 +276,7 @@ class Target:
 
     def __init__(self, pid: int, memory: Memory, mappings: list, notes: list):
         self.pid, self.memory, self.mappings, self.notes = pid, memory, mappings, notes
+        self.type_names = {}   # type object address -> tp_name
         self.modules = Modules(mappings, memory, notes)
         self.layout = ffi.new("btc_remote_layout *")
         if lib.btc_remote_pylayout(self.layout) != 0:
@@ -382,7 +389,8 @@ def _top_frame_offset(pimpl_off: int, size: int) -> int:
 
 def gather(target: Target, regs_of: dict, threads_only: bool) -> tuple:
     """Everything the dump reads, while the target is stopped: thread stacks,
-    thread states, greenlets.  regs_of: tid -> registers (or an error text)."""
+    thread states, greenlets (raw: greenlet_copies() unpacks them).
+    regs_of: tid -> registers (or an error text)."""
     threads = [_copy_thread(target, tid, regs) for tid, regs in regs_of.items()]
     by_tid = {t.tid: t for t in threads}
     greenlets = []
@@ -396,7 +404,7 @@ def gather(target: Target, regs_of: dict, threads_only: bool) -> tuple:
             t.thread_id = target.memory.word(ts + target.layout.tstate_thread_id) or 0
             t.pyframes = _pyframes(lib.btc_remote_thread_frames, target.memory, ts)
         if not threads_only and target.greenlet_type:
-            greenlets.extend(_copy_greenlets(target, interp))
+            greenlets.append(_copy_greenlets(target, interp))
     return threads, greenlets
 
 
@@ -417,50 +425,52 @@ def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
 
 def _copy_greenlets(target: Target, interp: int) -> list:
     heads = target.gc_heads(interp)
-    out, visited = ffi.new("uintptr_t[]", _MAX_GREENLETS), ffi.new("uint64_t *")
-    n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), target.greenlet_type,
-                                    out, _MAX_GREENLETS, visited)
+    visited, room, n = ffi.new("uint64_t *"), 1 << 16, -1
+    while n < 0 and room <= _MAX_GREENLETS:
+        out = ffi.new("uintptr_t[]", room)
+        n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), target.greenlet_type,
+                                        out, room, visited)
+        room *= 2
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
         n = _MAX_GREENLETS
-    copies = []
-    for i in range(n):
-        g = _copy_greenlet(target, out[i])
-        if g is not None:
-            copies.append(g)
-    return copies
+    states = ffi.new("btc_remote_greenlet[]", max(n, 1))
+    offsets = ffi.new("size_t[3]", target.greenlet_offsets)
+    n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, states)
+    saved = sum(g[5] for g in _GREENLET.iter_unpack(ffi.buffer(states, n * _GREENLET.size)))
+    spill = ffi.new("uint8_t[]", max(1, saved))
+    room = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
+    frames = ffi.new("btc_remote_pyframe[]", room)
+    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, states, n, spill, len(spill), frames, room)
+    return ffi.buffer(states, n * _GREENLET.size)[:], ffi.buffer(spill)[:], \
+        ffi.buffer(frames, nframes * _PYFRAME.size)[:]
 
 
-def _copy_greenlet(target: Target, g: int):
-    memory = target.memory
-    pimpl_off, state_off, frame_off = target.greenlet_offsets
-    pimpl = memory.word(g + pimpl_off)
-    state = memory.read(pimpl + state_off, _STATE.size) if pimpl else None
-    if state is None:
-        return None
-    start, stop, copy, saved = _STATE.unpack(state)
-    main = stop == _MAIN_STACK_STOP
-    # Started and not dead (greenlet sets start to 0 when one dies, to 1 when one starts).
-    if start <= 1 or start >= stop or saved < 0 or (not main and saved > stop - start):
-        return None
-    # greenlet's own rule: active without a saved frame is running (a
-    # running greenlet's StackState still holds the sp it last had).
-    frame = memory.word(pimpl + frame_off)
-    if not frame:
-        return None
-    spill = memory.read(copy, saved) if saved else b""
-    if spill is None:
-        return None
-    pyframes = _pyframes(lib.btc_remote_object_frames, memory, frame)
-    return GreenletCopy(g, _type_name(target, g), start, stop, saved, spill, pyframes, main)
+_GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
+_MAX_PYFRAMES_ALL = 1 << 22   # Python frames of all greenlets
 
 
-def _type_name(target: Target, obj: int) -> str:
-    memory = target.memory
-    tp = memory.word(obj + 8)
-    name = memory.word(tp + target.layout.type_name) if tp else None
-    raw = memory.read(name, 128) if name else None
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else "?"
+def greenlet_copies(target: Target, copied: list) -> list:
+    """GreenletCopy objects from the raw copies made while the target was
+    stopped (unpacked after it runs again: this is Python work)."""
+    out = []
+    for states, spill, frames in copied:
+        frames = list(_PYFRAME.iter_unpack(frames))
+        for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, _ in _GREENLET.iter_unpack(states):
+            pyframes = [(code, lasti, bool(entry)) for code, lasti, entry in frames[frames_at: frames_at + nframes]]
+            out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
+                                    spill[spill_at: spill_at + saved] if ok else None, pyframes,
+                                    stop == _MAIN_STACK_STOP))
+    return out
+
+
+def _type_name(target: Target, tp: int) -> str:
+    name = target.type_names.get(tp)
+    if name is None:
+        at = target.memory.word(tp + target.layout.type_name) if tp else None
+        raw = target.memory.read(at, 128) if at else None
+        name = target.type_names[tp] = raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else "?"
+    return name
 
 
 def vdso_file(vdso: Mapping, memory: Memory) -> list:
@@ -534,5 +544,5 @@ def snapshot_live(pid: int, *, threads_only: bool = False, timeout: float = 5.0)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     if not os.path.exists(f"/proc/{pid}"):
         notes.append("the process exited during the dump: what was read before is shown")
-    return Snapshot(pid, threads, greenlets, target.modules, memory, target.greenlet_code, target.layout,
-                    stopped_for, notes)
+    return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
+                    target.greenlet_code, target.layout, stopped_for, notes)
