@@ -90,6 +90,7 @@ def check_against_oracle(doc, oracle):
     kinds = {tuple(f[1] for f in frames if f[0] == "python") for frames in oracle.values()}
     assert any("<lambda>" in k for k in kinds), "no greenlet parked inside the C callback"
     assert any("SocketMixin.recv" in k for k in kinds), "no greenlet parked in socket recv"
+    assert () in kinds, "no greenlet parked without a Python frame"
 
 
 def test_live_dump_shows_every_greenlet_as_the_process_itself_does(target):
