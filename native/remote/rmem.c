@@ -24,8 +24,9 @@
 #define CHUNK_SHIFT 13
 #define CHUNK_SIZE (1u << CHUNK_SHIFT)
 #define PAGE 4096u
-#define SLOTS (2 * MAX_CHUNKS)   /* power of two: open addressing, at most half full */
-#define MAX_CHUNKS ((128u << 20) >> CHUNK_SHIFT)   /* 128 MiB of chunks at most, then the cache is emptied */
+#define SLOT_BITS 15
+#define SLOTS (1u << SLOT_BITS)     /* open addressing, at most half full: */
+#define MAX_CHUNKS (SLOTS / 2)      /* 128 MiB of chunks at most, then the cache is emptied */
 #define MAX_SEGMENTS 65536
 
 typedef struct {
@@ -165,12 +166,20 @@ static uint32_t read_segments(btc_rmem *m, uintptr_t base, uint8_t *buf)
     return valid;
 }
 
-static chunk *chunk_for(btc_rmem *m, uintptr_t base)
+/* The slot of the chunk at base: its own, or the empty one it would take. */
+static chunk *slot_for(btc_rmem *m, uintptr_t base)
 {
-    uint32_t i = (uint32_t)((base >> CHUNK_SHIFT) * 0x9E3779B1u) & (SLOTS - 1);
+    /* Fibonacci hashing, high bits: neighbouring chunks (an arena, a stack)
+     * must not fill neighbouring slots, or linear probing walks long runs. */
+    uint32_t i = (uint32_t)(((uint64_t)(base >> CHUNK_SHIFT) * 0x9E3779B97F4A7C15ull) >> (64 - SLOT_BITS));
     while (m->slots[i].base && m->slots[i].base != base + 1)
         i = (i + 1) & (SLOTS - 1);
-    chunk *c = &m->slots[i];
+    return &m->slots[i];
+}
+
+static chunk *chunk_for(btc_rmem *m, uintptr_t base)
+{
+    chunk *c = slot_for(m, base);
     if (c->base)
         return c;
     if (m->nchunks >= MAX_CHUNKS) {   /* bounded: start over */
@@ -184,6 +193,60 @@ static chunk *chunk_for(btc_rmem *m, uintptr_t base)
     *c = (chunk){base + 1, valid, data};
     m->nchunks++;
     return c;
+}
+
+/* ---- prefetching: many chunks in one syscall ----
+ *
+ * Following thousands of pointers (greenlets' implementations, their
+ * frames) one chunk fill at a time is one syscall each; knowing the
+ * addresses first, their chunks are filled together, one remote iovec per
+ * page.  process_vm_readv stops at the first page it cannot read: that
+ * page stays invalid and the batch goes on after it. */
+
+#define PREFETCH_PAGES 1024   /* IOV_MAX */
+
+typedef struct {
+    struct iovec remote[PREFETCH_PAGES], local[PREFETCH_PAGES];
+    chunk *owner[PREFETCH_PAGES];
+    int n;
+} page_batch;
+
+static void flush(btc_rmem *m, page_batch *b)
+{
+    for (int start = 0; start < b->n;) {
+        m->syscalls++;
+        ssize_t got = process_vm_readv(m->pid, b->local + start, b->n - start, b->remote + start, b->n - start, 0);
+        int pages = got > 0 ? (int)(got / PAGE) : 0;
+        for (int j = start; j < start + pages; j++)
+            b->owner[j]->valid |= 1u << (((uintptr_t)b->remote[j].iov_base & (CHUNK_SIZE - 1)) / PAGE);
+        start += pages + 1;   /* past the page that failed */
+    }
+    b->n = 0;
+}
+
+void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n)
+{
+    if (!m->pid || m->mem_fd >= 0)
+        return;   /* reads that are not process_vm_readv gain nothing from batches */
+    static __thread page_batch b;
+    b.n = 0;
+    for (int i = 0; i < n && m->nchunks < MAX_CHUNKS; i++) {
+        uintptr_t base = addr[i] & ~(uintptr_t)(CHUNK_SIZE - 1);
+        chunk *c = addr[i] ? slot_for(m, base) : NULL;
+        uint8_t *data = c && !c->base ? malloc(CHUNK_SIZE) : NULL;
+        if (!data)
+            continue;
+        *c = (chunk){base + 1, 0, data};
+        m->nchunks++;
+        if (b.n + PAGES > PREFETCH_PAGES)
+            flush(m, &b);
+        for (unsigned p = 0; p < PAGES; p++, b.n++) {
+            b.remote[b.n] = (struct iovec){(void *)(base + p * PAGE), PAGE};
+            b.local[b.n] = (struct iovec){data + p * PAGE, PAGE};
+            b.owner[b.n] = c;
+        }
+    }
+    flush(m, &b);
 }
 
 /* Are the pages under [at, at + n) of c all readable? */
@@ -212,6 +275,45 @@ int btc_rmem_read(btc_rmem *m, uintptr_t addr, void *buf, size_t n)
         n -= take;
     }
     return 0;
+}
+
+/* Many ranges in few syscalls, bypassing the cache (greenlets' heap copies
+ * of their stacks: thousands of blocks, each read once).  process_vm_readv
+ * stops at the first range it cannot read; the batch goes on after it. */
+#define BATCH 1024   /* IOV_MAX */
+
+static int read_batch_live(btc_rmem *m, const struct iovec *remote, const struct iovec *local, int n)
+{
+    m->syscalls++;
+    ssize_t got = process_vm_readv(m->pid, local, n, remote, n, 0);
+    int done = 0;
+    for (; done < n && got >= (ssize_t)remote[done].iov_len; done++)
+        got -= (ssize_t)remote[done].iov_len;
+    return done;   /* ranges [0, done) were read whole */
+}
+
+void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, uint8_t *const *dest, int n,
+                        uint8_t *ok)
+{
+    for (int i = 0; i < n;) {
+        if (!m->pid || m->mem_fd >= 0) {   /* segments, /proc/PID/mem: one range at a time */
+            ok[i] = btc_rmem_read(m, addr[i], dest[i], size[i]) == 0;
+            i++;
+            continue;
+        }
+        struct iovec remote[BATCH], local[BATCH];
+        int k = 0;
+        for (; k < BATCH && i + k < n; k++) {
+            remote[k] = (struct iovec){(void *)addr[i + k], size[i + k]};
+            local[k] = (struct iovec){dest[i + k], size[i + k]};
+        }
+        int done = read_batch_live(m, remote, local, k);
+        for (int j = 0; j < done; j++)
+            ok[i + j] = 1;
+        if (done < k)   /* the range that failed: through the cache (page by page) */
+            ok[i + done] = btc_rmem_read(m, addr[i + done], dest[i + done], size[i + done]) == 0;
+        i += done < k ? done + 1 : k;
+    }
 }
 
 bool btc_rmem_word(btc_rmem *m, uintptr_t addr, uintptr_t *out)

@@ -7,6 +7,7 @@
  * (btcore/process.py compares the target's version with this one).
  */
 #include <Python.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "capture/cpython/pyframes.h"
@@ -78,12 +79,16 @@ int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *
     return frame_chain(m, frame, out, max);
 }
 
-int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max)
+/* A frame object's interpreter frame, 0 if unreadable. */
+static uintptr_t interpreter_frame(btc_rmem *m, uintptr_t frame_object)
 {
     uintptr_t frame;
-    if (!btc_rmem_word(m, frame_object + offsetof(PyFrameObject, f_frame), &frame))
-        return 0;
-    return frame_chain(m, frame, out, max);
+    return frame_object && btc_rmem_word(m, frame_object + offsetof(PyFrameObject, f_frame), &frame) ? frame : 0;
+}
+
+int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max)
+{
+    return frame_chain(m, interpreter_frame(m, frame_object), out, max);
 }
 
 /* ---- instances of a type, through the gc lists ---- */
@@ -149,6 +154,7 @@ int btc_remote_pylayout(btc_remote_layout *o)
     return -1;
 }
 
+static uintptr_t interpreter_frame(btc_rmem *m, uintptr_t frame_object) { return 0; }
 int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max) { return 0; }
 int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max) { return 0; }
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
@@ -183,6 +189,12 @@ int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, c
                                btc_remote_greenlet *out)
 {
     size_t pimpl_off = offsets[0], state_off = offsets[1], frame_off = offsets[2];
+    uintptr_t *pimpls = malloc((n ? n : 1) * sizeof *pimpls);
+    for (int i = 0; pimpls && i < n; i++)   /* where to read next, then all of it at once */
+        pimpls[i] = btc_rmem_word(m, greenlets[i] + pimpl_off, &pimpls[i]) ? pimpls[i] + state_off : 0;
+    if (pimpls)
+        btc_rmem_prefetch(m, pimpls, n);
+    free(pimpls);
     int kept = 0;
     for (int i = 0; i < n; i++) {
         uintptr_t g = greenlets[i], pimpl, state[4];
@@ -205,17 +217,39 @@ int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, c
 int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
                                btc_remote_pyframe *frames, int max_frames)
 {
+    uintptr_t *addr = malloc(n * sizeof *addr);
+    size_t *size = malloc(n * sizeof *size);
+    uint8_t **dest = malloc(n * sizeof *dest), *ok = malloc(n);
+    int nread = 0, nframes = 0;
     size_t spilled = 0;
-    int nframes = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; addr && size && dest && ok && i < n; i++) {   /* the heap copies: in batches */
         btc_remote_greenlet *g = &gs[i];
-        g->copied = g->saved == 0 || ((size_t)g->saved <= spill_size - spilled &&
-                                      btc_rmem_read(m, g->copy, spill + spilled, (size_t)g->saved) == 0);
         g->spill_at = spilled;
-        spilled += g->copied ? (size_t)g->saved : 0;
+        g->copied = g->saved == 0;
+        if (g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
+            continue;
+        addr[nread] = g->copy;
+        size[nread] = (size_t)g->saved;
+        dest[nread++] = spill + spilled;
+        spilled += (size_t)g->saved;
+    }
+    if (addr && size && dest && ok)
+        btc_rmem_read_many(m, addr, size, dest, nread, ok);
+    for (int i = 0; addr && i < n; i++)   /* each greenlet's innermost interpreter frame */
+        addr[i] = interpreter_frame(m, gs[i].frame);
+    if (addr)
+        btc_rmem_prefetch(m, addr, n);
+    for (int i = 0, r = 0; i < n; i++) {
+        btc_remote_greenlet *g = &gs[i];
+        if (!g->copied && r < nread && dest[r] == spill + g->spill_at)
+            g->copied = ok[r++];
         g->frames_at = nframes;
         g->nframes = g->frame ? btc_remote_object_frames(m, g->frame, frames + nframes, max_frames - nframes) : 0;
         nframes += g->nframes;
     }
+    free(addr);
+    free(size);
+    free(dest);
+    free(ok);
     return nframes;
 }

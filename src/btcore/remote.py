@@ -434,16 +434,16 @@ def _copy_greenlets(target: Target, interp: int) -> list:
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
         n = _MAX_GREENLETS
-    states = ffi.new("btc_remote_greenlet[]", max(n, 1))
+    states = bytearray(max(n, 1) * _GREENLET.size)
     offsets = ffi.new("size_t[3]", target.greenlet_offsets)
-    n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, states)
-    saved = sum(g[5] for g in _GREENLET.iter_unpack(ffi.buffer(states, n * _GREENLET.size)))
-    spill = ffi.new("uint8_t[]", max(1, saved))
+    c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
+    n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
+    spill = bytearray(max(1, sum(g[5] for g in _GREENLET.iter_unpack(memoryview(states)[:n * _GREENLET.size]))))
     room = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
-    frames = ffi.new("btc_remote_pyframe[]", room)
-    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, states, n, spill, len(spill), frames, room)
-    return ffi.buffer(states, n * _GREENLET.size)[:], ffi.buffer(spill)[:], \
-        ffi.buffer(frames, nframes * _PYFRAME.size)[:]
+    frames = bytearray(room * _PYFRAME.size)
+    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, c_states, n, ffi.from_buffer(spill), len(spill),
+                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)), room)
+    return memoryview(states)[:n * _GREENLET.size], spill, memoryview(frames)[:nframes * _PYFRAME.size]
 
 
 _GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
