@@ -61,7 +61,19 @@ int btc_ptrace_stop(int tid, int timeout_ms, uintptr_t *regs, int *pending_signa
     return 0;
 }
 
+/* A thread seized but not yet stopped (it did not stop within the timeout:
+ * in uninterruptible sleep) cannot be detached; it stops as soon as it can
+ * (the interrupt is pending), so wait for that once more, then detach.  A
+ * thread that never stops stays traced until this process exits, when the
+ * kernel detaches it. */
+#define DETACH_WAIT_MS 1000
+
 int btc_ptrace_detach(int tid, int signal)
 {
-    return ptrace(PTRACE_DETACH, tid, 0, (void *)(uintptr_t)signal) == 0 ? 0 : -errno;
+    if (ptrace(PTRACE_DETACH, tid, 0, (void *)(uintptr_t)signal) == 0)
+        return 0;
+    int pending = 0, rc = errno == ESRCH ? wait_stop(tid, DETACH_WAIT_MS, &pending) : -errno;
+    if (rc)
+        return rc;
+    return ptrace(PTRACE_DETACH, tid, 0, (void *)(uintptr_t)(signal ? signal : pending)) == 0 ? 0 : -errno;
 }

@@ -509,8 +509,8 @@ def stop_threads(pid: int, timeout: float, stopped: dict) -> dict:
 
 
 def resume_threads(stopped: dict) -> None:
-    for tid, signal in stopped.items():
-        lib.btc_ptrace_detach(tid, signal)
+    for tid, pending in stopped.items():
+        lib.btc_ptrace_detach(tid, pending)
 
 
 def snapshot_live(pid: int, *, threads_only: bool = False, timeout: float = 5.0) -> Snapshot:
