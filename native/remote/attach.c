@@ -41,16 +41,10 @@ static int wait_stop(int tid, int timeout_ms, int *pending_signal)
     }
 }
 
-int btc_ptrace_stop(int tid, int timeout_ms, uintptr_t *regs, int *pending_signal)
+/* The registers the walk starts from: x86-64's (other machines: no dump). */
+static int read_regs(int tid, uintptr_t *regs)
 {
-    *pending_signal = 0;
-    if (ptrace(PTRACE_SEIZE, tid, 0, 0) != 0)
-        return -errno;
-    if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) != 0)
-        return -errno;   /* seized: the caller detaches */
-    int rc = wait_stop(tid, timeout_ms, pending_signal);
-    if (rc)
-        return rc;
+#if defined(__x86_64__)
     struct user_regs_struct r;
     if (ptrace(PTRACE_GETREGS, tid, 0, &r) != 0)
         return -errno;
@@ -59,6 +53,22 @@ int btc_ptrace_stop(int tid, int timeout_ms, uintptr_t *regs, int *pending_signa
     regs[2] = r.rbp;
     regs[3] = r.rbx;
     return 0;
+#else
+    (void)tid;
+    (void)regs;
+    return -ENOSYS;
+#endif
+}
+
+int btc_ptrace_stop(int tid, int timeout_ms, uintptr_t *regs, int *pending_signal)
+{
+    *pending_signal = 0;
+    if (ptrace(PTRACE_SEIZE, tid, 0, 0) != 0)
+        return -errno;
+    if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) != 0)
+        return -errno;   /* seized: the caller detaches */
+    int rc = wait_stop(tid, timeout_ms, pending_signal);
+    return rc ? rc : read_regs(tid, regs);
 }
 
 /* A thread seized but not yet stopped (it did not stop within the timeout:

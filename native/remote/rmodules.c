@@ -17,6 +17,7 @@
  * target's addresses and needs no change.  Only where rows come from
  * differs (btc_context.rows).
  */
+#include <Python.h>   /* first, as Python asks (through capture/greenlet_context.h) */
 #include <elf.h>
 #include <fcntl.h>
 #include <stdlib.h>
