@@ -245,24 +245,31 @@ def _word_at(data, at: int):
 
 def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
     f = open(core, "rb")
-    elf = ELFFile(f)
-    if elf["e_type"] != "ET_CORE":
-        f.close()
-        raise DumpError(f"{core} is not a core file")
-    memory_handle, keep, mappings, regs_of, pid, vdso = lib.btc_rmem_open_segments(), [f], [], {}, 0, None
+    memory = Memory(lib.btc_rmem_open_segments(), [f])
+    try:
+        elf = ELFFile(f)
+        if elf["e_type"] != "ET_CORE":
+            raise DumpError(f"{core} is not a core file")
+        mappings, regs_of, vdso = _read_core(elf, f, memory)
+        return _snapshot_core_memory(memory, mappings, regs_of, vdso, exe, threads_only)
+    except BaseException:
+        memory.close()
+        raise
+
+
+def _read_core(elf, f, memory: Memory) -> tuple:
+    """(mappings, tid -> registers (the first thread listed is the process's), vDSO address) of
+    a core file; its PT_LOAD data becomes memory's first segments."""
+    mappings, regs_of, vdso = [], {}, None
     for seg in elf.iter_segments():
         if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
-            lib.btc_rmem_add_segment(memory_handle, seg["p_vaddr"], seg["p_filesz"], f.fileno(), seg["p_offset"])
+            lib.btc_rmem_add_segment(memory.handle, seg["p_vaddr"], seg["p_filesz"], f.fileno(), seg["p_offset"])
             mappings.append(Mapping(seg["p_vaddr"], seg["p_vaddr"] + seg["p_memsz"], "", 0, ""))
-        if seg["p_type"] != "PT_NOTE":
-            continue
-        for note in seg.iter_notes():
+        for note in seg.iter_notes() if seg["p_type"] == "PT_NOTE" else ():
             if note["n_type"] == "NT_PRSTATUS":
                 desc = note["n_desc"] if isinstance(note["n_desc"], bytes) else bytes(note["n_desc"], "latin-1")
-                tid = struct.unpack_from("<i", desc, 32)[0]
-                regs = struct.unpack_from("<27Q", desc, 112)
-                regs_of[tid] = (regs[16], regs[19], regs[4], regs[5])
-                pid = pid or tid
+                regs = struct.unpack_from("<27Q", desc, 112)   # elf_prstatus.pr_reg: user_regs_struct
+                regs_of[struct.unpack_from("<i", desc, 32)[0]] = (regs[16], regs[19], regs[4], regs[5])
             elif note["n_type"] == "NT_AUXV":
                 vdso = _auxv_vdso(note["n_desc"])
             elif note["n_type"] == "NT_FILE":
@@ -270,21 +277,26 @@ def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
                 for entry, name in zip(note["n_desc"]["Elf_Nt_File_Entry"], note["n_desc"]["filename"]):
                     path = name.decode() if isinstance(name, bytes) else name
                     mappings.append(Mapping(entry["vm_start"], entry["vm_end"], "", entry["page_offset"] * page, path))
-    memory = Memory(memory_handle, keep)
+    return mappings, regs_of, vdso
+
+
+def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, exe, threads_only) -> Snapshot:
     notes = []
     for m in mappings:   # the mappings the core left out: from the files themselves
         if m.path.startswith("/") and os.path.exists(m.path):
             fm = open(m.path, "rb")
-            keep.append(fm)
-            lib.btc_rmem_add_segment(memory_handle, m.lo, m.hi - m.lo, fm.fileno(), m.offset)
+            memory.keep.append(fm)
+            lib.btc_rmem_add_segment(memory.handle, m.lo, m.hi - m.lo, fm.fileno(), m.offset)
     segment = next((m for m in mappings if not m.path and vdso is not None and m.lo <= vdso < m.hi), None)
     if segment is not None:   # a thread may be stopped inside the vDSO (clock_gettime)
         mappings += vdso_file(Mapping(segment.lo, segment.hi, "", 0, "[vdso]"), memory)
     if exe and not any(m.path == exe for m in mappings):
         notes.append(f"{exe} is not among the core's mapped files")
+    pid = next(iter(regs_of), 0)
     target = Target(pid, memory, [m for m in mappings if m.path] + [m for m in mappings if not m.path], notes)
     threads, greenlets = gather(target, regs_of, threads_only)
-    return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory, target.greenlet_code, target.layout, 0.0, notes)
+    return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
+                    target.greenlet_code, target.layout, 0.0, notes)
 
 
 _AT_SYSINFO_EHDR = 33

@@ -91,6 +91,11 @@ class Memory:
     def handle(self):
         return self._m
 
+    @property
+    def keep(self) -> list:
+        """Files whose descriptors its segments read (closed by close())."""
+        return self._keep
+
     def read(self, addr: int, n: int) -> bytes | None:
         if n <= 0 or addr <= 0:
             return b"" if n == 0 else None
@@ -522,8 +527,16 @@ def snapshot_live(pid: int, *, threads_only: bool = False, timeout: float = 5.0)
         raise DumpError(f"no process {pid}") from None
     except PermissionError as e:
         raise DumpPermissionError(permission_advice(pid, e.strerror)) from None
-    notes = []
     memory = Memory(lib.btc_rmem_open_pid(pid))
+    try:
+        return _snapshot(pid, memory, mappings, threads_only, timeout)
+    except BaseException:
+        memory.close()   # its temporary files; on success the dump closes it when done
+        raise
+
+
+def _snapshot(pid: int, memory: Memory, mappings: list, threads_only: bool, timeout: float) -> Snapshot:
+    notes = []
     vdso = next((m for m in mappings if m.path == "[vdso]"), None)
     mappings = mappings + (vdso_file(vdso, memory) if vdso else [])
     if memory.read(mappings[0].lo, 8) is None if mappings else True:
