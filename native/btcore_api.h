@@ -372,3 +372,109 @@ void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid);
  * from getcontext()'s registers, without a signal.  0, or -1 if the thread
  * is not registered. */
 int btc_test_capture_here(btc_sigsample *out);
+/* ---- another process, from outside (native/remote/) ---- */
+
+/* Its memory: a live process (process_vm_readv, else /proc/PID/mem) or
+ * segments of files (a core file and the files it names), through a bounded
+ * chunk cache that keeps what it read (the dump's snapshot). */
+typedef struct btc_rmem btc_rmem;
+btc_rmem *btc_rmem_open_pid(int pid);
+btc_rmem *btc_rmem_open_segments(void);
+/* [vaddr, vaddr + size) is the file fd's bytes from offset (segments are
+ * searched in the order added). */
+int btc_rmem_add_segment(btc_rmem *m, uintptr_t vaddr, uint64_t size, int fd, uint64_t offset);
+/* 0, or -1 if any byte of [addr, addr + n) is unreadable. */
+int btc_rmem_read(btc_rmem *m, uintptr_t addr, void *buf, size_t n);
+void btc_rmem_forget(btc_rmem *m);
+void btc_rmem_close(btc_rmem *m);
+int btc_rmem_last_errno(btc_rmem *m);
+uint64_t btc_rmem_syscalls(btc_rmem *m);
+
+/* Stop thread tid (PTRACE_SEIZE + PTRACE_INTERRUPT, waiting at most
+ * timeout_ms) and read regs = {ip, sp, rbp, rbx}; 0 or -errno.  After any
+ * return but -EPERM/-ESRCH from the seize, the caller must detach, handing
+ * back *pending_signal (a signal that arrived meanwhile). */
+int btc_ptrace_stop(int tid, int timeout_ms, uintptr_t *regs, int *pending_signal);
+int btc_ptrace_detach(int tid, int signal);
+
+/* Its modules, from the files on disk. */
+typedef struct btc_rmodules btc_rmodules;
+btc_rmodules *btc_rmodules_new(void);
+void btc_rmodules_free(btc_rmodules *s);
+/* Add the ELF file at path, whose file offset map_offset the target mapped
+ * at map_start; mem (may be NULL: not checked) must show the file's build-id
+ * there.  0 (*bias: the load bias), -1 unreadable or not ELF, -2 no segment
+ * maps that offset (or it overlaps a module added), -3 build-id differs. */
+int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t map_start,
+                     uint64_t map_offset, uintptr_t *bias);
+/* The walker over a local copy of the target's stack [lo, hi) (copy holds
+ * hi - lo bytes), from regs {ip, sp, rbp, rbx}; last_cfa, end ranges: as in a
+ * btc_context.  Writes at most max (<= 256) pcs; returns how many. */
+int btc_remote_unwind(btc_rmodules *s, const uintptr_t *regs, int exact, uintptr_t lo, uintptr_t hi,
+                      const uint8_t *copy, uintptr_t last_cfa, const uintptr_t *end_lo,
+                      const uintptr_t *end_hi, int nend, uintptr_t *pcs, int max);
+
+/* greenlet's switching code in the target (from the module containing
+ * `inside`): where a suspended greenlet resumes, where slp_switch stored
+ * rbp/rbx (relative to its saved sp), g_initialstub's ranges. */
+typedef struct {
+    uintptr_t resume_pc;
+    int bp_slot, bx_slot;
+    uintptr_t stub_lo[2], stub_hi[2];
+    int nstub;
+} btc_remote_greenlet_code;
+int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_greenlet_code *out);
+
+/* The interpreter's layout, as the CPython btcore is built against has it
+ * (offsets in bytes); -1 when no remote reader exists for this version. */
+typedef struct {
+    uint64_t version_hex;
+    uint32_t runtime_interp_head, interp_next, interp_threads_head;
+    uint32_t interp_gc_generations, interp_gc_permanent, gc_generation_size, gc_ngenerations;
+    uint32_t tstate_next, tstate_thread_id, tstate_native_thread_id;
+    uint32_t code_filename, code_qualname, code_firstlineno, code_linetable, code_size;
+    uint32_t type_name;
+    uint32_t unicode_state, unicode_length, ascii_data, compact_data;
+    uint32_t bytes_size, bytes_data;
+} btc_remote_layout;
+int btc_remote_pylayout(btc_remote_layout *out);
+
+typedef struct {
+    uintptr_t code;   /* the target's code object */
+    int32_t lasti;    /* instruction offset in bytes */
+    uint8_t entry;    /* first frame of its eval-loop call */
+} btc_remote_pyframe;
+/* Python frames, innermost first: of a thread state, or from a frame object
+ * (a suspended greenlet's top frame).  Returns how many (at most max). */
+int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max);
+int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max);
+
+/* Objects of type `wanted` or a subtype, in the gc lists at heads (the
+ * addresses of their PyGC_Head list heads).  Returns how many (written to
+ * out), -1 if more than max; *visited: objects walked (at most
+ * BTC_REMOTE_MAX_OBJECTS). */
+#define BTC_REMOTE_MAX_OBJECTS 50000000
+int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
+                            uintptr_t *out, int max, uint64_t *visited);
+
+/* The suspended greenlets among greenlet objects, with their saved state
+ * (offsets: PyGreenlet.pimpl, StackState and the top frame in greenlet's C++
+ * object, as learned here from greenlets in known states); running, dead,
+ * unstarted and unreadable ones are left out.  Returns how many were
+ * written. */
+typedef struct {
+    uintptr_t address, type;
+    uintptr_t start, stop, copy;
+    intptr_t saved;
+    uintptr_t frame;     /* the top frame object, 0 if none saved */
+    size_t spill_at;     /* btc_remote_greenlet_copies(): where its heap copy went */
+    int32_t frames_at, nframes;   /* ... and its Python frames */
+    int32_t copied;      /* its heap copy was read */
+    int32_t reserved;
+} btc_remote_greenlet;
+int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
+                               btc_remote_greenlet *out);
+/* Copy each greenlet's heap copy of its stack into spill (packed, in
+ * order) and its Python frames into frames; returns the frames written. */
+int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
+                               btc_remote_pyframe *frames, int max_frames);

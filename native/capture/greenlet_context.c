@@ -125,8 +125,16 @@ static uintptr_t after_call_to(uintptr_t lo, uintptr_t hi, const uintptr_t *call
     return 0;
 }
 
-/* A greenlet's outermost own frame (UserGreenlet::g_initialstub(void*)). */
-#define INITIAL_STUB "_ZN8greenlet12UserGreenlet13g_initialstubEPv"
+bool btc_slp_switch_shape(uintptr_t lo, uintptr_t hi, const uintptr_t *trampoline, int n,
+                          uintptr_t *resume_pc, int *bp_slot, int *bx_slot)
+{
+    *resume_pc = after_call_to(lo, hi, trampoline, n);
+    size_t prologue = *resume_pc ? *resume_pc - lo : 0;
+    *bp_slot = find_spill_slot((const uint8_t *)lo, prologue, 5);
+    *bx_slot = find_spill_slot((const uint8_t *)lo, prologue, 3);
+    return *resume_pc && *bp_slot >= 0 && *bx_slot >= 0;
+}
+
 
 /* A switch: g_switchstack saves and restores the interpreter's state around
  * slp_switch, which copies stacks out and in through the trampolines (and
@@ -142,7 +150,7 @@ static int learn_switch_code(uintptr_t inside_module)
     btc_modules_acquire();
     int n = btc_module_function_ranges(inside_module, "slp_switch", lo, hi, 2);
     int t = btc_module_function_ranges(inside_module, "slp_save_state_trampoline", tlo, thi, 4);
-    layout.nstub = btc_module_function_ranges(inside_module, INITIAL_STUB, layout.stub_lo, layout.stub_hi, 2);
+    layout.nstub = btc_module_function_ranges(inside_module, BTC_GREENLET_INITIAL_STUB, layout.stub_lo, layout.stub_hi, 2);
     for (const char *const *name = switching_functions; *name && layout.nswitch < MAX_SWITCHING; name++)
         layout.nswitch += btc_module_function_ranges(inside_module, *name, layout.switch_lo + layout.nswitch,
                                                      layout.switch_hi + layout.nswitch,
@@ -156,11 +164,7 @@ static int learn_switch_code(uintptr_t inside_module)
     if (n != 1 || t < 1 || !m || lo[0] < m->lo || hi[0] > m->hi)
         return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch or slp_save_state_trampoline not found "
                                       "in its symbol table");
-    layout.resume_pc = after_call_to(lo[0], hi[0], tlo, t);
-    size_t prologue = layout.resume_pc ? layout.resume_pc - lo[0] : 0;
-    layout.bp_slot = find_spill_slot((const uint8_t *)lo[0], prologue, 5);
-    layout.bx_slot = find_spill_slot((const uint8_t *)lo[0], prologue, 3);
-    if (!layout.resume_pc || layout.bp_slot < 0 || layout.bx_slot < 0)
+    if (!btc_slp_switch_shape(lo[0], hi[0], tlo, t, &layout.resume_pc, &layout.bp_slot, &layout.bx_slot))
         return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch does not have the x86-64 shape btcore "
                                       "knows (rbp/rbx slots, call to slp_save_state_trampoline)");
     return 0;

@@ -139,7 +139,7 @@ static bool mapped_readable(const struct dl_phdr_info *info, uintptr_t a, size_t
 }
 
 /* The GNU build-id in one PT_NOTE segment of size n at a; its length, or 0. */
-static size_t note_build_id(const uint8_t *a, size_t n, uint8_t *out)
+size_t btc_note_build_id(const uint8_t *a, size_t n, uint8_t *out)
 {
     for (size_t at = 0; at <= n && n - at >= 12;) {
         uint32_t namesz, descsz, type;
@@ -176,7 +176,7 @@ static bool identify(const struct dl_phdr_info *info, bool first, module_identit
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         uintptr_t a = info->dlpi_addr + ph->p_vaddr;
         if (ph->p_type == PT_NOTE && mapped_readable(info, a, ph->p_memsz))
-            id->build_id_len = note_build_id((const uint8_t *)a, ph->p_memsz, id->build_id);
+            id->build_id_len = btc_note_build_id((const uint8_t *)a, ph->p_memsz, id->build_id);
     }
     id->path = module_path(info, first);
     return id->path != NULL;

@@ -136,6 +136,23 @@ BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
     return row_cache[i].found ? &row_cache[i].row : NULL;
 }
 
+/* Another process's modules (ctx->rows) are looked up without the row
+ * cache, which holds this process's rows. */
+BTC_HOT const btc_cfi_row *find_row_for(const btc_context *ctx, uintptr_t pc)
+{
+    bool ignored;
+    return BTC_LIKELY(!ctx->rows) ? cached_row(pc) : ctx->rows->find(ctx->rows, pc, &ignored);
+}
+
+static bool in_some_module(const btc_context *ctx, uintptr_t pc)
+{
+    bool in_module = false;
+    if (!ctx->rows)
+        return btc_module_find(pc) != NULL;
+    ctx->rows->find(ctx->rows, pc, &in_module);
+    return in_module;
+}
+
 static bool ends_walk(const btc_context *ctx, uintptr_t pc)
 {
     for (int i = 0; i < ctx->nend; i++)
@@ -153,8 +170,8 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
     while (n < max) {
         /* A return address points after the call: look up the call itself. */
         uintptr_t pc = exact ? r.ip : r.ip - 1;
-        const btc_cfi_row *row = pc ? cached_row(pc) : NULL;
-        if (!row && !btc_module_find(pc))
+        const btc_cfi_row *row = pc ? find_row_for(ctx, pc) : NULL;
+        if (!row && !in_some_module(ctx, pc))
             break;   /* in no module: not a frame at all */
         uintptr_t cfa = 0;
         bool more = row && step(row, ctx, &r, &cfa);

@@ -42,6 +42,13 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("native/remote/rpython.c", "return g->frame || g->saved > 0;", "return g->frame != 0;",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "a greenlet parked in Cython code (no Python frame) is taken for a running one and not dumped"),
+    Mutation("native/remote/rpython.c", "out[n].entry = fr.is_entry;", "out[n].entry = 1;",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "every remote Python frame is taken for the first of its eval-loop call: the merge misplaces "
+             "Python frames that one C frame of the eval loop runs together"),
     Mutation("native/capture/context.h", "addr > m->hi - 8", "addr > m->hi",
              "tests/test_contracts.py::test_stack_view_reads_exactly_lo_to_hi",
              "the stack view reads one word past its end"),
