@@ -140,7 +140,7 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
     bool own = w->own_first;
     for (int i = 0; i < w->n; i++) {
         const btc_native_frame *f = &w->nat[i];
-        int flags = f->exact ? BTC_F_EXACT : 0;
+        int flags = (f->exact ? BTC_F_EXACT : 0) | (f->signal ? BTC_F_SIGNAL : 0);
         if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;

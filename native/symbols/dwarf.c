@@ -75,13 +75,18 @@ void btc_dwarf_close(btc_dwarf *d)
 /* Deepest inline nesting reported. */
 #define MAX_INLINE_DEPTH 64
 
-/* The symbol table's name for vaddr (the debug file's table is the fuller
- * one when the module itself was stripped). */
+const char *btc_dwarf_symbol(btc_dwarf *d, uint64_t vaddr, uintptr_t *start)
+{
+    if (!d)
+        return NULL;
+    const char *name = btc_elf_symbolize(d->elf, (uintptr_t)vaddr, start);
+    return name || d->debug == d->elf ? name : btc_elf_symbolize(d->debug, (uintptr_t)vaddr, start);
+}
+
 static const char *symbol_name(btc_dwarf *d, uint64_t vaddr)
 {
     uintptr_t start;
-    const char *name = d->debug != d->elf ? btc_elf_symbolize(d->debug, (uintptr_t)vaddr, &start) : NULL;
-    return name ? name : btc_elf_symbolize(d->elf, (uintptr_t)vaddr, &start);
+    return btc_dwarf_symbol(d, vaddr, &start);
 }
 
 /* No DWARF for vaddr: one frame named from the symbol table, no file. */

@@ -15,6 +15,11 @@ void btc_dwarf_close(btc_dwarf *d);
  * Without DWARF for vaddr, one level named from the symbol table with a
  * NULL file.  Strings point into d.  Returns the number of levels written. */
 int btc_dwarf_lookup(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out, int max);
+/* The symbol covering vaddr: the module's own table's (what the loader and
+ * addr2line see first), else its separate debug file's fuller .symtab (the
+ * only name of a static function in a stripped library); *start: its
+ * start.  The name points into d. */
+const char *btc_dwarf_symbol(btc_dwarf *d, uint64_t vaddr, uintptr_t *start);
 /* Bytes d holds: section copies plus decoded tables. */
 size_t btc_dwarf_memory(const btc_dwarf *d);
 

@@ -331,7 +331,9 @@ static bool load_symbols(btc_elf *e, uint32_t type, btc_bytes *strings)
 }
 
 /* By address; among aliases the one to report first: sized, from .symtab,
- * then by name so the order does not depend on qsort. */
+ * the public spelling (fewest leading underscores: clone3, not glibc's
+ * internal __GI___clone3 that a debug file's .symtab lists beside it), then
+ * by name so the order does not depend on qsort. */
 static int compare_syms(const void *pa, const void *pb)
 {
     const elf_sym *a = pa, *b = pb;
@@ -341,6 +343,9 @@ static int compare_syms(const void *pa, const void *pb)
         return a->size ? -1 : 1;
     if (a->from_symtab != b->from_symtab)
         return a->from_symtab ? -1 : 1;
+    size_t a_under = strspn(a->name, "_"), b_under = strspn(b->name, "_");
+    if (a_under != b_under)
+        return a_under < b_under ? -1 : 1;
     return strcmp(a->name, b->name);
 }
 
