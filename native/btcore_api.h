@@ -40,6 +40,7 @@ typedef struct {
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
 #define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
 #define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
+#define BTC_E_NOMEMORY      -5   /* out of memory (raised as MemoryError) */
 
 /* Capture the stack of `target` into the btcore.Backtrace at address
  * `backtrace` (CPython's id(); the caller keeps it alive), setting its

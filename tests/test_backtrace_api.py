@@ -472,3 +472,44 @@ def test_released_backtrace_frees_code_objects_it_alone_held():
     del bt
     gc.collect()
     assert wr() is None
+
+
+# ---- errors ----
+
+def test_backtrace_error_is_one_class_defined_beside_backtrace():
+    """Guards where BacktraceError lives: btcore.errors (imported by backtrace.py,
+    no import cycle), the same class under btcore and btcore.greenlets."""
+    import btcore.errors
+    import btcore.greenlets
+    assert btcore.BacktraceError is btcore.errors.BacktraceError is btcore.greenlets.BacktraceError
+    assert btcore.BacktraceError.__module__ == "btcore.errors"
+
+
+_OUT_OF_MEMORY = r"""
+import resource, btcore
+btcore.collect(capacity=65536, limit=65536)   # warm: every import and one-time setup done
+
+def vm_size():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+
+resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (256 << 10), resource.RLIM_INFINITY))
+try:
+    btcore.collect(capacity=65536, limit=65536)   # ~1 MiB of frame records: more than is left
+    print("no error")
+except MemoryError as e:
+    print("MemoryError", e)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_out_of_memory_is_a_memory_error():
+    """Guards how a failed allocation in the capture is reported: MemoryError,
+    not BacktraceError("unsupported")."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}   # ASan reserves address space
+    out = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.stdout.strip() == "MemoryError out of memory", out.stdout + out.stderr   # btcore's, not Python's
+

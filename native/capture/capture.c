@@ -190,7 +190,7 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
     int max = s->max + OWN_NATIVE_FRAMES;
     btc_native_frame *heap = NULL;
     if (max > STACK_NATIVE_FRAMES && !(w.nat = heap = malloc(max * sizeof *w.nat)))
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+        return btc_fail(BTC_E_NOMEMORY, "out of memory");
     btc_modules_acquire();
     btc_eval_ranges_init();
     w.n = btc_unwind(ctx, w.nat, max);
@@ -354,7 +354,8 @@ static int fill_backtrace(PyObject *bt, sink *s, int capacity)
         Py_XDECREF(refs);
         Py_XDECREF(cap);
         release_codes(s);
-        return btc_fail_python(BTC_E_UNSUPPORTED, "cannot build the Backtrace");
+        int code = PyErr_ExceptionMatches(PyExc_MemoryError) ? BTC_E_NOMEMORY : BTC_E_UNSUPPORTED;
+        return btc_fail_python(code, "cannot build the Backtrace");
     }
     for (int i = 0; i < s->ncodes; i++)
         PyTuple_SET_ITEM(refs, i, s->codes[i]);
@@ -393,7 +394,7 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
         rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: not a btcore.Backtrace, or a bad size");
     else if (s.max > STACK_FRAMES && (!(s.out = malloc(s.max * sizeof *s.out)) ||
                                       !(s.codes = malloc(s.max * sizeof *s.codes))))
-        rc = btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+        rc = btc_fail(BTC_E_NOMEMORY, "out of memory");
     if (rc == 0)
         rc = dispatch(&s, target, want);
     if (rc == 0)
