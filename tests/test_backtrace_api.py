@@ -513,3 +513,39 @@ def test_out_of_memory_is_a_memory_error():
                          env=env, timeout=120)
     assert out.stdout.strip() == "MemoryError out of memory", out.stdout + out.stderr   # btcore's, not Python's
 
+
+_AT_MODULE_TEARDOWN = r"""
+import os, greenlet, btcore
+collect, error, write = btcore.collect, btcore.BacktraceError, os.write   # held: globals go at teardown
+gs = []
+def park(gs=gs):
+    gs[0].parent.switch(1)
+gs.append(greenlet.greenlet(park))   # never started
+gs.append(greenlet.greenlet(park))
+gs[1].switch()                       # suspended
+
+class AtTeardown:
+    def __del__(self, gs=gs):
+        for target in (gs[0], gs[1], None):
+            try:
+                write(1, b"Backtrace %d\n" % len(collect(target)))
+            except error as e:
+                write(1, b"BacktraceError " + str(e).encode() + b"\n")
+            except BaseException as e:
+                write(1, type(e).__name__.encode() + b" " + str(e).encode() + b"\n")
+
+greenlet._greenlet.with_del = AtTeardown()   # finalized while modules are torn down (as greenlet's own test)
+"""
+
+
+def test_collect_during_interpreter_shutdown_is_a_backtrace_or_backtrace_error():
+    """Guards collect() from a finalizer at module teardown (greenlet's
+    test_switch_no_error_at_module_gc_time): a Backtrace or BacktraceError
+    with a clear message, never the TypeError of torn-down module globals."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", _AT_MODULE_TEARDOWN], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and out.returncode == 0, out.stdout + out.stderr
+    for line in lines:
+        assert line.startswith("Backtrace ") or line.startswith("BacktraceError btcore cannot capture during "
+                                                                  "interpreter shutdown"), line
