@@ -230,6 +230,10 @@ typedef struct {
 int btc_resolve_native(uintptr_t pc, int flags, btc_native_info *out, btc_srcframe *levels, int max,
                        char *buf, size_t size);
 
+/* Test-only: how many btc_elf (symbol tables, section headers) are open for
+ * the file at path: 1 when the module list and the DWARF cache both use it. */
+int btc_elf_instances(const char *path);
+
 /* Bytes held by the per-file DWARF caches. */
 size_t btc_symbolize_memory(void);
 /* Keep at most max_files files decoded (default 16, clamped to 1..64);

@@ -581,3 +581,14 @@ def test_cython_names_decode_to_the_functions_they_wrap():
              if not demangle(name).endswith(" [cython]")
              or not _names_python_function(name, demangle(name)[:-len(" [cython]")], symbols)]
     assert wrong == []
+
+
+def test_one_symbol_table_per_file():
+    """Guards the sharing of open ELF files: libpython's symbols, needed by
+    the module list (eval-loop ranges) and by the DWARF cache (names), are
+    read into memory once."""
+    import btcore
+    frames = btcore.collect(python=False).frames()   # the capture finds the eval loop; frames() resolves
+    libpython = next(f.module for f in frames if f.module and os.path.realpath(f.module) ==
+                     os.path.realpath(LIBPYTHON))
+    assert lib.btc_elf_instances(libpython.encode()) == 1

@@ -42,6 +42,11 @@ typedef struct {
 struct btc_elf {
     int fd;
     uint64_t file_size;
+    dev_t dev;                  /* the file's identity, to share one btc_elf per file */
+    ino_t ino;
+    struct timespec mtime;
+    int refs;                   /* btc_elf_open() calls not yet closed (shared_lock) */
+    struct btc_elf *next_shared;
     Elf64_Shdr *shdrs;
     uint32_t shnum;
     btc_bytes shstrtab;
@@ -349,9 +354,11 @@ static int compare_syms(const void *pa, const void *pb)
     return strcmp(a->name, b->name);
 }
 
-/* ---- public interface ---- */
+/* ---- reading one file ---- */
 
-btc_elf *btc_elf_open(const char *path)
+static void elf_free(btc_elf *e);
+
+static btc_elf *elf_read(const char *path)
 {
     btc_elf *e = calloc(1, sizeof *e);
     if (!e)
@@ -362,6 +369,9 @@ btc_elf *btc_elf_open(const char *path)
     if (e->fd < 0 || fstat(e->fd, &st) != 0 || !S_ISREG(st.st_mode))
         goto fail;
     e->file_size = (uint64_t)st.st_size;
+    e->dev = st.st_dev;
+    e->ino = st.st_ino;
+    e->mtime = st.st_mtim;
     if (!range_in_file(e, 0, sizeof h) || !read_exact(e->fd, 0, &h, sizeof h) || !valid_ehdr(&h) ||
         !read_section_headers(e, &h))
         goto fail;
@@ -371,14 +381,107 @@ btc_elf *btc_elf_open(const char *path)
         qsort(e->syms, e->nsyms, sizeof *e->syms, compare_syms);
     return e;
 fail:
-    btc_elf_close(e);
+    elf_free(e);
     return NULL;
+}
+
+/* ---- one btc_elf per file ----
+ *
+ * The module list (capture/modules.c: eval-loop and greenlet function
+ * ranges) and the DWARF file cache (symbols/symbolize.c) open the same
+ * files; their symbol tables are the biggest part of a btc_elf, so an open
+ * file is shared, counted, and freed by its last close.  A btc_elf never
+ * changes after it is read (reads are pread() on its fd), so holders use it
+ * at once without a lock.  The list's lock is held only for list
+ * operations, never for I/O; it is taken before fork() and released in both
+ * processes, like the module lock, so a child never finds it held. */
+
+static pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
+static btc_elf *shared;
+
+static void shared_lock_before_fork(void) { pthread_mutex_lock(&shared_lock); }
+static void shared_lock_after_fork(void) { pthread_mutex_unlock(&shared_lock); }
+
+__attribute__((constructor)) static void shared_fork_safe(void)
+{
+    pthread_atfork(shared_lock_before_fork, shared_lock_after_fork, shared_lock_after_fork);
+}
+
+static bool same_file(const btc_elf *e, const struct stat *st)
+{
+    return e->dev == st->st_dev && e->ino == st->st_ino && e->file_size == (uint64_t)st->st_size &&
+           e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec;
+}
+
+/* The open btc_elf of the file st describes, with one more reference; shared_lock held. */
+static btc_elf *take_shared(const struct stat *st)
+{
+    for (btc_elf *e = shared; e; e = e->next_shared)
+        if (same_file(e, st)) {
+            e->refs++;
+            return e;
+        }
+    return NULL;
+}
+
+/* ---- public interface ---- */
+
+btc_elf *btc_elf_open(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return NULL;
+    pthread_mutex_lock(&shared_lock);
+    btc_elf *e = take_shared(&st);
+    pthread_mutex_unlock(&shared_lock);
+    if (e || !(e = elf_read(path)))
+        return e;
+    struct stat read_st = {.st_dev = e->dev, .st_ino = e->ino, .st_size = (off_t)e->file_size,
+                           .st_mtim = e->mtime};
+    pthread_mutex_lock(&shared_lock);
+    btc_elf *other = take_shared(&read_st);   /* opened by another thread meanwhile */
+    if (!other) {
+        e->refs = 1;
+        e->next_shared = shared;
+        shared = e;
+    }
+    pthread_mutex_unlock(&shared_lock);
+    if (other)
+        elf_free(e);
+    return other ? other : e;
 }
 
 void btc_elf_close(btc_elf *e)
 {
     if (!e)
         return;
+    pthread_mutex_lock(&shared_lock);
+    bool last = --e->refs == 0;
+    for (btc_elf **p = &shared; last && *p; p = &(*p)->next_shared)
+        if (*p == e) {
+            *p = e->next_shared;
+            break;
+        }
+    pthread_mutex_unlock(&shared_lock);
+    if (last)
+        elf_free(e);
+}
+
+int btc_elf_instances(const char *path)
+{
+    struct stat st;
+    int n = 0;
+    if (stat(path, &st) != 0)
+        return 0;
+    pthread_mutex_lock(&shared_lock);
+    for (btc_elf *e = shared; e; e = e->next_shared)
+        n += same_file(e, &st);
+    pthread_mutex_unlock(&shared_lock);
+    return n;
+}
+
+static void elf_free(btc_elf *e)
+{
     if (e->fd >= 0)
         close(e->fd);
     free(e->shdrs);

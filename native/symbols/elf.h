@@ -7,6 +7,10 @@
 #include "common/reader.h"
 
 typedef struct btc_elf btc_elf;
+/* The file at path, read once and shared: opening a file already open
+ * (same device, inode, size and mtime) returns the same btc_elf, counted;
+ * the last close frees it.  Immutable once open: usable by any thread
+ * without a lock. */
 btc_elf *btc_elf_open(const char *path);
 void btc_elf_close(btc_elf *e);
 /* The symbol covering the virtual address vaddr (module-relative). */

@@ -42,6 +42,21 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("native/capture/unwind.c", "out[n].signal = row && row->signal;", "out[n].signal = 0;",
+             "tests/test_symbolize.py::test_signal_frames_are_named_like_gdb",
+             "a signal return stub is named at pc - 1 (no name) instead of __restore_rt"),
+    Mutation("native/symbols/dwarf.c", "return name || d->debug == d->elf ? name :", "return name ? name : NULL; (void)",
+             "tests/test_symbolize.py::test_signal_frames_are_named_like_gdb",
+             "a symbol only in the debug file's .symtab is not used"),
+    Mutation("native/symbols/demangle.c", "!(counted && !starts_with_digit(body + size + 1));", "true;",
+             "tests/test_symbolize.py::test_cython_names_decode_to_the_functions_they_wrap",
+             "a Cython def function's counter is read as a path part"),
+    Mutation("native/symbols/elf.c", "            e->refs++;\n            return e;", "            continue;",
+             "tests/test_symbolize.py::test_one_symbol_table_per_file",
+             "an ELF file already open is read into memory again"),
+    Mutation("native/capture/collect_builtin.c", "    if (python_impl_torn_down()) {", "    if (0) {",
+             "tests/test_backtrace_api.py::test_collect_during_interpreter_shutdown_is_a_backtrace_or_backtrace_error",
+             "collect() at module teardown fails with TypeError"),
     Mutation("native/capture/context.h", "addr > m->hi - 8", "addr > m->hi",
              "tests/test_contracts.py::test_stack_view_reads_exactly_lo_to_hi",
              "the stack view reads one word past its end"),
