@@ -18,6 +18,12 @@ For information: inside one process, the cold resolution alone and the warm
 C API; the memory the native caches hold; Backtrace.frames() through the
 frame cache.
 
+Resolution memory (issue 17): a gevent echo server with 50 connected
+clients and 20 sleeping greenlets; every greenlet's stack captured, then
+every frame resolved cold: RSS (VmRSS) before and after the resolution,
+the time it took, and what the DWARF caches hold (their bound:
+BTC_SYMBOLIZE_DEFAULT_BUDGET).  Target: <= 8 MiB RSS added.
+
 Runs against the installed btcore (pip install .), from any directory; needs
 binutils.  Usage: python benchmarks/bench_resolve.py [--rounds N]
 """
@@ -109,6 +115,54 @@ print(json.dumps({"cold_s": cold, "warm_s": warm, "frames": frames, "memory": li
 """
 
 
+GEVENT_SERVER = r"""
+import gevent.monkey; gevent.monkey.patch_all()
+import gc, json, socket, time
+import gevent, gevent.server, greenlet
+import btcore
+from btcore._native import lib
+
+def rss_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+def echo(sock, addr):
+    for line in sock.makefile("rb"):
+        sock.sendall(line)
+
+server = gevent.server.StreamServer(("127.0.0.1", 0), echo)
+server.start()
+clients = [socket.create_connection(server.address) for _ in range(50)]
+for c in clients:
+    c.sendall(b"hi\n")
+    c.recv(10)
+sleepers = [gevent.spawn(gevent.sleep, 3600) for _ in range(20)]
+gevent.sleep(0.1)
+
+def capture(g):
+    try:
+        return btcore.collect(g)
+    except RuntimeError:   # a greenlet of another thread (gevent's thread pool)
+        return None
+
+greenlets = [o for o in gc.get_objects() if isinstance(o, greenlet.greenlet) and not o.dead]
+captured = [bt for bt in map(capture, greenlets) if bt is not None]
+gc.collect()
+before = rss_kib()
+t0 = time.perf_counter()
+frames = sum(len(bt.frames()) for bt in captured)
+cold = time.perf_counter() - t0
+print(json.dumps({"greenlets": len(captured), "frames": frames, "cold_s": cold, "rss_added_kib": rss_kib() - before,
+                  "held": lib.btc_symbolize_memory()}))
+"""
+
+
+def gevent_server_run():
+    out = subprocess.run([sys.executable, "-P", "-c", GEVENT_SERVER], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
 def trace_addresses(depth):
     """Module-relative return addresses (minus one, hex) of a live stack."""
     return subprocess.run([sys.executable, "-c", CAPTURE, str(depth), LIBPYTHON],
@@ -198,6 +252,12 @@ def main():
     ns, n = warm_frames_ns()
     print(f"warm, Backtrace.frames() through the frame cache: {ns:6.0f} ns per frame over {n} frames "
           f"(target <= 1000) {'PASS' if ns <= 1000 else 'MISS'}")
+    server = [gevent_server_run() for _ in range(3)]
+    added = statistics.median(r["rss_added_kib"] for r in server) / 1024
+    print(f"resolution memory, gevent server ({server[0]['greenlets']} greenlets, {server[0]['frames']} frames, "
+          f"median of {len(server)}): cold {statistics.median(r['cold_s'] for r in server) * 1e3:.0f} ms, "
+          f"RSS added {added:.1f} MiB (target <= 8) {'PASS' if added <= 8 else 'MISS'}, "
+          f"DWARF caches hold {server[0]['held'] / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -236,6 +236,13 @@ int btc_elf_instances(const char *path);
 
 /* Bytes held by the per-file DWARF caches. */
 size_t btc_symbolize_memory(void);
+/* Bound those bytes (default BTC_SYMBOLIZE_DEFAULT_BUDGET): after every
+ * lookup, decoded compile units are given back, least recently used first,
+ * then whole files, until at most `bytes` are held (the latest lookup's
+ * unit and file are kept even if they alone exceed it).  A unit given back
+ * is decoded again when next needed. */
+#define BTC_SYMBOLIZE_DEFAULT_BUDGET 6291456
+void btc_symbolize_budget(size_t bytes);
 /* Keep at most max_files files decoded (default 16, clamped to 1..64);
  * the least recently used one is dropped first. */
 void btc_symbolize_limit(int max_files);

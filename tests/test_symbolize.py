@@ -384,6 +384,50 @@ def test_cache_is_bounded_and_reports_memory(clib, tmp_path, clean_cache):
         lib.btc_symbolize_limit(16)
 
 
+def _libpython_sample(path, count, seed):
+    funcs = function_symbols(path)
+    rng = random.Random(seed)
+    return sorted({lo + rng.randrange(size) for _, lo, size in rng.sample(funcs, count)})
+
+
+def test_decoded_dwarf_stays_within_its_byte_budget(clean_cache):
+    """Guards resolution memory (issue 17): below libpython's decoded size,
+    the cache holds at most its byte budget after every lookup (compile
+    units given back, least recently used first), and the units given back
+    decode again to addr2line's answers."""
+    if not conftest.INTERPRETER_HAS_DWARF:
+        pytest.skip("stripped interpreter: no DWARF to bound")
+    interpreter = LIBPYTHON
+    addrs = _libpython_sample(interpreter, 150, seed=7)
+    budget = 4 << 20
+    lib.btc_symbolize_budget(1 << 40)
+    for a in addrs:
+        resolve(interpreter, a)
+    assert lib.btc_symbolize_memory() > 2 * budget   # unbounded, these lookups hold more
+    lib.btc_symbolize_reset()
+    lib.btc_symbolize_budget(budget)
+    try:
+        held = []
+        for a in addrs:
+            resolve(interpreter, a)
+            held.append(lib.btc_symbolize_memory())
+        assert max(held) <= budget
+        assert_agrees(interpreter, addrs, allow_binutils_file_bug=True)
+    finally:
+        lib.btc_symbolize_budget(lib.BTC_SYMBOLIZE_DEFAULT_BUDGET)
+
+
+def test_compressed_libpython_read_in_parts_matches_addr2line(tmp_path, clean_cache):
+    """Guards random access into compressed debug sections: libpython's
+    DWARF compressed (many access points per section), each unit's bytes
+    inflated from the nearest point, agrees with addr2line on the same file."""
+    if not conftest.INTERPRETER_HAS_DWARF:
+        pytest.skip("stripped interpreter: no DWARF to compress")
+    packed = str(tmp_path / "libpython-packed.so")
+    subprocess.run(["objcopy", "--compress-debug-sections=zlib", LIBPYTHON, packed], check=True)
+    assert_agrees(packed, _libpython_sample(packed, 120, seed=11), allow_binutils_file_bug=True)
+
+
 def test_rebuilt_file_is_read_again(tmp_path, clean_cache):
     so = compile_library(tmp_path, C_SOURCE, "inl")
     before = {a: resolve(so, a) for a in all_addresses(so, {"outer"})}

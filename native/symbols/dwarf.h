@@ -22,5 +22,12 @@ int btc_dwarf_lookup(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out, int max);
 const char *btc_dwarf_symbol(btc_dwarf *d, uint64_t vaddr, uintptr_t *start);
 /* Bytes d holds: section copies plus decoded tables. */
 size_t btc_dwarf_memory(const btc_dwarf *d);
+/* Eviction by size (symbols/symbolize.c): when d's least recently used
+ * decoded unit served its last lookup (UINT64_MAX: d has none to give
+ * back; the unit of the latest lookup is never given back), and dropping
+ * that unit's decoded state (its DIE bytes, abbreviations, rows, scopes),
+ * returning the bytes freed.  The unit is decoded again when next needed. */
+uint64_t btc_dwarf_oldest_use(const btc_dwarf *d);
+size_t btc_dwarf_forget_oldest(btc_dwarf *d);
 
 #endif

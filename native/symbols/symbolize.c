@@ -45,6 +45,7 @@ typedef struct {
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static cached_file cache[MAX_CACHED_FILES];
 static int cache_limit = 16;
+static size_t byte_budget = BTC_SYMBOLIZE_DEFAULT_BUDGET;
 static uint64_t use_clock;
 static char debug_root[PATH_MAX] = "/usr/lib/debug";
 
@@ -125,6 +126,54 @@ static cached_file *cached(const char *path)
     return c;
 }
 
+static size_t memory_held(void)
+{
+    size_t n = 0;
+    for (int i = 0; i < MAX_CACHED_FILES; i++)
+        n += btc_dwarf_memory(cache[i].dwarf);
+    return n;
+}
+
+/* The file to drop when no unit is left to give back: the least recently
+ * used one other than the latest. */
+static cached_file *oldest_file(void)
+{
+    cached_file *oldest = NULL;
+    for (int i = 0; i < MAX_CACHED_FILES; i++)
+        if (cache[i].path && cache[i].last_use != use_clock && (!oldest || cache[i].last_use < oldest->last_use))
+            oldest = &cache[i];
+    return oldest;
+}
+
+/* Give back decoded units, least recently used first, then whole files,
+ * until the cache holds at most byte_budget bytes (the latest lookup's
+ * unit and file stay, even alone over the budget).  Called after every
+ * lookup, once its results are copied out.  cache_lock held. */
+static void keep_within_budget(void)
+{
+    size_t held = memory_held();
+    while (held > byte_budget) {
+        cached_file *unit_owner = NULL;
+        uint64_t when = UINT64_MAX;
+        for (int i = 0; i < MAX_CACHED_FILES; i++) {
+            uint64_t t = btc_dwarf_oldest_use(cache[i].dwarf);
+            if (t < when) {
+                when = t;
+                unit_owner = &cache[i];
+            }
+        }
+        cached_file *file = unit_owner ? NULL : oldest_file();
+        if (!unit_owner && !file)
+            break;
+        if (unit_owner) {
+            held -= btc_dwarf_forget_oldest(unit_owner->dwarf);
+        } else {
+            held -= btc_dwarf_memory(file->dwarf);
+            drop(file);
+        }
+    }
+}
+
 static btc_dwarf *cached_dwarf(const char *path)
 {
     cached_file *c = cached(path);
@@ -157,6 +206,7 @@ int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int
     for (int i = 0; i < n; i++)
         if (!copy_string(&out[i].function, &cursor, buf + size) || !copy_string(&out[i].file, &cursor, buf + size))
             n = -1;
+    keep_within_budget();
     pthread_mutex_unlock(&cache_lock);
     btc_gil_restore(gil);
     return n;
@@ -181,12 +231,18 @@ int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, u
 
 size_t btc_symbolize_memory(void)
 {
-    size_t n = 0;
     pthread_mutex_lock(&cache_lock);
-    for (int i = 0; i < MAX_CACHED_FILES; i++)
-        n += btc_dwarf_memory(cache[i].dwarf);
+    size_t n = memory_held();
     pthread_mutex_unlock(&cache_lock);
     return n;
+}
+
+void btc_symbolize_budget(size_t bytes)
+{
+    pthread_mutex_lock(&cache_lock);
+    byte_budget = bytes;
+    keep_within_budget();
+    pthread_mutex_unlock(&cache_lock);
 }
 
 static void drop_all_locked(void)
@@ -294,6 +350,7 @@ int btc_resolve_native(uintptr_t pc, int flags, btc_native_info *out, btc_srcfra
         out->module_id = at.id;
         pthread_mutex_lock(&cache_lock);
         n = symbolize_located(&at, lookup, out, levels, max, buf, size);
+        keep_within_budget();
         pthread_mutex_unlock(&cache_lock);
     }
     btc_gil_restore(gil);
