@@ -186,6 +186,13 @@ _module_keys: dict = {}   # pc (negated if exact) -> (generation, cache key)
 _generation = memoryview(ffi.buffer(ffi.addressof(lib, "btc_modules_generation"), 8)).cast("Q")
 
 
+def module_list_generation() -> int:
+    """The core's module-list generation (btc_modules_generation): it changes
+    whenever a library is loaded or unloaded, so an answer derived from the
+    module list holds for as long as this value stays the same."""
+    return _generation[0]
+
+
 def _module_key(pc: int, exact: bool) -> tuple:
     module_id, offset = ffi.new("uint64_t *"), ffi.new("uintptr_t *")
     generation = lib.btc_module_key(pc if exact else pc - 1, module_id, offset)
