@@ -626,19 +626,28 @@ fail:
  * files; their symbol tables are the biggest part of a btc_elf, so an open
  * file is shared, counted, and freed by its last close.  A btc_elf never
  * changes after it is read (reads are pread() on its fd), so holders use it
- * at once without a lock.  The list's lock is held only for list
- * operations, never for I/O; it is taken before fork() and released in both
- * processes, like the module lock, so a child never finds it held. */
+ * at once without a lock.  The list's lock is held only for a few pointer
+ * and counter updates, never for I/O or allocation, and it is taken inside
+ * the module lock and the file cache's lock: a prepare handler taking it at
+ * fork() could wait for a thread that waits for the module lock, which the
+ * module list's own prepare handler holds.  So the child deals with it:
+ * found held there, the lock is made anew; the list is whole after each
+ * single update, so at worst a file opened then is not shared. */
 
 static pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
 static btc_elf *shared;
 
-static void shared_lock_before_fork(void) { pthread_mutex_lock(&shared_lock); }
-static void shared_lock_after_fork(void) { pthread_mutex_unlock(&shared_lock); }
+static void shared_lock_after_fork_child(void)
+{
+    if (pthread_mutex_trylock(&shared_lock) == 0)
+        pthread_mutex_unlock(&shared_lock);
+    else
+        pthread_mutex_init(&shared_lock, NULL);
+}
 
 __attribute__((constructor)) static void shared_fork_safe(void)
 {
-    pthread_atfork(shared_lock_before_fork, shared_lock_after_fork, shared_lock_after_fork);
+    pthread_atfork(NULL, NULL, shared_lock_after_fork_child);
 }
 
 static bool same_file(const btc_elf *e, const struct stat *st)
