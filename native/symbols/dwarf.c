@@ -36,6 +36,7 @@ btc_dwarf *btc_dwarf_open(const char *path, const char *debug_root)
         return NULL;
     }
     d->debug = d->elf;
+    dwarf_decoded++;
     if (!btc_elf_has_section(d->elf, ".debug_info") && !btc_elf_has_section(d->elf, ".zdebug_info")) {
         btc_elf *separate = btc_elf_open_debug_file(d->elf, path, debug_root);
         if (separate)
@@ -110,6 +111,9 @@ static int symbol_only(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out)
 
 /* Which units served lookups last (callers serialize every call on a btc_dwarf). */
 static uint64_t lookup_clock;
+uint64_t dwarf_decoded;
+
+uint64_t btc_dwarf_decodes(void) { return dwarf_decoded; }
 
 int btc_dwarf_lookup(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out, int max)
 {

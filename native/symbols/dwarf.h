@@ -28,6 +28,9 @@ size_t btc_dwarf_memory(const btc_dwarf *d);
  * that unit's decoded state (its DIE bytes, abbreviations, rows, scopes),
  * returning the bytes freed.  The unit is decoded again when next needed. */
 uint64_t btc_dwarf_oldest_use(const btc_dwarf *d);
+/* Counts the decoding steps of every btc_dwarf (any that allocates): the
+ * bytes held can only have grown when it has changed. */
+uint64_t btc_dwarf_decodes(void);
 size_t btc_dwarf_forget_oldest(btc_dwarf *d);
 
 #endif

@@ -16,6 +16,7 @@ const btc_bytes *dwarf_section(btc_dwarf *d, int id)
 {
     if (!d->section_tried[id]) {
         d->section_tried[id] = true;
+        dwarf_decoded++;
         btc_elf_read_section(d->debug, section_names[id], &d->sections[id]);
     }
     return &d->sections[id];

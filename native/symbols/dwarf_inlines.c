@@ -82,6 +82,7 @@ static void collect_scopes(btc_dwarf *d, unit *u, scope_list *l)
 void dwarf_decode_scopes(btc_dwarf *d, unit *u)
 {
     u->scopes_done = true;
+    dwarf_decoded++;
     scope_list l = {0};
     collect_scopes(d, u, &l);
     size_t nroots = 0;

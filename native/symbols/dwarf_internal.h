@@ -183,6 +183,9 @@ typedef struct {
 } range_list;
 
 
+/* Bumped by every decoding step that allocates (btc_dwarf_decodes()). */
+extern uint64_t dwarf_decoded;
+
 /* ---- dwarf_forms.c ---- */
 /* The section, read on first use (empty if absent). */
 const btc_bytes *dwarf_section(btc_dwarf *d, int id);

@@ -324,6 +324,7 @@ static void decode_program(btc_dwarf *d, unit *u, const btc_bytes *bytes)
 void dwarf_decode_lines(btc_dwarf *d, unit *u)
 {
     u->lines_done = true;
+    dwarf_decoded++;
     btc_bytes bytes;
     if (!u->has_stmt_list || !read_program_bytes(d, u->stmt_list, &bytes))
         return;

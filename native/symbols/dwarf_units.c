@@ -78,9 +78,12 @@ static void scan_units(btc_dwarf *d)
 
 bool dwarf_unit_reader(btc_dwarf *d, unit *u, uint64_t offset, reader *r)
 {
-    if (!u->info.data && !btc_elf_read_section_part(d->debug, ".debug_info", d->info_index, u->offset,
-                                                    u->end - u->offset, &u->info))
-        return false;
+    if (!u->info.data) {
+        dwarf_decoded++;
+        if (!btc_elf_read_section_part(d->debug, ".debug_info", d->info_index, u->offset, u->end - u->offset,
+                                       &u->info))
+            return false;
+    }
     if (offset < u->offset || offset > u->offset + u->info.size)
         return false;
     *r = reader_at(&u->info, offset - u->offset, u->offset + u->info.size - offset);
@@ -141,6 +144,7 @@ bool dwarf_prepare_unit(btc_dwarf *d, unit *u)
     if (u->prepared)
         return !u->broken;
     u->prepared = true;
+    dwarf_decoded++;
     u->broken = true;
     die top;
     reader r;
@@ -345,6 +349,7 @@ unit *dwarf_unit_for_address(btc_dwarf *d, uint64_t addr)
     if (!d->units_scanned) {
         d->units_scanned = true;
         scan_units(d);
+        dwarf_decoded++;
         build_unit_ranges(d, dwarf_section(d, SEC_ARANGES)->size == 0);
     }
     const pc_range *r = dwarf_range_covering(d->unit_ranges, d->nunit_ranges, addr);
@@ -352,6 +357,7 @@ unit *dwarf_unit_for_address(btc_dwarf *d, uint64_t addr)
      * units themselves (once). */
     if (!r && !d->unit_ranges_from_dies) {
         build_unit_ranges(d, true);
+        dwarf_decoded++;
         r = dwarf_range_covering(d->unit_ranges, d->nunit_ranges, addr);
     }
     return r && dwarf_prepare_unit(d, &d->units[r->scope]) ? &d->units[r->scope] : NULL;

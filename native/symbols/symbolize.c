@@ -149,8 +149,13 @@ static cached_file *oldest_file(void)
  * until the cache holds at most byte_budget bytes (the latest lookup's
  * unit and file stay, even alone over the budget).  Called after every
  * lookup, once its results are copied out.  cache_lock held. */
+static uint64_t decodes_checked = UINT64_MAX;   /* btc_dwarf_decodes() at the last check */
+
 static void keep_within_budget(void)
 {
+    if (btc_dwarf_decodes() == decodes_checked)
+        return;   /* nothing decoded since: the sum is what it was (a lookup's hot path) */
+    decodes_checked = btc_dwarf_decodes();
     size_t held = memory_held();
     while (held > byte_budget) {
         cached_file *unit_owner = NULL;
@@ -241,6 +246,7 @@ void btc_symbolize_budget(size_t bytes)
 {
     pthread_mutex_lock(&cache_lock);
     byte_budget = bytes;
+    decodes_checked = UINT64_MAX;
     keep_within_budget();
     pthread_mutex_unlock(&cache_lock);
 }
