@@ -16,6 +16,8 @@
 #define BTC_F_JOIN      8   /* first frame of a backtrace added by append() */
 #define BTC_F_ENTRY    16   /* python: first Python frame of an eval-loop call */
 #define BTC_F_INTERNAL 32   /* native: greenlet's own switching machinery */
+#define BTC_F_SIGNAL   64   /* native: a signal return stub (libc's __restore_rt): the interrupted
+                               code "returns" to its first instruction, so it is named at addr */
 
 typedef struct {
     uintptr_t addr;    /* native: pc; python: address of a code object we hold a reference to */
@@ -38,6 +40,7 @@ typedef struct {
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
 #define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
 #define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
+#define BTC_E_NOMEMORY      -5   /* out of memory (raised as MemoryError) */
 
 /* Capture the stack of `target` into the btcore.Backtrace at address
  * `backtrace` (CPython's id(); the caller keeps it alive), setting its
@@ -108,20 +111,6 @@ uintptr_t btc_type_new_slot(uintptr_t type);
 
 /* ---- resolution ---- */
 
-typedef struct {
-    const char *module;     /* path of the ELF object, NULL if the pc is in none */
-    uintptr_t   module_base;/* load bias of that object */
-    uint64_t    module_id;  /* that object's btc_module_key() identity */
-    const char *symbol;     /* raw (mangled) symbol name, NULL if none covers the pc */
-    uintptr_t   symbol_addr;/* absolute address of that symbol */
-} btc_syminfo;
-
-/* Name the function containing pc (already adjusted: pass pc-1 for return
- * addresses).  The strings are copied into buf (truncated to size), so they
- * outlive a concurrent dlclose of the module.  Returns 0, or -1 when no
- * loaded module contains pc. */
-int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size);
-
 /* What names the code at pc across loads and unloads: the id of the module
  * containing it (unique in the process: a library loaded where another one
  * was gets a new id) and pc's offset in it; 0 and pc if no module contains
@@ -132,7 +121,8 @@ uint64_t btc_module_key(uintptr_t pc, uint64_t *module_id, uintptr_t *offset);
  * by the next capture or lookup). */
 extern uint64_t btc_modules_generation;
 
-/* Demangle a C++ (Itanium) name; returns 0 and fills buf on success. */
+/* Demangle a C++ (Itanium), Rust (legacy, v0) or Cython name; returns 0 and
+ * fills buf on success, -1 when name is none of those (or buf too small). */
 int btc_demangle(const char *name, char *buf, size_t size);
 
 /* ---- introspection for tests and benchmarks ---- */
@@ -220,8 +210,39 @@ typedef struct {
 int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int max,
                        char *buf, size_t size);
 
+typedef struct {
+    const char *module;     /* path of the ELF object containing the pc */
+    uintptr_t   module_base;/* its load bias */
+    uint64_t    module_id;  /* its btc_module_key() identity */
+    const char *symbol;     /* demangled name of the symbol covering the pc (the module's own
+                               table, else its debug file's .symtab); NULL if none */
+    uintptr_t   symbol_addr;/* absolute address of that symbol */
+} btc_native_info;
+
+/* Everything resolution needs for the native pc of a captured frame, in one
+ * call (the GIL released once): its module, its symbol, and its source
+ * levels as btc_symbolize_file() gives them, function names demangled.
+ * flags: the frame's BTC_F_* (a return address is looked up at pc - 1, an
+ * exact pc or a signal return stub at pc).  Strings are copied into buf.
+ * Returns the number of levels written (0: no DWARF or symbol for pc), -1
+ * when no loaded module contains pc, -2 when buf is too small.  Thread-safe,
+ * usable without the GIL. */
+int btc_resolve_native(uintptr_t pc, int flags, btc_native_info *out, btc_srcframe *levels, int max,
+                       char *buf, size_t size);
+
+/* Test-only: how many btc_elf (symbol tables, section headers) are open for
+ * the file at path: 1 when the module list and the DWARF cache both use it. */
+int btc_elf_instances(const char *path);
+
 /* Bytes held by the per-file DWARF caches. */
 size_t btc_symbolize_memory(void);
+/* Bound those bytes (default BTC_SYMBOLIZE_DEFAULT_BUDGET): after every
+ * lookup, decoded compile units are given back, least recently used first,
+ * then whole files, until at most `bytes` are held (the latest lookup's
+ * unit and file are kept even if they alone exceed it).  A unit given back
+ * is decoded again when next needed. */
+#define BTC_SYMBOLIZE_DEFAULT_BUDGET 6291456
+void btc_symbolize_budget(size_t bytes);
 /* Keep at most max_files files decoded (default 16, clamped to 1..64);
  * the least recently used one is dropped first. */
 void btc_symbolize_limit(int max_files);
@@ -254,8 +275,8 @@ typedef struct {
 int btc_loaded_modules(btc_modinfo *out, int max, char *buf, size_t size);
 
 /* The symbol-table name (raw, mangled) covering the module-relative address
- * vaddr in the ELF file at path, as btc_describe_native() names a loaded
- * module's pc; copied into buf.  *sym_vaddr: the symbol's start.  Returns 0,
+ * vaddr in the ELF file at path (its own table, else its debug file's), as
+ * btc_resolve_native() names a loaded module's pc; copied into buf.  *sym_vaddr: the symbol's start.  Returns 0,
  * or -1 when no symbol covers vaddr or the file cannot be read.  The last
  * few files are kept open (keyed by path, device, inode, size and mtime). */
 int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr);

@@ -140,7 +140,7 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
     bool own = w->own_first;
     for (int i = 0; i < w->n; i++) {
         const btc_native_frame *f = &w->nat[i];
-        int flags = f->exact ? BTC_F_EXACT : 0;
+        int flags = (f->exact ? BTC_F_EXACT : 0) | (f->signal ? BTC_F_SIGNAL : 0);
         if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;
@@ -207,7 +207,7 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
     int max = s->max + OWN_NATIVE_FRAMES;
     btc_native_frame *heap = NULL;
     if (max > STACK_NATIVE_FRAMES && !(nat = heap = malloc(max * sizeof *nat)))
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+        return btc_fail(BTC_E_NOMEMORY, "out of memory");
     btc_modules_acquire();
     btc_eval_ranges_init();
     merge_walked(py, s, want, own_first, greenlet, nat, btc_unwind(ctx, nat, max), max);
@@ -384,7 +384,8 @@ static int fill_backtrace(PyObject *bt, sink *s, int capacity)
         Py_XDECREF(refs);
         Py_XDECREF(cap);
         release_codes(s);
-        return btc_fail_python(BTC_E_UNSUPPORTED, "cannot build the Backtrace");
+        int code = PyErr_ExceptionMatches(PyExc_MemoryError) ? BTC_E_NOMEMORY : BTC_E_UNSUPPORTED;
+        return btc_fail_python(code, "cannot build the Backtrace");
     }
     for (int i = 0; i < s->ncodes; i++)
         PyTuple_SET_ITEM(refs, i, s->codes[i]);
@@ -423,7 +424,7 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
         rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: not a btcore.Backtrace, or a bad size");
     else if (s.max > STACK_FRAMES && (!(s.out = malloc(s.max * sizeof *s.out)) ||
                                       !(s.codes = malloc(s.max * sizeof *s.codes))))
-        rc = btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+        rc = btc_fail(BTC_E_NOMEMORY, "out of memory");
     if (rc == 0)
         rc = dispatch(&s, target, want);
     if (rc == 0)

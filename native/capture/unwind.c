@@ -180,6 +180,7 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
         out[n].pc = exact ? pc : pc + 1;
         out[n].cfa = cfa;
         out[n].exact = exact;
+        out[n].signal = row && row->signal;
         n++;
         if (!more || ends_walk(ctx, pc))
             break;

@@ -6,7 +6,7 @@ running stack and for suspended greenlets.
 """
 from .backtrace import Backtrace, append, collect, foreach
 from .codec import decode
-from .greenlets import BacktraceError
+from .errors import BacktraceError
 from .frame import Frame
 from .resolve import cache
 from .introspect import GreenletInfo, snapshot
