@@ -77,18 +77,17 @@ static const char *base_name(const char *path)
 
 static void add_native(btc_text *t, const btc_frame *f)
 {
-    uintptr_t pc = f->flags & BTC_F_EXACT ? f->addr : f->addr - 1;
-    btc_syminfo info;
-    char names[1024], demangled[512];
-    if (btc_describe_native(pc, &info, names, sizeof names) < 0) {
+    btc_native_info info;
+    btc_srcframe level;
+    char names[1024];
+    /* Names only (one level asked): the reporter writes function+offset. */
+    if (btc_resolve_native(f->addr, f->flags, &info, &level, 1, names, sizeof names) < 0) {
         btc_text_addf(t, "  [?] %#lx\n", (unsigned long)f->addr);
         return;
     }
-    const char *name = info.symbol;
-    if (name && btc_demangle(name, demangled, sizeof demangled) == 0)
-        name = demangled;
-    if (name)
-        btc_text_addf(t, "  [%s] %s+%#lx\n", base_name(info.module), name, (unsigned long)(pc - info.symbol_addr));
+    uintptr_t pc = f->flags & (BTC_F_EXACT | BTC_F_SIGNAL) ? f->addr : f->addr - 1;
+    if (info.symbol)
+        btc_text_addf(t, "  [%s] %s+%#lx\n", base_name(info.module), info.symbol, (unsigned long)(pc - info.symbol_addr));
     else
         btc_text_addf(t, "  [%s] +%#lx\n", base_name(info.module), (unsigned long)(pc - info.module_base));
 }
