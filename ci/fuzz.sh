@@ -30,9 +30,9 @@ SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT
 tar -C "$ROOT" --exclude=./build --exclude='./.venv*' --exclude=.git -cf - . | tar -C "$SRC" -xf -
 CC=clang-14 LDSHARED="clang-14 -shared" BTCORE_FUZZ=1 \
+    "$VENV/bin/pip" install -q --no-cache-dir --force-reinstall --no-deps "$SRC"
 # grep -c reads all of nm's output: grep -q would exit at the first match and, under pipefail,
 # nm's SIGPIPE would fail the check (it did once the core grew).
-    "$VENV/bin/pip" install -q --no-cache-dir --force-reinstall --no-deps "$SRC"
 nm -D "$VENV"/lib/python3*/site-packages/btcore/_native*.so | grep -c __sanitizer_cov >/dev/null ||
     { echo "ci/fuzz.sh: the installed core has no coverage counters" >&2; exit 1; }
 echo "fuzz: work dir $WORK"
