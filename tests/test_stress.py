@@ -35,6 +35,17 @@ RSS = textwrap.dedent(r"""
     def rss():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def print_growth(what, step, warmup, count, state=lambda: ""):
+        # RSS growth over count steps after warmup steps, then state() after them;
+        # the last line is the byte count the test reads.
+        step(warmup)
+        before = rss()
+        step(count)
+        after = rss()
+        print("%s: %d after %d warm-up: RSS %.1f -> %.1f MiB (%+d KiB)%s"
+              % (what, count, warmup, before / 2**20, after / 2**20, (after - before) // 1024, state()))
+        print(after - before)
 """)
 
 
@@ -98,18 +109,11 @@ CYCLES_SCRIPT = r"""
     cycles = int(sys.argv[1])
     warmup = max(cycles // 10, 1000)
 
-    def cycle():
-        return len(btcore.collect().frames())
+    def cycles_of_collect_and_resolve(n):
+        for _ in range(n):
+            btcore.collect().frames()
 
-    for _ in range(warmup):
-        cycle()
-    before = rss()
-    for _ in range(cycles):
-        cycle()
-    after = rss()
-    print("cycles: %d collect+resolve after %d warm-up: RSS %.1f -> %.1f MiB (%+d KiB)"
-          % (cycles, warmup, before / 2**20, after / 2**20, (after - before) // 1024))
-    print(after - before)
+    print_growth("cycles: collect+resolve", cycles_of_collect_and_resolve, warmup, cycles)
 """
 
 
@@ -135,14 +139,10 @@ SPAWN_SCRIPT = r"""
             g = greenlet.greenlet(child)
             assert g.switch() is not None
 
-    spawn_many(max(count // 10, 1000))
-    before = rss()
-    spawn_many(count)
-    after = rss()
-    records, sites = btcore.spawn._counts()
-    print("spawn: %d spawn-tracked greenlets: RSS %.1f -> %.1f MiB (%+d KiB); %d records, %d sites live"
-          % (count, before / 2**20, after / 2**20, (after - before) // 1024, records, sites))
-    print(after - before)
+    def live():
+        return "; %d records, %d sites live" % btcore.spawn._counts()
+
+    print_growth("spawn: spawn-tracked greenlets", spawn_many, max(count // 10, 1000), count, live)
 """
 
 

@@ -148,17 +148,6 @@ void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts)
     *c = (btc_pycursor){.frame = btc_thread_frame(ts)};
 }
 
-void btc_py_cursor_current(btc_pycursor *c)
-{
-    btc_py_cursor_thread(c, PyThreadState_Get());
-}
-
-bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)
-{
-    *c = (btc_pycursor){.frame = PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL};
-    return c->frame != NULL;
-}
-
 bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview *mem)
 {
     bool ok = btc_py_cursor_frame(c, frame);

@@ -16,17 +16,6 @@ void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts)
     *c = (btc_pycursor){.frame = ts->cframe ? ts->cframe->current_frame : NULL};
 }
 
-void btc_py_cursor_current(btc_pycursor *c)
-{
-    btc_py_cursor_thread(c, PyThreadState_Get());
-}
-
-bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)
-{
-    *c = (btc_pycursor){.frame = PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL};
-    return c->frame != NULL;
-}
-
 /* greenlet does not relink frames on 3.11: a suspended chain is a chain. */
 bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview *mem)
 {

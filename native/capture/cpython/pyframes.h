@@ -11,6 +11,7 @@
  *   py313.c   3.13        tstate->current_frame; shim owned by FRAME_OWNED_BY_CSTACK
  *   py314.c   3.14, 3.15  _PyStackRef code; shim owned by FRAME_OWNED_BY_INTERPRETER
  * chain.h holds what 3.12+ share: shim frames, greenlet's "exposed" chains.
+ * cursor.c holds the cursor constructors every family shares.
  */
 #ifndef BTC_PYFRAMES_H
 #define BTC_PYFRAMES_H

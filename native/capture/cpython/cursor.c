@@ -1,0 +1,22 @@
+/* The cursor constructors that read no field a family changed: shared by
+ * every family unit (since 3.11 a frame object points at its
+ * _PyInterpreterFrame through f_frame). */
+#include "pyframes.h"
+
+void btc_py_cursor_current(btc_pycursor *c)
+{
+    btc_py_cursor_thread(c, PyThreadState_Get());
+}
+
+#if BTC_PY_FAMILY != 0
+
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>   /* struct _frame */
+
+bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)
+{
+    *c = (btc_pycursor){.frame = PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL};
+    return c->frame != NULL;
+}
+
+#endif
