@@ -165,16 +165,24 @@ static void init_symbols(void)
     symbols_ready = true;
 }
 
+/* Symbols gathered into one put() per 50 bits or so: strings are most of
+ * a merged token's bits. */
 static void put_symbols(bit_writer *w, const uint8_t *data, size_t len)
 {
+    uint64_t batch = 0;
+    unsigned width = 0;
     for (size_t i = 0; i < len; i++) {
         int s = symbol_of[data[i]];
-        if (s < 0)
-            put(w, SYMBOL_ESCAPE | (uint64_t)data[i] << 6, 14);
-        else
-            put(w, (uint64_t)s, 6);
+        uint64_t symbol = s < 0 ? SYMBOL_ESCAPE | (uint64_t)data[i] << 6 : (uint64_t)s;
+        batch |= symbol << width;
+        width += s < 0 ? 14 : 6;
+        if (width > 50) {   /* room for the next symbol, escaped or not, is gone */
+            put(w, batch, width);
+            batch = 0;
+            width = 0;
+        }
     }
-    put(w, SYMBOL_END, 6);
+    put(w, batch | (uint64_t)SYMBOL_END << width, width + 6);
 }
 
 /* ---- modules: table entries taught by Python, kept by module id ---- */
@@ -523,15 +531,19 @@ static void base64url(const uint8_t *in, size_t n, char *out)
     }
 }
 
-/* Where each native record's pc is: one pass under the module lock. */
+/* Where each native record's pc is: one pass under the module lock,
+ * searching the module list only when a pc leaves the previous frame's
+ * module (neighbouring frames are often in one). */
 static void map_places(const btc_frame *frames, int n, place *places)
 {
+    btc_module *m = NULL;
     btc_modules_acquire();
     for (int i = 0; i < n; i++) {
         if (frames[i].kind != BTC_KIND_NATIVE)
             continue;
-        uintptr_t pc = frames[i].addr;
-        btc_module *m = btc_module_find(frames[i].flags & BTC_F_EXACT ? pc : pc - 1);
+        uintptr_t pc = frames[i].addr, lookup = frames[i].flags & BTC_F_EXACT ? pc : pc - 1;
+        if (!m || lookup < m->lo || lookup >= m->hi)
+            m = btc_module_find(lookup);
         places[i] = m ? (place){m->id, pc - m->bias} : (place){0, pc};
     }
     btc_modules_release();

@@ -384,20 +384,25 @@ def _python_dirs() -> list:
     return dirs
 
 
-def _search_places() -> tuple:
-    """(flat directories, deep directories) this process searches (realpaths)."""
+def _flat_dirs() -> list:
     multiarch = sysconfig.get_config_var("MULTIARCH")
     flat = [sysconfig.get_config_var("LIBDIR"), os.path.dirname(os.path.realpath(sys.executable))]
-    flat += [os.path.join(d, multiarch) for d in LINKER_DIRS if multiarch] + list(LINKER_DIRS)
-    return _real_dirs(flat), _real_dirs(_python_dirs())
+    return flat + [os.path.join(d, multiarch) for d in LINKER_DIRS if multiarch] + list(LINKER_DIRS)
+
+
+def _search_places() -> tuple:
+    """(flat directories, deep directories) this process searches (realpaths)."""
+    return _real_dirs(_flat_dirs()), _real_dirs(_python_dirs())
 
 
 _places_searched = []   # [(flat, deep)], computed on first use
+_flat_as_named = []     # [the flat directories as named, before realpath]: found without a realpath()
 
 
 def search_places() -> tuple:
     if not _places_searched:
         _places_searched.append(_search_places())
+        _flat_as_named.append(frozenset(_flat_dirs()))
     return _places_searched[0]
 
 
@@ -407,7 +412,10 @@ def searched(path: str) -> bool:
     if not path.startswith("/"):   # the vDSO ("")
         return False
     flat, deep = search_places()
-    folder = os.path.realpath(os.path.dirname(path))
+    folder = os.path.dirname(path)
+    if folder in _flat_as_named[0]:   # its realpath is that of a flat directory: a flat directory
+        return True
+    folder = os.path.realpath(folder)
     if folder in flat:
         return True
     if not _SHARED_OBJECT.search(os.path.basename(path)):
