@@ -20,10 +20,14 @@ trace (collect(limit=40) at the bottom of the deep recursion):
                      (the line cache emptied first, which is part of the
                      time): what a stack never encoded before costs once
                      its modules are known
-  encode, cold       the first encode() in a process: the C encoder forgets
-                     every module first and is taught them again (Python
-                     computes each module's table entry)
+  encode, cold       the C encoder forgets every module first and is taught
+                     them again (Python computes each module's table entry;
+                     the process-wide lists of loaded modules and searched
+                     places are kept)
   encode, reference  the Python reference encoder (codec._encode), for scale
+  first in a process the first encode() of a fresh interpreter (a child
+                     process per run): that also lists the loaded modules
+                     and the places decoders search (sysconfig)
 Target: encode() <= 2 us; its ratio to collect() is printed.
 
 Runs against the installed btcore (pip install .), from any directory; the
@@ -31,7 +35,10 @@ showcase needs gevent.  Usage: python benchmarks/bench_codec.py [--rounds N]
 """
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 
 import btcore
 from btcore import codec
@@ -136,6 +143,26 @@ def main():
     print(f"  cold encode / collect()     {ratio(runs['encode_cold'], runs['collect']).text()}")
     print(f"  reference / collect()       {ratio(runs['reference'], runs['collect']).text()}")
     print(f"  token: {len(forty.encode())} characters for 40 raw frames")
+    first = statistics.median(first_encode_in_new_process() for _ in range(5))
+    print(f"  first encode() in a new process: {first:.0f} ns (median of 5 processes)")
+
+
+FIRST_ENCODE = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import btcore, bench_codec
+forty = bench_codec.through_c(bench_codec.DEPTH, lambda: btcore.collect(limit=40))
+start = time.perf_counter_ns()
+forty.encode()
+print(time.perf_counter_ns() - start)
+"""
+
+
+def first_encode_in_new_process() -> int:
+    """ns of the first encode() of the 40-frame trace in a fresh interpreter."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return int(subprocess.run([sys.executable, "-c", FIRST_ENCODE, here], capture_output=True, text=True,
+                              check=True, timeout=120).stdout)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Targets, each fed through the core's cffi entry points:
             info/abbrev/lines/ranges, compressed sections (btc_symbolize_file
             at addresses of the seeds' functions)
   demangle  a symbol name -> the Itanium/Rust demanglers (btc_demangle)
-  codec     "d" + bytes -> a token of that body -> btcore.decode() and the
+  codec     "d" (format 3) or "2" (format 2) + bytes -> a token of that body -> btcore.decode() and the
             frames; other bytes -> a backtrace (a record per 4 bytes: real
             pcs, code objects, flags) -> the C encoder, checked against the
             reference encoder and decoded back (tests/fuzz_codec.py)
@@ -83,15 +83,17 @@ def write_seeds(work):
 
 
 def write_codec_seeds(folder):
-    """Real tokens' bodies ("d" + bytes) and backtraces of a few records."""
+    """Real tokens' bodies ("d" + bytes, "2" + bytes for format 2) and
+    backtraces of a few records."""
     import base64
     import random
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import fuzz_codec
     for i, token in enumerate(fuzz_codec.seeds()):
-        body = token.split(".", 1)[1]
+        prefix, body = token.split(".", 1)
         with open(os.path.join(folder, "token%d" % i), "wb") as f:
-            f.write(b"d" + base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            f.write(b"2" if prefix == "btc2" else b"d")
+            f.write(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     rng = random.Random(1)
     for i in range(8):
         with open(os.path.join(folder, "records%d" % i), "wb") as f:
@@ -173,8 +175,9 @@ def target_codec():
     pcs, codes = fuzz_codec.encoder_pools()
 
     def one(data):
-        if data[:1] == b"d":
-            token = codec.PREFIX + base64.urlsafe_b64encode(data[1:]).rstrip(b"=").decode()
+        if data[:1] in (b"d", b"2"):   # a token body: format 3 ("d"), format 2 ("2")
+            prefix = codec.PREFIX if data[:1] == b"d" else "btc2."
+            token = prefix + base64.urlsafe_b64encode(data[1:]).rstrip(b"=").decode()
             try:
                 btcore.decode(token).frames()
             except ValueError:

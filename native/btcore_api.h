@@ -283,7 +283,7 @@ int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, u
 
 /* ---- codec: the token encoder (codec/encode.c) ---- */
 
-#define BTC_TOKEN_VERSION 2          /* tokens are "btc2." + base64url */
+#define BTC_TOKEN_VERSION 3          /* tokens are "btc3." + base64url (btcore/codec.py also reads "btc2.") */
 #define BTC_TOKEN_BUILD_ID_BYTES 4   /* the build-id prefix a token keeps per module */
 
 #define BTC_ENCODE_NEED_MODULE  -2   /* teach need->module_id[0..count) with btc_encode_module(), call again */
@@ -301,7 +301,7 @@ typedef struct {
  * into: returns its length, or a BTC_ENCODE_* code (nothing appended).
  * Runs with the GIL held. */
 int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need);
-/* The module table entry (nbits bits, design.md format 2) of the module
+/* The module table entry (nbits bits, design.md format 3) of the module
  * with id module_id (btc_module_key()), kept for every later token
  * (bounded).  Returns 0, or -1 if refused (already known, too long). */
 int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);

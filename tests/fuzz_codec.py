@@ -8,7 +8,8 @@ to the same frames.
     python tests/fuzz_codec.py [COUNT] [--seed N] [--encoder COUNT]
 
 Decoder seeds are real tokens (merged, native-only, Python-only, with an
-append join, of a library not loaded here) taken here; each input is a seed
+append join, of a library not loaded here; format 2 tokens of the first
+two, the format still read) taken here; each input is a seed
 with random bit flips, byte insertions/deletions, truncation, a splice of
 two seeds, or random bytes, re-encoded as a token (so the body is valid
 base64 and the decoder itself is exercised), plus some raw text mutations
@@ -43,8 +44,9 @@ def seeds() -> list:
     joined = btcore.Backtrace(256)
     btcore.append(joined, merged)
     btcore.append(joined, btcore.collect(native=False))
-    tokens = [bt.encode() for bt in (merged, btcore.collect(python=False), btcore.collect(native=False), joined)]
-    return tokens + [token_from_a_file(path=True), token_from_a_file(path=False)]
+    backtraces = (merged, btcore.collect(python=False), btcore.collect(native=False), joined)
+    tokens = [bt.encode() for bt in backtraces] + [token_from_a_file(path=True), token_from_a_file(path=False)]
+    return tokens + [codec._encode(bt, version=2) for bt in backtraces[:2]]   # format 2 is still read
 
 
 def token_from_a_file(path: bool) -> str:
@@ -60,15 +62,7 @@ def token_from_a_file(path: bool) -> str:
         symbols = ELFFile(f).get_section_by_name(".dynsym").iter_symbols()
         starts = sorted(s["st_value"] for s in symbols if s["st_info"]["type"] == "STT_FUNC" and s["st_value"])
     key = (codec.file_build_id(found)[:codec.BUILD_ID_BYTES], found if path else None)
-    w = codec._Writer()
-    w.put(0, 1)
-    w.put(codec.BUILD_ID_BYTES, 4)
-    w.varint(1)
-    w.put(*codec.module_identity(key))
-    items = [(0, key, start + 5) for start in starts[:8]]
-    w.varint(len(items))
-    codec._FrameWriter(w, {key: 0}).frames(items)
-    return w.token()
+    return codec._write(False, [(0, key, start + 5) for start in starts[:8]])
 
 
 def body(token: str) -> bytearray:
@@ -76,8 +70,8 @@ def body(token: str) -> bytearray:
     return bytearray(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
 
 
-def as_token(data: bytes) -> str:
-    return codec.PREFIX + base64.urlsafe_b64encode(bytes(data)).rstrip(b"=").decode()
+def as_token(data: bytes, prefix: str = codec.PREFIX) -> str:
+    return prefix + base64.urlsafe_b64encode(bytes(data)).rstrip(b"=").decode()
 
 
 def mutate(rng: random.Random, tokens: list) -> str:
@@ -104,9 +98,9 @@ def mutate(rng: random.Random, tokens: list) -> str:
         data[rng.randrange(len(data))] = rng.randrange(256)
     else:
         text = list(token)
-        text[rng.randrange(len(text))] = rng.choice("AZaz09-_.*=btc12 ")
+        text[rng.randrange(len(text))] = rng.choice("AZaz09-_.*=btc123 ")
         return "".join(text)
-    return as_token(data)
+    return as_token(data, token[:5])   # the seed's format
 
 
 # ---- the C encoder against the reference ----

@@ -95,11 +95,32 @@ def test_decoded_backtrace_encodes_to_the_same_token_and_appends(chain):
     assert copy.copy(decoded).frames() == decoded.frames()
 
 
+# A format 2 token written by btcore before format 3 (the commit before it):
+# module 01020304 at /nonexistent/libgone.so, its pcs 0x1234 and 0x1200, an
+# exact pc 0x7f0000001000 in no module, a Python frame f at /x/app.py:7.
+FORMAT_2_TOKEN = "btc2.KAwQGCAIbNwmlRYYSlsIZNZDcZsUgNxPcjSSHPr6ABAAAAB_AAALwPQHACgBp-uCzvwFAQ"
+
+
+def test_format_2_tokens_still_decode(chain):
+    """Guards: tokens already in logs (format 2) decode after the format
+    changed: a frozen one to its frames, and fresh ones (the reference
+    encoder's format 2) to the frames of the backtrace they were taken from."""
+    old = btcore.decode(FORMAT_2_TOKEN)
+    assert [(m.path, m.build_id) for m in old.modules] == [("/nonexistent/libgone.so", "01020304")]
+    assert [(r.vaddr, r.exact) for r in old._refs[:3]] == [(0x1234, False), (0x1200, False), (0x7f0000001000, True)]
+    assert old._refs[3] == codec.DecodedPython("f", "/x/app.py", 7)
+    assert old.encode().startswith("btc3.") and btcore.decode(old.encode()).format() == old.format()
+    for bt in (capture_in_chain(chain), capture_in_chain(chain, python=False)):
+        token = codec._encode(bt, version=2)
+        assert token.startswith("btc2.") and len(token) > len(bt.encode())
+        assert btcore.decode(token).frames() == bt.frames()
+
+
 def test_token_is_one_printable_word(chain):
     """Guards: a token survives log pipelines: one word of URL-safe
     characters after the versioned prefix, nothing a formatter escapes."""
     token = capture_in_chain(chain).encode()
-    assert re.fullmatch(r"btc2\.[A-Za-z0-9_-]+", token)
+    assert re.fullmatch(r"btc3\.[A-Za-z0-9_-]+", token)
     assert codec.TOKEN_IN_TEXT.findall(f'msg="x {token}" {token}.') == [token, token]
 
 
@@ -294,15 +315,7 @@ def test_rebuilt_module_is_reported_as_a_build_id_mismatch(tmp_path):
 def token_with_module(path, build_id=b"\x01\x02\x03\x04", vaddr=0x1234):
     """A well-formed token naming one module (as a hostile log line could);
     path None: the decoder searches for the file."""
-    key = (build_id, path)
-    w = codec._Writer()
-    w.put(0, 1)
-    w.put(codec.BUILD_ID_BYTES, 4)
-    w.varint(1)
-    w.put(*codec.module_identity(key))
-    w.varint(1)
-    codec._FrameWriter(w, {key: 0}).frames([(0, key, vaddr)])
-    return w.token()
+    return codec._write(False, [(0, (build_id, path), vaddr)])
 
 
 def test_module_paths_in_tokens_are_untrusted(tmp_path):
@@ -334,17 +347,29 @@ def test_a_return_address_of_zero_is_refused_not_looked_up_at_minus_one(tmp_path
         btcore.decode(token_with_module(path, build_id, vaddr=0)).frames()
 
 
+def test_literal_modules_and_lengths_of_every_size_round_trip():
+    """Guards format 3's literal coding: a module named again after others,
+    pcs in no module before and after every module was named, and pcs and
+    deltas whose bit lengths are outside the direct range (escaped) decode
+    to the module and pc they were written with."""
+    a, b = (b"\x01\x02\x03\x04", "/nonexistent/liba.so"), (b"\x05\x06\x07\x08", None)
+    pcs = [(a, 0x1234), (None, 0x5000), (b, 0x9999), (a, 0x400000), (None, (1 << 64) - 1), (b, 0x10),
+           (a, 0x1235), (b, 0x10 + (1 << 40)), (None, 0x7f00), (a, 1)]
+    decoded = btcore.decode(codec._write(False, [(0, key, vaddr) for key, vaddr in pcs]))
+    assert [(r.module.key if r.module else None, r.vaddr) for r in decoded._refs] == pcs
+
+
 # ---- bad tokens ----
 
 def test_truncated_corrupted_and_unknown_tokens_raise_value_error(chain):
     """Guards: anything but a whole token of a known version is a ValueError
     that says what is wrong."""
     token = capture_in_chain(chain).encode()
-    for cut in range(len("btc2."), len(token) - 1):
+    for cut in range(len("btc3."), len(token) - 1):
         with pytest.raises(ValueError):
             btcore.decode(token[:cut])
-    with pytest.raises(ValueError, match="unknown btcore token version 3: this btcore reads version 2"):
-        btcore.decode("btc3." + token[5:])
+    with pytest.raises(ValueError, match="unknown btcore token version 4: this btcore reads versions 2 and 3"):
+        btcore.decode("btc4." + token[5:])
     with pytest.raises(ValueError, match="version 1 [(]an earlier format, no longer read[)]"):
         btcore.decode("btc1." + token[5:])
     with pytest.raises(ValueError, match="truncated token"):
@@ -381,7 +406,7 @@ def test_cli_resolves_every_token_in_place_and_keeps_the_rest(chain, tmp_path):
         2026-11-23T06:00:02Z WARN  slow: {{"where": "{native}", "n": 2}}
         no token here, but btc and btc1 and abtc1.AAAA words
         two on a line: {python} and {merged}.
-        broken: btc2.AAAAx end
+        broken: btc3.AAAAx end
         {python}
         """)
     (tmp_path / "app.log").write_text(log)
@@ -390,7 +415,7 @@ def test_cli_resolves_every_token_in_place_and_keeps_the_rest(chain, tmp_path):
     resolved = json.loads(run_python(
         "import btcore, json, sys; print(json.dumps({t: btcore.decode(t).format() for t in sys.argv[1:]}))",
         merged, native, python))
-    expected = log.replace("btc2.AAAAx", "btc2.AAAAx (btcore: truncated token: its length is not that of a base64 encoding)")
+    expected = log.replace("btc3.AAAAx", "btc3.AAAAx (btcore: truncated token: its length is not that of a base64 encoding)")
     for token, text in resolved.items():
         expected = expected.replace(token, text)
     assert printed == expected

@@ -1,5 +1,5 @@
-/* The token encoder: a Backtrace's raw records -> "btc2." + base64url of the
- * bit stream docs/design.md ("Compact tokens", format 2) specifies.
+/* The token encoder: a Backtrace's raw records -> "btc3." + base64url of the
+ * bit stream docs/design.md ("Compact tokens", format 3) specifies.
  * btcore/codec.py holds the reference encoder this one must equal bit for
  * bit (tests/test_codec.py, tests/fuzz_codec.py compare them).
  *
@@ -113,6 +113,30 @@ static void put_uint(bit_writer *w, uint64_t v)
     put(w, v, WIDTHS[c]);
 }
 
+/* ulen (native pcs and deltas): bits(4) c, the bit length L = base + c
+ * (c = 15: L in the next 7 bits), then L's bits below its top bit. */
+#define ADDRESS_BASE 10
+#define DELTA_BASE 6
+#define LENGTH_ESCAPE 15
+#define LENGTH_ESCAPE_BITS 7
+
+static unsigned length_bits(unsigned length, unsigned base)
+{
+    bool direct = length >= base && length - base < LENGTH_ESCAPE;
+    return 4 + (direct ? 0 : LENGTH_ESCAPE_BITS) + (length ? length - 1 : 0);
+}
+
+static void put_ulen(bit_writer *w, uint64_t v, unsigned base)
+{
+    unsigned length = bit_length(v);
+    if (length >= base && length - base < LENGTH_ESCAPE)
+        put(w, length - base, 4);
+    else
+        put(w, LENGTH_ESCAPE | length << 4, 4 + LENGTH_ESCAPE_BITS);
+    if (length > 1)
+        put(w, v, length - 1);   /* put() keeps the low length - 1 bits: the top one is implied */
+}
+
 static void put_varint(bit_writer *w, uint64_t v)
 {
     for (;;) {
@@ -141,16 +165,24 @@ static void init_symbols(void)
     symbols_ready = true;
 }
 
+/* Symbols gathered into one put() per 50 bits or so: strings are most of
+ * a merged token's bits. */
 static void put_symbols(bit_writer *w, const uint8_t *data, size_t len)
 {
+    uint64_t batch = 0;
+    unsigned width = 0;
     for (size_t i = 0; i < len; i++) {
         int s = symbol_of[data[i]];
-        if (s < 0)
-            put(w, SYMBOL_ESCAPE | (uint64_t)data[i] << 6, 14);
-        else
-            put(w, (uint64_t)s, 6);
+        uint64_t symbol = s < 0 ? SYMBOL_ESCAPE | (uint64_t)data[i] << 6 : (uint64_t)s;
+        batch |= symbol << width;
+        width += s < 0 ? 14 : 6;
+        if (width > 50) {   /* room for the next symbol, escaped or not, is gone */
+            put(w, batch, width);
+            batch = 0;
+            width = 0;
+        }
     }
-    put(w, SYMBOL_END, 6);
+    put(w, batch | (uint64_t)SYMBOL_END << width, width + 6);
 }
 
 /* ---- modules: table entries taught by Python, kept by module id ---- */
@@ -236,7 +268,7 @@ typedef struct {
 typedef struct {
     const learnt_module *modules[MAX_LEARNT];   /* the token's module table */
     int nmodules;
-    unsigned module_bits;
+    int seen;   /* modules named by a literal so far: the next new one is modules[seen] */
     struct { int index; uint64_t vaddr; } history[HISTORY];
     int nhistory;
     string_table names, files;
@@ -268,6 +300,27 @@ static void remember(encoder *e, int index, uint64_t vaddr)
         e->nhistory++;
 }
 
+/* The bits put_module() writes for a literal in module index. */
+static unsigned module_bits(const encoder *e, int index)
+{
+    if (index == e->seen && index < e->nmodules)
+        return 1;
+    return (e->seen < e->nmodules) + bit_length((uint64_t)e->seen);
+}
+
+/* A literal's module: the next of the table not named yet (one bit), else
+ * an index among those named so far, their count meaning no module. */
+static void put_module(bit_writer *w, encoder *e, int index)
+{
+    bool new = index == e->seen && index < e->nmodules;
+    if (e->seen < e->nmodules)
+        put(w, new, 1);
+    if (new)
+        e->seen++;
+    else
+        put(w, (uint64_t)(index < e->seen ? index : e->seen), bit_length((uint64_t)e->seen));
+}
+
 static void put_native(bit_writer *w, encoder *e, int index, uint64_t vaddr)
 {
     int best_k = -1;
@@ -286,7 +339,7 @@ static void put_native(bit_writer *w, encoder *e, int index, uint64_t vaddr)
         }
         bool negative = vaddr < ref;
         uint64_t delta = negative ? ref - vaddr : vaddr - ref;
-        unsigned bits = WIDTHS[width_class(delta)];
+        unsigned bits = length_bits(bit_length(delta), DELTA_BASE);
         if (best_k < 0 || bits < best_bits) {
             best_k = k;
             best_bits = bits;
@@ -294,15 +347,15 @@ static void put_native(bit_writer *w, encoder *e, int index, uint64_t vaddr)
             best_negative = negative;
         }
     }
-    unsigned literal_bits = e->module_bits + WIDTHS[width_class(vaddr)];
-    if (best_k >= 0 && best_bits + 3 < literal_bits) {
+    unsigned literal_bits = module_bits(e, index) + length_bits(bit_length(vaddr), ADDRESS_BASE);
+    if (best_k >= 0 && 3 + best_bits < literal_bits) {
         put(w, 0b10, 2);   /* DELTA */
         put(w, (uint64_t)best_k | (uint64_t)best_negative << 2, 3);
-        put_uint(w, best_delta);
+        put_ulen(w, best_delta, DELTA_BASE);
     } else {
         put(w, 0b01, 2);   /* LITERAL */
-        put(w, (uint64_t)index, e->module_bits);
-        put_uint(w, vaddr);
+        put_module(w, e, index);
+        put_ulen(w, vaddr, ADDRESS_BASE);
     }
     remember(e, index, vaddr);
 }
@@ -478,15 +531,19 @@ static void base64url(const uint8_t *in, size_t n, char *out)
     }
 }
 
-/* Where each native record's pc is: one pass under the module lock. */
+/* Where each native record's pc is: one pass under the module lock,
+ * searching the module list only when a pc leaves the previous frame's
+ * module (neighbouring frames are often in one). */
 static void map_places(const btc_frame *frames, int n, place *places)
 {
+    btc_module *m = NULL;
     btc_modules_acquire();
     for (int i = 0; i < n; i++) {
         if (frames[i].kind != BTC_KIND_NATIVE)
             continue;
-        uintptr_t pc = frames[i].addr;
-        btc_module *m = btc_module_find(frames[i].flags & BTC_F_EXACT ? pc : pc - 1);
+        uintptr_t pc = frames[i].addr, lookup = frames[i].flags & BTC_F_EXACT ? pc : pc - 1;
+        if (!m || lookup < m->lo || lookup >= m->hi)
+            m = btc_module_find(lookup);
         places[i] = m ? (place){m->id, pc - m->bias} : (place){0, pc};
     }
     btc_modules_release();
@@ -520,7 +577,6 @@ static int collect_modules(encoder *e, const btc_frame *frames, int n, place *pl
             need->pc[need->count++] = frames[i].flags & BTC_F_EXACT ? pc : pc - 1;
         }
     }
-    e->module_bits = bit_length((uint64_t)e->nmodules);
     for (int i = 0; i < n; i++)
         if (frames[i].kind == BTC_KIND_NATIVE && places[i].module_id == 0)
             places[i].index = e->nmodules;   /* no module */
@@ -583,7 +639,7 @@ static PyObject *token_of(const bit_writer *w)
 static int encode_into(const btc_frame *frames, int n, int truncated, PyObject *into, btc_encode_need *need)
 {
     encoder *e = &enc;
-    e->nmodules = e->nhistory = e->names.count = e->files.count = 0;
+    e->nmodules = e->seen = e->nhistory = e->names.count = e->files.count = 0;
     map_places(frames, n, places);
     if (collect_modules(e, frames, n, places, need))
         return BTC_ENCODE_NEED_MODULE;

@@ -1,12 +1,14 @@
 """Compact backtraces for logs: Backtrace.encode() and decode().
 
-A token is one printable word, "btc2." followed by base64url (no padding) of
+A token is one printable word, "btc3." followed by base64url (no padding) of
 a bit stream: the module table (a build-id prefix per module, its path only
 when a decoder would not find the file by build-id in the places it
 searches), then the frames, native pcs relative to their module and
 delta-coded against the previous few native frames, Python frames as
 (qualified name, file, line) with the strings de-duplicated.
-docs/design.md ("Compact tokens") is the byte-level specification.  The
+docs/design.md ("Compact tokens") is the byte-level specification; format 2
+("btc2.") tokens are still decoded (and the reference encoder can write
+them, for tests).  The
 encoder runs in C (native/codec/encode.c); this file holds the reference
 implementation it is tested against (and that encodes backtraces built by
 decode()), and the decoder.
@@ -37,6 +39,7 @@ from .resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modul
 
 VERSION = lib.BTC_TOKEN_VERSION
 PREFIX = f"btc{VERSION}."
+READ_VERSIONS = (2, 3)   # format 2: the same stream with class-coded pcs and module entries (design.md)
 # Any version, so that a token of another format is recognised and refused clearly.
 TOKEN = re.compile(r"btc(\d+)\.([A-Za-z0-9_-]*)")
 # A token inside text: not the tail of a longer word.
@@ -53,6 +56,19 @@ KIND_DECODED = lib.BTC_KIND_DECODED
 # Unsigned values: a 4-bit width class, then that many bits.
 WIDTHS = (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 28, 32, 64)
 _CLASS_OF = [next(c for c, w in enumerate(WIDTHS) if w >= bits) for bits in range(65)]
+
+# Native pcs and deltas (format 3): bits(4) c, the bit length L = base + c
+# (c = 15: L in the next LENGTH_ESCAPE_BITS bits), then L's bits below its
+# top bit.  The bases centre the 15 direct lengths where return addresses
+# fall: a pc in a module of 64 KiB-16 MiB, a delta of 32 bytes-1 MiB.
+ADDRESS_BASE, DELTA_BASE = 10, 6
+LENGTH_ESCAPE, LENGTH_ESCAPE_BITS = 15, 7
+
+
+def length_bits(length: int, base: int) -> int:
+    """The bits ulen() writes for a value of bit length `length`."""
+    direct = 0 <= length - base < LENGTH_ESCAPE
+    return 4 + (0 if direct else LENGTH_ESCAPE_BITS) + max(length - 1, 0)
 
 # Frame codes, read bit by bit (written here as (value, width), LSB first).
 REPEAT, DELTA, LITERAL = (0b00, 2), (0b10, 2), (0b01, 2)     # bits 0 0 / 0 1 / 1 0
@@ -94,6 +110,17 @@ class _Writer:
     def uint(self, value: int) -> None:
         cls = _CLASS_OF[value.bit_length()]
         self.put(cls | value << 4, 4 + WIDTHS[cls])
+
+    def ulen(self, value: int, base: int) -> None:
+        """value as its bit length (relative to base) and its bits below the top one."""
+        length = value.bit_length()
+        c = length - base
+        if 0 <= c < LENGTH_ESCAPE:
+            self.put(c, 4)
+        else:
+            self.put(LENGTH_ESCAPE | length << 4, 4 + LENGTH_ESCAPE_BITS)
+        if length > 1:
+            self.put(value ^ 1 << (length - 1), length - 1)
 
     def varint(self, value: int) -> None:
         while True:
@@ -177,6 +204,13 @@ class _Reader:
     def uint(self) -> int:
         return self.get(WIDTHS[self.get(4)])
 
+    def ulen(self, base: int) -> int:
+        c = self.get(4)
+        length = base + c if c != LENGTH_ESCAPE else self.get(LENGTH_ESCAPE_BITS)
+        if length > 64:
+            raise ValueError(f"corrupted token: a value of {length} bits")
+        return 1 << (length - 1) | self.get(length - 1) if length > 1 else length
+
     def varint(self, limit: int, what: str) -> int:
         value = shift = 0
         while True:
@@ -256,14 +290,20 @@ def module_entry_key(mod: _Module) -> tuple:
     return build_id, None if build_id and searched(mod.path) else mod.path
 
 
-def module_identity(key: tuple) -> tuple:
-    """A module table entry, (value, width) in bits (design.md, format 2)."""
+def module_identity(key: tuple, version: int = VERSION) -> tuple:
+    """A module table entry, (value, width) in bits (design.md)."""
     build_id, path = key
     w = _Writer()
-    w.put(bool(build_id), 1)
+    if version == 2:
+        w.put(bool(build_id), 1)
+    else:   # the common entry, a build-id alone, costs one flag
+        w.put(path is not None, 1)
+        if path is not None:
+            w.put(bool(build_id), 1)
     if build_id:
         w.put(int.from_bytes(build_id, "little"), 8 * BUILD_ID_BYTES)
-    w.put(path is not None, 1)
+    if version == 2:
+        w.put(path is not None, 1)
     if path is not None:
         w.symbols(path.encode("utf-8", "surrogateescape"))
     return w.bits()
@@ -344,20 +384,25 @@ def _python_dirs() -> list:
     return dirs
 
 
-def _search_places() -> tuple:
-    """(flat directories, deep directories) this process searches (realpaths)."""
+def _flat_dirs() -> list:
     multiarch = sysconfig.get_config_var("MULTIARCH")
     flat = [sysconfig.get_config_var("LIBDIR"), os.path.dirname(os.path.realpath(sys.executable))]
-    flat += [os.path.join(d, multiarch) for d in LINKER_DIRS if multiarch] + list(LINKER_DIRS)
-    return _real_dirs(flat), _real_dirs(_python_dirs())
+    return flat + [os.path.join(d, multiarch) for d in LINKER_DIRS if multiarch] + list(LINKER_DIRS)
+
+
+def _search_places() -> tuple:
+    """(flat directories, deep directories) this process searches (realpaths)."""
+    return _real_dirs(_flat_dirs()), _real_dirs(_python_dirs())
 
 
 _places_searched = []   # [(flat, deep)], computed on first use
+_flat_as_named = []     # [the flat directories as named, before realpath]: found without a realpath()
 
 
 def search_places() -> tuple:
     if not _places_searched:
         _places_searched.append(_search_places())
+        _flat_as_named.append(frozenset(_flat_dirs()))
     return _places_searched[0]
 
 
@@ -367,7 +412,10 @@ def searched(path: str) -> bool:
     if not path.startswith("/"):   # the vDSO ("")
         return False
     flat, deep = search_places()
-    folder = os.path.realpath(os.path.dirname(path))
+    folder = os.path.dirname(path)
+    if folder in _flat_as_named[0]:   # its realpath is that of a flat directory: a flat directory
+        return True
+    folder = os.path.realpath(folder)
     if folder in flat:
         return True
     if not _SHARED_OBJECT.search(os.path.basename(path)):
@@ -571,29 +619,36 @@ def _decoded_item(flags: int, ref) -> tuple:
     return (flags | (F_EXACT if ref.exact else 0), key, ref.vaddr)
 
 
-def _encode(bt: Backtrace) -> str:
-    """The reference encoder (design.md, format 2)."""
-    items = _items(bt)
+def _encode(bt: Backtrace, version: int = VERSION) -> str:
+    """The reference encoder (design.md; format 2 for tests of its decoder)."""
+    return _write(bool(bt.truncated), _items(bt), version)
+
+
+def _write(truncated: bool, items: list, version: int = VERSION) -> str:
+    """The token of _items(): (flags, module key or None, vaddr) per native
+    frame, (flags, name, file, line) per Python frame."""
     modules = {}
     for item in items:
         if len(item) == 3 and item[1] is not None:
             modules.setdefault(item[1], len(modules))
     w = _Writer()
-    w.put(bool(bt.truncated), 1)
+    w.put(truncated, 1)
     w.put(BUILD_ID_BYTES, 4)
     w.varint(len(modules))
     for key in modules:
-        w.put(*module_identity(key))
+        w.put(*module_identity(key, version))
     w.varint(len(items))
-    _FrameWriter(w, modules).frames(items)
-    return w.token()
+    _FrameWriter(w, modules, version).frames(items)
+    return f"btc{version}." + w.token()[len(PREFIX):]
 
 
 class _FrameWriter:
-    def __init__(self, w: _Writer, modules: dict):
+    def __init__(self, w: _Writer, modules: dict, version: int):
         self.w = w
         self.modules = modules
+        self.version = version
         self.module_bits = len(modules).bit_length()   # index len(modules): no module
+        self.seen = 0                                   # modules named by a frame so far (format 3)
         self.history = []                               # (module index, vaddr), newest first
         self.names, self.files = {}, {}                 # string -> index
         self.name_bytes, self.file_bytes = [], []       # reference lists of new strings
@@ -620,6 +675,54 @@ class _FrameWriter:
         del self.history[HISTORY:]
 
     def _address(self, index: int, vaddr: int) -> None:
+        if self.version == 2:
+            self._address_v2(index, vaddr)
+        else:
+            self._address_v3(index, vaddr)
+
+    def _address_v3(self, index: int, vaddr: int) -> None:
+        """REPEAT (the first k that matches), else the cheaper of DELTA (the k
+        of the fewest bits, the first on a tie) and LITERAL (LITERAL on a tie)."""
+        w = self.w
+        best = None   # (bits, k, delta)
+        for k, (ref_index, ref_vaddr) in enumerate(self.history):
+            if ref_index != index:
+                continue
+            if ref_vaddr == vaddr:
+                w.code(REPEAT)
+                w.put(k, 2)
+                return
+            delta = vaddr - ref_vaddr
+            bits = length_bits(abs(delta).bit_length(), DELTA_BASE)
+            if best is None or bits < best[0]:
+                best = (bits, k, delta)
+        new = index == self.seen < len(self.modules)
+        if new:
+            module_bits = 1
+        else:
+            module_bits = (self.seen < len(self.modules)) + self.seen.bit_length()
+        if best is not None and 3 + best[0] < module_bits + length_bits(vaddr.bit_length(), ADDRESS_BASE):
+            _, k, delta = best
+            w.code(DELTA)
+            w.put(k | (delta < 0) << 2, 3)
+            w.ulen(abs(delta), DELTA_BASE)
+            return
+        w.code(LITERAL)
+        self._module(index, new)
+        w.ulen(vaddr, ADDRESS_BASE)
+
+    def _module(self, index: int, new: bool) -> None:
+        """A literal's module: the next of the table not named yet (one bit),
+        else an index among those named so far, their count meaning no module."""
+        w = self.w
+        if self.seen < len(self.modules):
+            w.put(new, 1)
+        if new:
+            self.seen += 1
+        else:
+            w.put(min(index, self.seen), self.seen.bit_length())
+
+    def _address_v2(self, index: int, vaddr: int) -> None:
         w = self.w
         best = None   # (bits, k, delta)
         for k, (ref_index, ref_vaddr) in enumerate(self.history):
@@ -684,12 +787,12 @@ def decode(token: str, search=None) -> DecodedBacktrace:
         raise TypeError(f"decode() takes a str, not {type(token).__name__}")
     if search is None:
         search = os.environ.get(SEARCH_PATH_VARIABLE, "").split(os.pathsep)
-    data = _body(token)
+    version, data = _body(token)
     r = _Reader(data)
     truncated = bool(r.get(1))
-    modules = _read_modules(r, tuple(search))
+    modules = _read_modules(r, tuple(search), version)
     count = r.varint(MAX_CAPACITY, "frame count")
-    records, refs = _FrameReader(r, modules).frames(count)
+    records, refs = _FrameReader(r, modules, version).frames(count)
     r.finish()
     bt = _new(DecodedBacktrace)
     bt._capacity = max(count, DEFAULT_CAPACITY)
@@ -698,26 +801,29 @@ def decode(token: str, search=None) -> DecodedBacktrace:
     return bt
 
 
-def _body(token: str) -> bytes:
+def _body(token: str) -> tuple:
+    """(format version, the bytes of the body)."""
     token = token.strip()
     if len(token) > MAX_TOKEN_CHARS:
         raise ValueError(f"not a btcore token: longer than {MAX_TOKEN_CHARS} characters")
     m = TOKEN.fullmatch(token)
     if m is None:
         raise ValueError(f"not a btcore token: expected {PREFIX} followed by base64url characters")
-    if int(m.group(1)) != VERSION:
-        earlier = " (an earlier format, no longer read)" if 0 < int(m.group(1)) < VERSION else ""
-        raise ValueError(f"unknown btcore token version {m.group(1)}{earlier}: this btcore reads version {VERSION}")
+    version = int(m.group(1))
+    if version not in READ_VERSIONS:
+        earlier = " (an earlier format, no longer read)" if 0 < version < min(READ_VERSIONS) else ""
+        known = " and ".join(map(str, READ_VERSIONS))
+        raise ValueError(f"unknown btcore token version {m.group(1)}{earlier}: this btcore reads versions {known}")
     body = m.group(2)
     if len(body) % 4 == 1:
         raise ValueError("truncated token: its length is not that of a base64 encoding")
     try:
-        return base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_", validate=True)
+        return version, base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_", validate=True)
     except binascii.Error as e:
         raise ValueError(f"corrupted token: {e}") from None
 
 
-def _read_modules(r: _Reader, search: tuple) -> list:
+def _read_modules(r: _Reader, search: tuple, version: int) -> list:
     """(DecodedModule, load bias here or None) per module table entry."""
     length = r.get(4)
     count = r.varint(MAX_MODULES, "module count")
@@ -725,13 +831,24 @@ def _read_modules(r: _Reader, search: tuple) -> list:
         raise ValueError(f"corrupted token: build-id prefixes of {length} bytes (at least {MIN_BUILD_ID_BYTES})")
     entries = []
     for _ in range(count):
-        build_id = r.get(8 * length).to_bytes(length, "little") if r.get(1) else b""
-        path = r.symbols().decode("utf-8", "surrogateescape") if r.get(1) else None
-        if path is None and not build_id:
-            raise ValueError("corrupted token: a module with neither build-id nor path")
-        entries.append((build_id, path))
+        entries.append(_read_module_v2(r, length) if version == 2 else _read_module(r, length))
     loaded = loaded_modules() if entries else []
     return [identify(build_id, path, loaded, search) for build_id, path in entries]
+
+
+def _read_module(r: _Reader, length: int) -> tuple:
+    """(build-id prefix or b"", path or None): has path, [has build-id], [build-id], [path]."""
+    has_path = r.get(1)
+    build_id = r.get(8 * length).to_bytes(length, "little") if not has_path or r.get(1) else b""
+    return build_id, r.symbols().decode("utf-8", "surrogateescape") if has_path else None
+
+
+def _read_module_v2(r: _Reader, length: int) -> tuple:
+    build_id = r.get(8 * length).to_bytes(length, "little") if r.get(1) else b""
+    path = r.symbols().decode("utf-8", "surrogateescape") if r.get(1) else None
+    if path is None and not build_id:
+        raise ValueError("corrupted token: a module with neither build-id nor path")
+    return build_id, path
 
 
 def identify(build_id: bytes, path: str | None, loaded: list, search: tuple = ()) -> tuple:
@@ -783,10 +900,12 @@ def _pc(pc: int, flags: int) -> int:
 
 
 class _FrameReader:
-    def __init__(self, r: _Reader, modules: list):
+    def __init__(self, r: _Reader, modules: list, version: int):
         self.r = r
         self.modules = modules
+        self.version = version
         self.module_bits = len(modules).bit_length()
+        self.seen = 0   # modules named by a literal so far (format 3)
         self.history = []
         self.names, self.files = [], []                 # decoded strings, in order
         self.name_bytes, self.file_bytes = [], []       # reference lists of new strings
@@ -843,11 +962,13 @@ class _FrameReader:
 
     def _address(self, code: tuple) -> tuple:
         r = self.r
-        if code is LITERAL:
+        if code is LITERAL and self.version == 2:
             index = r.get(self.module_bits)
             if index > len(self.modules):
                 raise ValueError(f"corrupted token: module {index} of {len(self.modules)}")
             return index, r.uint()
+        if code is LITERAL:
+            return self._module(), r.ulen(ADDRESS_BASE)
         k = r.get(2)
         if k >= len(self.history):
             raise ValueError(f"corrupted token: a frame refers to native frame {k + 1} back of {len(self.history)}")
@@ -855,11 +976,22 @@ class _FrameReader:
         if code is REPEAT:
             return index, vaddr
         negative = r.get(1)
-        delta = r.uint()
+        delta = r.uint() if self.version == 2 else r.ulen(DELTA_BASE)
         vaddr = vaddr - delta if negative else vaddr + delta
         if not 0 <= vaddr < 1 << 64:
             raise ValueError("corrupted token: a frame address out of range")
         return index, vaddr
+
+    def _module(self) -> int:
+        """A literal's module index (see _FrameWriter._module); len(modules): none."""
+        r, count = self.r, len(self.modules)
+        if self.seen < count and r.get(1):
+            self.seen += 1
+            return self.seen - 1
+        index = r.get(self.seen.bit_length())
+        if index > self.seen:
+            raise ValueError(f"corrupted token: module {index} of the {self.seen} named so far")
+        return index if index < self.seen else count
 
     def python(self) -> DecodedPython:
         name = self._string(self.names, self.name_bytes)
