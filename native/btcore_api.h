@@ -340,6 +340,12 @@ typedef struct {
  * signal's handler.  Idempotent.  Returns the thread's slot (>= 0) or a
  * BTC_E_* code (btc_last_error() says why: no free slot, the signal taken). */
 int btc_thread_register(void);
+/* btc_thread_register(), then every other thread of the interpreter that
+ * is not registered yet, from here (GIL held): each one's state and stack
+ * noted, its kernel thread id for the signal.  Such a thread has no exit
+ * hook: it is forgotten at the next call once it is gone (a sample asked
+ * of it meanwhile gets no answer).  The count added, or a BTC_E_* code. */
+int btc_thread_register_others(void);
 /* Forget the calling thread (on thread exit). */
 void btc_thread_unregister(void);
 /* Sample a registered thread (its threading ident) through the capture

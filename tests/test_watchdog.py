@@ -235,6 +235,36 @@ def test_stuck_dump_signal_while_main_thread_holds_the_gil(stuck_so):
         line_of(dump, "in <module>"), err
 
 
+def test_stuck_dump_shows_another_thread_holding_the_gil_in_c(stuck_so):
+    """Guards the stuck dump of other threads: a worker holding the GIL in C is sampled in its own thread, shown where it is."""
+    err = run_child(r"""
+        import signal, threading
+        held.stuck_busy_loop_after_raising.argtypes = [ctypes.c_double, ctypes.c_int]
+        go = threading.Event()
+
+        def worker_stuck_in_c():
+            go.wait()
+            held.stuck_busy_loop_after_raising(seconds, signal.SIGUSR1)   # the signal, then the C loop
+
+        worker = threading.Thread(target=worker_stuck_in_c)
+        worker.start()
+        btcore.register_dump_signal(signal.SIGUSR1, sys.stderr, stuck=True)   # the worker exists: it is registered
+        go.set()
+        worker.join()
+        os.write(2, b"RETURNED\n")
+        print("WORKER", worker.ident, file=sys.stderr)
+        assert btcore.unregister_dump_signal(signal.SIGUSR1)
+    """, stuck_so)
+    lines = err.splitlines()
+    worker = lines[-1].split()[-1]
+    header = line_of(lines, f"btcore: signal {int(signal.SIGUSR1)}: the stack of thread {worker},")
+    assert header < lines.index("RETURNED"), err
+    dump = lines[header + 1:]
+    end = next((i for i, line in enumerate(dump) if not line.startswith("  ")), len(dump))
+    dump = dump[:end]
+    assert line_of(dump, "] stuck_busy_loop+") < line_of(dump, "in worker_stuck_in_c") < line_of(dump, "in Thread.run"), err
+
+
 def test_sample_survives_fork_and_the_child_can_watch(stuck_so):
     """Guards fork: the child has no watchdog thread and no stale registration, and starts its own."""
     err = run_child(r"""
