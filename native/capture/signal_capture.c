@@ -348,10 +348,11 @@ int btc_thread_register(void)
     return i;
 }
 
-static bool in_interpreter(PyInterpreterState *interp, const PyThreadState *ts)
+/* Is the thread of slot i still in the interpreter's list (same state, same thread)? */
+static bool still_listed(PyInterpreterState *interp, int i)
 {
     for (PyThreadState *t = PyInterpreterState_ThreadHead(interp); t; t = PyThreadState_Next(t))
-        if (t == ts)
+        if (t == slots[i].info.tstate && t->thread_id == atomic_load(&slots[i].thread))
             return true;
     return false;
 }
@@ -364,7 +365,7 @@ int btc_thread_register_others(void)
     PyInterpreterState *interp = PyThreadState_Get()->interp;
     /* A thread registered by another one has no exit hook: drop those gone. */
     for (int i = 0; i < BTC_WATCHED_THREADS; i++)
-        if (slots[i].by_other && atomic_load(&slots[i].thread) && !in_interpreter(interp, slots[i].info.tstate))
+        if (slots[i].by_other && atomic_load(&slots[i].thread) && !still_listed(interp, i))
             atomic_store(&slots[i].thread, 0);
     /* The threads listed here are alive: each removes its state (with the
      * GIL, which the caller holds) before it ends. */

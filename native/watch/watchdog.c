@@ -119,7 +119,7 @@ int btc_watch_thread(uintptr_t idle_code)
             PyErr_Clear();
             slot = btc_fail(BTC_E_UNSUPPORTED, "cannot follow the thread state's switch counter");
         } else {
-            if (idle_code)
+            if (idle_code && atomic_load(&w->idle_code) != idle_code)
                 atomic_store(&w->idle_code, (uintptr_t)Py_NewRef((PyObject *)idle_code));   /* kept for good */
             atomic_store(&w->thread, (uintptr_t)pthread_self());
             atomic_store(&w->watched, 1);
