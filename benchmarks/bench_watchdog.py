@@ -3,13 +3,12 @@ rounds, each ratio the median of the per-round ratios, min-max in brackets).
 
 1. Switch detection on a program switching ~100 000 times per second: two
    greenlets ping-pong, each doing ~10 us of Python work between switches.
-   The same run with the watchdog's C switch counter installed (the
-   watchdog thread running, as in production) and with no tracer at all.
-   Peer: gevent's own monitor tracer (gevent._tracer.GreenletTracer,
-   Cython) on the same run, when gevent is installed.  Target: <= 1.02.
-   Also the bare switch cost (no work between switches), ns per switch,
-   and the ratio in instructions (callgrind, if valgrind is installed),
-   which a busy machine does not disturb.
+   With the watchdog running (watching the thread) and without it, in
+   instructions (callgrind, a whole child process, every thread counted: a
+   busy machine does not disturb it) and in wall-clock time (in-process
+   runs, interleaved, the watchdog started and stopped between them).  Target: <= 1.02.  For comparison, what a switch tracer
+   costs on the same run: gevent's own monitor tracer
+   (gevent._tracer.GreenletTracer, Cython), when gevent is installed.
 2. Capture of a mixed stack (D levels of Python recursion through C:
    map() and list(), so Python and native frames alternate) inside a
    signal handler's code path vs collect() of the same stack:
@@ -83,45 +82,6 @@ def with_tracer(tracer, run):
     return timed
 
 
-def switch_overhead(rounds):
-    spin = calibrated_work()
-    dog = btcore.start_watchdog(threshold=60)
-    ours = greenlet.gettrace()
-    greenlet.settrace(None)
-    fns_work = {"none": with_tracer(None, ping_pong(1000, spin)),
-                "btcore": with_tracer(ours, ping_pong(1000, spin))}
-    fns_bare = {"none": with_tracer(None, ping_pong(1000, 0)),
-                "btcore": with_tracer(ours, ping_pong(1000, 0))}
-    try:
-        from gevent._tracer import GreenletTracer
-        gevent_tracer = GreenletTracer()   # installs itself: take it off, time it like ours
-        greenlet.settrace(None)
-        fns_work["gevent"] = with_tracer(gevent_tracer, ping_pong(1000, spin))
-        fns_bare["gevent"] = with_tracer(gevent_tracer, ping_pong(1000, 0))
-    except ImportError:
-        pass
-    work = interleaved(fns_work, rounds)
-    bare = interleaved(fns_bare, rounds)
-    greenlet.settrace(ours)
-    dog.stop()
-    rate = 1e9 / (min(work["none"]) / 1000)
-    print(f"1. switch detection, ping-pong at ~{rate / 1000:.0f}k switches/s ({spin} loop turns of work each)")
-    print(f"   with btcore's switch counter / without:  {ratio(work['btcore'], work['none']).text(3)}"
-          "   (target <= 1.02)")
-    if "gevent" in work:
-        print(f"   with gevent's GreenletTracer / without:  {ratio(work['gevent'], work['none']).text(3)}")
-    for name, runs in bare.items():
-        print(f"   bare switch, {name:>6}: {min(runs) / 1000:7.0f} ns per switch")
-    # The same overhead from the quieter measurement: what the tracer adds to
-    # one switch, over what one switch plus its work costs.
-    added = ratio(bare["btcore"], bare["none"])
-    per_switch = min(bare["none"]) / 1000
-    print(f"   btcore's added cost per switch / (switch + work): "
-          f"{(added.median - 1) * per_switch / (min(work['none']) / 1000):.2%} "
-          f"({(added.median - 1) * per_switch:.0f} ns per switch)")
-    switch_overhead_in_instructions(spin)
-
-
 PING_PONG_CHILD = r"""
 import sys, greenlet, btcore
 mode, switches, spin = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -134,7 +94,7 @@ def other():
 g = greenlet.greenlet(other)
 g.switch()
 if mode == "btcore":
-    dog = btcore.start_watchdog(threshold=60)
+    dog = btcore.start_watchdog(threshold=60)   # its thread reads the switch count 10 times a second
 def main():
     for _ in range(switches // 2):
         for _ in range(spin):
@@ -144,18 +104,63 @@ main()
 """
 
 
+def child(mode, switches, spin):
+    return [sys.executable, "-P", "-c", PING_PONG_CHILD, mode, str(switches), str(spin)]
+
+
+def switch_overhead(rounds):
+    spin = calibrated_work()
+    print(f"1. switch detection, ping-pong at ~100k switches/s ({spin} loop turns of work between switches)")
+    switch_overhead_in_instructions(spin)
+    switches = 20_000
+    runs = wall_with_and_without(ping_pong(switches, spin), rounds)
+    print(f"   wall clock, {switches} switches with the watchdog running / without: "
+          f"{ratio(runs['btcore'], runs['none']).text(3)}   (target <= 1.02; "
+          f"{min(runs['none']) / 1e6:.0f} ms without)")
+    gevent_peer(rounds, spin)
+
+
+def wall_with_and_without(run, rounds):
+    """{mode: [ns, one a round]}: run timed in this process with the watchdog
+    running (watching this thread) and without it, interleaved; the
+    watchdog is started and stopped outside the timed part (its start-up,
+    the tables it builds once, is not what a switch costs)."""
+    runs = {"none": [], "btcore": []}
+    for r in range(rounds):
+        for mode in ("none", "btcore") if r % 2 == 0 else ("btcore", "none"):
+            dog = btcore.start_watchdog(threshold=60) if mode == "btcore" else None
+            t0 = time.perf_counter_ns()
+            run()
+            runs[mode].append(time.perf_counter_ns() - t0)
+            if dog:
+                dog.stop()
+    return runs
+
+
+def gevent_peer(rounds, spin):
+    """What a switch tracer costs (gevent's monitor detects switches with one), in-process, for comparison."""
+    try:
+        from gevent._tracer import GreenletTracer
+    except ImportError:
+        return
+    tracer = GreenletTracer()   # installs itself: take it off, time it on its own
+    greenlet.settrace(None)
+    runs = interleaved({"none": with_tracer(None, ping_pong(1000, spin)),
+                        "gevent": with_tracer(tracer, ping_pong(1000, spin))}, rounds)
+    print(f"   peer: gevent's GreenletTracer / without (in-process): {ratio(runs['gevent'], runs['none']).text(3)}")
+
+
 def instructions(mode, switches, spin):
-    """Instructions a whole child run executes, counted by callgrind."""
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                           "-P", "-c", PING_PONG_CHILD, mode, str(switches), str(spin)],
+    """Instructions a whole child run executes (every thread), counted by callgrind."""
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *child(mode, switches, spin)],
                           capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONHASHSEED="0"))
     return int(re.search(r"Collected : (\d+)", done.stderr).group(1))
 
 
 def switch_overhead_in_instructions(spin):
-    """The same comparison in instructions (callgrind): stable on a busy
-    machine, where the wall-clock ratios above spread widely.  Two run
-    lengths, so that start-up cancels out."""
+    """The comparison in instructions (callgrind): stable on a busy machine,
+    where wall-clock ratios spread widely.  Two run lengths, so that
+    start-up (importing btcore, starting the watchdog) cancels out."""
     if not shutil.which("valgrind"):
         print("   (valgrind not found: no instruction counts)")
         return
@@ -164,7 +169,7 @@ def switch_overhead_in_instructions(spin):
     for mode in ("none", "btcore"):
         per[mode] = (instructions(mode, long, spin) - instructions(mode, short, spin)) / (long - short)
     print(f"   instructions per switch + its work (callgrind): {per['none']:.0f} without, {per['btcore']:.0f} with:"
-          f" {per['btcore'] / per['none']:.3f}   (target <= 1.02)")
+          f" {per['btcore'] / per['none']:.4f} (+{per['btcore'] - per['none']:.0f} a switch)   (target <= 1.02)")
 
 
 def mixed_stack(depth, at_bottom):

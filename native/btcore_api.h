@@ -340,6 +340,12 @@ typedef struct {
  * signal's handler.  Idempotent.  Returns the thread's slot (>= 0) or a
  * BTC_E_* code (btc_last_error() says why: no free slot, the signal taken). */
 int btc_thread_register(void);
+/* btc_thread_register(), then every other thread of the interpreter that
+ * is not registered yet, from here (GIL held): each one's state and stack
+ * noted, its kernel thread id for the signal.  Such a thread has no exit
+ * hook: it is forgotten at the next call once it is gone (a sample asked
+ * of it meanwhile gets no answer).  The count added, or a BTC_E_* code. */
+int btc_thread_register_others(void);
 /* Forget the calling thread (on thread exit). */
 void btc_thread_unregister(void);
 /* Sample a registered thread (its threading ident) through the capture
@@ -349,7 +355,8 @@ void btc_thread_unregister(void);
  * time: a thread blocking the signal). */
 int btc_signal_sample(uint64_t thread_ident, int timeout_ms, btc_sigsample *out);
 /* The sample as text, innermost frame first, one frame a line (native:
- * "  [module] function+0xoff", Python: "  File "f", line N, in name"),
+ * "  [module] function+0xoff", then " (file:line)" where DWARF has it;
+ * Python: "  File "f", line N, in name"),
  * named without the GIL: symbol tables in C, code objects read raw (call
  * it while the sampled thread still runs those frames).  Returns the
  * length written (truncated to size - 1, NUL-terminated). */
@@ -357,14 +364,17 @@ int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size);
 /* The signal the handler captures on (a real-time signal). */
 int btc_capture_signal(void);
 
-/* Switch detection for the watchdog: put the tracer for the calling
- * thread into the dict at `namespace` as "tracer" (install it with
- * greenlet.settrace), chaining to `previous` (0: none); a switch into an
- * instance of `idle_type` (0: none; gevent's Hub) counts as idle, not stuck.
- * Registers the thread.  Returns its slot or a BTC_E_* code. */
-int btc_watch_thread(uintptr_t namespace, uintptr_t previous, uintptr_t idle_type);
-/* Stop watching the calling thread (its tracer then only chains). */
+/* Watch the calling thread (registers it): the watchdog reads its switch
+ * count (btc_switch_count) without the GIL.  idle_code: the code object
+ * of gevent's Hub.run (0: none); a thread sampled with it as the innermost
+ * Python frame waits for events, it is not stuck.  Its slot or a BTC_E_* code. */
+int btc_watch_thread(uintptr_t idle_code);
+/* Stop watching the calling thread. */
 void btc_unwatch_thread(void);
+/* The calling thread's switch count as greenlet keeps it: the thread
+ * state's context_ver, which every switch into a greenlet increments
+ * (contextvars' Context.run too).  No GIL needed. */
+uint64_t btc_switch_count(void);
 /* Start the watchdog thread (C, never takes the GIL): a watched thread
  * whose greenlets have not switched for threshold_s is sampled and
  * reported to fd (dup'ed), again after 2x, 4x, ... while stuck (repeat),

@@ -37,7 +37,7 @@ def stuck_so(tmp_path_factory):
 
 
 PRELUDE = r"""
-    import ctypes, sys, time
+    import ctypes, os, sys, time
     import btcore, greenlet
     so, seconds = sys.argv[1], float(sys.argv[2])
     held, released = ctypes.PyDLL(so), ctypes.CDLL(so)   # PyDLL keeps the GIL during the call
@@ -69,7 +69,7 @@ def run_child(body, so, *, seconds=STUCK_SECONDS, args=(), env=None):
 WATCHED = r"""
     with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as dog:
         greenlet.greenlet(globals()[sys.argv[3]]).switch()
-        print("RETURNED", file=sys.stderr, flush=True)
+        os.write(2, b"RETURNED\n")   # one write: a report cannot cut the line
         time.sleep(0.5)   # the watchdog's next tick sees the switch back
     print("REPORTS", dog.reports, file=sys.stderr)
 """
@@ -105,10 +105,18 @@ def test_report_comes_while_stuck_and_names_both_sides(stuck_so, function, inner
         # module between them (their tables built between samples, never in the handler)
         assert line_of(report, f"] {innermost}+") < line_of(report, "PyCFuncPtr_call") < python, report
     assert any("g_initialstub" in line for line in report[python:]), report   # down to the greenlet's start
-    # One recovery line for that greenlet (the main greenlet, sleeping afterwards, may be reported too).
-    stuck = report[0].split(" in thread ")[0]
-    recovered = [line for line in lines if line.startswith(stuck) and "switched again" in line]
-    assert len(recovered) == 1 and "it was stuck for" in recovered[0], err
+    if function == "stuck_in_syscall":
+        # native file:line (DWARF of the fixture): the line of its clock_nanosleep call, read from the source
+        with open(os.path.join(os.path.dirname(__file__), "fixtures", "stuck.c")) as f:
+            call = next(n for n, text in enumerate(f, 1) if "clock_nanosleep(CLOCK_MONOTONIC" in text)
+        assert report[line_of(report, "] stuck_sleep+")].endswith(f"stuck.c:{call})"), report
+    assert line_of(report, f"in {function}") == line_of(report, ", line ")   # Python frames: file and line
+    # One recovery line for that episode (the main greenlet, sleeping afterwards, may be reported too).
+    thread = report[0].split(" has not switched")[0]
+    episode = lines[lines.index(report[0]):lines.index("RETURNED") + 1]
+    assert not any("switched again" in line for line in episode), err
+    recovered = [line for line in lines if line.startswith(thread) and "switched again" in line]
+    assert len(recovered) >= 1 and "it was stuck for" in recovered[0], err
     reports = int(lines[-1].split()[-1])
     assert reports >= 2, err   # repeat=True: again after twice the threshold
 
@@ -123,21 +131,56 @@ def test_repeat_false_reports_once(stuck_so):
     assert err.splitlines()[-1] == "REPORTS 1", err
 
 
-def test_tracer_chains_and_is_restored(stuck_so):
-    """Guards the switch counter's chaining: the tracer installed before still sees every switch, and is put back."""
+def test_switch_detection_installs_no_tracer(stuck_so):
+    """Guards the sampled switch detection: no greenlet tracer is installed (a switch costs nothing more), one set before is untouched."""
     err = run_child(r"""
         seen = []
         def mine(event, args):
             seen.append(event)
         greenlet.settrace(mine)
-        dog = btcore.start_watchdog(threshold=5)
-        assert greenlet.gettrace() is not mine
-        greenlet.greenlet(lambda: None).switch()
-        dog.stop()
-        assert greenlet.gettrace() is mine, greenlet.gettrace()
-        print("SEEN", seen, file=sys.stderr)
+        with btcore.start_watchdog(threshold=5):
+            assert greenlet.gettrace() is mine, greenlet.gettrace()
+            before = len(seen)
+            greenlet.greenlet(lambda: None).switch()
+        print("SEEN", seen[before:], file=sys.stderr)
     """, stuck_so)
     assert err.splitlines()[-1] == "SEEN ['switch', 'switch']", err
+
+
+def test_greenlets_switching_back_and_forth_between_ticks_are_not_stuck(stuck_so):
+    """Guards the counter against A -> B -> A between two samples: the same greenlet current at every tick is not stuck if it switched meanwhile."""
+    err = run_child(r"""
+        def other():
+            while True:
+                greenlet.getcurrent().parent.switch()
+        g = greenlet.greenlet(other)
+        # ~30 ticks of 0.1 s; a threshold of 1 s: a loaded machine (ASan, 2 cores) stalled a switch for 0.1 s once
+        with btcore.start_watchdog(threshold=1.0, file=sys.stderr) as dog:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:   # main is current at almost every tick, yet switches all the time
+                g.switch()
+        print("REPORTS", dog.reports, file=sys.stderr)
+    """, stuck_so)
+    assert err.splitlines()[-1] == "REPORTS 0", err
+
+
+def test_watched_thread_that_exits_is_forgotten_safely(stuck_so):
+    """Guards the watchdog's reads of another thread's state: a watched thread that ends (its state freed) is neither read nor reported."""
+    err = run_child(r"""
+        import threading
+        with btcore.start_watchdog(threshold=0.1, file=sys.stderr) as dog:
+            def worker():
+                dog.watch()
+                time.sleep(0.02)
+            for _ in range(50):
+                t = threading.Thread(target=worker)
+                t.start()
+                t.join()
+            greenlet.greenlet(stuck_in_syscall).switch()   # the watchdog still works for the main thread
+        print("REPORTS", dog.reports, file=sys.stderr)
+    """, stuck_so, seconds=1.0)
+    assert "has not switched greenlets" in err and "in stuck_in_syscall" in err, err
+    assert int(err.splitlines()[-1].split()[-1]) >= 1, err
 
 
 def test_gevent_hub_waiting_is_idle_not_stuck(stuck_so):
@@ -161,7 +204,7 @@ def test_gevent_event_loop_blocked_report_has_native_frames(stuck_so):
         gevent.get_hub().start_periodic_monitoring_thread()
         gevent.sleep(0.3)              # the monitor thread starts
         gevent.spawn(stuck_in_syscall).join()
-        print("RETURNED", file=sys.stderr, flush=True)
+        os.write(2, b"RETURNED\n")   # one write: a report cannot cut the line
     """, stuck_so, env={"GEVENT_MONITOR_THREAD_ENABLE": "1", "GEVENT_MAX_BLOCKING_TIME": "0.2"})
     lines = err.splitlines()
     start = line_of(lines, "appears to be blocked")
@@ -182,7 +225,7 @@ def test_stuck_dump_signal_while_main_thread_holds_the_gil(stuck_so):
 
         btcore.register_dump_signal(signal.SIGUSR1, sys.stderr, stuck=True)
         stuck_in_c_asking_for_a_dump()
-        print("RETURNED", file=sys.stderr, flush=True)
+        os.write(2, b"RETURNED\n")   # one write: a report cannot cut the line
         assert btcore.unregister_dump_signal(signal.SIGUSR1)
     """, stuck_so)
     lines = err.splitlines()
@@ -191,6 +234,36 @@ def test_stuck_dump_signal_while_main_thread_holds_the_gil(stuck_so):
     dump = lines[header:]
     assert line_of(dump, "] stuck_busy_loop+") < line_of(dump, "in stuck_in_c_asking_for_a_dump") < \
         line_of(dump, "in <module>"), err
+
+
+def test_stuck_dump_shows_another_thread_holding_the_gil_in_c(stuck_so):
+    """Guards the stuck dump of other threads: a worker holding the GIL in C is sampled in its own thread, shown where it is."""
+    err = run_child(r"""
+        import signal, threading
+        held.stuck_busy_loop_after_raising.argtypes = [ctypes.c_double, ctypes.c_int]
+        go = threading.Event()
+
+        def worker_stuck_in_c():
+            go.wait()
+            held.stuck_busy_loop_after_raising(seconds, signal.SIGUSR1)   # the signal, then the C loop
+
+        worker = threading.Thread(target=worker_stuck_in_c)
+        worker.start()
+        btcore.register_dump_signal(signal.SIGUSR1, sys.stderr, stuck=True)   # the worker exists: it is registered
+        go.set()
+        worker.join()
+        os.write(2, b"RETURNED\n")
+        print("WORKER", worker.ident, file=sys.stderr)
+        assert btcore.unregister_dump_signal(signal.SIGUSR1)
+    """, stuck_so)
+    lines = err.splitlines()
+    worker = lines[-1].split()[-1]
+    header = line_of(lines, f"btcore: signal {int(signal.SIGUSR1)}: the stack of thread {worker},")
+    assert header < lines.index("RETURNED"), err
+    dump = lines[header + 1:]
+    end = next((i for i, line in enumerate(dump) if not line.startswith("  ")), len(dump))
+    dump = dump[:end]
+    assert line_of(dump, "] stuck_busy_loop+") < line_of(dump, "in worker_stuck_in_c") < line_of(dump, "in Thread.run"), err
 
 
 def test_sample_survives_fork_and_the_child_can_watch(stuck_so):

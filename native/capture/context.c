@@ -35,21 +35,26 @@ _Static_assert(offsetof(btc_regs, ip) == 0 && offsetof(btc_regs, sp) == 8 &&
  * per thread. */
 static __thread uintptr_t stack_lo, stack_hi;
 
+bool btc_pthread_stack(pthread_t thread, uintptr_t *lo, uintptr_t *hi)
+{
+    pthread_attr_t attr;
+    void *addr;
+    size_t size;
+    if (pthread_getattr_np(thread, &attr) != 0)
+        return false;
+    int rc = pthread_attr_getstack(&attr, &addr, &size);
+    pthread_attr_destroy(&attr);
+    if (rc != 0)
+        return false;
+    *lo = (uintptr_t)addr;
+    *hi = (uintptr_t)addr + size;
+    return true;
+}
+
 bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi)
 {
-    if (BTC_UNLIKELY(!stack_hi)) {
-        pthread_attr_t attr;
-        void *addr;
-        size_t size;
-        if (pthread_getattr_np(pthread_self(), &attr) != 0)
-            return false;
-        int rc = pthread_attr_getstack(&attr, &addr, &size);
-        pthread_attr_destroy(&attr);
-        if (rc != 0)
-            return false;
-        stack_lo = (uintptr_t)addr;
-        stack_hi = (uintptr_t)addr + size;
-    }
+    if (BTC_UNLIKELY(!stack_hi) && !btc_pthread_stack(pthread_self(), &stack_lo, &stack_hi))
+        return false;
     *lo = stack_lo;
     *hi = stack_hi;
     return true;

@@ -9,6 +9,8 @@
 #ifndef BTC_CONTEXT_H
 #define BTC_CONTEXT_H
 
+#include <pthread.h>
+
 #include "common/base.h"
 
 /* The registers the x86-64 walk tracks (DWARF numbers 16, 7, 6, 3). */
@@ -57,6 +59,9 @@ static inline bool btc_mem_read(const btc_memview *m, uintptr_t addr, uintptr_t 
 
 /* The calling thread's stack range, cached per thread. */
 bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi);
+/* The stack of a live thread (not cached: pthread_getattr_np reads
+ * /proc/self/maps for the main thread). */
+bool btc_pthread_stack(pthread_t thread, uintptr_t *lo, uintptr_t *hi);
 
 /* Store the caller's registers: its pc (as a return address), sp, rbp, rbx.
  * The caller must stay on the stack while a walk uses them. */

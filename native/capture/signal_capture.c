@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <ucontext.h>
@@ -41,6 +42,8 @@ enum { IDLE, ASKED, WRITING, DONE };
 
 typedef struct {
     _Atomic uintptr_t thread;   /* pthread_t; 0: free */
+    pid_t tid;                  /* the kernel's id: the signal goes there (tgkill fails cleanly once it exits) */
+    bool by_other;              /* registered by another thread: no exit hook, dropped at the next btc_thread_register_others() */
     btc_thread_info info;
     _Atomic int state;
     btc_native_frame nat[BTC_SIGNAL_NATIVE];
@@ -318,6 +321,16 @@ static int free_slot(void)
     return btc_fail(BTC_E_UNSUPPORTED, "too many registered threads (64)");
 }
 
+/* Fill slot i for a thread (its stack read already); published last. */
+static void take_slot(int i, uintptr_t thread, pid_t tid, PyThreadState *ts, uintptr_t lo, uintptr_t hi, bool by_other)
+{
+    slots[i].info = (btc_thread_info){.tstate = ts, .stack_lo = lo, .stack_hi = hi};
+    slots[i].tid = tid;
+    slots[i].by_other = by_other;
+    atomic_store(&slots[i].state, IDLE);
+    atomic_store_explicit(&slots[i].thread, thread, memory_order_release);
+}
+
 int btc_thread_register(void)
 {
     int rc = install_handler();
@@ -326,15 +339,50 @@ int btc_thread_register(void)
     int i = btc_thread_slot_self();   /* a thread that exited may have left our pthread_t */
     if (i < 0 && (i = free_slot()) < 0)
         return i;
-    btc_thread_info info = {.tstate = PyThreadState_Get()};
-    if (!btc_thread_stack(&info.stack_lo, &info.stack_hi))
+    uintptr_t lo, hi;
+    if (!btc_thread_stack(&lo, &hi))
         return btc_fail(BTC_E_UNSUPPORTED, "cannot find the thread's stack");
     prepare_for_handlers();
-    slots[i].info = info;
-    atomic_store(&slots[i].state, IDLE);
-    atomic_store_explicit(&slots[i].thread, (uintptr_t)pthread_self(), memory_order_release);
+    take_slot(i, (uintptr_t)pthread_self(), (pid_t)syscall(SYS_gettid), PyThreadState_Get(), lo, hi, false);
     pthread_setspecific(exit_key, (void *)(intptr_t)(i + 1));
     return i;
+}
+
+/* Is the thread of slot i still in the interpreter's list (same state, same thread)? */
+static bool still_listed(PyInterpreterState *interp, int i)
+{
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(interp); t; t = PyThreadState_Next(t))
+        if (t == slots[i].info.tstate && t->thread_id == atomic_load(&slots[i].thread))
+            return true;
+    return false;
+}
+
+int btc_thread_register_others(void)
+{
+    int rc = btc_thread_register();
+    if (rc < 0)
+        return rc;
+    PyInterpreterState *interp = PyThreadState_Get()->interp;
+    /* A thread registered by another one has no exit hook: drop those gone. */
+    for (int i = 0; i < BTC_WATCHED_THREADS; i++)
+        if (slots[i].by_other && atomic_load(&slots[i].thread) && !still_listed(interp, i))
+            atomic_store(&slots[i].thread, 0);
+    /* The threads listed here are alive: each removes its state (with the
+     * GIL, which the caller holds) before it ends. */
+    int added = 0;
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(interp); t; t = PyThreadState_Next(t)) {
+        uintptr_t lo, hi;
+        int i;
+        if (!t->thread_id || !t->native_thread_id || btc_thread_slot_of(t->thread_id) >= 0)
+            continue;
+        if ((i = free_slot()) < 0)
+            break;   /* 64 threads at most: the others are not shown */
+        if (btc_pthread_stack((pthread_t)t->thread_id, &lo, &hi)) {
+            take_slot(i, t->thread_id, (pid_t)t->native_thread_id, t, lo, hi, true);
+            added++;
+        }
+    }
+    return added;
 }
 
 void btc_thread_unregister(void)
@@ -368,7 +416,7 @@ static int ask_once(thread_slot *s, int timeout_ms, btc_sigsample *out)
     int idle = IDLE;
     if (!atomic_compare_exchange_strong(&s->state, &idle, ASKED))
         return -1;
-    if (pthread_kill((pthread_t)atomic_load(&s->thread), btc_capture_signal()) != 0) {
+    if (syscall(SYS_tgkill, getpid(), s->tid, btc_capture_signal()) != 0) {
         atomic_store(&s->state, IDLE);
         return -1;
     }

@@ -3,8 +3,10 @@
  * A Python-level handler runs only when the main thread gets back to the
  * interpreter, never while it is stuck in C.  Here the handler (C, async-
  * signal-safe) only posts a semaphore; a C thread waiting on it samples the
- * main thread through the capture signal and writes its stack, named in C
- * (report.c), without the GIL.
+ * registering thread, then every other registered thread (all the
+ * interpreter's threads at install time are), each through the capture
+ * signal, and writes their stacks, named in C (report.c), without the GIL:
+ * whichever thread holds the GIL in C is shown where it is.
  */
 #include <Python.h>
 #include <errno.h>
@@ -28,6 +30,7 @@ static struct {
     bool thread_alive;
     atomic_bool stopping;
     sem_t wake;
+    btc_sigsample sample;   /* the dump thread's */
 } dumper;
 
 static char dump_buf[64 * 1024];
@@ -44,22 +47,38 @@ static void on_dump_signal(int signum, siginfo_t *si, void *ucontext)
     errno = saved_errno;
 }
 
-static void dump_once(void)
+static void write_all(int fd, const char *s, size_t n)
 {
-    btc_text t = {dump_buf, sizeof dump_buf, 0};
-    btc_sigsample sample;
-    btc_text_addf(&t, "btcore: signal %d: the stack of thread %llu, innermost first:\n", dumper.signum,
-                  (unsigned long long)btc_thread_ident_of(dumper.slot));
-    if (btc_signal_sample_slot(dumper.slot, 1000, &sample) == 0)
-        btc_sigsample_text(&sample, &t);
-    else
-        btc_text_add(&t, "  (the thread did not answer the capture signal)\n");
-    for (size_t done = 0; done < t.len;) {
-        ssize_t w = write(dumper.fd, t.buf + done, t.len - done);
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(fd, s + done, n - done);
         if (w <= 0)
-            break;
+            return;
         done += (size_t)w;
     }
+}
+
+/* One thread's stack, sampled by the capture signal (a bounded wait: a
+ * thread that does not answer in a second is said so). */
+static void dump_thread(int slot)
+{
+    btc_text t = {dump_buf, sizeof dump_buf, 0};
+    btc_text_addf(&t, "btcore: signal %d: the stack of thread %llu, innermost first:\n", dumper.signum,
+                  (unsigned long long)btc_thread_ident_of(slot));
+    if (btc_signal_sample_slot(slot, 1000, &dumper.sample) == 0)
+        btc_sigsample_text(&dumper.sample, &t);
+    else
+        btc_text_add(&t, "  (the thread did not answer the capture signal)\n");
+    write_all(dumper.fd, t.buf, t.len);
+}
+
+/* The registering thread first, then every other registered thread: any
+ * of them may hold the GIL in C, so each one is sampled in its own thread. */
+static void dump_once(void)
+{
+    dump_thread(dumper.slot);
+    for (int i = 0; i < BTC_WATCHED_THREADS; i++)
+        if (i != dumper.slot && btc_thread_ident_of(i))
+            dump_thread(i);
 }
 
 static void *dumper_main(void *arg BTC_UNUSED)
@@ -78,7 +97,7 @@ int btc_dump_signal_install(int signum, int fd, int chain)
     if (dumper.active || signum <= 0 || signum == btc_capture_signal())
         return -1;
     int slot = btc_thread_register();
-    if (slot < 0 || (dumper.fd = dup(fd)) < 0)
+    if (slot < 0 || btc_thread_register_others() < 0 || (dumper.fd = dup(fd)) < 0)
         return -1;
     dumper.active = true;
     dumper.slot = slot;

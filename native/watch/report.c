@@ -1,8 +1,9 @@
 /* A signal-context sample as text, written by a thread that may not take
  * the GIL (the sampled thread may hold it, stuck in C).
  *
- * Native frames are named from the symbol tables in C (btc_describe_native,
- * which reads ELF files without Python objects).  Python frames are read from
+ * Native frames are named from the symbol tables in C (btc_resolve_native,
+ * which reads ELF files without Python objects), with file:line where the
+ * module has DWARF.  Python frames are read from
  * their code objects raw, as faulthandler does: the name and file strings'
  * characters and the line from PyCode_Addr2Line, which only reads the code
  * object's line table.  The code objects are owned by frames the sampled
@@ -75,21 +76,28 @@ static const char *base_name(const char *path)
     return slash ? slash + 1 : path && path[0] ? path : "?";
 }
 
+/* "  [module] function+0xoff (file:line)": the name from the symbol table,
+ * the place from DWARF when the module has it (the innermost inlined
+ * call's line: where the pc is).  This runs in the reporting thread, not
+ * in a handler: the lookup may decode a compile unit (bounded, cached). */
 static void add_native(btc_text *t, const btc_frame *f)
 {
     btc_native_info info;
     btc_srcframe level;
     char names[1024];
-    /* Names only (one level asked): the reporter writes function+offset. */
-    if (btc_resolve_native(f->addr, f->flags, &info, &level, 1, names, sizeof names) < 0) {
+    int levels = btc_resolve_native(f->addr, f->flags, &info, &level, 1, names, sizeof names);
+    if (levels < 0) {
         btc_text_addf(t, "  [?] %#lx\n", (unsigned long)f->addr);
         return;
     }
     uintptr_t pc = f->flags & (BTC_F_EXACT | BTC_F_SIGNAL) ? f->addr : f->addr - 1;
     if (info.symbol)
-        btc_text_addf(t, "  [%s] %s+%#lx\n", base_name(info.module), info.symbol, (unsigned long)(pc - info.symbol_addr));
+        btc_text_addf(t, "  [%s] %s+%#lx", base_name(info.module), info.symbol, (unsigned long)(pc - info.symbol_addr));
     else
-        btc_text_addf(t, "  [%s] +%#lx\n", base_name(info.module), (unsigned long)(pc - info.module_base));
+        btc_text_addf(t, "  [%s] +%#lx", base_name(info.module), (unsigned long)(pc - info.module_base));
+    if (levels > 0 && level.file && level.line > 0)
+        btc_text_addf(t, " (%s:%d)", level.file, level.line);
+    btc_text_add(t, "\n");
 }
 
 static const struct {

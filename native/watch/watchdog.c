@@ -1,19 +1,29 @@
 /* The watchdog: a C thread that notices a thread whose greenlets stopped
  * switching and writes its stack while it is still stuck.
  *
- * Switch detection: a greenlet tracer (greenlet.settrace, per thread) made
- * of one C function that counts switches in the thread's slot and notes
- * whether the greenlet switched to is an idle one (gevent's hub, waiting
- * for events, is not stuck).  The watchdog thread reads the counters every
- * tick; a counter that has not moved for the threshold means stuck: it
- * samples the thread through the capture signal (signal_capture.c), names
- * the frames in C (report.c) and writes the report with write(2).  It never
- * takes the GIL: the stuck thread may hold it (a C loop), and the report
- * must come while it is stuck, not after.
+ * Switch detection costs a switch nothing: greenlet already counts them.
+ * Every switch into a greenlet increments the thread state's context_ver
+ * (greenlet's PythonState::operator>>, to invalidate contextvars' caches),
+ * a 64-bit counter in the public PyThreadState.  The watchdog thread reads
+ * it each tick, without the GIL (one aligned load); a counter that has not
+ * moved for the threshold means the same greenlet has run all that time:
+ * it samples the thread through the capture signal (signal_capture.c),
+ * names the frames in C (report.c) and writes the report with write(2).
+ * It never takes the GIL: the stuck thread may hold it (a C loop), and the
+ * report must come while it is stuck, not after.
+ *
+ * Why a counter and not the current greenlet: A -> B -> A between two
+ * ticks leaves A current at both, but the counter moved by 2; and a
+ * greenlet freed and another allocated at the same address (ABA) cannot
+ * fool a comparison that compares no identities.  The counter only moves
+ * more often than greenlets switch (contextvars' Context.run enters and
+ * exits bump it too): a loop that keeps calling Context.run is not seen as
+ * stuck; nothing stuck is missed otherwise, and nothing unstuck is seen.
  */
 #include <Python.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,16 +35,14 @@
 #include "common/errors.h"
 #include "watch/report.h"
 
-/* Written by the watched thread's tracer (GIL held), read by the watchdog. */
+/* Set by the watched thread (GIL held), read by the watchdog thread. */
 typedef struct {
-    _Atomic uint64_t switches;
-    _Atomic int idle;             /* the greenlet switched to is an idle one */
-    _Atomic uintptr_t current;    /* that greenlet (identity and type name only) */
+    _Atomic(const uint64_t *) progress;   /* &tstate->context_ver; NULL once the thread state is cleared */
+    _Atomic int reading;                  /* the watchdog is reading *progress (the clearing waits) */
     _Atomic int watched;
-    _Atomic uintptr_t thread;     /* the watched thread: a slot reused by another thread is not watched */
-    PyObject *previous;           /* the tracer to chain to (GIL) */
-    PyTypeObject *idle_type;      /* (GIL) */
-} switch_counter;
+    _Atomic uintptr_t thread;             /* the watched thread: a slot reused by another thread is not watched */
+    _Atomic uintptr_t idle_code;          /* gevent's Hub.run code object (a reference kept for good), or 0 */
+} watched_thread;
 
 /* The watchdog thread's own view of each watched thread. */
 typedef struct {
@@ -42,10 +50,9 @@ typedef struct {
     double since;      /* when seen was first seen */
     double next;       /* report when stuck this long */
     bool stuck;        /* reported, not recovered yet */
-    char greenlet[160];   /* the greenlet reported stuck, as text (it may be gone by recovery) */
 } stuck_state;
 
-static switch_counter counters[BTC_WATCHED_THREADS];
+static watched_thread watched[BTC_WATCHED_THREADS];
 
 static struct {
     pthread_t thread;
@@ -58,6 +65,7 @@ static struct {
     bool repeat;
     _Atomic int reports;
     stuck_state states[BTC_WATCHED_THREADS];
+    btc_sigsample sample;   /* the watchdog thread's */
 } dog = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 static double now_s(void)
@@ -67,53 +75,56 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ---- the tracer (runs on every switch of a watched thread) ---- */
+/* ---- the watched side (GIL held) ---- */
 
-static PyObject *count_switch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+#define THREAD_DICT_KEY "btcore.watchdog"
+
+/* The thread state is being cleared (its thread ends, or a forked child
+ * drops it): the watchdog must stop reading it before it is freed.  A
+ * Dekker pair with read_progress(): progress is cleared first, then the
+ * read in flight, a few instructions, is waited out. */
+static void forget_thread_state(PyObject *capsule)
 {
-    switch_counter *c = PyCapsule_GetPointer(self, NULL);
-    if (!c)
-        return NULL;
-    if (atomic_load_explicit(&c->watched, memory_order_relaxed)) {
-        /* Only this thread writes its counter: a plain increment, published. */
-        atomic_store_explicit(&c->switches, atomic_load_explicit(&c->switches, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
-        if (nargs == 2 && PyTuple_CheckExact(args[1]) && PyTuple_GET_SIZE(args[1]) == 2) {
-            PyObject *target = PyTuple_GET_ITEM(args[1], 1);
-            atomic_store_explicit(&c->current, (uintptr_t)target, memory_order_relaxed);
-            atomic_store_explicit(&c->idle, c->idle_type && PyObject_TypeCheck(target, c->idle_type),
-                                  memory_order_relaxed);
-        }
-    }
-    if (c->previous)
-        return PyObject_Vectorcall(c->previous, args, (size_t)nargs, NULL);
-    Py_RETURN_NONE;
+    watched_thread *w = PyCapsule_GetPointer(capsule, NULL);
+    const uint64_t *mine = &((PyThreadState *)PyCapsule_GetContext(capsule))->context_ver;
+    if (!w || !atomic_compare_exchange_strong(&w->progress, &mine, NULL))
+        return;   /* the slot watches another thread state now */
+    while (atomic_load(&w->reading))
+        sched_yield();
 }
 
-static PyMethodDef tracer_def = {"btcore_switch_counter", (PyCFunction)(void (*)(void))count_switch,
-                                 METH_FASTCALL, "btcore's watchdog: counts greenlet switches, then chains."};
+/* Point w at the calling thread's switch counter, and have the thread
+ * state's clearing (its dict is cleared before it is freed) undo that. */
+static int follow_thread_state(watched_thread *w)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    if (atomic_load(&w->progress) == &ts->context_ver)
+        return 0;
+    PyObject *dict = PyThreadState_GetDict();
+    PyObject *capsule = PyCapsule_New(w, NULL, forget_thread_state);
+    int rc = capsule && dict && PyCapsule_SetContext(capsule, ts) == 0 ? PyDict_SetItemString(dict, THREAD_DICT_KEY, capsule) : -1;
+    Py_XDECREF(capsule);
+    if (rc == 0)
+        atomic_store(&w->progress, &ts->context_ver);
+    return rc;
+}
 
-int btc_watch_thread(uintptr_t namespace, uintptr_t previous, uintptr_t idle_type)
+int btc_watch_thread(uintptr_t idle_code)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     int slot = btc_thread_register();
-    PyObject *capsule = NULL, *tracer = NULL;
     if (slot >= 0) {
-        switch_counter *c = &counters[slot];
-        Py_XSETREF(c->previous, previous ? Py_NewRef((PyObject *)previous) : NULL);
-        c->idle_type = (PyTypeObject *)idle_type;
-        Py_XINCREF(c->idle_type);   /* kept for good: a class outlives its watch */
-        atomic_store(&c->idle, 0);
-        atomic_store(&c->current, 0);
-        atomic_store(&c->thread, (uintptr_t)pthread_self());
-        atomic_store(&c->watched, 1);
-        capsule = PyCapsule_New(c, NULL, NULL);
-        tracer = capsule ? PyCFunction_New(&tracer_def, capsule) : NULL;
-        if (!tracer || PyDict_SetItemString((PyObject *)namespace, "tracer", tracer) < 0)
-            slot = btc_fail_python(BTC_E_UNSUPPORTED, "cannot make the switch tracer");
+        watched_thread *w = &watched[slot];
+        if (follow_thread_state(w) < 0) {
+            PyErr_Clear();
+            slot = btc_fail(BTC_E_UNSUPPORTED, "cannot follow the thread state's switch counter");
+        } else {
+            if (idle_code && atomic_load(&w->idle_code) != idle_code)
+                atomic_store(&w->idle_code, (uintptr_t)Py_NewRef((PyObject *)idle_code));   /* kept for good */
+            atomic_store(&w->thread, (uintptr_t)pthread_self());
+            atomic_store(&w->watched, 1);
+        }
     }
-    Py_XDECREF(capsule);
-    Py_XDECREF(tracer);
     PyGILState_Release(gil);
     return slot;
 }
@@ -122,7 +133,27 @@ void btc_unwatch_thread(void)
 {
     int slot = btc_thread_slot_self();
     if (slot >= 0)
-        atomic_store(&counters[slot].watched, 0);
+        atomic_store(&watched[slot].watched, 0);
+}
+
+uint64_t btc_switch_count(void)
+{
+    PyThreadState *ts = PyGILState_GetThisThreadState();
+    return ts ? ts->context_ver : 0;
+}
+
+/* The watched thread's switch count; false when it is not watched (any more). */
+static bool read_progress(int slot, uint64_t *out)
+{
+    watched_thread *w = &watched[slot];
+    if (!atomic_load(&w->watched) || atomic_load(&w->thread) != btc_thread_ident_of(slot))
+        return false;
+    atomic_store(&w->reading, 1);
+    const uint64_t *p = atomic_load(&w->progress);
+    if (p)
+        *out = __atomic_load_n(p, __ATOMIC_RELAXED);   /* written by its thread alone, aligned: never torn */
+    atomic_store(&w->reading, 0);
+    return p != NULL;
 }
 
 /* ---- the watchdog thread ---- */
@@ -140,61 +171,60 @@ static void write_all(int fd, const char *s, size_t n)
     }
 }
 
-/* "greenlet <type object at 0x...>" of g, the greenlet a thread switched to
- * last (0: none seen since it was watched).  Its type's name is read
- * without the GIL while g runs (so is alive), and kept as text. */
-static void describe_greenlet(uintptr_t current, char *out, size_t size)
-{
-    PyObject *g = (PyObject *)current;
-    if (g)
-        snprintf(out, size, "greenlet <%s object at %p>", Py_TYPE(g)->tp_name, (void *)g);
-    else
-        snprintf(out, size, "its current greenlet");
-}
-
-static void report_stuck(int slot, const char *greenlet, double stuck_for)
+static void report_stuck(int slot, const btc_sigsample *sample, double stuck_for)
 {
     btc_text t = {report_buf, sizeof report_buf, 0};
-    btc_sigsample sample;
-    btc_text_addf(&t, "btcore watchdog: %s", greenlet);
-    btc_text_addf(&t, " in thread %llu has not switched for %.1f s; its stack, innermost first:\n",
+    btc_text_addf(&t, "btcore watchdog: thread %llu has not switched greenlets for %.1f s; its stack, innermost first:\n",
                   (unsigned long long)btc_thread_ident_of(slot), stuck_for);
-    if (btc_signal_sample_slot(slot, 1000, &sample) == 0)
-        btc_sigsample_text(&sample, &t);
+    if (sample)
+        btc_sigsample_text(sample, &t);
     else
         btc_text_add(&t, "  (the thread did not answer the capture signal)\n");
     write_all(dog.fd, t.buf, t.len);
     atomic_fetch_add(&dog.reports, 1);
 }
 
-static void report_recovered(int slot, const char *greenlet, double stuck_for)
+static void report_recovered(int slot, const char *how, double stuck_for)
 {
     btc_text t = {report_buf, sizeof report_buf, 0};
-    btc_text_addf(&t, "btcore watchdog: %s", greenlet);
-    btc_text_addf(&t, " in thread %llu switched again; it was stuck for %.1f s\n",
-                  (unsigned long long)btc_thread_ident_of(slot), stuck_for);
+    btc_text_addf(&t, "btcore watchdog: thread %llu %s; it was stuck for %.1f s\n",
+                  (unsigned long long)btc_thread_ident_of(slot), how, stuck_for);
     write_all(dog.fd, t.buf, t.len);
+}
+
+/* Is the sampled thread in gevent's hub, waiting for events?  Its innermost
+ * Python frame is then Hub.run (under the loop's C code).  A hub running a
+ * callback that does not return is stuck, and is reported. */
+static bool idle(int slot, const btc_sigsample *sample)
+{
+    uintptr_t idle_code = atomic_load(&watched[slot].idle_code);
+    for (int i = 0; i < sample->n && i < BTC_SIGNAL_FRAMES; i++)
+        if (sample->frames[i].kind == BTC_KIND_PYTHON)
+            return idle_code && sample->frames[i].addr == idle_code;
+    return false;
 }
 
 static void check(int slot, double now)
 {
-    switch_counter *c = &counters[slot];
     stuck_state *s = &dog.states[slot];
-    uint64_t switches = atomic_load_explicit(&c->switches, memory_order_relaxed);
-    bool watched = atomic_load(&c->watched) && atomic_load(&c->thread) == btc_thread_ident_of(slot);
-    if (!watched || switches != s->seen || atomic_load_explicit(&c->idle, memory_order_relaxed)) {
+    uint64_t switches = 0;
+    if (!read_progress(slot, &switches) || switches != s->seen) {
         if (s->stuck)
-            report_recovered(slot, s->greenlet, now - s->since);
+            report_recovered(slot, "switched again", now - s->since);
         *s = (stuck_state){.seen = switches, .since = now, .next = dog.threshold};
         return;
     }
     double stuck_for = now - s->since;
     if (stuck_for < s->next)
         return;
-    if (!s->stuck)
-        describe_greenlet(atomic_load_explicit(&c->current, memory_order_relaxed), s->greenlet,
-                          sizeof s->greenlet);
-    report_stuck(slot, s->greenlet, stuck_for);
+    bool answered = btc_signal_sample_slot(slot, 1000, &dog.sample) == 0;
+    if (answered && idle(slot, &dog.sample)) {   /* waiting, not stuck: look again in a threshold */
+        if (s->stuck)
+            report_recovered(slot, "waits in gevent's hub again", stuck_for);
+        *s = (stuck_state){.seen = switches, .since = now, .next = dog.threshold};
+        return;
+    }
+    report_stuck(slot, answered ? &dog.sample : NULL, stuck_for);
     s->stuck = true;
     s->next = dog.repeat ? s->next * 2 : INFINITY;
 }
@@ -216,9 +246,10 @@ static void *watchdog_main(void *arg BTC_UNUSED)
 {
     double tick = dog.threshold / 4 < 0.1 ? dog.threshold / 4 : 0.1;
     double start = now_s();
-    for (int i = 0; i < BTC_WATCHED_THREADS; i++)
-        dog.states[i] = (stuck_state){.seen = atomic_load(&counters[i].switches), .since = start,
-                                      .next = dog.threshold};
+    for (int i = 0; i < BTC_WATCHED_THREADS; i++) {
+        dog.states[i] = (stuck_state){.since = start, .next = dog.threshold};
+        read_progress(i, &dog.states[i].seen);
+    }
     bool last = false;
     while (!last) {   /* one pass after stop(): a switch made just before it is still reported */
         wait_tick(tick);
@@ -284,6 +315,8 @@ static void child_after_fork(void)
     if (dog.running)
         close(dog.fd);
     dog.running = false;
+    for (int i = 0; i < BTC_WATCHED_THREADS; i++)
+        atomic_store(&watched[i].reading, 0);   /* a read the vanished watchdog thread was making */
     pthread_mutex_init(&dog.lock, NULL);
     pthread_cond_init(&dog.wake, NULL);
 }

@@ -327,11 +327,13 @@ def register_dump_signal(signum: int = signal.SIGUSR1, file=None, *, chain: bool
     Python.  chain=True also calls the handler that was installed before.
     Must be called from the main thread (signal.signal's rule).
 
-    stuck=True: the dump is written at once by a C thread, even while the
-    main thread is stuck in C (holding the GIL or in a blocking call): the
-    calling thread's running stack, native and Python frames, sampled by
-    signal and named without the GIL (not every greenlet: that needs the
-    interpreter).  file must have a fileno().
+    stuck=True: the dump is written at once by a C thread, even while a
+    thread is stuck in C (holding the GIL or in a blocking call): the
+    running stack of the calling thread, then of every other thread that
+    existed when this was called (or registered since), native and Python
+    frames, each sampled in its own thread by signal and named without the
+    GIL (not every greenlet: that needs the interpreter).  file must have a
+    fileno().
     """
     if stuck:
         unregister_dump_signal(signum)

@@ -1,60 +1,58 @@
 """The watchdog: the stack of a greenlet that stopped switching, written while it is stuck.
 
-A greenlet tracer made of one C function counts each watched thread's
-switches; a C thread (native/watch/watchdog.c) reads the counters and, when
-one has not moved for the threshold, samples the stuck thread through a
-signal whose handler captures its running stack (native/capture/
-signal_capture.c), names the frames in C and writes the report itself: the
-stuck thread may hold the GIL, so nothing here waits for Python.  See
-docs/design.md, "Stuck threads".
+greenlet counts each thread's switches itself (every switch increments the
+thread state's context_ver); a C thread (native/watch/watchdog.c) reads the
+counters of the watched threads without the GIL and, when one has not
+moved for the threshold, samples the stuck thread through a signal whose
+handler captures its running stack (native/capture/signal_capture.c),
+names the frames in C and writes the report itself: the stuck thread may
+hold the GIL, so nothing here waits for Python.  A switch costs nothing
+more.  See docs/design.md, "Stuck threads".
 """
 from __future__ import annotations
 
 import atexit
 import os
 import sys
-import threading
 
 import greenlet
 
 from ._native import ffi, lib
 from .greenlets import BacktraceError
 
-_watched = threading.local()   # .tracer, .previous: this thread's switch counter, if watched
 _running = None                # the Watchdog whose C thread runs (one per process)
 
 
-def _idle_type():
-    """gevent's Hub class, if gevent is imported: a thread switched into its
-    hub is waiting for events, not stuck."""
+def _idle_code():
+    """gevent's Hub.run code, if gevent is imported: a thread sampled in it
+    (its innermost Python frame) waits for events, it is not stuck."""
     hub = sys.modules.get("gevent.hub")
-    return getattr(hub, "Hub", None)
+    return getattr(getattr(getattr(hub, "Hub", None), "run", None), "__code__", None)
 
 
 def _reason() -> str:
     return ffi.string(lib.btc_last_error()).decode("utf-8", "replace")
 
 
+def _switches_are_counted() -> bool:
+    """Does this greenlet count its switches where the watchdog reads them?
+    (greenlet increments context_ver on every switch; checked, not assumed.)"""
+    before = lib.btc_switch_count()
+    greenlet.greenlet(lambda: None).switch()   # two switches: there and back
+    return lib.btc_switch_count() - before >= 2
+
+
 def _watch_calling_thread() -> None:
-    if getattr(_watched, "tracer", None) is not None and greenlet.gettrace() is _watched.tracer:
-        return
-    namespace = {}
-    previous, idle = greenlet.gettrace(), _idle_type()
-    if lib.btc_watch_thread(id(namespace), 0 if previous is None else id(previous),
-                            0 if idle is None else id(idle)) < 0:
+    if not _switches_are_counted():
+        raise BacktraceError(f"cannot watch this thread: greenlet {greenlet.__version__} does not count "
+                             "switches in the thread state's context_ver")
+    idle = _idle_code()
+    if lib.btc_watch_thread(0 if idle is None else id(idle)) < 0:
         raise BacktraceError(f"cannot watch this thread: {_reason()}")
-    _watched.tracer, _watched.previous = namespace["tracer"], previous
-    greenlet.settrace(_watched.tracer)
 
 
 def _unwatch_calling_thread() -> None:
-    tracer = getattr(_watched, "tracer", None)
-    if tracer is None:
-        return
-    lib.btc_unwatch_thread()   # the tracer only chains from now on
-    if greenlet.gettrace() is tracer:
-        greenlet.settrace(_watched.previous)
-    _watched.tracer = None
+    lib.btc_unwatch_thread()
 
 
 def _fileno(file) -> int:
@@ -84,7 +82,7 @@ class Watchdog:
         _running = self
 
     def watch(self) -> None:
-        """Watch the calling thread too (greenlet's tracer is per thread)."""
+        """Watch the calling thread too."""
         _watch_calling_thread()
 
     @property

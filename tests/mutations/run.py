@@ -146,6 +146,22 @@ MUTATIONS = [
              "tests/test_watchdog.py::test_report_comes_while_stuck_and_names_both_sides",
              "a sample that stopped at a module without an unwind table is not retaken after building it: "
              "the report loses every native frame between the stuck C function and its Python caller"),
+    Mutation("native/watch/watchdog.c", "*out = __atomic_load_n(p, __ATOMIC_RELAXED);", "*out = 0;",
+             "tests/test_watchdog.py::test_greenlets_switching_back_and_forth_between_ticks_are_not_stuck",
+             "the watchdog stops seeing greenlet's switch count: a thread switching all the time is reported stuck"),
+    Mutation("native/watch/watchdog.c", "return idle_code && sample->frames[i].addr == idle_code;", "return false;",
+             "tests/test_watchdog.py::test_gevent_hub_waiting_is_idle_not_stuck",
+             "a thread waiting in gevent's hub for events is reported stuck"),
+    Mutation("native/watch/report.c", "if (levels > 0 && level.file && level.line > 0)", "if (0)",
+             "tests/test_watchdog.py::test_report_comes_while_stuck_and_names_both_sides",
+             "the stuck report loses the native frames' file:line"),
+    Mutation("native/watch/dump_signal.c", "            dump_thread(i);", "            (void)i;",
+             "tests/test_watchdog.py::test_stuck_dump_shows_another_thread_holding_the_gil_in_c",
+             "the stuck dump shows the registering thread only: another thread holding the GIL in C is not shown"),
+    Mutation("native/capture/signal_capture.c", "take_slot(i, t->thread_id, (pid_t)t->native_thread_id,",
+             "take_slot(i, t->thread_id, (pid_t)syscall(SYS_gettid),",
+             "tests/test_watchdog.py::test_stuck_dump_shows_another_thread_holding_the_gil_in_c",
+             "a thread registered by another one is signalled at the registering thread's kernel id: it never answers"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
