@@ -102,8 +102,9 @@ def test_report_comes_while_stuck_and_names_both_sides(stuck_so, function, inner
     python = line_of(report, f"in {function}")
     if innermost:
         # the C function, then ctypes' call machinery, then the Python caller: the walk went through every
-        # module between them (their tables built between samples, never in the handler)
-        assert line_of(report, f"] {innermost}+") < line_of(report, "PyCFuncPtr_call") < python, report
+        # module between them (their tables built between samples, never in the handler).  ctypes is
+        # matched by its module: Debian strips the names of its C functions (PyCFuncPtr_call).
+        assert line_of(report, f"] {innermost}+") < line_of(report, "[_ctypes.") < python, report
     assert any("g_initialstub" in line for line in report[python:]), report   # down to the greenlet's start
     if function == "stuck_in_syscall":
         # native file:line (DWARF of the fixture): the line of its clock_nanosleep call, read from the source
