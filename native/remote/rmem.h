@@ -14,9 +14,6 @@
  * ok[i] says whether range i was read whole. */
 void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, uint8_t *const *dest, int n,
                         uint8_t *ok);
-/* Fill the cache's chunks under the n addresses (0s are skipped) in
- * batches of one syscall; later reads there are cache hits. */
-void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n);
 /* One aligned word, through the cache; false if unreadable. */
 bool btc_rmem_word(btc_rmem *m, uintptr_t addr, uintptr_t *out);
 
