@@ -3,12 +3,14 @@
  * Sources: a live process (process_vm_readv; /proc/PID/mem where that
  * syscall is refused, as in some containers) or segments of files (a core
  * file's PT_LOAD data, and the files its NT_FILE note names for the
- * mappings the core left out).  Reads are served from 16 KiB chunks kept
- * until the cache is full (then it is emptied): a dump reads thousands of
- * small objects (gc list links, frames) that lie together in a few arenas,
- * and one syscall per chunk instead of per object keeps the target's stop
- * short.  A chunk is read page by page (one remote iovec per page), so an
- * unmapped page ends the chunk's valid part instead of failing it all.
+ * mappings the core left out).  Reads are served from chunks of one page
+ * kept until the cache is full (then it is emptied): a dump reads
+ * thousands of small objects (gc list links, frames) that lie together in
+ * a few arenas.  A chunk is read page by page (one remote iovec per page),
+ * so an unmapped page ends the chunk's valid part instead of failing it
+ * all.  The stop of a dump reads few chunks one by one: it re-reads what a
+ * rehearsal read (btc_rmem_chunk_bases, then btc_rmem_prefetch in batches)
+ * and reads large ranges (stacks) in one call each.
  */
 #include <errno.h>
 #include <fcntl.h>

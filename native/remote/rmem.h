@@ -1,6 +1,6 @@
 /* Another process's memory (rmem.c): read through process_vm_readv (or
  * /proc/PID/mem), or from a core file's segments, with a bounded cache of
- * 16 KiB chunks.  What was read while the target was stopped stays as it
+ * 4 KiB chunks.  What was read while the target was stopped stays as it
  * was: the cache is the dump's snapshot of the target. */
 #ifndef BTC_RMEM_H
 #define BTC_RMEM_H

@@ -34,6 +34,7 @@ _MAX_PYFRAMES = 4096           # per stack
 _WORD = struct.Struct("<Q")
 _SCRATCH = 1 << 16            # reads up to this size reuse one buffer
 _MAX_CHUNKS = 1 << 15         # the chunk cache's bound (native/remote/rmem.c)
+_PAGE = 4096
 _MAIN_STACK_STOP = (1 << 64) - 1
 
 
@@ -451,9 +452,6 @@ class Room:
         return buf
 
 
-_PAGE = 4096
-
-
 def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None = None) -> tuple:
     """Everything the dump reads, while the target is stopped: thread stacks,
     thread states, greenlets (raw: greenlet_copies() unpacks them).
@@ -568,9 +566,10 @@ def _tids(pid: int) -> list:
 def rehearse(target: Target, threads_only: bool):
     """(The chunks of memory the stop will read, the Room it copies into),
     learned by gathering once while the target runs; the stop reads those
-    chunks again first, in a few syscalls, then mostly walks its own copies.  Lists walked while
-    they change may lead anywhere: every read is bounded, and a chunk read
-    for nothing costs a copy, not a wrong dump (the stop walks them again)."""
+    chunks again first, in a few syscalls, then mostly walks its own
+    copies.  Lists walked while they change may lead anywhere: every read
+    is bounded, and a chunk read for nothing costs a copy, not a wrong dump
+    (the stop walks them all again)."""
     room = Room(rehearsal=True)
     gather(target, {tid: "not stopped (rehearsal)" for tid in _tids(target.pid)}, threads_only, room)
     chunks = target.memory.chunks()
