@@ -331,7 +331,6 @@ def test_a_target_that_dies_while_stopped_gives_a_partial_dump_and_a_note(tmp_pa
 
 
 SID_ROOT = os.environ.get("BTCORE_SID_ROOT", "/var/cache/btcore/sid")
-OTHER_PYTHON = "/usr/bin/python3.13"   # inside SID_ROOT
 OTHER_TARGET = """
 import json, sys, threading, time
 
@@ -358,12 +357,14 @@ outer(True)
 """
 
 
-@pytest.mark.skipif(not os.path.exists(SID_ROOT + OTHER_PYTHON) or os.geteuid() != 0,
-                    reason="no CPython 3.13 in a sid chroot here (ci/sid-matrix.sh builds it; chroot needs root)")
-def test_a_target_on_another_cpython_is_read_through_its_debug_offsets():
-    # guards: a 3.13 target (in a chroot: its files named from the host) gives its threads' Python frames, read
-    # through the _Py_DebugOffsets in its _PyRuntime, equal to what it sees of itself.
-    proc = subprocess.Popen(["chroot", SID_ROOT, OTHER_PYTHON, "-B", "-c", OTHER_TARGET], stdout=subprocess.PIPE,
+@pytest.mark.parametrize("version", ["3.13", "3.14", "3.15"])
+def test_a_target_on_another_cpython_is_read_through_its_debug_offsets(version):
+    # guards: a 3.13-3.15 target (in a chroot: its files named from the host) gives its threads' Python frames,
+    # read through the _Py_DebugOffsets in its _PyRuntime, equal to what it sees of itself.
+    python = f"/usr/bin/python{version}"
+    if not os.path.exists(SID_ROOT + python) or os.geteuid() != 0:
+        pytest.skip(f"no CPython {version} in a sid chroot here (ci/sid-matrix.sh builds it; chroot needs root)")
+    proc = subprocess.Popen(["chroot", SID_ROOT, python, "-B", "-c", OTHER_TARGET], stdout=subprocess.PIPE,
                             text=True)
     try:
         oracle = json.loads(proc.stdout.readline())

@@ -16,20 +16,24 @@ from dataclasses import dataclass
 
 COOKIE = b"xdebugpy"
 
-_BEFORE_UNICODE = [
-    ("pyobject", "size ob_type"),
-    ("type_object", "size tp_name tp_repr tp_flags"),
+_SEQUENCES = [
     ("tuple_object", "size ob_item ob_size"),
     ("list_object", "size ob_item ob_size"),
 ]
-_AFTER_LIST = [
+_NUMBERS_BYTES = [
     ("dict_object", "size ma_keys ma_values"),
     ("float_object", "size ob_fval"),
     ("long_object", "size lv_tag ob_digit"),
     ("bytes_object", "size ob_size ob_sval"),
-    ("unicode_object", "size state length asciiobject_size"),
 ]
-# (Include/internal/pycore_runtime.h in 3.13, pycore_debug_offsets.h in 3.14)
+_INTERPRETER_314 = ("interpreter_state", "size id next threads_head threads_main gc imports_modules sysdict builtins "
+                                         "ceval_gil gil_runtime_state gil_runtime_state_enabled "
+                                         "gil_runtime_state_locked gil_runtime_state_holder code_object_generation "
+                                         "tlbc_generation")
+_FRAME_314 = ("interpreter_frame", "size previous executable instr_ptr localsplus owner stackpointer tlbc_index")
+_CODE_314 = ("code_object", "size filename name qualname linetable firstlineno argcount localsplusnames "
+                            "localspluskinds co_code_adaptive co_tlbc")
+# (Include/internal/pycore_runtime.h in 3.13, pycore_debug_offsets.h from 3.14)
 _SECTIONS = {
     0x030D: [
         ("runtime_state", "size finalizing interpreters_head"),
@@ -40,21 +44,40 @@ _SECTIONS = {
         ("interpreter_frame", "size previous executable instr_ptr localsplus owner"),
         ("code_object", "size filename name qualname linetable firstlineno argcount localsplusnames "
                         "localspluskinds co_code_adaptive"),
-    ] + _BEFORE_UNICODE + _AFTER_LIST,
+        ("pyobject", "size ob_type"),
+        ("type_object", "size tp_name tp_repr tp_flags"),
+    ] + _SEQUENCES + _NUMBERS_BYTES + [("unicode_object", "size state length asciiobject_size")],
     0x030E: [
         ("runtime_state", "size finalizing interpreters_head"),
-        ("interpreter_state", "size id next threads_head threads_main gc imports_modules sysdict builtins "
-                              "ceval_gil gil_runtime_state gil_runtime_state_enabled gil_runtime_state_locked "
-                              "gil_runtime_state_holder code_object_generation tlbc_generation"),
+        _INTERPRETER_314,
         ("thread_state", "size prev next interp current_frame thread_id native_thread_id datastack_chunk status"),
-        ("interpreter_frame", "size previous executable instr_ptr localsplus owner stackpointer tlbc_index"),
-        ("code_object", "size filename name qualname linetable firstlineno argcount localsplusnames "
-                        "localspluskinds co_code_adaptive co_tlbc"),
-    ] + _BEFORE_UNICODE + [("set_object", "size used table mask")] + _AFTER_LIST,
+        _FRAME_314,
+        _CODE_314,
+        ("pyobject", "size ob_type"),
+        ("type_object", "size tp_name tp_repr tp_flags"),
+    ] + _SEQUENCES + [("set_object", "size used table mask")] + _NUMBERS_BYTES + [
+        ("unicode_object", "size state length asciiobject_size")],
+    0x030F: [
+        ("runtime_state", "size finalizing interpreters_head"),
+        _INTERPRETER_314,
+        ("thread_state", "size prev next interp current_frame base_frame last_profiled_frame "
+                         "last_profiled_frame_seq thread_id native_thread_id datastack_chunk status holds_gil "
+                         "gil_requested current_exception exc_state"),
+        ("err_stackitem", "exc_value"),
+        _FRAME_314,
+        _CODE_314,
+        ("pyobject", "size ob_type"),
+        ("type_object", "size tp_name tp_repr tp_flags tp_basicsize tp_dictoffset"),
+        ("heap_type_object", "size ht_cached_keys"),
+    ] + _SEQUENCES + [("set_object", "size used table mask")] + _NUMBERS_BYTES + [
+        ("unicode_object", "size state length asciiobject_size compactunicodeobject_size")],
 }
-# The owner of the shim frame each C call of the eval loop pushes (pycore_frame.h's enum).
-_CSTACK_OWNER = {0x030D: 3, 0x030E: 4}
-_TAG_BITS = 3          # 3.14's f_executable is a _PyStackRef: tag bits below the pointer
+# The owners of frames that are not Python frames but the shims each C call
+# of the eval loop pushes (the frame-owner enum of pycore_frame.h, from
+# 3.14 pycore_interpframe_structs.h): 3.13 CSTACK; 3.14 INTERPRETER and
+# CSTACK; 3.15 INTERPRETER.
+_SHIM_OWNERS = {0x030D: (3,), 0x030E: (3, 4), 0x030F: (3,)}
+_TAG_BITS = 3          # 3.14+'s f_executable is a _PyStackRef: tag bits below the pointer
 _MAX_OFFSET = 1 << 16  # no field of these structs lies further in
 _COMPACT_EXTRA = 16    # PyCompactUnicodeObject: PyASCIIObject + utf8_length + utf8
 
@@ -75,7 +98,7 @@ class PortableLayout:
     frame_executable: int
     frame_instr_ptr: int
     frame_owner: int
-    cstack_owner: int
+    shim_owners: tuple
     code_filename: int
     code_qualname: int
     code_firstlineno: int
@@ -117,21 +140,22 @@ def read(memory, runtime: int, version_hex: int) -> PortableLayout | None:
         tstate_current_frame=o["thread_state.current_frame"],
         frame_previous=o["interpreter_frame.previous"], frame_executable=o["interpreter_frame.executable"],
         frame_instr_ptr=o["interpreter_frame.instr_ptr"], frame_owner=o["interpreter_frame.owner"],
-        cstack_owner=_CSTACK_OWNER[family],
+        shim_owners=_SHIM_OWNERS[family],
         code_filename=o["code_object.filename"], code_qualname=o["code_object.qualname"],
         code_firstlineno=o["code_object.firstlineno"], code_linetable=o["code_object.linetable"],
         code_adaptive=o["code_object.co_code_adaptive"], type_name=o["type_object.tp_name"],
         unicode_state=o["unicode_object.state"], unicode_length=o["unicode_object.length"],
         ascii_data=o["unicode_object.asciiobject_size"],
-        compact_data=o["unicode_object.asciiobject_size"] + _COMPACT_EXTRA,
+        compact_data=o.get("unicode_object.compactunicodeobject_size",
+                           o["unicode_object.asciiobject_size"] + _COMPACT_EXTRA),
         bytes_size=o["bytes_object.ob_size"], bytes_data=o["bytes_object.ob_sval"])
 
 
 def thread_frames(memory, lay: PortableLayout, tstate: int, most: int) -> list:
     """[(code, instruction offset, entry)] of a thread state, innermost
-    first, at most `most`.  The eval loop's shim frames (owned by the C
-    stack) are not Python frames: the frame below one (called first by that
-    C call of the eval loop) is its entry frame, as is the last frame."""
+    first, at most `most`.  The eval loop's shim frames are not Python
+    frames: the frame below one (called first by that C call of the eval
+    loop) is its entry frame, as is the last frame."""
     out, frame = [], memory.word(tstate + lay.tstate_current_frame)
     for _ in range(2 * most):   # shims take steps too
         if not frame or len(out) >= most:
@@ -139,7 +163,7 @@ def thread_frames(memory, lay: PortableLayout, tstate: int, most: int) -> list:
         owner, previous = memory.read(frame + lay.frame_owner, 1), memory.word(frame + lay.frame_previous)
         if owner is None or previous is None:
             break
-        if owner[0] == lay.cstack_owner:
+        if owner[0] in lay.shim_owners:
             if out:
                 out[-1] = out[-1][:2] + (True,)
         else:

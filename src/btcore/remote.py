@@ -328,7 +328,7 @@ class Target:
         portable = debug_offsets.read(self.memory, runtime, theirs) if theirs is not None else None
         if portable is None:
             raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}, btcore "
-                            f"reads {_version(ours.version_hex)} (its own) and 3.13-3.14 (their _Py_DebugOffsets): "
+                            f"reads {_version(ours.version_hex)} (its own) and 3.13-3.15 (their _Py_DebugOffsets): "
                             "dump it with a btcore installed for that version")
         code_type = symbol_value(mod.path, "PyCode_Type")
         portable.code_type = mod.bias + code_type if code_type else 0
