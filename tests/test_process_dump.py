@@ -231,9 +231,9 @@ import sys, threading, time, btcore, btcore.remote as remote
 pid, where, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 
-def pause():
+def pause():   # long enough for a loaded machine to look at the target meanwhile
     open(marker, "w").close()
-    time.sleep(3)
+    time.sleep(5)
 
 real_gather, real_lib = remote.gather, remote.lib
 
