@@ -451,6 +451,11 @@ typedef struct {
     int nstub;
 } btc_remote_greenlet_code;
 int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_greenlet_code *out);
+/* The target's eval-loop code, in the interpreter module that holds
+ * `inside`: the parts its symbols name, then the unnamed parts their
+ * direct jumps land in (a stripped interpreter: capture/evalloop.c), as
+ * [lo[i], hi[i]) target addresses, at most max; the count. */
+int btc_rmodules_eval_ranges(btc_rmodules *s, uintptr_t inside, uintptr_t *lo, uintptr_t *hi, int max);
 
 /* The interpreter's layout, as the CPython btcore is built against has it
  * (offsets in bytes); -1 when no remote reader exists for this version. */
