@@ -9,6 +9,9 @@ sleep, a sorted() key callback).  Measured, rounds interleaved:
               measures it between the first PTRACE_INTERRUPT and the last
               detach): registers, stack copies, thread states, the gc lists,
               every greenlet's saved state and Python frames
+  stop cpu    the dumper's CPU time (user + system) in that window: what the
+              stop costs on a quiet machine (a loaded one stretches the wall
+              time above by preempting the dumper)
   btcore      a whole dump through the API, warm (ELF symbol tables of the
               target's modules cached): stop + walk + merge + names + text
   btcore cli  `python -m btcore dump PID` as a process (cold: imports, tables)
@@ -60,7 +63,7 @@ def measure(n, rounds):
     proc = start_target(n)
     try:
         process_stacks(proc.pid)   # warm: symbol tables, greenlet offsets
-        stopped, whole, counted = [], [], 0
+        stopped, cpu, whole, counted = [], [], [], 0
         for _ in range(rounds):
             t0 = time.perf_counter()
             out = io.StringIO()
@@ -68,6 +71,7 @@ def measure(n, rounds):
             whole.append(time.perf_counter() - t0)
             snap, stacks = process_stacks(proc.pid)
             stopped.append(snap.stopped_for * 1000)
+            cpu.append(snap.stopped_cpu * 1000)
             counted = sum(1 for s in stacks if s.kind == "greenlet")
         commands = {"btcore cli": [sys.executable, "-m", "btcore", "dump", str(proc.pid)]}
         spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -77,7 +81,7 @@ def measure(n, rounds):
     finally:
         proc.kill()
         proc.wait()
-    return counted, spread(stopped), spread(whole), processes
+    return counted, spread(stopped), spread(cpu), spread(whole), processes
 
 
 def main():
@@ -85,14 +89,15 @@ def main():
     parser.add_argument("--greenlets", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    print(f"{'greenlets':>9} {'listed':>7} {'stopped ms':>18} {'btcore API s':>18} {'btcore cli s':>18} "
-          f"{'py-spy s':>18} {'cli/py-spy':>16}")
+    print(f"{'greenlets':>9} {'listed':>7} {'stopped ms':>18} {'stop cpu ms':>18} {'btcore API s':>18} "
+          f"{'btcore cli s':>18} {'py-spy s':>18} {'cli/py-spy':>16}")
     for n in args.greenlets:
-        counted, stopped, whole, processes = measure(n, args.rounds)
+        counted, stopped, cpu, whole, processes = measure(n, args.rounds)
         cli = spread(processes["btcore cli"])
         spy = spread(processes["py-spy"]).text(3) if "py-spy" in processes else "not installed"
         vs = ratio(processes["btcore cli"], processes["py-spy"]).text() if "py-spy" in processes else "-"
-        print(f"{n:>9} {counted:>7} {stopped.text(1):>18} {whole.text(3):>18} {cli.text(3):>18} {spy:>18} {vs:>16}")
+        print(f"{n:>9} {counted:>7} {stopped.text(1):>18} {cpu.text(1):>18} {whole.text(3):>18} {cli.text(3):>18} "
+              f"{spy:>18} {vs:>16}")
 
 
 if __name__ == "__main__":

@@ -417,6 +417,12 @@ int btc_rmem_add_segment(btc_rmem *m, uintptr_t vaddr, uint64_t size, int fd, ui
 /* 0, or -1 if any byte of [addr, addr + n) is unreadable. */
 int btc_rmem_read(btc_rmem *m, uintptr_t addr, void *buf, size_t n);
 void btc_rmem_forget(btc_rmem *m);
+/* The addresses of the chunks the cache holds (at most max): what a walk
+ * read, to be read again together (btc_rmem_prefetch) after forgetting. */
+int btc_rmem_chunk_bases(btc_rmem *m, uintptr_t *out, int max);
+/* Fill the cache's chunks under the n addresses (0s are skipped) in
+ * batches of one syscall; later reads there are cache hits. */
+void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n);
 void btc_rmem_close(btc_rmem *m);
 int btc_rmem_last_errno(btc_rmem *m);
 uint64_t btc_rmem_syscalls(btc_rmem *m);
@@ -455,6 +461,11 @@ typedef struct {
     int nstub;
 } btc_remote_greenlet_code;
 int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_greenlet_code *out);
+/* The target's eval-loop code, in the interpreter module that holds
+ * `inside`: the parts its symbols name, then the unnamed parts their
+ * direct jumps land in (a stripped interpreter: capture/evalloop.c), as
+ * [lo[i], hi[i]) target addresses, at most max; the count. */
+int btc_rmodules_eval_ranges(btc_rmodules *s, uintptr_t inside, uintptr_t *lo, uintptr_t *hi, int max);
 
 /* The interpreter's layout, as the CPython btcore is built against has it
  * (offsets in bytes); -1 when no remote reader exists for this version. */

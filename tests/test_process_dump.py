@@ -210,3 +210,178 @@ def test_the_target_keeps_working_through_many_dumps(tmp_path):
     assert worker.returncode == 0, out
     assert out.startswith("ok"), out
     assert dumps == 200
+
+
+def test_the_stop_reads_the_target_in_a_few_syscalls(target):
+    # guards: the stop re-reads what a rehearsal walked, in batches (not one syscall per chunk of the gc lists).
+    from btcore.process import process_stacks
+    proc, oracle = target
+    snap, stacks = process_stacks(proc.pid)
+    assert sum(1 for s in stacks if s.kind == "greenlet") == len(oracle)
+    assert snap.stopped_reads <= 16, f"{snap.stopped_reads} syscalls read the target while it was stopped"
+
+
+# A dumper that pauses inside the stopped window (test-only: it wraps btcore's
+# own functions): "copy" after the copies are made, "detach" after the first
+# thread is let go.  It has a thread of its own, as applications do (then the
+# kernel may hand SIGINT to any thread that does not block it).  It prints
+# the dump, or "interrupted" and waits for its stdin to close.
+PAUSING_DUMPER = """
+import sys, threading, time, btcore, btcore.remote as remote
+pid, where, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+
+def pause():   # long enough for a loaded machine to look at the target meanwhile
+    open(marker, "w").close()
+    time.sleep(5)
+
+real_gather, real_lib = remote.gather, remote.lib
+
+def gather(target, regs_of, threads_only, room=None):
+    copied = real_gather(target, regs_of, threads_only, room)
+    if where == "copy" and not room.rehearsal:
+        pause()
+    return copied
+
+class Lib:
+    def __getattr__(self, name):
+        return getattr(real_lib, name)
+
+    def btc_ptrace_detach(self, tid, signal):
+        done = real_lib.btc_ptrace_detach(tid, signal)
+        if where == "detach":
+            pause()
+        return done
+
+remote.gather, remote.lib = gather, Lib()
+try:
+    btcore.dump_process(pid, sys.stdout)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.stdin.read()
+"""
+
+
+def thread_states(pid):
+    """{tid: State letter} of pid's threads (t: stopped by a tracer)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            out[int(tid)] = next(line.split()[1] for line in f if line.startswith("State:"))
+    return out
+
+
+def start_worker(tmp_path):
+    worker = subprocess.Popen([sys.executable, os.path.join(FIXTURES, "dump_worker.py"), str(tmp_path / "started")],
+                              stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + WAIT
+    while not (tmp_path / "started").exists():
+        assert time.monotonic() < deadline and worker.poll() is None, "the worker did not start"
+        time.sleep(0.05)
+    return worker
+
+
+def start_pausing_dumper(pid, where, marker):
+    dumper = subprocess.Popen([sys.executable, "-c", PAUSING_DUMPER, str(pid), where, str(marker)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    deadline = time.monotonic() + WAIT
+    while not marker.exists():
+        assert time.monotonic() < deadline and dumper.poll() is None, "the dumper did not reach its pause"
+        time.sleep(0.01)
+    return dumper
+
+
+@pytest.mark.parametrize("where", ["copy", "detach"])
+def test_ctrl_c_in_the_stopped_window_still_resumes_the_target(tmp_path, where):
+    # guards: SIGINT to the dumper while the target is stopped (copying, or between two detaches) lets every
+    # thread of the target run again, also when the dumper lives on after KeyboardInterrupt.
+    worker = start_worker(tmp_path)
+    dumper = None
+    try:
+        dumper = start_pausing_dumper(worker.pid, where, tmp_path / "paused")
+        assert "t" in thread_states(worker.pid).values(), "the pause is not inside the stopped window"
+        dumper.send_signal(signal.SIGINT)
+        assert dumper.stdout.readline() == "interrupted\n", dumper.stderr.read()
+        assert "t" not in thread_states(worker.pid).values(), "a thread of the target is left stopped"
+        dumper.stdin.close()
+        assert dumper.wait(timeout=WAIT) == 0, dumper.stderr.read()
+        worker.send_signal(signal.SIGUSR1)   # it still runs, and its own checks pass
+        out, _ = worker.communicate(timeout=WAIT)
+        assert worker.returncode == 0 and out.startswith("ok"), out
+    finally:
+        worker.kill()
+        if dumper is not None:
+            dumper.kill()
+
+
+def test_a_target_that_dies_while_stopped_gives_a_partial_dump_and_a_note(tmp_path):
+    # guards: a target killed inside the stopped window (left a zombie: its parent has not reaped it) ends the
+    # dump with what was read and a note, without a hang or a traceback.
+    worker = start_worker(tmp_path)
+    try:
+        dumper = start_pausing_dumper(worker.pid, "copy", tmp_path / "paused")
+        worker.kill()   # not reaped until the dump is done
+        out, err = dumper.communicate(timeout=WAIT)
+        assert dumper.returncode == 0, err
+        assert "note: the process exited during the dump" in out, out
+        assert "Process dump, process" in out
+    finally:
+        worker.kill()
+        worker.wait(timeout=WAIT)
+
+
+SID_ROOT = os.environ.get("BTCORE_SID_ROOT", "/var/cache/btcore/sid")
+OTHER_TARGET = """
+import json, sys, threading, time
+
+def stack():
+    out, f = [], sys._getframe(1)
+    while f:
+        out.append([f.f_code.co_qualname, f.f_lineno])
+        f = f.f_back
+    return out
+
+def inner(main):
+    if main:
+        print(json.dumps(stack()), flush=True) or time.sleep(600)
+    else:
+        started.set() or time.sleep(600)
+
+def outer(main):
+    inner(main)
+
+started = threading.Event()
+threading.Thread(target=outer, args=(False,), daemon=True).start()
+started.wait()
+outer(True)
+"""
+
+
+@pytest.mark.parametrize("version", ["3.13", "3.14", "3.15"])
+def test_a_target_on_another_cpython_is_read_through_its_debug_offsets(version):
+    # guards: a 3.13-3.15 target (in a chroot: its files named from the host) gives its threads' Python frames,
+    # read through the _Py_DebugOffsets in its _PyRuntime, equal to what it sees of itself, merged in place.
+    python = f"/usr/bin/python{version}"
+    if not os.path.exists(SID_ROOT + python) or os.geteuid() != 0:
+        pytest.skip(f"no CPython {version} in a sid chroot here (ci/sid-matrix.sh builds it; chroot needs root)")
+    proc = subprocess.Popen(["chroot", SID_ROOT, python, "-B", "-c", OTHER_TARGET], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        oracle = json.loads(proc.stdout.readline())
+        doc = json.loads(run_dump("--json", str(proc.pid)))
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+    threads = [s for s in doc["stacks"] if s["kind"] == "thread"]
+    assert len(threads) == 2
+    main = next(s for s in threads if s["members"][0]["tid"] == proc.pid)
+    python = [[f["function"], f["line"]] for f in main["frames"] if f["kind"] == "python"]
+    assert python == oracle
+    other = next(s for s in threads if s is not main)
+    names = [f["function"] for f in other["frames"] if f["kind"] == "python"]
+    assert names[:2] == ["inner", "outer"] and "Thread.run" in names
+    # The Python frames stand where the eval loop's native frames were, though the stripped interpreter names
+    # only a small part of that loop (the rest is found from its jumps): inside PyEval_EvalCode, outside sleep.
+    names = [f["function"] for f in main["frames"]]
+    assert names.index("clock_nanosleep") < names.index("inner") < names.index("<module>") < \
+        names.index("PyEval_EvalCode")

@@ -38,17 +38,9 @@ static int n_eval = -1;   /* -1: not looked up yet */
 static int n_named;       /* eval_lo[0..n_named) have symbols; the rest were found from jumps */
 static char part_name[128];
 
-static bool listed(uintptr_t pc)
+static const btc_cfi_row *row_at(uintptr_t bias, const btc_table *t, uintptr_t pc)
 {
-    for (int i = 0; i < n_eval; i++)
-        if (pc >= eval_lo[i] && pc < eval_hi[i])
-            return true;
-    return false;
-}
-
-static const btc_cfi_row *row_at(const btc_module *m, const btc_table *t, uintptr_t pc)
-{
-    return pc >= m->bias && pc - m->bias <= UINT32_MAX ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
+    return pc >= bias && pc - bias <= UINT32_MAX ? btc_table_lookup(t, (uint32_t)(pc - bias)) : NULL;
 }
 
 static bool same_cfa(const btc_cfi_row *a, const btc_cfi_row *b)
@@ -56,42 +48,68 @@ static bool same_cfa(const btc_cfi_row *a, const btc_cfi_row *b)
     return a && b && a->cfa_kind == b->cfa_kind && a->cfa_reg == b->cfa_reg && a->cfa_off == b->cfa_off;
 }
 
-/* The jump at `site` goes to `target`: add target's part if it is one. */
-static void consider(btc_module *m, const btc_table *t, uintptr_t site, uintptr_t target)
+static bool among(uintptr_t pc, const uintptr_t *lo, const uintptr_t *hi, int n)
 {
-    uint32_t lo, hi;
-    if (n_eval >= MAX_EVAL_RANGES || listed(target) || target < m->lo || target >= m->hi ||
-        !btc_table_fde(t, (uint32_t)(target - m->bias), &lo, &hi))
-        return;
-    const btc_cfi_row *start = row_at(m, t, m->bias + lo);
-    bool function_entry = start && start->cfa_kind == BTC_CFA_REG && start->cfa_reg == REG_RSP &&
-                          start->cfa_off == 8;
-    if (!start || function_entry || !same_cfa(row_at(m, t, site), row_at(m, t, target)))
-        return;
-    eval_lo[n_eval] = m->bias + lo;
-    eval_hi[n_eval] = m->bias + hi;
-    n_eval++;
+    for (int i = 0; i < n; i++)
+        if (pc >= lo[i] && pc < hi[i])
+            return true;
+    return false;
 }
 
-/* Direct jumps (e9 rel32, 0f 80..8f rel32) out of [lo, hi). */
-static void find_unnamed_parts(uintptr_t lo, uintptr_t hi)
+static bool listed(uintptr_t pc)
 {
-    btc_module *m = btc_module_find(lo);
-    const btc_table *t = m ? btc_module_table(m) : NULL;
-    if (!t || hi > m->hi || hi - lo > MAX_SCAN_BYTES)
-        return;
-    const uint8_t *code = (const uint8_t *)lo;
+    return among(pc, eval_lo, eval_hi, n_eval);
+}
+
+/* The jump at `site` goes to `target`: is target's part one to add?  Then
+ * its range, in the caller's addresses. */
+static bool part_at(const btc_jump_scan *scan, uintptr_t site, uintptr_t target, uintptr_t *lo, uintptr_t *hi)
+{
+    uint32_t flo, fhi;
+    if (target < scan->span_lo || target >= scan->span_hi ||
+        !btc_table_fde(scan->table, (uint32_t)(target - scan->bias), &flo, &fhi))
+        return false;
+    const btc_cfi_row *start = row_at(scan->bias, scan->table, scan->bias + flo);
+    bool function_entry = start && start->cfa_kind == BTC_CFA_REG && start->cfa_reg == REG_RSP &&
+                          start->cfa_off == 8;
+    if (!start || function_entry ||
+        !same_cfa(row_at(scan->bias, scan->table, site), row_at(scan->bias, scan->table, target)))
+        return false;
+    *lo = scan->bias + flo;
+    *hi = scan->bias + fhi;
+    return true;
+}
+
+int btc_jump_parts(const btc_jump_scan *scan, uintptr_t *out_lo, uintptr_t *out_hi, int n, int max)
+{
+    uintptr_t lo = scan->lo, hi = scan->hi;
+    if (!scan->table || hi > scan->span_hi || lo < scan->span_lo || hi - lo > MAX_SCAN_BYTES)
+        return n;
+    const uint8_t *code = scan->code;
     size_t size = hi - lo;
-    for (size_t i = 0; i + 5 <= size; i++) {
+    for (size_t i = 0; i + 5 <= size && n < max; i++) {
         size_t len = code[i] == 0xe9 ? 5 : (code[i] == 0x0f && (code[i + 1] & 0xf0) == 0x80 && i + 6 <= size) ? 6 : 0;
         if (!len)
             continue;
         int32_t rel;
         memcpy(&rel, code + i + len - 4, 4);
         uintptr_t target = lo + i + len + (intptr_t)rel;
-        if (target < lo || target >= hi)
-            consider(m, t, lo + i, target);
+        if ((target < lo || target >= hi) && !among(target, out_lo, out_hi, n) &&
+            part_at(scan, lo + i, target, &out_lo[n], &out_hi[n]))
+            n++;
     }
+    return n;
+}
+
+/* Direct jumps out of this process's named part [lo, hi). */
+static void find_unnamed_parts(uintptr_t lo, uintptr_t hi)
+{
+    btc_module *m = btc_module_find(lo);
+    const btc_table *t = m ? btc_module_table(m) : NULL;
+    if (!t)
+        return;
+    btc_jump_scan scan = {(const uint8_t *)lo, lo, hi, m->lo, m->hi, m->bias, t};
+    n_eval = btc_jump_parts(&scan, eval_lo, eval_hi, n_eval, MAX_EVAL_RANGES);
 }
 
 void btc_eval_ranges_init(void)

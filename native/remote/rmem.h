@@ -1,6 +1,6 @@
 /* Another process's memory (rmem.c): read through process_vm_readv (or
  * /proc/PID/mem), or from a core file's segments, with a bounded cache of
- * 16 KiB chunks.  What was read while the target was stopped stays as it
+ * 4 KiB chunks.  What was read while the target was stopped stays as it
  * was: the cache is the dump's snapshot of the target. */
 #ifndef BTC_RMEM_H
 #define BTC_RMEM_H
@@ -14,9 +14,6 @@
  * ok[i] says whether range i was read whole. */
 void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, uint8_t *const *dest, int n,
                         uint8_t *ok);
-/* Fill the cache's chunks under the n addresses (0s are skipped) in
- * batches of one syscall; later reads there are cache hits. */
-void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n);
 /* One aligned word, through the cache; false if unreadable. */
 bool btc_rmem_word(btc_rmem *m, uintptr_t addr, uintptr_t *out);
 

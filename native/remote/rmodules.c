@@ -24,6 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capture/cpython/pyframes.h"
+#include "capture/evalloop.h"
 #include "capture/greenlet_context.h"
 #include "capture/modules.h"
 #include "capture/unwind.h"
@@ -344,4 +346,30 @@ int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_gr
         out->stub_hi[i] += m->bias;
     }
     return 0;
+}
+
+int btc_rmodules_eval_ranges(btc_rmodules *s, uintptr_t inside, uintptr_t *lo, uintptr_t *hi, int max)
+{
+    rmodule *m = module_at(s, inside);
+    const btc_table *t = m ? table_of(m) : NULL;
+    btc_elf *elf = t ? btc_elf_open(m->path) : NULL;
+    if (!elf)
+        return 0;
+    int named = 0;
+    for (const char *const *name = btc_py_eval_functions; *name && named < max; name++)
+        named += btc_elf_function_ranges(elf, *name, lo + named, hi + named, max - named);
+    btc_elf_close(elf);
+    for (int i = 0; i < named; i++) {   /* module-relative -> the target's addresses */
+        lo[i] += m->bias;
+        hi[i] += m->bias;
+    }
+    int n = named;
+    for (int i = 0; i < named; i++) {
+        uint64_t vlo = lo[i] - m->bias, vhi = hi[i] - m->bias;
+        if (vlo < m->image_vaddr || vhi > m->image_vaddr + m->image_size || vlo >= vhi)
+            continue;   /* its bytes are not in the image read from the file */
+        btc_jump_scan scan = {(const uint8_t *)local(m, vlo), lo[i], hi[i], m->lo, m->hi, m->bias, t};
+        n = btc_jump_parts(&scan, lo, hi, n, max);
+    }
+    return n;
 }

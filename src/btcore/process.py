@@ -22,7 +22,7 @@ from ._native import ffi, lib
 from .frame import NATIVE, PYTHON, Frame
 from .resolve import file_symbol, native_frames
 from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather, greenlet_copies,
-                     snapshot_live, vdso_file)
+                     snapshot_live, symbol_value, vdso_file)
 
 __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "dump_process", "process_stacks"]
 
@@ -63,6 +63,7 @@ class _Walker:
         self._nstub = len(stubs)
         greenlet_mod = snap.modules.named(lambda name: name.startswith("_greenlet"))
         self._greenlet_span = (greenlet_mod.lo, greenlet_mod.hi) if greenlet_mod else (0, 0)
+        self._eval_ranges = _eval_ranges(snap)
 
     def unwind(self, regs, exact: bool, lo: int, data: bytes, last_cfa: int = 0, stub_ends: bool = True) -> list:
         pcs = ffi.new("uintptr_t[]", _MAX_NATIVE)
@@ -80,7 +81,10 @@ class _Walker:
         return found
 
     def in_eval_loop(self, pc: int, exact: bool) -> bool:
-        name = self.symbol(pc if exact else pc - 1)[1]
+        lookup = pc if exact else pc - 1
+        if any(lo <= lookup < hi for lo, hi in self._eval_ranges):
+            return True
+        name = self.symbol(lookup)[1]
         return bool(name) and (name == _EVAL_LOOP or name.startswith(_EVAL_LOOP + "."))
 
     def internal(self, pc: int, exact: bool) -> bool:
@@ -164,6 +168,21 @@ class _Walker:
         lay, m = self.snap.layout, self.snap.memory
         size = m.word(obj + lay.bytes_size) if obj else None
         return m.read(obj + lay.bytes_data, size) if size is not None and size < 1 << 20 else None
+
+
+_MAX_EVAL_RANGES = 16
+
+
+def _eval_ranges(snap: Snapshot) -> list:
+    """[(lo, hi)] of the target's eval-loop code, with the parts a stripped
+    interpreter leaves unnamed (Debian's python3.X: most of the loop)."""
+    interpreter = snap.modules.named(lambda name: name.startswith(("libpython", "python")))
+    code = symbol_value(interpreter.path, "PyEval_EvalCode") if interpreter else None   # exported: in its code
+    if code is None:
+        return []
+    lo, hi = ffi.new("uintptr_t[]", _MAX_EVAL_RANGES), ffi.new("uintptr_t[]", _MAX_EVAL_RANGES)
+    n = lib.btc_rmodules_eval_ranges(snap.modules.handle, interpreter.bias + code, lo, hi, _MAX_EVAL_RANGES)
+    return [(lo[i], hi[i]) for i in range(n)]
 
 
 def _line(first, table, lasti: int):

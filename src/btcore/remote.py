@@ -8,6 +8,7 @@ runs again, from these copies.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import errno
 import functools
@@ -16,12 +17,14 @@ import shutil
 import signal
 import struct
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
 import greenlet
 from elftools.elf.elffile import ELFFile
 
+from . import debug_offsets
 from ._native import ffi, lib
 from .greenlets import layout_known
 
@@ -30,6 +33,8 @@ _MAX_GREENLETS = 1 << 20
 _MAX_PYFRAMES = 4096           # per stack
 _WORD = struct.Struct("<Q")
 _SCRATCH = 1 << 16            # reads up to this size reuse one buffer
+_MAX_CHUNKS = 1 << 15         # the chunk cache's bound (native/remote/rmem.c)
+_PAGE = 4096
 _MAIN_STACK_STOP = (1 << 64) - 1
 
 
@@ -108,6 +113,18 @@ class Memory:
 
     def syscalls(self) -> int:
         return lib.btc_rmem_syscalls(self._m)
+
+    def chunks(self):
+        """The addresses of the chunks read so far (a C array, for prefetch())."""
+        out = ffi.new("uintptr_t[]", _MAX_CHUNKS)
+        return out, lib.btc_rmem_chunk_bases(self._m, out, _MAX_CHUNKS)
+
+    def forget(self) -> None:
+        lib.btc_rmem_forget(self._m)
+
+    def prefetch(self, chunks) -> None:
+        """Read these chunks again, together: a few syscalls."""
+        lib.btc_rmem_prefetch(self._m, *chunks)
 
     def remove_after(self, folder: str) -> None:
         self._folders.append(folder)
@@ -263,6 +280,9 @@ class Snapshot:
     layout: object
     stopped_for: float = 0.0    # seconds the target was stopped
     notes: list = field(default_factory=list)
+    stopped_cpu: float = 0.0    # seconds of this thread's CPU time in that window (a loaded machine
+                                # stretches stopped_for, not this)
+    stopped_reads: int = 0      # syscalls that read its memory in that window
 
 
 _PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
@@ -283,33 +303,49 @@ class Target:
         self.pid, self.memory, self.mappings, self.notes = pid, memory, mappings, notes
         self.type_names = {}   # type object address -> tp_name
         self.modules = Modules(mappings, memory, notes)
-        self.layout = ffi.new("btc_remote_layout *")
-        if lib.btc_remote_pylayout(self.layout) != 0:
-            raise DumpError(f"btcore has no reader for its own CPython version ({_version(self.layout.version_hex)})")
-        self.runtime = self._runtime()
+        self.runtime, self.layout, self.portable = self._interpreter()
         self.greenlet_type, self.greenlet_code, self.greenlet_offsets = self._greenlet()
 
-    def _runtime(self) -> int:
+    def _interpreter(self) -> tuple:
+        """(_PyRuntime's address, the offsets to read it with, whether they
+        are the target's _Py_DebugOffsets rather than btcore's own structs)."""
         for mod in self.modules.list:
             name = os.path.basename(mod.path)
             if name.startswith("libpython") or name.startswith("python"):
                 value = symbol_value(mod.path, "_PyRuntime")
                 if value:
-                    self._check_version(mod)
-                    return mod.bias + value
+                    return (mod.bias + value,) + self._layout(mod, mod.bias + value)
         raise DumpError(f"process {self.pid} is not a CPython process (no _PyRuntime symbol in its modules)")
 
-    def _check_version(self, mod: Module) -> None:
+    def _layout(self, mod: Module, runtime: int) -> tuple:
+        """btcore's own offsets for a target of its own version family, else
+        the target's debug offsets (3.13+), else a DumpError naming both versions."""
         value = symbol_value(mod.path, "Py_Version")
         theirs = self.memory.word(mod.bias + value) if value else None
-        ours = self.layout.version_hex
-        if theirs is None or (theirs & 0xffff0000) != (ours & 0xffff0000):
-            raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}, btcore was "
-                            f"built for {_version(ours)}: dump it with a btcore installed for that version")
+        ours = ffi.new("btc_remote_layout *")
+        if lib.btc_remote_pylayout(ours) == 0 and theirs is not None and theirs >> 16 == ours.version_hex >> 16:
+            return ours, False
+        portable = debug_offsets.read(self.memory, runtime, theirs) if theirs is not None else None
+        if portable is None:
+            raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}, btcore "
+                            f"reads {_version(ours.version_hex)} (its own) and 3.13-3.15 (their _Py_DebugOffsets): "
+                            "dump it with a btcore installed for that version")
+        code_type = symbol_value(mod.path, "PyCode_Type")
+        portable.code_type = mod.bias + code_type if code_type else 0
+        return portable, True
+
+    def thread_frames(self, tstate: int) -> list:
+        if self.portable:
+            return debug_offsets.thread_frames(self.memory, self.layout, tstate, _MAX_PYFRAMES)
+        return _pyframes(lib.btc_remote_thread_frames, self.memory, tstate)
 
     def _greenlet(self):
         mod = self.modules.named(lambda name: name.startswith("_greenlet"))
         if mod is None:
+            return 0, None, None
+        if self.portable:
+            self.notes.append(f"the target runs CPython {_version(self.layout.version_hex)}: its suspended "
+                              "greenlets are not listed (btcore reads greenlets of its own version only)")
             return 0, None, None
         local = greenlet._greenlet.__file__
         if build_id(mod.path) != build_id(local):
@@ -392,10 +428,35 @@ def _top_frame_offset(pimpl_off: int, size: int) -> int:
 
 # ---- the stop ----
 
-def gather(target: Target, regs_of: dict, threads_only: bool) -> tuple:
+class Room:
+    """The buffers the stop copies into, made (and their pages touched)
+    before it: a rehearsal sizes them, so the stop itself allocates and
+    faults in nothing (a fresh 4 MiB buffer costs ~2.5 ms of page faults).
+    rehearsal: the gathering made while the target runs, which sizes the
+    buffers but copies no greenlet's saved stack (read past the cache, a
+    rehearsal learns nothing from them)."""
+
+    def __init__(self, rehearsal: bool = False):
+        self.rehearsal = rehearsal
+        self._buffers = {}
+
+    def size(self, key) -> int:
+        return len(self._buffers.get(key, b""))
+
+    def get(self, key, size: int) -> bytearray:
+        buf = self._buffers.get(key)
+        if buf is None or len(buf) < size:
+            size += size // 4 + _SCRATCH   # what changes before the stop
+            buf = self._buffers[key] = bytearray(size)
+            buf[::_PAGE] = bytes((size + _PAGE - 1) // _PAGE)
+        return buf
+
+
+def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None = None) -> tuple:
     """Everything the dump reads, while the target is stopped: thread stacks,
     thread states, greenlets (raw: greenlet_copies() unpacks them).
-    regs_of: tid -> registers (or an error text)."""
+    regs_of: tid -> registers (or an error text).  room: where to copy to."""
+    room = room or Room()
     threads = [_copy_thread(target, tid, regs) for tid, regs in regs_of.items()]
     by_tid = {t.tid: t for t in threads}
     greenlets = []
@@ -407,9 +468,9 @@ def gather(target: Target, regs_of: dict, threads_only: bool) -> tuple:
                 continue
             t.tstate = ts
             t.thread_id = target.memory.word(ts + target.layout.tstate_thread_id) or 0
-            t.pyframes = _pyframes(lib.btc_remote_thread_frames, target.memory, ts)
+            t.pyframes = target.thread_frames(ts)
         if not threads_only and target.greenlet_type:
-            greenlets.append(_copy_greenlets(target, interp))
+            greenlets.append(_copy_greenlets(target, interp, room))
     return threads, greenlets
 
 
@@ -428,26 +489,28 @@ def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
     return t
 
 
-def _copy_greenlets(target: Target, interp: int) -> list:
+def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     heads = target.gc_heads(interp)
-    visited, room, n = ffi.new("uint64_t *"), 1 << 16, -1
-    while n < 0 and room <= _MAX_GREENLETS:
-        out = ffi.new("uintptr_t[]", room)
+    visited, most, n = ffi.new("uint64_t *"), max(1 << 12, room.size((interp, "found")) // 8), -1
+    while n < 0 and most <= _MAX_GREENLETS:
+        out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get((interp, "found"), most * 8)))
         n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), target.greenlet_type,
-                                        out, room, visited)
-        room *= 2
+                                        out, most, visited)
+        most *= 2
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
         n = _MAX_GREENLETS
-    states = bytearray(max(n, 1) * _GREENLET.size)
+    states = room.get((interp, "states"), max(n, 1) * _GREENLET.size)
     offsets = ffi.new("size_t[3]", target.greenlet_offsets)
     c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
-    spill = bytearray(max(1, sum(g[5] for g in _GREENLET.iter_unpack(memoryview(states)[:n * _GREENLET.size]))))
-    room = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
-    frames = bytearray(room * _PYFRAME.size)
-    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, c_states, n, ffi.from_buffer(spill), len(spill),
-                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)), room)
+    spilled = sum(g[5] for g in _GREENLET.iter_unpack(memoryview(states)[:n * _GREENLET.size]))
+    spill = room.get((interp, "spill"), max(1, spilled))
+    most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
+    frames = room.get((interp, "frames"), most * _PYFRAME.size)
+    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, c_states, n, ffi.from_buffer(spill),
+                                             0 if room.rehearsal else spilled,
+                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)), most)
     return memoryview(states)[:n * _GREENLET.size], spill, memoryview(frames)[:nframes * _PYFRAME.size]
 
 
@@ -493,16 +556,34 @@ def vdso_file(vdso: Mapping, memory: Memory) -> list:
     return [Mapping(vdso.lo, vdso.hi, vdso.perms, 0, path)]
 
 
+def _tids(pid: int) -> list:
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        raise DumpError(f"no process {pid}") from None
+
+
+def rehearse(target: Target, threads_only: bool):
+    """(The chunks of memory the stop will read, the Room it copies into),
+    learned by gathering once while the target runs; the stop reads those
+    chunks again first, in a few syscalls, then mostly walks its own
+    copies.  Lists walked while they change may lead anywhere: every read
+    is bounded, and a chunk read for nothing costs a copy, not a wrong dump
+    (the stop walks them all again)."""
+    room = Room(rehearsal=True)
+    gather(target, {tid: "not stopped (rehearsal)" for tid in _tids(target.pid)}, threads_only, room)
+    chunks = target.memory.chunks()
+    target.memory.forget()
+    room.rehearsal = False
+    return chunks, room
+
+
 def stop_threads(pid: int, timeout: float, stopped: dict) -> dict:
     """Stop every thread of pid: tid -> regs or error text.  stopped (filled
     as threads are seized, so an interruption still detaches them): tid ->
     the signal to hand back at detach."""
     regs_of = {}
-    try:
-        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-    except FileNotFoundError:
-        raise DumpError(f"no process {pid}") from None
-    for tid in tids:
+    for tid in _tids(pid):
         regs, pending = ffi.new("uintptr_t[4]"), ffi.new("int *")
         rc = lib.btc_ptrace_stop(tid, max(1, int(timeout * 1000)), regs, pending)
         if rc in (-errno.EPERM, -errno.EACCES) and not stopped:
@@ -513,16 +594,69 @@ def stop_threads(pid: int, timeout: float, stopped: dict) -> dict:
     return regs_of
 
 
+_DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Ctrl-C (and SIGTERM, where Python handles it) wait until the target
+    runs again, then are handled as usual.  A KeyboardInterrupt raised while
+    it is stopped, between two detaches say, would leave threads of the
+    target stopped for as long as this process lives on (an interactive
+    session that caught it).  Python runs signal handlers in the main
+    thread, whichever thread the kernel handed the signal to, so blocking it
+    in this thread alone (pthread_sigmask) is not enough: the handlers are
+    replaced for the window by one that only notes the signal.  Off the
+    main thread nothing is needed: a handler never runs in this thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived, saved = [], {}
+    for sig in _DEFERRED_SIGNALS:
+        handler = signal.getsignal(sig)
+        if callable(handler):   # SIG_DFL ends the process: the kernel then detaches the target
+            saved[sig] = handler
+            signal.signal(sig, lambda signum, frame: arrived.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for signum, frame in arrived:
+            saved[signum](signum, frame)
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie (dead, its parent has not reaped it yet)."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    return stat is None or stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"])
+
+
 def resume_threads(stopped: dict) -> None:
     for tid, pending in stopped.items():
         lib.btc_ptrace_detach(tid, pending)
+
+
+def _rooted(pid: int, mappings: list) -> list:
+    """Mappings whose file paths are valid here.  The kernel names a mapped
+    file from the reader's root where it can (a target in a chroot: the
+    host's path); a file of another mount namespace (a container) gets the
+    target's own path, which this process reaches through /proc/PID/root."""
+    link = f"/proc/{pid}/root"
+    try:
+        if os.path.samefile(link, "/"):
+            return mappings
+    except OSError:
+        return mappings   # unreadable (permissions): the paths as they are
+    return [Mapping(m.lo, m.hi, m.perms, m.offset, link + m.path)
+            if m.path.startswith("/") and os.path.exists(link + m.path) else m for m in mappings]
 
 
 def snapshot_live(pid: int, *, threads_only: bool = False, timeout: float = 5.0) -> Snapshot:
     """Stop pid, copy what the dump needs, let it run again (always)."""
     try:
         with open(f"/proc/{pid}/maps") as f:
-            mappings = parse_maps(f.read())
+            mappings = _rooted(pid, parse_maps(f.read()))
     except FileNotFoundError:
         raise DumpError(f"no process {pid}") from None
     except PermissionError as e:
@@ -544,18 +678,19 @@ def _snapshot(pid: int, memory: Memory, mappings: list, threads_only: bool, time
         if code in (errno.EPERM, errno.EACCES):
             raise DumpPermissionError(permission_advice(pid, os.strerror(code)))
     target = Target(pid, memory, mappings, notes)
+    chunks, room = rehearse(target, threads_only)
     stopped = {}
-    # Ctrl-C waits until every thread runs again (then raises as usual).
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    began = time.perf_counter()
-    try:
-        regs_of = stop_threads(pid, timeout, stopped)
-        threads, greenlets = gather(target, regs_of, threads_only)
-    finally:
-        resume_threads(stopped)
-        stopped_for = time.perf_counter() - began
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    if not os.path.exists(f"/proc/{pid}"):
+    with signals_deferred():
+        began, began_cpu, began_reads = time.perf_counter(), time.thread_time(), memory.syscalls()
+        try:
+            regs_of = stop_threads(pid, timeout, stopped)
+            memory.prefetch(chunks)
+            threads, greenlets = gather(target, regs_of, threads_only, room)
+        finally:
+            resume_threads(stopped)
+            stopped_for, stopped_cpu = time.perf_counter() - began, time.thread_time() - began_cpu
+            stopped_reads = memory.syscalls() - began_reads
+    if _exited(pid):
         notes.append("the process exited during the dump: what was read before is shown")
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
-                    target.greenlet_code, target.layout, stopped_for, notes)
+                    target.greenlet_code, target.layout, stopped_for, notes, stopped_cpu, stopped_reads)

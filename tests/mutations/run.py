@@ -45,6 +45,23 @@ MUTATIONS = [
     Mutation("native/remote/rpython.c", "return g->frame || g->saved > 0;", "return g->frame != 0;",
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
              "a greenlet parked in Cython code (no Python frame) is taken for a running one and not dumped"),
+    Mutation("src/btcore/remote.py", "            memory.prefetch(chunks)\n", "",
+             "tests/test_process_dump.py::test_the_stop_reads_the_target_in_a_few_syscalls",
+             "the stop does not re-read the rehearsal's chunks in batches: it reads the gc lists chunk by chunk "
+             "while the target is stopped"),
+    Mutation("src/btcore/remote.py", "        if callable(handler):   # SIG_DFL", "        if False:   # SIG_DFL",
+             "tests/test_process_dump.py::test_ctrl_c_in_the_stopped_window_still_resumes_the_target",
+             "Ctrl-C between two detaches raises there: threads of the target stay stopped"),
+    Mutation("src/btcore/remote.py", 'in (["Z"], ["X"])', "in ()",
+             "tests/test_process_dump.py::test_a_target_that_dies_while_stopped_gives_a_partial_dump_and_a_note",
+             "a target that died during the dump (a zombie) gets no note"),
+    Mutation("src/btcore/debug_offsets.py", "instr - code - lay.code_adaptive", "instr - code",
+             "tests/test_process_dump.py::test_a_target_on_another_cpython_is_read_through_its_debug_offsets",
+             "a 3.13+ target's instruction offsets ignore where its bytecode starts: its Python frames get wrong lines"),
+    Mutation("native/remote/rmodules.c", "        n = btc_jump_parts(&scan, lo, hi, n, max);", "",
+             "tests/test_process_dump.py::test_a_target_on_another_cpython_is_read_through_its_debug_offsets",
+             "a stripped interpreter's unnamed eval-loop parts are not found: the dump lists its Python frames "
+             "after the native stack instead of in place"),
     Mutation("native/remote/rpython.c", "out[n].entry = fr.is_entry;", "out[n].entry = 1;",
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
              "every remote Python frame is taken for the first of its eval-loop call: the merge misplaces "

@@ -1,0 +1,185 @@
+"""Reading a CPython of another version than btcore's own, from outside,
+through the `_Py_DebugOffsets` that CPython 3.13+ keeps at the start of
+`_PyRuntime` for out-of-process debuggers: the offsets of the fields a
+stack needs (thread states, interpreter frames, code objects, strings),
+so no struct of that version is compiled in.
+
+The struct itself changes between minor versions (fields are added in the
+middle of sections): its field order is listed here per version family,
+and only the sections up to the unicode object's are read.  Garbage
+(a wrong cookie, an offset past any struct's size) is refused: None.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+COOKIE = b"xdebugpy"
+
+_SEQUENCES = [
+    ("tuple_object", "size ob_item ob_size"),
+    ("list_object", "size ob_item ob_size"),
+]
+_NUMBERS_BYTES = [
+    ("dict_object", "size ma_keys ma_values"),
+    ("float_object", "size ob_fval"),
+    ("long_object", "size lv_tag ob_digit"),
+    ("bytes_object", "size ob_size ob_sval"),
+]
+_INTERPRETER_314 = ("interpreter_state", "size id next threads_head threads_main gc imports_modules sysdict builtins "
+                                         "ceval_gil gil_runtime_state gil_runtime_state_enabled "
+                                         "gil_runtime_state_locked gil_runtime_state_holder code_object_generation "
+                                         "tlbc_generation")
+_FRAME_314 = ("interpreter_frame", "size previous executable instr_ptr localsplus owner stackpointer tlbc_index")
+_CODE_314 = ("code_object", "size filename name qualname linetable firstlineno argcount localsplusnames "
+                            "localspluskinds co_code_adaptive co_tlbc")
+# (Include/internal/pycore_runtime.h in 3.13, pycore_debug_offsets.h from 3.14)
+_SECTIONS = {
+    0x030D: [
+        ("runtime_state", "size finalizing interpreters_head"),
+        ("interpreter_state", "size id next threads_head gc imports_modules sysdict builtins ceval_gil "
+                              "gil_runtime_state gil_runtime_state_enabled gil_runtime_state_locked "
+                              "gil_runtime_state_holder"),
+        ("thread_state", "size prev next interp current_frame thread_id native_thread_id datastack_chunk status"),
+        ("interpreter_frame", "size previous executable instr_ptr localsplus owner"),
+        ("code_object", "size filename name qualname linetable firstlineno argcount localsplusnames "
+                        "localspluskinds co_code_adaptive"),
+        ("pyobject", "size ob_type"),
+        ("type_object", "size tp_name tp_repr tp_flags"),
+    ] + _SEQUENCES + _NUMBERS_BYTES + [("unicode_object", "size state length asciiobject_size")],
+    0x030E: [
+        ("runtime_state", "size finalizing interpreters_head"),
+        _INTERPRETER_314,
+        ("thread_state", "size prev next interp current_frame thread_id native_thread_id datastack_chunk status"),
+        _FRAME_314,
+        _CODE_314,
+        ("pyobject", "size ob_type"),
+        ("type_object", "size tp_name tp_repr tp_flags"),
+    ] + _SEQUENCES + [("set_object", "size used table mask")] + _NUMBERS_BYTES + [
+        ("unicode_object", "size state length asciiobject_size")],
+    0x030F: [
+        ("runtime_state", "size finalizing interpreters_head"),
+        _INTERPRETER_314,
+        ("thread_state", "size prev next interp current_frame base_frame last_profiled_frame "
+                         "last_profiled_frame_seq thread_id native_thread_id datastack_chunk status holds_gil "
+                         "gil_requested current_exception exc_state"),
+        ("err_stackitem", "exc_value"),
+        _FRAME_314,
+        _CODE_314,
+        ("pyobject", "size ob_type"),
+        ("type_object", "size tp_name tp_repr tp_flags tp_basicsize tp_dictoffset"),
+        ("heap_type_object", "size ht_cached_keys"),
+    ] + _SEQUENCES + [("set_object", "size used table mask")] + _NUMBERS_BYTES + [
+        ("unicode_object", "size state length asciiobject_size compactunicodeobject_size")],
+}
+# The owners of frames that are not Python frames but the shims each C call
+# of the eval loop pushes (the frame-owner enum of pycore_frame.h, from
+# 3.14 pycore_interpframe_structs.h): 3.13 CSTACK; 3.14 INTERPRETER and
+# CSTACK; 3.15 INTERPRETER.
+_SHIM_OWNERS = {0x030D: (3,), 0x030E: (3, 4), 0x030F: (3,)}
+_TAG_BITS = 3          # 3.14+'s f_executable is a _PyStackRef: tag bits below the pointer
+_MAX_OFFSET = 1 << 16  # no field of these structs lies further in
+_COMPACT_EXTRA = 16    # PyCompactUnicodeObject: PyASCIIObject + utf8_length + utf8
+
+
+@dataclass
+class PortableLayout:
+    """The offsets a dump reads, named as btc_remote_layout names them
+    (btcore/process.py reads either), plus the frame walk's."""
+    version_hex: int
+    runtime_interp_head: int
+    interp_next: int
+    interp_threads_head: int
+    tstate_next: int
+    tstate_thread_id: int
+    tstate_native_thread_id: int
+    tstate_current_frame: int
+    frame_previous: int
+    frame_executable: int
+    frame_instr_ptr: int
+    frame_owner: int
+    shim_owners: tuple
+    code_filename: int
+    code_qualname: int
+    code_firstlineno: int
+    code_linetable: int
+    code_adaptive: int
+    type_name: int
+    unicode_state: int
+    unicode_length: int
+    ascii_data: int
+    compact_data: int
+    bytes_size: int
+    bytes_data: int
+    code_type: int = 0   # the target's PyCode_Type (0: frames are not checked against it)
+
+
+def read(memory, runtime: int, version_hex: int) -> PortableLayout | None:
+    """The layout of a target of version_hex from its _PyRuntime's debug
+    offsets, or None (a version listed nowhere here, or garbage)."""
+    family = version_hex >> 16
+    sections = _SECTIONS.get(family)
+    if sections is None:
+        return None
+    names = [f"{section}.{field}" for section, fields in sections for field in fields.split()]
+    head = memory.read(runtime, 24 + 8 * len(names))
+    if head is None or head[:8] != COOKIE:
+        return None
+    version, free_threaded = struct.unpack_from("<QQ", head, 8)
+    if version >> 16 != family or free_threaded:
+        return None   # free-threaded builds lay objects out otherwise
+    o = dict(zip(names, struct.unpack_from(f"<{len(names)}Q", head, 24)))
+    if any(value >= _MAX_OFFSET for name, value in o.items() if not name.endswith(".size")):
+        return None
+    return PortableLayout(
+        version_hex=version,
+        runtime_interp_head=o["runtime_state.interpreters_head"],
+        interp_next=o["interpreter_state.next"], interp_threads_head=o["interpreter_state.threads_head"],
+        tstate_next=o["thread_state.next"], tstate_thread_id=o["thread_state.thread_id"],
+        tstate_native_thread_id=o["thread_state.native_thread_id"],
+        tstate_current_frame=o["thread_state.current_frame"],
+        frame_previous=o["interpreter_frame.previous"], frame_executable=o["interpreter_frame.executable"],
+        frame_instr_ptr=o["interpreter_frame.instr_ptr"], frame_owner=o["interpreter_frame.owner"],
+        shim_owners=_SHIM_OWNERS[family],
+        code_filename=o["code_object.filename"], code_qualname=o["code_object.qualname"],
+        code_firstlineno=o["code_object.firstlineno"], code_linetable=o["code_object.linetable"],
+        code_adaptive=o["code_object.co_code_adaptive"], type_name=o["type_object.tp_name"],
+        unicode_state=o["unicode_object.state"], unicode_length=o["unicode_object.length"],
+        ascii_data=o["unicode_object.asciiobject_size"],
+        compact_data=o.get("unicode_object.compactunicodeobject_size",
+                           o["unicode_object.asciiobject_size"] + _COMPACT_EXTRA),
+        bytes_size=o["bytes_object.ob_size"], bytes_data=o["bytes_object.ob_sval"])
+
+
+def thread_frames(memory, lay: PortableLayout, tstate: int, most: int) -> list:
+    """[(code, instruction offset, entry)] of a thread state, innermost
+    first, at most `most`.  The eval loop's shim frames are not Python
+    frames: the frame below one (called first by that C call of the eval
+    loop) is its entry frame, as is the last frame."""
+    out, frame = [], memory.word(tstate + lay.tstate_current_frame)
+    for _ in range(2 * most):   # shims take steps too
+        if not frame or len(out) >= most:
+            break
+        owner, previous = memory.read(frame + lay.frame_owner, 1), memory.word(frame + lay.frame_previous)
+        if owner is None or previous is None:
+            break
+        if owner[0] in lay.shim_owners:
+            if out:
+                out[-1] = out[-1][:2] + (True,)
+        else:
+            code = _code_of(memory, lay, frame)
+            instr = memory.word(frame + lay.frame_instr_ptr)
+            if code and instr:
+                out.append((code, instr - code - lay.code_adaptive, False))
+        frame = previous
+    if out:
+        out[-1] = out[-1][:2] + (True,)
+    return out
+
+
+def _code_of(memory, lay: PortableLayout, frame: int) -> int:
+    """The frame's code object (0: none, or not a code object)."""
+    code = (memory.word(frame + lay.frame_executable) or 0) & ~_TAG_BITS
+    if code and lay.code_type and memory.word(code + 8) != lay.code_type:   # ob_type
+        return 0
+    return code
