@@ -216,9 +216,6 @@ ALLOWED_SKIPS = [
      "ASan's interceptor replaces glibc's backtrace() in the tests that call it from C directly"),
     (r"valgrind cannot run a process that loads ASan", "valgrind and ASan cannot share a process"),
     (r"ASan's quarantine grows RSS without a leak", "RSS is no leak measure under ASan; the plain run measures it"),
-    (r"^gcore writes ASan's reserved shadow and heap: a 71 GB core$",
-     "under ASan a core file of the dump target holds ASan's shadow memory (71 GB filled the disk); the plain "
-     "run tests core files"),
     (r"ASan reserves terabytes of address space: no RLIMIT_AS test",
      "an address-space limit cannot be set under ASan's shadow memory; the plain run tests out of memory"),
     (r"^gcore writes ASan's reserved shadow and heap: a 71 GB core$",
