@@ -680,28 +680,38 @@ class _FrameWriter:
         else:
             self._address_v3(index, vaddr)
 
-    def _address_v3(self, index: int, vaddr: int) -> None:
-        """REPEAT (the first k that matches), else the cheaper of DELTA (the k
-        of the fewest bits, the first on a tie) and LITERAL (LITERAL on a tie)."""
-        w = self.w
-        best = None   # (bits, k, delta)
+    def _repeat_or_nearest(self, index: int, vaddr: int, delta_bits) -> tuple | None:
+        """None once REPEAT is written (one of the previous frames had this
+        address); else (bits, k, delta) of the delta against a previous frame
+        of the same module that costs the fewest delta_bits(its bit length),
+        the first on a tie, or () if there is none."""
+        best = ()
         for k, (ref_index, ref_vaddr) in enumerate(self.history):
             if ref_index != index:
                 continue
             if ref_vaddr == vaddr:
-                w.code(REPEAT)
-                w.put(k, 2)
-                return
+                self.w.code(REPEAT)
+                self.w.put(k, 2)
+                return None
             delta = vaddr - ref_vaddr
-            bits = length_bits(abs(delta).bit_length(), DELTA_BASE)
-            if best is None or bits < best[0]:
+            bits = delta_bits(abs(delta).bit_length())
+            if not best or bits < best[0]:
                 best = (bits, k, delta)
+        return best
+
+    def _address_v3(self, index: int, vaddr: int) -> None:
+        """REPEAT (the first k that matches), else the cheaper of DELTA (the k
+        of the fewest bits, the first on a tie) and LITERAL (LITERAL on a tie)."""
+        w = self.w
+        best = self._repeat_or_nearest(index, vaddr, lambda n: length_bits(n, DELTA_BASE))
+        if best is None:
+            return
         new = index == self.seen < len(self.modules)
         if new:
             module_bits = 1
         else:
             module_bits = (self.seen < len(self.modules)) + self.seen.bit_length()
-        if best is not None and 3 + best[0] < module_bits + length_bits(vaddr.bit_length(), ADDRESS_BASE):
+        if best and 3 + best[0] < module_bits + length_bits(vaddr.bit_length(), ADDRESS_BASE):
             _, k, delta = best
             w.code(DELTA)
             w.put(k | (delta < 0) << 2, 3)
@@ -724,20 +734,11 @@ class _FrameWriter:
 
     def _address_v2(self, index: int, vaddr: int) -> None:
         w = self.w
-        best = None   # (bits, k, delta)
-        for k, (ref_index, ref_vaddr) in enumerate(self.history):
-            if ref_index != index:
-                continue
-            if ref_vaddr == vaddr:
-                w.code(REPEAT)
-                w.put(k, 2)
-                return
-            delta = vaddr - ref_vaddr
-            bits = WIDTHS[_CLASS_OF[abs(delta).bit_length()]]
-            if best is None or bits < best[0]:
-                best = (bits, k, delta)
+        best = self._repeat_or_nearest(index, vaddr, lambda n: WIDTHS[_CLASS_OF[n]])
+        if best is None:
+            return
         literal_bits = self.module_bits + WIDTHS[_CLASS_OF[vaddr.bit_length()]]
-        if best is not None and best[0] + 3 < literal_bits:
+        if best and best[0] + 3 < literal_bits:
             _, k, delta = best
             w.code(DELTA)
             w.put(k | (delta < 0) << 2, 3)
