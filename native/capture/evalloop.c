@@ -9,15 +9,17 @@
  * and gcc's hot/cold splitting can leave most of the loop in parts that have
  * no symbol at all (Debian 3.13: a 2.4 KB named part, a 77 KB unnamed one,
  * where the eval loop's calls return to).  Those parts are found from the
- * named part's code: every direct jump (jmp/jcc rel32) out of it lands in a
+ * named part's code: every direct jump (arch.h: btc_direct_jump_at) out of it lands in a
  * part of the same function, or is a tail call.  A part is taken when
  *   - an FDE of its own covers the target (its [lo, hi) is the part), and
- *   - that FDE does not begin like a function (CFA = rsp + 8): a split-off
+ *   - that FDE does not begin like a function (CFA = sp + 8 on x86-64, sp on
+ *     aarch64: BTC_ENTRY_CFA_OFFSET): a split-off
  *     part starts inside its parent's frame, and
  *   - the CFA rule at the jump equals the rule at its target: a jump within
  *     one function keeps the frame as it is.
- * The bytes are scanned without decoding instructions; the last two tests
- * are what keeps a stray 0xe9 in an immediate from counting.  Such a part is
+ * The bytes are scanned without decoding instructions (on x86-64, whose
+ * instructions have any length); the last two tests are what keeps a stray
+ * jump opcode in an immediate from counting.  Such a part is
  * what an unstripped build calls "<function>.cold", and resolution names it
  * so (btc_eval_part_name).
  */
@@ -25,13 +27,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "capture/arch.h"
 #include "capture/cpython/pyframes.h"
 #include "capture/evalloop.h"
 #include "capture/modules.h"
 
 #define MAX_EVAL_RANGES 16
 #define MAX_SCAN_BYTES (1u << 20)
-#define REG_RSP 7
 
 static uintptr_t eval_lo[MAX_EVAL_RANGES], eval_hi[MAX_EVAL_RANGES];
 static int n_eval = -1;   /* -1: not looked up yet */
@@ -64,8 +66,8 @@ static void consider(btc_module *m, const btc_table *t, uintptr_t site, uintptr_
         !btc_table_fde(t, (uint32_t)(target - m->bias), &lo, &hi))
         return;
     const btc_cfi_row *start = row_at(m, t, m->bias + lo);
-    bool function_entry = start && start->cfa_kind == BTC_CFA_REG && start->cfa_reg == REG_RSP &&
-                          start->cfa_off == 8;
+    bool function_entry = start && start->cfa_kind == BTC_CFA_REG && start->cfa_reg == BTC_DWARF_SP &&
+                          start->cfa_off == BTC_ENTRY_CFA_OFFSET;
     if (!start || function_entry || !same_cfa(row_at(m, t, site), row_at(m, t, target)))
         return;
     eval_lo[n_eval] = m->bias + lo;
@@ -73,7 +75,7 @@ static void consider(btc_module *m, const btc_table *t, uintptr_t site, uintptr_
     n_eval++;
 }
 
-/* Direct jumps (e9 rel32, 0f 80..8f rel32) out of [lo, hi). */
+/* Direct jumps out of [lo, hi). */
 static void find_unnamed_parts(uintptr_t lo, uintptr_t hi)
 {
     btc_module *m = btc_module_find(lo);
@@ -82,14 +84,9 @@ static void find_unnamed_parts(uintptr_t lo, uintptr_t hi)
         return;
     const uint8_t *code = (const uint8_t *)lo;
     size_t size = hi - lo;
-    for (size_t i = 0; i + 5 <= size; i++) {
-        size_t len = code[i] == 0xe9 ? 5 : (code[i] == 0x0f && (code[i + 1] & 0xf0) == 0x80 && i + 6 <= size) ? 6 : 0;
-        if (!len)
-            continue;
-        int32_t rel;
-        memcpy(&rel, code + i + len - 4, 4);
-        uintptr_t target = lo + i + len + (intptr_t)rel;
-        if (target < lo || target >= hi)
+    for (size_t i = 0; i < size; i += BTC_INSN_ALIGN) {
+        uintptr_t target;
+        if (btc_direct_jump_at(code, size, i, &target) && (target < lo || target >= hi))
             consider(m, t, lo + i, target);
     }
 }
