@@ -221,6 +221,11 @@ ALLOWED_SKIPS = [
      "other names (the demo itself runs everywhere: test_demo_runs_from_the_checkout_root)"),
     (r"^no native frame has DWARF here$",
      "short source paths need a frame with DWARF; Debian's stripped static python3.X has none"),
+    (r"^x86-64's CFI forms$", "PLT-stub and __restore_rt CFA expressions exist on x86-64 only"),
+    (r"^aarch64's pointer authentication$", "return-address signing (PAC) exists on aarch64 only"),
+    (r"^CPU without pointer authentication \(run under QEMU_CPU=max\)$",
+     "signed return addresses exist only where the CPU implements PAC; ci/arm64.sh runs tests/test_arch.py "
+     "under qemu's max model, which does"),
     (r"^browser cannot be installed: ",
      "the HTML view's tests need Debian's chromium and chromium-driver; tests/test_html.py installs them "
      "with apt-get when it runs as root with apt, and skips only where it cannot (another system, no root, "
