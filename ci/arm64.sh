@@ -47,9 +47,16 @@ ROOT=${ROOT%/}
 LOGDIR=${BTCORE_ARM64_LOGDIR:-${ROOT}-logs}
 STEP_TIMEOUT=${BTCORE_ARM64_STEP_TIMEOUT:-2400}
 BENCH=${BTCORE_ARM64_BENCH:-1}
-# The walker, its tables and every context kind (current stack, greenlets,
-# signal frames, the PAC chain): what pointer authentication can change.
-MAX_TESTS=${BTCORE_ARM64_MAX_TESTS:-"tests/test_arch.py tests/test_collect.py tests/test_greenlets.py"}
+# Every kind of context against glibc's backtrace() (current stack, suspended
+# greenlets spilled or not, another thread's, a signal frame, the PAC chain):
+# what pointer authentication can change.  Python under max runs ~75x slower
+# than native, so not the whole suite.
+MAX_TESTS=${BTCORE_ARM64_MAX_TESTS:-"tests/test_arch.py \
+tests/test_collect.py::test_native_addresses_match_glibc_backtrace \
+tests/test_greenlets.py::test_suspended_through_native_chain_shows_only_its_own_stack \
+tests/test_greenlets.py::test_unspilled_and_spilled_greenlets \
+tests/test_greenlets.py::test_suspended_greenlet_native_frames_equal_glibc_backtrace \
+tests/test_greenlets.py::test_suspended_thread_native_frames_equal_glibc_backtrace"}
 INSTALL_CMD="pip install '.[test]'"
 TEST_CMD="pytest -q -p no:cacheprovider"
 BENCH_CMD="python benchmarks/bench_capture.py --repeat 5 --fresh 3"
