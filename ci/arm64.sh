@@ -58,7 +58,11 @@ tests/test_greenlets.py::test_unspilled_and_spilled_greenlets \
 tests/test_greenlets.py::test_suspended_greenlet_native_frames_equal_glibc_backtrace \
 tests/test_greenlets.py::test_suspended_thread_native_frames_equal_glibc_backtrace"}
 INSTALL_CMD="pip install '.[test]'"
-TEST_CMD="pytest -q -p no:cacheprovider"
+# tests/test_html.py drives the HTML view in Debian's chromium: under
+# qemu-user chromium needs minutes per page and misses the tests' timeouts,
+# and the view has no architecture-specific code (the host suite runs it).
+TEST_CMD="pytest -q -rfE -p no:cacheprovider"
+SUITE_CMD="$TEST_CMD --ignore=tests/test_html.py"
 BENCH_CMD="python benchmarks/bench_capture.py --repeat 5 --fresh 3"
 # gcc/g++/python3-dev build btcore and the test fixtures; gdb and binutils
 # (addr2line) are test oracles; libunwind8 is the benchmark's peer.
@@ -164,7 +168,7 @@ if [ -z "$FAILED" ]; then
     step install "$FAST_CPU" "$INSTALL_CMD" || FAILED=install
 fi
 if [ -z "$FAILED" ]; then
-    step "suite" "$FAST_CPU" "$TEST_CMD" || FAILED="the suite under $FAST_CPU"
+    step "suite" "$FAST_CPU" "$SUITE_CMD" || FAILED="the suite under $FAST_CPU"
     SUMMARY+=("  $(pytest_counts "$LOG")")
     step "unwinder tests" "$PAC_CPU" "$TEST_CMD $MAX_TESTS" || FAILED+="${FAILED:+, }the unwinder tests under $PAC_CPU"
     SUMMARY+=("  $(pytest_counts "$LOG")")

@@ -23,7 +23,12 @@ import time
 import btcore
 from btcore import codec
 
-LIBDIR = "/lib/x86_64-linux-gnu"
+def _libc_dir() -> str:
+    with open("/proc/self/maps") as maps:
+        return next(os.path.dirname(line.split()[-1]) for line in maps if line.rstrip().endswith("/libc.so.6"))
+
+
+LIBDIR = _libc_dir()   # /lib/x86_64-linux-gnu, /usr/lib/aarch64-linux-gnu, ...
 
 
 def seeds() -> list:
