@@ -11,10 +11,19 @@ divided by the raw frames it holds; targets: native-only <= 6, merged <= 16):
 
 Time, in interleaved rounds (benchmarks/timing.py), on a 40-frame merged
 trace (collect(limit=40) at the bottom of the deep recursion):
-  collect()          the capture of that stack, for scale
-  encode()           a stack encoded before: one probe of the token cache
-  encode, first      the same records never encoded (the token cache
-                     bypassed; per-pc and per-code-object caches warm)
+  collect()          the capture of that stack (timed at the bottom of the
+                     same recursion), for scale
+  encode()           steady state: the C encoder knows the trace's modules
+                     (every encode() writes the whole token: there is no
+                     token cache)
+  encode, new        a trace whose Python frames' lines are not cached
+                     (the line cache emptied first, which is part of the
+                     time): what a stack never encoded before costs once
+                     its modules are known
+  encode, cold       the first encode() in a process: the C encoder forgets
+                     every module first and is taught them again (Python
+                     computes each module's table entry)
+  encode, reference  the Python reference encoder (codec._encode), for scale
 Target: encode() <= 2 us; its ratio to collect() is printed.
 
 Runs against the installed btcore (pip install .), from any directory; the
@@ -100,17 +109,32 @@ def main():
 
     forty = through_c(DEPTH, lambda: btcore.collect(limit=40))
     assert len(forty) == 40, len(forty)
-    forty.encode()   # warm: the token cache and the per-frame caches
-    runs = interleaved({
-        "collect": lambda: through_c(0, lambda: btcore.collect(limit=40)),
+    forty.encode()   # warm: the modules taught
+
+    def cold():
+        codec.lib.btc_encode_forget(1, 1)
+        codec._places.cache.clear()
+        return forty.encode()
+
+    def new_lines():
+        codec.lib.btc_encode_forget(0, 1)
+        return forty.encode()
+
+    # collect() at the bottom of the same recursion: the same 40 frames
+    runs = through_c(DEPTH, lambda: interleaved({
+        "collect": lambda: btcore.collect(limit=40),
         "encode": forty.encode,
-        "encode_first": lambda: codec._encode(forty),
-    }, args.rounds)
+        "encode_new": new_lines,
+        "encode_cold": cold,
+        "reference": lambda: codec._encode(forty),
+    }, args.rounds))
     print(f"\n40-frame merged trace, {args.rounds} interleaved rounds: median ns (min-max)")
     for name, values in runs.items():
         print(f"  {name:<14} {spread(values).text(0)}")
     print(f"  encode() / collect()        {ratio(runs['encode'], runs['collect']).text()}")
-    print(f"  first encode / collect()    {ratio(runs['encode_first'], runs['collect']).text()}")
+    print(f"  new-trace encode / collect() {ratio(runs['encode_new'], runs['collect']).text()}")
+    print(f"  cold encode / collect()     {ratio(runs['encode_cold'], runs['collect']).text()}")
+    print(f"  reference / collect()       {ratio(runs['reference'], runs['collect']).text()}")
     print(f"  token: {len(forty.encode())} characters for 40 raw frames")
 
 

@@ -18,6 +18,12 @@ For information: inside one process, the cold resolution alone and the warm
 C API; the memory the native caches hold; Backtrace.frames() through the
 frame cache.
 
+Resolution memory (issue 17): a gevent echo server with 50 connected
+clients and 20 sleeping greenlets; every greenlet's stack captured, then
+every frame resolved cold: RSS (VmRSS) before and after the resolution,
+the time it took, and what the DWARF caches hold (their bound:
+BTC_SYMBOLIZE_DEFAULT_BUDGET).  Target: <= 8 MiB RSS added.
+
 Runs against the installed btcore (pip install .), from any directory; needs
 binutils.  Usage: python benchmarks/bench_resolve.py [--rounds N]
 """
@@ -109,6 +115,54 @@ print(json.dumps({"cold_s": cold, "warm_s": warm, "frames": frames, "memory": li
 """
 
 
+GEVENT_SERVER = r"""
+import gevent.monkey; gevent.monkey.patch_all()
+import gc, json, socket, time
+import gevent, gevent.server, greenlet
+import btcore
+from btcore._native import lib
+
+def rss_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+def echo(sock, addr):
+    for line in sock.makefile("rb"):
+        sock.sendall(line)
+
+server = gevent.server.StreamServer(("127.0.0.1", 0), echo)
+server.start()
+clients = [socket.create_connection(server.address) for _ in range(50)]
+for c in clients:
+    c.sendall(b"hi\n")
+    c.recv(10)
+sleepers = [gevent.spawn(gevent.sleep, 3600) for _ in range(20)]
+gevent.sleep(0.1)
+
+def capture(g):
+    try:
+        return btcore.collect(g)
+    except RuntimeError:   # a greenlet of another thread (gevent's thread pool)
+        return None
+
+greenlets = [o for o in gc.get_objects() if isinstance(o, greenlet.greenlet) and not o.dead]
+captured = [bt for bt in map(capture, greenlets) if bt is not None]
+gc.collect()
+before = rss_kib()
+t0 = time.perf_counter()
+frames = sum(len(bt.frames()) for bt in captured)
+cold = time.perf_counter() - t0
+print(json.dumps({"greenlets": len(captured), "frames": frames, "cold_s": cold, "rss_added_kib": rss_kib() - before,
+                  "held": lib.btc_symbolize_memory()}))
+"""
+
+
+def gevent_server_run():
+    out = subprocess.run([sys.executable, "-P", "-c", GEVENT_SERVER], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
 def trace_addresses(depth):
     """Module-relative return addresses (minus one, hex) of a live stack."""
     return subprocess.run([sys.executable, "-c", CAPTURE, str(depth), LIBPYTHON],
@@ -121,15 +175,35 @@ def in_process_run(addrs):
     return json.loads(out)
 
 
-def warm_frames_ns(depth=30, total=10_000):
-    """ns per Frame for Backtrace.frames() once every address is cached:
-    what an introspection command pays the second time it prints a stack."""
+def deep_backtrace(depth):
     import btcore
 
     def deepest(n):
         return deepest(n - 1) if n else btcore.collect(capacity=256)
 
-    bt = deepest(depth)
+    return deepest(depth)
+
+
+def new_pc_frames_us(depth=30, rounds=20):
+    """us per native frame for Backtrace.frames() with the frame cache emptied
+    but every file already decoded: the per-pc cost of asking the core
+    (module, symbol, lines, inlines, names)."""
+    import btcore
+    bt = deep_backtrace(depth)
+    native = sum(f.kind == "native" for f in bt.frames())   # decodes the files
+    best = float("inf")
+    for _ in range(rounds):
+        btcore.cache.clear()
+        t0 = time.perf_counter_ns()
+        bt.frames()
+        best = min(best, (time.perf_counter_ns() - t0) / native / 1e3)
+    return best, native
+
+
+def warm_frames_ns(depth=30, total=10_000):
+    """ns per Frame for Backtrace.frames() once every address is cached:
+    what an introspection command pays the second time it prints a stack."""
+    bt = deep_backtrace(depth)
     per_call = len(bt.frames())   # the first call resolves and fills the cache
     calls = max(1, total // per_call)
     best = float("inf")
@@ -172,9 +246,18 @@ def main():
           f"warm C API {warm / len(addrs) * 1e9:.0f} ns per address (no Python cache)")
     print(f"memory held by the native caches: {inside[0]['memory'] / 2**20:.1f} MiB "
           f"(process max RSS grew {inside[0]['rss_growth_kb'] / 1024:.1f} MiB)")
+    us, n = new_pc_frames_us()
+    print(f"new pcs, Backtrace.frames() with the frame cache emptied, files decoded: {us:6.1f} us per "
+          f"native frame ({n} native frames)")
     ns, n = warm_frames_ns()
     print(f"warm, Backtrace.frames() through the frame cache: {ns:6.0f} ns per frame over {n} frames "
           f"(target <= 1000) {'PASS' if ns <= 1000 else 'MISS'}")
+    server = [gevent_server_run() for _ in range(3)]
+    added = statistics.median(r["rss_added_kib"] for r in server) / 1024
+    print(f"resolution memory, gevent server ({server[0]['greenlets']} greenlets, {server[0]['frames']} frames, "
+          f"median of {len(server)}): cold {statistics.median(r['cold_s'] for r in server) * 1e3:.0f} ms, "
+          f"RSS added {added:.1f} MiB (target <= 8) {'PASS' if added <= 8 else 'MISS'}, "
+          f"DWARF caches hold {server[0]['held'] / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,16 @@ Targets, each fed through the core's cffi entry points:
             info/abbrev/lines/ranges, compressed sections (btc_symbolize_file
             at addresses of the seeds' functions)
   demangle  a symbol name -> the Itanium/Rust demanglers (btc_demangle)
+  codec     "d" + bytes -> a token of that body -> btcore.decode() and the
+            frames; other bytes -> a backtrace (a record per 4 bytes: real
+            pcs, code objects, flags) -> the C encoder, checked against the
+            reference encoder and decoded back (tests/fuzz_codec.py)
 Seeds come from the machine's real libraries (and a small library compiled
 with DWARF 4, DWARF 5 and zlib-compressed sections).
 
     python ci/fuzz.py SECONDS_PER_TARGET WORKDIR     run every target, print the figures
     python ci/fuzz.py --target NAME CORPUS... [-- libFuzzer options]   one target (internal)
+    python ci/fuzz.py --codec-seeds DIR                                  the codec seeds (internal)
 """
 import os
 import subprocess
@@ -34,7 +39,8 @@ int outer(int x) { int r = helper(x + 1); return r + hidden(r); }
 NAMES = [b"_ZNSt6vectorIiSaIiEE9push_backERKi", b"_ZN3std2rt10lang_start17h9a1b2c3d4e5f6a7bE",
          b"_RNvXCs1234_5helloNtB2_3FooNtNtCsk_4core3fmt5Debug3fmt", b"_RINvCs1_1a1fTRShmEE",
          b"_ZZN1A1fEvE1x", b"_ZN9__gnu_cxx13new_allocatorIcED2Ev", b"_ZTVN10__cxxabiv117__class_type_infoE"]
-MAX_LEN = {"cfi": 1 << 20, "elf": 1 << 16, "demangle": 256}
+MAX_LEN = {"cfi": 1 << 20, "elf": 1 << 16, "demangle": 256, "codec": 4096}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- seeds ----
@@ -70,7 +76,26 @@ def write_seeds(work):
     for i, name in enumerate(NAMES):
         with open(os.path.join(dirs["demangle"], "name%d" % i), "wb") as f:
             f.write(name)
+    # tokens are made by btcore itself: in a process that can load the fuzzing build
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--codec-seeds", dirs["codec"]],
+                   env=fuzzer_env(), check=True, timeout=600)
     return dirs
+
+
+def write_codec_seeds(folder):
+    """Real tokens' bodies ("d" + bytes) and backtraces of a few records."""
+    import base64
+    import random
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import fuzz_codec
+    for i, token in enumerate(fuzz_codec.seeds()):
+        body = token.split(".", 1)[1]
+        with open(os.path.join(folder, "token%d" % i), "wb") as f:
+            f.write(b"d" + base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    rng = random.Random(1)
+    for i in range(8):
+        with open(os.path.join(folder, "records%d" % i), "wb") as f:
+            f.write(b"x" + rng.randbytes(4 * rng.choice((1, 5, 20, 60))))
 
 
 def seed_addresses(corpus):
@@ -139,10 +164,30 @@ def target_demangle():
     return one
 
 
+def target_codec():
+    import base64
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import btcore
+    import fuzz_codec
+    from btcore import codec
+    pcs, codes = fuzz_codec.encoder_pools()
+
+    def one(data):
+        if data[:1] == b"d":
+            token = codec.PREFIX + base64.urlsafe_b64encode(data[1:]).rstrip(b"=").decode()
+            try:
+                btcore.decode(token).frames()
+            except ValueError:
+                pass
+        else:
+            fuzz_codec.check_backtrace(fuzz_codec.backtrace_from_bytes(data, pcs, codes))
+    return one
+
+
 def run_target(name, argv):
     import atheris
     corpora = [a for a in argv if not a.startswith("-")]
-    one = {"cfi": target_cfi, "demangle": target_demangle}.get(name)
+    one = {"cfi": target_cfi, "demangle": target_demangle, "codec": target_codec}.get(name)
     one = one() if one else target_elf(corpora[0])
     atheris.Setup([sys.argv[0], *argv], one)
     atheris.Fuzz()
@@ -150,12 +195,17 @@ def run_target(name, argv):
 
 # ---- the driver ----
 
+def fuzzer_env():
+    """The environment of a process that imports the fuzzing build of btcore."""
+    import atheris
+    return dict(os.environ, LD_PRELOAD=os.path.join(atheris.path(), "asan_with_fuzzer.so"),
+                PYTHONMALLOC="malloc",
+                ASAN_OPTIONS="detect_leaks=0:replace_intrin=0:allocator_may_return_null=1")
+
+
 def fuzz(target, corpus, seconds, work):
     """(ok, executions, coverage, features, output tail)."""
-    import atheris
-    env = dict(os.environ, LD_PRELOAD=os.path.join(atheris.path(), "asan_with_fuzzer.so"),
-               PYTHONMALLOC="malloc",
-               ASAN_OPTIONS="detect_leaks=0:replace_intrin=0:allocator_may_return_null=1")
+    env = fuzzer_env()
     artifacts = os.path.join(work, "artifacts-%s" % target) + "/"
     os.makedirs(artifacts, exist_ok=True)
     cmd = [sys.executable, os.path.abspath(__file__), "--target", target, corpus,
@@ -174,6 +224,9 @@ def fuzz(target, corpus, seconds, work):
 
 
 def main():
+    if sys.argv[1] == "--codec-seeds":
+        write_codec_seeds(sys.argv[2])
+        return 0
     if sys.argv[1] == "--target":
         run_target(sys.argv[2], [a for a in sys.argv[3:] if a != "--"])
         return 0

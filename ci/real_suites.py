@@ -153,9 +153,6 @@ def lane(name, runner, selection, work, problems):
                 print(out[-6000:])
     for error in hook_reports(stats, "error"):
         problems.append("%s: btcore raised an undocumented exception:\n%s" % (name, error))
-    for error in hook_reports(stats, "shutdown"):
-        print("real suites: %s: known limit, btcore raised during interpreter shutdown: %s"
-              % (name, error.replace("\n", " | ")))
     switches, captures, frames, documented = hook_counts(stats)
     print("real suites: %s: %d tests, %d switches, %d captures, %d frames resolved, %d documented refusals"
           % (name, tests, switches, captures, frames, documented))

@@ -16,6 +16,8 @@
 #define BTC_F_JOIN      8   /* first frame of a backtrace added by append() */
 #define BTC_F_ENTRY    16   /* python: first Python frame of an eval-loop call */
 #define BTC_F_INTERNAL 32   /* native: greenlet's own switching machinery */
+#define BTC_F_SIGNAL   64   /* native: a signal return stub (libc's __restore_rt): the interrupted
+                               code "returns" to its first instruction, so it is named at addr */
 
 typedef struct {
     uintptr_t addr;    /* native: pc; python: address of a code object we hold a reference to */
@@ -38,6 +40,7 @@ typedef struct {
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
 #define BTC_E_RUNNING       -3   /* target greenlet runs in another thread right now */
 #define BTC_E_LAYOUT        -4   /* greenlet's saved state failed validation */
+#define BTC_E_NOMEMORY      -5   /* out of memory (raised as MemoryError) */
 
 /* Capture the stack of `target` into the btcore.Backtrace at address
  * `backtrace` (CPython's id(); the caller keeps it alive), setting its
@@ -108,20 +111,6 @@ uintptr_t btc_type_new_slot(uintptr_t type);
 
 /* ---- resolution ---- */
 
-typedef struct {
-    const char *module;     /* path of the ELF object, NULL if the pc is in none */
-    uintptr_t   module_base;/* load bias of that object */
-    uint64_t    module_id;  /* that object's btc_module_key() identity */
-    const char *symbol;     /* raw (mangled) symbol name, NULL if none covers the pc */
-    uintptr_t   symbol_addr;/* absolute address of that symbol */
-} btc_syminfo;
-
-/* Name the function containing pc (already adjusted: pass pc-1 for return
- * addresses).  The strings are copied into buf (truncated to size), so they
- * outlive a concurrent dlclose of the module.  Returns 0, or -1 when no
- * loaded module contains pc. */
-int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size);
-
 /* What names the code at pc across loads and unloads: the id of the module
  * containing it (unique in the process: a library loaded where another one
  * was gets a new id) and pc's offset in it; 0 and pc if no module contains
@@ -132,7 +121,8 @@ uint64_t btc_module_key(uintptr_t pc, uint64_t *module_id, uintptr_t *offset);
  * by the next capture or lookup). */
 extern uint64_t btc_modules_generation;
 
-/* Demangle a C++ (Itanium) name; returns 0 and fills buf on success. */
+/* Demangle a C++ (Itanium), Rust (legacy, v0) or Cython name; returns 0 and
+ * fills buf on success, -1 when name is none of those (or buf too small). */
 int btc_demangle(const char *name, char *buf, size_t size);
 
 /* ---- introspection for tests and benchmarks ---- */
@@ -231,8 +221,39 @@ typedef struct {
 int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int max,
                        char *buf, size_t size);
 
+typedef struct {
+    const char *module;     /* path of the ELF object containing the pc */
+    uintptr_t   module_base;/* its load bias */
+    uint64_t    module_id;  /* its btc_module_key() identity */
+    const char *symbol;     /* demangled name of the symbol covering the pc (the module's own
+                               table, else its debug file's .symtab); NULL if none */
+    uintptr_t   symbol_addr;/* absolute address of that symbol */
+} btc_native_info;
+
+/* Everything resolution needs for the native pc of a captured frame, in one
+ * call (the GIL released once): its module, its symbol, and its source
+ * levels as btc_symbolize_file() gives them, function names demangled.
+ * flags: the frame's BTC_F_* (a return address is looked up at pc - 1, an
+ * exact pc or a signal return stub at pc).  Strings are copied into buf.
+ * Returns the number of levels written (0: no DWARF or symbol for pc), -1
+ * when no loaded module contains pc, -2 when buf is too small.  Thread-safe,
+ * usable without the GIL. */
+int btc_resolve_native(uintptr_t pc, int flags, btc_native_info *out, btc_srcframe *levels, int max,
+                       char *buf, size_t size);
+
+/* Test-only: how many btc_elf (symbol tables, section headers) are open for
+ * the file at path: 1 when the module list and the DWARF cache both use it. */
+int btc_elf_instances(const char *path);
+
 /* Bytes held by the per-file DWARF caches. */
 size_t btc_symbolize_memory(void);
+/* Bound those bytes (default BTC_SYMBOLIZE_DEFAULT_BUDGET): after every
+ * lookup, decoded compile units are given back, least recently used first,
+ * then whole files, until at most `bytes` are held (the latest lookup's
+ * unit and file are kept even if they alone exceed it).  A unit given back
+ * is decoded again when next needed. */
+#define BTC_SYMBOLIZE_DEFAULT_BUDGET 6291456
+void btc_symbolize_budget(size_t bytes);
 /* Keep at most max_files files decoded (default 16, clamped to 1..64);
  * the least recently used one is dropped first. */
 void btc_symbolize_limit(int max_files);
@@ -265,8 +286,227 @@ typedef struct {
 int btc_loaded_modules(btc_modinfo *out, int max, char *buf, size_t size);
 
 /* The symbol-table name (raw, mangled) covering the module-relative address
- * vaddr in the ELF file at path, as btc_describe_native() names a loaded
- * module's pc; copied into buf.  *sym_vaddr: the symbol's start.  Returns 0,
+ * vaddr in the ELF file at path (its own table, else its debug file's), as
+ * btc_resolve_native() names a loaded module's pc; copied into buf.  *sym_vaddr: the symbol's start.  Returns 0,
  * or -1 when no symbol covers vaddr or the file cannot be read.  The last
  * few files are kept open (keyed by path, device, inode, size and mtime). */
 int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr);
+
+/* ---- codec: the token encoder (codec/encode.c) ---- */
+
+#define BTC_TOKEN_VERSION 2          /* tokens are "btc2." + base64url */
+#define BTC_TOKEN_BUILD_ID_BYTES 4   /* the build-id prefix a token keeps per module */
+
+#define BTC_ENCODE_NEED_MODULE  -2   /* teach need->module_id[0..count) with btc_encode_module(), call again */
+#define BTC_ENCODE_ELSEWHERE    -4   /* what this encoder does not write: use btcore/codec.py's */
+#define BTC_ENCODE_MAX_NEED 16
+
+typedef struct {
+    int       count;
+    uint64_t  module_id[BTC_ENCODE_MAX_NEED];
+    uintptr_t pc[BTC_ENCODE_MAX_NEED];   /* an address inside each of them (look it up as exact) */
+} btc_encode_need;
+
+/* The token of the btcore.Backtrace at address backtrace (CPython's id();
+ * the caller keeps it alive), as a str appended to the list at address
+ * into: returns its length, or a BTC_ENCODE_* code (nothing appended).
+ * Runs with the GIL held. */
+int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need);
+/* The module table entry (nbits bits, design.md format 2) of the module
+ * with id module_id (btc_module_key()), kept for every later token
+ * (bounded).  Returns 0, or -1 if refused (already known, too long). */
+int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);
+/* Forget the module entries (modules != 0) and the cached lines
+ * (lines != 0): tests and benchmarks of a cold encoder.  Runs with the GIL
+ * held. */
+void btc_encode_forget(int modules, int lines);
+
+/* ---- signal-context capture and the watchdog (capture/signal_capture.c, watch/) ---- */
+
+/* Why a signal-context sample is partial (bits of btc_sigsample.partial). */
+#define BTC_PARTIAL_LOCKED    1   /* the module list was busy: Python frames only */
+#define BTC_PARTIAL_NO_TABLE  2   /* the walk stopped at a module whose CFI table was not built yet */
+#define BTC_PARTIAL_NO_MODULE 4   /* the walk stopped at a pc in no module known (loaded since?) */
+#define BTC_PARTIAL_TRUNCATED 8   /* more frames than the sample holds */
+#define BTC_PARTIAL_OFF_STACK 16  /* the stack pointer lies outside the thread's stack: Python frames only */
+#define BTC_PARTIAL_PYTHON    32  /* the Python frame chain could not be read to its end */
+#define BTC_PARTIAL_SWITCHING 64  /* interrupted inside a greenlet switch: its innermost native frames only */
+#define BTC_PARTIAL_CUT      128  /* the walk stopped before the stack's end (a caller not recovered) */
+
+#define BTC_SIGNAL_FRAMES 128
+
+/* One capture made by a signal handler on the thread it interrupted: raw
+ * frames as collect() records them, but no reference held on the code
+ * objects named (resolve them while the thread is still where it was). */
+typedef struct {
+    btc_frame frames[BTC_SIGNAL_FRAMES];
+    int n;
+    unsigned partial;       /* BTC_PARTIAL_* */
+    uintptr_t pending_pc;   /* BTC_PARTIAL_NO_TABLE: a pc in the module whose table is missing */
+} btc_sigsample;
+
+/* Make the calling thread samplable from other threads (GIL held): note its
+ * thread state and stack, learn greenlet's start-up stub and the eval loop,
+ * build the CFI tables of the interpreter and libc, and install the capture
+ * signal's handler.  Idempotent.  Returns the thread's slot (>= 0) or a
+ * BTC_E_* code (btc_last_error() says why: no free slot, the signal taken). */
+int btc_thread_register(void);
+/* Forget the calling thread (on thread exit). */
+void btc_thread_unregister(void);
+/* Sample a registered thread (its threading ident) through the capture
+ * signal, waiting at most timeout_ms per ask; a partial sample is asked
+ * again (a few times at most), after building the table the handler missed.  Releases the
+ * GIL while it waits.  Returns 0, or -1 (not registered, or no answer in
+ * time: a thread blocking the signal). */
+int btc_signal_sample(uint64_t thread_ident, int timeout_ms, btc_sigsample *out);
+/* The sample as text, innermost frame first, one frame a line (native:
+ * "  [module] function+0xoff", Python: "  File "f", line N, in name"),
+ * named without the GIL: symbol tables in C, code objects read raw (call
+ * it while the sampled thread still runs those frames).  Returns the
+ * length written (truncated to size - 1, NUL-terminated). */
+int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size);
+/* The signal the handler captures on (a real-time signal). */
+int btc_capture_signal(void);
+
+/* Switch detection for the watchdog: put the tracer for the calling
+ * thread into the dict at `namespace` as "tracer" (install it with
+ * greenlet.settrace), chaining to `previous` (0: none); a switch into an
+ * instance of `idle_type` (0: none; gevent's Hub) counts as idle, not stuck.
+ * Registers the thread.  Returns its slot or a BTC_E_* code. */
+int btc_watch_thread(uintptr_t namespace, uintptr_t previous, uintptr_t idle_type);
+/* Stop watching the calling thread (its tracer then only chains). */
+void btc_unwatch_thread(void);
+/* Start the watchdog thread (C, never takes the GIL): a watched thread
+ * whose greenlets have not switched for threshold_s is sampled and
+ * reported to fd (dup'ed), again after 2x, 4x, ... while stuck (repeat),
+ * and a line is written when it switches again.  0, or -1 if running. */
+int btc_watchdog_start(double threshold_s, int fd, int repeat);
+/* Stop it and wait for it (the GIL released meanwhile); 0 if it was not running. */
+int btc_watchdog_stop(void);
+/* Reports written since start (for tests). */
+int btc_watchdog_reports(void);
+
+/* register_dump_signal(stuck=True): on signal signum, a C thread samples
+ * the main thread (which must call this) and writes its stack to fd
+ * (dup'ed); chain: also run the handler installed before.  0 or -1. */
+int btc_dump_signal_install(int signum, int fd, int chain);
+/* Put the previous handler back; 0 if none was installed for signum. */
+int btc_dump_signal_uninstall(int signum);
+
+/* Test-only: a handler on signal signum (a timer) that captures the
+ * interrupted thread (registered here) and checks each sample inside the
+ * handler, until btc_test_signal_stress_stop(), which writes 11 counts:
+ * complete, partial, invalid samples, then partial ones per BTC_PARTIAL_*
+ * bit (1, 2, 4, ...), and the last invalid sample. */
+int btc_test_signal_stress_start(int signum);
+void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid);
+/* Benchmark-only: the handler's capture of the calling registered thread,
+ * from getcontext()'s registers, without a signal.  0, or -1 if the thread
+ * is not registered. */
+int btc_test_capture_here(btc_sigsample *out);
+/* ---- another process, from outside (native/remote/) ---- */
+
+/* Its memory: a live process (process_vm_readv, else /proc/PID/mem) or
+ * segments of files (a core file and the files it names), through a bounded
+ * chunk cache that keeps what it read (the dump's snapshot). */
+typedef struct btc_rmem btc_rmem;
+btc_rmem *btc_rmem_open_pid(int pid);
+btc_rmem *btc_rmem_open_segments(void);
+/* [vaddr, vaddr + size) is the file fd's bytes from offset (segments are
+ * searched in the order added). */
+int btc_rmem_add_segment(btc_rmem *m, uintptr_t vaddr, uint64_t size, int fd, uint64_t offset);
+/* 0, or -1 if any byte of [addr, addr + n) is unreadable. */
+int btc_rmem_read(btc_rmem *m, uintptr_t addr, void *buf, size_t n);
+void btc_rmem_forget(btc_rmem *m);
+void btc_rmem_close(btc_rmem *m);
+int btc_rmem_last_errno(btc_rmem *m);
+uint64_t btc_rmem_syscalls(btc_rmem *m);
+
+/* Stop thread tid (PTRACE_SEIZE + PTRACE_INTERRUPT, waiting at most
+ * timeout_ms) and read regs = {ip, sp, rbp, rbx}; 0 or -errno.  After any
+ * return but -EPERM/-ESRCH from the seize, the caller must detach, handing
+ * back *pending_signal (a signal that arrived meanwhile). */
+int btc_ptrace_stop(int tid, int timeout_ms, uintptr_t *regs, int *pending_signal);
+int btc_ptrace_detach(int tid, int signal);
+
+/* Its modules, from the files on disk. */
+typedef struct btc_rmodules btc_rmodules;
+btc_rmodules *btc_rmodules_new(void);
+void btc_rmodules_free(btc_rmodules *s);
+/* Add the ELF file at path, whose file offset map_offset the target mapped
+ * at map_start; mem (may be NULL: not checked) must show the file's build-id
+ * there.  0 (*bias: the load bias), -1 unreadable or not ELF, -2 no segment
+ * maps that offset (or it overlaps a module added), -3 build-id differs. */
+int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t map_start,
+                     uint64_t map_offset, uintptr_t *bias);
+/* The walker over a local copy of the target's stack [lo, hi) (copy holds
+ * hi - lo bytes), from regs {ip, sp, rbp, rbx}; last_cfa, end ranges: as in a
+ * btc_context.  Writes at most max (<= 256) pcs; returns how many. */
+int btc_remote_unwind(btc_rmodules *s, const uintptr_t *regs, int exact, uintptr_t lo, uintptr_t hi,
+                      const uint8_t *copy, uintptr_t last_cfa, const uintptr_t *end_lo,
+                      const uintptr_t *end_hi, int nend, uintptr_t *pcs, int max);
+
+/* greenlet's switching code in the target (from the module containing
+ * `inside`): where a suspended greenlet resumes, where slp_switch stored
+ * rbp/rbx (relative to its saved sp), g_initialstub's ranges. */
+typedef struct {
+    uintptr_t resume_pc;
+    int bp_slot, bx_slot;
+    uintptr_t stub_lo[2], stub_hi[2];
+    int nstub;
+} btc_remote_greenlet_code;
+int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_greenlet_code *out);
+
+/* The interpreter's layout, as the CPython btcore is built against has it
+ * (offsets in bytes); -1 when no remote reader exists for this version. */
+typedef struct {
+    uint64_t version_hex;
+    uint32_t runtime_interp_head, interp_next, interp_threads_head;
+    uint32_t interp_gc_generations, interp_gc_permanent, gc_generation_size, gc_ngenerations;
+    uint32_t tstate_next, tstate_thread_id, tstate_native_thread_id;
+    uint32_t code_filename, code_qualname, code_firstlineno, code_linetable, code_size;
+    uint32_t type_name;
+    uint32_t unicode_state, unicode_length, ascii_data, compact_data;
+    uint32_t bytes_size, bytes_data;
+} btc_remote_layout;
+int btc_remote_pylayout(btc_remote_layout *out);
+
+typedef struct {
+    uintptr_t code;   /* the target's code object */
+    int32_t lasti;    /* instruction offset in bytes */
+    uint8_t entry;    /* first frame of its eval-loop call */
+} btc_remote_pyframe;
+/* Python frames, innermost first: of a thread state, or from a frame object
+ * (a suspended greenlet's top frame).  Returns how many (at most max). */
+int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max);
+int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max);
+
+/* Objects of type `wanted` or a subtype, in the gc lists at heads (the
+ * addresses of their PyGC_Head list heads).  Returns how many (written to
+ * out), -1 if more than max; *visited: objects walked (at most
+ * BTC_REMOTE_MAX_OBJECTS). */
+#define BTC_REMOTE_MAX_OBJECTS 50000000
+int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
+                            uintptr_t *out, int max, uint64_t *visited);
+
+/* The suspended greenlets among greenlet objects, with their saved state
+ * (offsets: PyGreenlet.pimpl, StackState and the top frame in greenlet's C++
+ * object, as learned here from greenlets in known states); running, dead,
+ * unstarted and unreadable ones are left out.  Returns how many were
+ * written. */
+typedef struct {
+    uintptr_t address, type;
+    uintptr_t start, stop, copy;
+    intptr_t saved;
+    uintptr_t frame;     /* the top frame object, 0 if none saved */
+    size_t spill_at;     /* btc_remote_greenlet_copies(): where its heap copy went */
+    int32_t frames_at, nframes;   /* ... and its Python frames */
+    int32_t copied;      /* its heap copy was read */
+    int32_t reserved;
+} btc_remote_greenlet;
+int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
+                               btc_remote_greenlet *out);
+/* Copy each greenlet's heap copy of its stack into spill (packed, in
+ * order) and its Python frames into frames; returns the frames written. */
+int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
+                               btc_remote_pyframe *frames, int max_frames);

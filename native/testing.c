@@ -3,6 +3,7 @@
  * a test builds, so the contract is checked directly instead of through a
  * whole capture; btc_backtrace() is the native-only walk benchmarks compare
  * with libunwind's and glibc's. */
+#include <Python.h>   /* first (signal_capture.h needs it): it sets the feature macros */
 #include <string.h>
 
 #include "capture/modules.h"
@@ -117,4 +118,116 @@ int btc_backtrace(uintptr_t *out, int max)
     for (int i = 1; i < n; i++)   /* nat[0] is this function */
         out[i - 1] = nat[i].pc;
     return n > 0 ? n - 1 : 0;
+}
+
+/* ---- the signal-context capture under a timer (tests/test_stress.py) ---- */
+
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+
+#include "capture/signal_capture.h"
+
+static struct {
+    int signum, slot;
+    struct sigaction previous;
+    btc_native_frame nat[BTC_SIGNAL_NATIVE];
+    btc_sigsample sample, last_invalid;
+    _Atomic int64_t complete, partial, invalid;
+    _Atomic int64_t reasons[8];   /* partial samples per BTC_PARTIAL_* bit */
+} stress;
+
+/* Checked inside the handler, while the frames it names still run: every
+ * record is a native pc or a live code object, and a complete sample holds
+ * both kinds (the thread runs Python).  (Its innermost record need not be
+ * the interrupted pc: an eval loop's frame is replaced by its Python frames,
+ * and a frame just pushed is hidden, as tracebacks hide it.) */
+static bool sample_valid(const btc_sigsample *s)
+{
+    int native = 0, python = 0;
+    if (s->n < 0 || s->n > BTC_SIGNAL_FRAMES)
+        return false;
+    for (int i = 0; i < s->n; i++) {
+        const btc_frame *f = &s->frames[i];
+        if (f->kind == BTC_KIND_NATIVE && f->addr)
+            native++;
+        else if (f->kind == BTC_KIND_PYTHON && f->addr && PyCode_Check((PyObject *)f->addr))
+            python++;
+        else
+            return false;
+    }
+    if (s->partial)
+        return true;
+    return native && python;
+}
+
+static void on_stress_signal(int signum BTC_UNUSED, siginfo_t *si BTC_UNUSED, void *ucontext)
+{
+    int saved_errno = errno;
+    const btc_thread_info *info = btc_thread_info_of(stress.slot);
+    if (info && btc_thread_slot_self() == stress.slot) {
+        btc_signal_capture(info, ucontext, &stress.sample, stress.nat);
+        if (!sample_valid(&stress.sample)) {
+            atomic_fetch_add(&stress.invalid, 1);
+            stress.last_invalid = stress.sample;
+        } else if (stress.sample.partial) {
+            atomic_fetch_add(&stress.partial, 1);
+            for (int bit = 0; bit < 8; bit++)
+                if (stress.sample.partial & (1u << bit))
+                    atomic_fetch_add(&stress.reasons[bit], 1);
+        } else
+            atomic_fetch_add(&stress.complete, 1);
+    }
+    errno = saved_errno;
+}
+
+int btc_test_signal_stress_start(int signum)
+{
+    int slot = btc_thread_register();
+    if (slot < 0 || stress.signum)
+        return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_stress_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    stress.slot = slot;
+    atomic_store(&stress.complete, 0);
+    atomic_store(&stress.partial, 0);
+    atomic_store(&stress.invalid, 0);
+    for (int bit = 0; bit < 8; bit++)
+        atomic_store(&stress.reasons[bit], 0);
+    if (sigaction(signum, &sa, &stress.previous) != 0)
+        return -1;
+    stress.signum = signum;
+    return 0;
+}
+
+void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid)
+{
+    if (stress.signum)
+        sigaction(stress.signum, &stress.previous, NULL);
+    stress.signum = 0;
+    counts[0] = atomic_load(&stress.complete);
+    counts[1] = atomic_load(&stress.partial);
+    counts[2] = atomic_load(&stress.invalid);
+    for (int bit = 0; bit < 8; bit++)
+        counts[3 + bit] = atomic_load(&stress.reasons[bit]);
+    *last_invalid = stress.last_invalid;
+}
+
+/* Benchmark-only: the handler's capture (btc_signal_capture) of the calling
+ * registered thread, from the registers getcontext() stores here, without a
+ * signal: what a handler costs apart from the kernel's delivery. */
+#include <ucontext.h>
+
+int btc_test_capture_here(btc_sigsample *out)
+{
+    static btc_native_frame nat[BTC_SIGNAL_NATIVE];
+    const btc_thread_info *info = btc_thread_info_of(btc_thread_slot_self());
+    ucontext_t uc;
+    if (!info || getcontext(&uc) != 0)
+        return -1;
+    btc_signal_capture(info, &uc, out, nat);
+    return 0;
 }

@@ -472,3 +472,79 @@ def test_released_backtrace_frees_code_objects_it_alone_held():
     del bt
     gc.collect()
     assert wr() is None
+
+
+# ---- errors ----
+
+def test_backtrace_error_is_one_class_defined_beside_backtrace():
+    """Guards where BacktraceError lives: btcore.errors (imported by backtrace.py,
+    no import cycle), the same class under btcore and btcore.greenlets."""
+    import btcore.errors
+    import btcore.greenlets
+    assert btcore.BacktraceError is btcore.errors.BacktraceError is btcore.greenlets.BacktraceError
+    assert btcore.BacktraceError.__module__ == "btcore.errors"
+
+
+_OUT_OF_MEMORY = r"""
+import resource, btcore
+btcore.collect(capacity=65536, limit=65536)   # warm: every import and one-time setup done
+
+def vm_size():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+
+resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (256 << 10), resource.RLIM_INFINITY))
+try:
+    btcore.collect(capacity=65536, limit=65536)   # ~1 MiB of frame records: more than is left
+    print("no error")
+except MemoryError as e:
+    print("MemoryError", e)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan reserves terabytes of address space: no RLIMIT_AS test")
+def test_out_of_memory_is_a_memory_error():
+    """Guards how a failed allocation in the capture is reported: MemoryError,
+    not BacktraceError("unsupported")."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "MemoryError out of memory", out.stdout + out.stderr   # btcore's, not Python's
+
+
+_AT_MODULE_TEARDOWN = r"""
+import os, greenlet, btcore
+collect, error, write = btcore.collect, btcore.BacktraceError, os.write   # held: globals go at teardown
+gs = []
+def park(gs=gs):
+    gs[0].parent.switch(1)
+gs.append(greenlet.greenlet(park))   # never started
+gs.append(greenlet.greenlet(park))
+gs[1].switch()                       # suspended
+
+class AtTeardown:
+    def __del__(self, gs=gs):
+        for target in (gs[0], gs[1], None):
+            try:
+                write(1, b"Backtrace %d\n" % len(collect(target)))
+            except error as e:
+                write(1, b"BacktraceError " + str(e).encode() + b"\n")
+            except BaseException as e:
+                write(1, type(e).__name__.encode() + b" " + str(e).encode() + b"\n")
+
+greenlet._greenlet.with_del = AtTeardown()   # finalized while modules are torn down (as greenlet's own test)
+"""
+
+
+def test_collect_during_interpreter_shutdown_is_a_backtrace_or_backtrace_error():
+    """Guards collect() from a finalizer at module teardown (greenlet's
+    test_switch_no_error_at_module_gc_time): a Backtrace or BacktraceError
+    with a clear message, never the TypeError of torn-down module globals."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", _AT_MODULE_TEARDOWN], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and out.returncode == 0, out.stdout + out.stderr
+    for line in lines:
+        assert line.startswith("Backtrace ") or line.startswith("BacktraceError btcore cannot capture during "
+                                                                  "interpreter shutdown"), line

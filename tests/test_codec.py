@@ -99,8 +99,53 @@ def test_token_is_one_printable_word(chain):
     """Guards: a token survives log pipelines: one word of URL-safe
     characters after the versioned prefix, nothing a formatter escapes."""
     token = capture_in_chain(chain).encode()
-    assert re.fullmatch(r"btc1\.[A-Za-z0-9_-]+", token)
+    assert re.fullmatch(r"btc2\.[A-Za-z0-9_-]+", token)
     assert codec.TOKEN_IN_TEXT.findall(f'msg="x {token}" {token}.') == [token, token]
+
+
+def test_c_encoder_writes_the_reference_token_cold_and_warm(chain):
+    """Guards: the C encoder (native/codec/encode.c) writes, bit for bit,
+    the token of the reference encoder (codec._encode), whether it must
+    first be taught every module (cold) or knows them (warm)."""
+    traces = [capture_in_chain(chain), capture_in_chain(chain, python=False),
+              capture_in_chain(chain, native=False), btcore.collect(capacity=512)]
+    for bt in traces:
+        codec.lib.btc_encode_forget(1, 1)
+        cold = bt.encode()
+        assert cold == bt.encode() == codec._encode(bt)
+
+
+def test_module_paths_are_kept_only_outside_the_searched_places(chain):
+    """Guards: a module in a place the decoder searches by build-id (libc,
+    libpython) is named by build-id alone; the fixture, built in a
+    temporary directory, keeps its path."""
+    decoded = btcore.decode(capture_in_chain(chain).encode())
+    named = {m.path: m.named for m in decoded.modules}
+    assert named[chain.so_path] == chain.so_path
+    libc = [p for p in named if os.path.basename(p).startswith("libc.so")]
+    assert libc and named[libc[0]] is None
+
+
+def test_a_module_without_path_is_found_by_build_id_in_the_search_path(tmp_path, monkeypatch):
+    """Guards: a token naming a module by build-id alone is named from a
+    file with that build-id found in a directory of search= (or of
+    BTCORE_SEARCH_PATH); a file of another build in that place is never
+    used, and the module is reported missing with the way to add places."""
+    path = str(tmp_path / "found" / "libcodec.so")
+    os.makedirs(os.path.dirname(path))
+    build_library(tmp_path, path, "")
+    build_id = codec.file_build_id(path)[:codec.BUILD_ID_BYTES]
+    token = token_with_module(None, build_id, vaddr=0x1100)
+    decoded = btcore.decode(token, search=[str(tmp_path / "found")])
+    assert [(m.path, m.status, m.named) for m in decoded.modules] == [(path, "file", None)]
+    assert decoded.frames()[0].function is not None
+    monkeypatch.setenv(codec.SEARCH_PATH_VARIABLE, str(tmp_path / "found"))
+    assert btcore.decode(token).modules[0].status == "file"
+    monkeypatch.delenv(codec.SEARCH_PATH_VARIABLE)
+    build_library(tmp_path, path, PADDING)   # another build where the first one was
+    [missing] = btcore.decode(token, search=[str(tmp_path / "found")]).modules
+    assert missing.status == "missing" and codec.SEARCH_PATH_VARIABLE in missing.detail
+    assert "padding_fn_" not in btcore.decode(token, search=[str(tmp_path / "found")]).format()
 
 
 # ---- in another process: another load address, the fixture not loaded ----
@@ -257,16 +302,17 @@ def test_rebuilt_module_is_reported_as_a_build_id_mismatch(tmp_path):
     assert "padding_fn_" not in text and "codec_leaf" not in text
 
 
-def token_with_module(path, build_id=b"\x01\x02\x03\x04\x05\x06\x07\x08", vaddr=0x1234):
-    """A well-formed token naming one module (as a hostile log line could)."""
+def token_with_module(path, build_id=b"\x01\x02\x03\x04", vaddr=0x1234):
+    """A well-formed token naming one module (as a hostile log line could);
+    path None: the decoder searches for the file."""
+    key = (build_id, path)
     w = codec._Writer()
     w.put(0, 1)
+    w.put(codec.BUILD_ID_BYTES, 4)
     w.varint(1)
-    w.put(len(build_id), 4)
-    w.put(int.from_bytes(build_id, "little"), 8 * len(build_id))
-    w.string(path, [])
+    w.put(*codec.module_identity(key))
     w.varint(1)
-    codec._FrameWriter(w, {(build_id, path): 0}, []).frames([(0, (build_id, path), vaddr)])
+    codec._FrameWriter(w, {key: 0}).frames([(0, key, vaddr)])
     return w.token()
 
 
@@ -280,7 +326,7 @@ def test_module_paths_in_tokens_are_untrusted(tmp_path):
     text.write_text("not an ELF file")
     cases = {str(fifo): "missing", "/dev/zero": "missing", str(tmp_path / "absent.so"): "missing",
              str(text): "missing", "relative/lib.so": "missing", sys.executable: "mismatch",
-             "/lib/\0libc.so.6": "missing", "/lib/\udc80\ud800.so": "missing"}
+             "/lib/\0libc.so.6": "missing", "/lib/\udc80.so": "missing"}
     for path, status in cases.items():
         decoded = btcore.decode(token_with_module(path))
         assert [(m.path, m.status) for m in decoded.modules] == [(path, status)]
@@ -305,11 +351,13 @@ def test_truncated_corrupted_and_unknown_tokens_raise_value_error(chain):
     """Guards: anything but a whole token of a known version is a ValueError
     that says what is wrong."""
     token = capture_in_chain(chain).encode()
-    for cut in range(len("btc1."), len(token) - 1):
+    for cut in range(len("btc2."), len(token) - 1):
         with pytest.raises(ValueError):
             btcore.decode(token[:cut])
-    with pytest.raises(ValueError, match="unknown btcore token version 2"):
-        btcore.decode("btc2." + token[5:])
+    with pytest.raises(ValueError, match="unknown btcore token version 3: this btcore reads version 2"):
+        btcore.decode("btc3." + token[5:])
+    with pytest.raises(ValueError, match="version 1 [(]an earlier format, no longer read[)]"):
+        btcore.decode("btc1." + token[5:])
     with pytest.raises(ValueError, match="truncated token"):
         btcore.decode(token[:len(token) // 2])
     with pytest.raises(ValueError, match="not a btcore token"):
@@ -324,7 +372,7 @@ def test_fuzzed_tokens_only_raise_value_error():
     """Guards: decoding garbage never crashes, hangs or raises anything but
     ValueError (a child process, so a crash fails the test; 100 000 here,
     a million with `python tests/fuzz_codec.py 1000000`)."""
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "fuzz_codec.py"), "100000"],
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "fuzz_codec.py"), "100000", "--encoder", "5000"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "decoded" in proc.stdout
@@ -344,7 +392,7 @@ def test_cli_resolves_every_token_in_place_and_keeps_the_rest(chain, tmp_path):
         2026-11-23T06:00:02Z WARN  slow: {{"where": "{native}", "n": 2}}
         no token here, but btc and btc1 and abtc1.AAAA words
         two on a line: {python} and {merged}.
-        broken: btc1.AAAAx end
+        broken: btc2.AAAAx end
         {python}
         """)
     (tmp_path / "app.log").write_text(log)
@@ -353,7 +401,7 @@ def test_cli_resolves_every_token_in_place_and_keeps_the_rest(chain, tmp_path):
     resolved = json.loads(run_python(
         "import btcore, json, sys; print(json.dumps({t: btcore.decode(t).format() for t in sys.argv[1:]}))",
         merged, native, python))
-    expected = log.replace("btc1.AAAAx", "btc1.AAAAx (btcore: truncated token: its length is not that of a base64 encoding)")
+    expected = log.replace("btc2.AAAAx", "btc2.AAAAx (btcore: truncated token: its length is not that of a base64 encoding)")
     for token, text in resolved.items():
         expected = expected.replace(token, text)
     assert printed == expected

@@ -168,3 +168,19 @@ def test_different_library_at_the_same_address(twins):
         decoded = btcore.decode(bt.encode()).frames()
         assert {f"{prefix}_{n}" for n in ("leaf", "mid", "entry")} <= {f.function for f in decoded}
         _ctypes.dlclose(handle._handle)
+
+
+def test_modules_generation_changes_with_dlopen_and_dlclose(libraries):
+    """Guards btcore.resolve.modules_generation(), the public reading of
+    the core's module-list generation (decoded-token caches key on it): it
+    changes once a library is loaded, and again once it is unloaded."""
+    import btcore
+    from btcore.resolve import modules_generation
+    btcore.collect()   # a capture brings the module list up to date
+    before = modules_generation()
+    handle = ctypes.CDLL(libraries[0])
+    btcore.collect()
+    loaded = modules_generation()
+    _ctypes.dlclose(handle._handle)
+    btcore.collect()
+    assert before != loaded != modules_generation()

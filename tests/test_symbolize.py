@@ -22,6 +22,7 @@ import subprocess
 import pytest
 from elftools.elf.elffile import ELFFile
 
+import btcore
 import conftest
 from btcore._native import ffi, lib
 
@@ -398,6 +399,50 @@ def test_cache_is_bounded_and_reports_memory(clib, tmp_path, clean_cache):
         lib.btc_symbolize_limit(16)
 
 
+def _libpython_sample(path, count, seed):
+    funcs = function_symbols(path)
+    rng = random.Random(seed)
+    return sorted({lo + rng.randrange(size) for _, lo, size in rng.sample(funcs, count)})
+
+
+def test_decoded_dwarf_stays_within_its_byte_budget(clean_cache):
+    """Guards resolution memory (issue 17): below libpython's decoded size,
+    the cache holds at most its byte budget after every lookup (compile
+    units given back, least recently used first), and the units given back
+    decode again to addr2line's answers."""
+    if not conftest.INTERPRETER_HAS_DWARF:
+        pytest.skip("stripped interpreter: no DWARF to bound")
+    interpreter = LIBPYTHON
+    addrs = _libpython_sample(interpreter, 150, seed=7)
+    budget = 4 << 20
+    lib.btc_symbolize_budget(1 << 40)
+    for a in addrs:
+        resolve(interpreter, a)
+    assert lib.btc_symbolize_memory() > 2 * budget   # unbounded, these lookups hold more
+    lib.btc_symbolize_reset()
+    lib.btc_symbolize_budget(budget)
+    try:
+        held = []
+        for a in addrs:
+            resolve(interpreter, a)
+            held.append(lib.btc_symbolize_memory())
+        assert max(held) <= budget
+        assert_agrees(interpreter, addrs, allow_binutils_file_bug=True)
+    finally:
+        lib.btc_symbolize_budget(lib.BTC_SYMBOLIZE_DEFAULT_BUDGET)
+
+
+def test_compressed_libpython_read_in_parts_matches_addr2line(tmp_path, clean_cache):
+    """Guards random access into compressed debug sections: libpython's
+    DWARF compressed (many access points per section), each unit's bytes
+    inflated from the nearest point, agrees with addr2line on the same file."""
+    if not conftest.INTERPRETER_HAS_DWARF:
+        pytest.skip("stripped interpreter: no DWARF to compress")
+    packed = str(tmp_path / "libpython-packed.so")
+    subprocess.run(["objcopy", "--compress-debug-sections=zlib", LIBPYTHON, packed], check=True)
+    assert_agrees(packed, _libpython_sample(packed, 120, seed=11), allow_binutils_file_bug=True)
+
+
 def test_rebuilt_file_is_read_again(tmp_path, clean_cache):
     so = compile_library(tmp_path, C_SOURCE, "inl")
     before = {a: resolve(so, a) for a in all_addresses(so, {"outer"})}
@@ -491,3 +536,118 @@ def test_merged_trace_frames_match_addr2line(chain):
             if mine != theirs:   # only the documented binutils DWARF 5 file-entry bug may differ
                 assert [(fn, ln) for fn, _, ln in mine] == [(fn, ln) for fn, _, ln in theirs], (hex(pc), mine, theirs)
                 assert os.path.basename(mine[0][1]) == line_program_file(module, pc - 1 - bias)[0]
+
+
+# ---- naming at a signal frame, against gdb ----
+
+def _gdb_info_symbol(path, vaddrs):
+    """gdb's `info symbol` for each module-relative address: (name, offset) or None."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}   # no ASan in gdb (ci/asan.sh)
+    args = ["gdb", "-batch", "-nx"]
+    for v in vaddrs:
+        args += ["-ex", f"info symbol {v:#x}"]
+    out = subprocess.run(args + [path], capture_output=True, text=True, env=env, timeout=120).stdout
+    answers = [line for line in out.splitlines() if " in section " in line or line.startswith("No symbol")]
+    found = [re.match(r"(\S+)(?: \+ (\d+))? in section", a) for a in answers]
+    return [(m.group(1), int(m.group(2) or 0)) if m else None for m in found]
+
+
+def _load_base(path):
+    """Where the file at path is mapped (its file-offset-0 mapping), from /proc/self/maps."""
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and os.path.realpath(fields[5]) == real and int(fields[2], 16) == 0:
+                return int(fields[0].split("-")[0], 16)
+    raise AssertionError(f"{path} not mapped")
+
+
+def test_signal_frames_are_named_like_gdb(chain):
+    """Guards the naming of frames around a real signal delivered in libc: the
+    return stub is __restore_rt + 0 (named at its pc, not at pc - 1, which is
+    in no function), and a static function named only by libc's debug file
+    .symtab (__pthread_kill_implementation) keeps its name and offset; every
+    libc frame's name and offset equal gdb's `info symbol`."""
+    import signal
+    taken = []
+    chain.call(chain.lib.raise_signal_then_call, signal.SIGUSR1,
+               lambda tag: taken.append(btcore.collect(native=True)) or 0)
+    frames = [f for f in taken[0].frames() if f.kind == "native" and not f.inlined]
+    libc = [f for f in frames if os.path.basename(f.module or "").startswith("libc.so")]
+    assert len(libc) >= 3, [f.function for f in frames]
+    base = _load_base(libc[0].module)
+    expected = _gdb_info_symbol(libc[0].module, [f.ip - base for f in libc])
+    ours = [(f.function, f.offset) for f in libc]
+    assert ours[0] == ("__restore_rt", 0) == expected[0]
+    assert ours[1] == expected[1] and ours[1][0] == "__pthread_kill_implementation"
+    # Aliases (gsignal for raise) may be named differently; offsets may not.
+    assert [o for _, o in ours] == [o for _, o in expected]
+
+
+# ---- Cython names, against the Python objects they implement ----
+
+def _gevent_def_wrappers():
+    """(symbol, the .so's interned Python names) for every Cython def-function
+    wrapper (__pyx_pw_) in gevent's compiled modules; lambdas and Cython's own
+    utility code (cfunc.to_py) aside: they name no Python attribute."""
+    import glob
+    import gevent
+    for so in sorted(glob.glob(os.path.join(os.path.dirname(gevent.__file__), "*.so"))):
+        with open(so, "rb") as f:
+            elf = ELFFile(f)
+            table = elf.get_section_by_name(".symtab") or elf.get_section_by_name(".dynsym")
+            names = [sym.name for sym in table.iter_symbols()]
+        for name in names:
+            if name.startswith("__pyx_pw_") and "__pyx_lambda" not in name and "cfunc_dot_to_py" not in name:
+                yield name, set(names)
+
+
+def _documented(wrapper, function, symbols):
+    """Cython's docstring symbol for the wrapper: __pyx_doc_<path>_<function>
+    for __pyx_pw_<path>_<counter><function>: confirms where the name starts."""
+    path = wrapper[len("__pyx_pw_"):-len(function)].rstrip("0123456789")
+    return wrapper.endswith(function) and f"__pyx_doc_{path}{function}" in symbols
+
+
+def _names_python_function(wrapper, dotted, symbols):
+    """Does the dotted path name a function of a real module (or class)?  The
+    parent must exist (import system, attributes); the function must be its
+    attribute, or (a module function the module deletes after use) have its
+    docstring symbol in the .so."""
+    import importlib
+    parts = dotted.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        try:
+            parent = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        for attr in parts[k:-1]:
+            parent = getattr(parent, attr, None)
+        return parent is not None and (hasattr(parent, parts[-1]) or _documented(wrapper, parts[-1], symbols))
+    return False
+
+
+def test_cython_names_decode_to_the_functions_they_wrap():
+    """Guards Cython name decoding (native/symbols/demangle.c): every def
+    wrapper of gevent's real Cython-built modules decodes to module.Class.func,
+    and that path names a real attribute (the oracle: Python's import system),
+    including counters that look like lengths (3set_default_hub_class)."""
+    from btcore.resolve import demangle
+    wrappers = list(_gevent_def_wrappers())
+    assert len(wrappers) > 100
+    wrong = [(name, demangle(name)) for name, symbols in wrappers
+             if not demangle(name).endswith(" [cython]")
+             or not _names_python_function(name, demangle(name)[:-len(" [cython]")], symbols)]
+    assert wrong == []
+
+
+def test_one_symbol_table_per_file():
+    """Guards the sharing of open ELF files: libpython's symbols, needed by
+    the module list (eval-loop ranges) and by the DWARF cache (names), are
+    read into memory once."""
+    import btcore
+    frames = btcore.collect(python=False).frames()   # the capture finds the eval loop; frames() resolves
+    libpython = next(f.module for f in frames if f.module and os.path.realpath(f.module) ==
+                     os.path.realpath(LIBPYTHON))
+    assert lib.btc_elf_instances(libpython.encode()) == 1

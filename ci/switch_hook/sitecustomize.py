@@ -15,9 +15,8 @@ greenlet first are not traced.
 Per process, at exit: <dir>/counts-<pid> = "switches captures frames
 documented_errors".  An exception btcore does not document is written at
 once to <dir>/error-<pid>-<n> (the lane fails on any) and never raised into
-the test; one raised while the interpreter finalizes (btcore's module
-globals are gone then: a known limit, docs/safety.md) to
-<dir>/shutdown-<pid>-<n> (counted, not failed).
+the test, also while the interpreter finalizes (collect() then raises
+BacktraceError at worst: docs/safety.md).
 """
 import os
 import sys
@@ -32,7 +31,6 @@ class _Hook:
         # held here: report() may run at interpreter shutdown, when builtins
         # and module globals are gone
         self.open, self.getpid, self.argv = open, os.getpid, sys.argv
-        self.finalizing = sys.is_finalizing
         self.busy = _thread._local()   # not threading: gevent's tests check its import order
         self.previous = None
         self.collect = None
@@ -83,7 +81,7 @@ class _Hook:
             else:
                 self.report(e, "error")
         except Exception as e:   # noqa: BLE001 - anything else is a finding, reported, never raised into the test
-            self.report(e, "shutdown" if self.finalizing() else "error")
+            self.report(e, "error")
 
     def report(self, error, kind):
         self.errors += 1

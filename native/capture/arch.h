@@ -34,6 +34,11 @@ void btc_get_regs(btc_regs *r);
  * SA_SIGINFO handler receives; false on an unsupported architecture. */
 bool btc_regs_from_ucontext(const void *ucontext, btc_regs *out);
 
+/* The registers of thread tid of another process, stopped under ptrace by
+ * us: 0, or -errno (-ENOSYS where btcore does not read them: the process
+ * dump is x86-64 only, as are the core-file registers it parses). */
+int btc_ptrace_regs(int tid, btc_regs *out);
+
 /* greenlet's slp_switch, as compiled: where a suspended greenlet resumes
  * and where slp_switch keeps the registers its CFI does not describe. */
 typedef struct {

@@ -140,7 +140,7 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
     bool own = w->own_first;
     for (int i = 0; i < w->n; i++) {
         const btc_native_frame *f = &w->nat[i];
-        int flags = f->exact ? BTC_F_EXACT : 0;
+        int flags = (f->exact ? BTC_F_EXACT : 0) | (f->signal ? BTC_F_SIGNAL : 0);
         if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;
@@ -178,26 +178,11 @@ static void python_only(sink *s, btc_pycursor *py)
 /* Native frames a walk may need beyond the output's size: btcore's own. */
 #define OWN_NATIVE_FRAMES 32
 
-static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
-                   bool greenlet)
+/* Merge the walk nat[0..n) (of a buffer of max) with py's frames. */
+static void merge_walked(btc_pycursor *py, sink *s, int want, bool own_first, bool greenlet,
+                         btc_native_frame *nat, int n, int max)
 {
-    if (!(want & BTC_WANT_NATIVE)) {
-        python_only(s, py);
-        return 0;
-    }
-    if (!BTC_ARCH_SUPPORTED)
-        return btc_fail(BTC_E_UNSUPPORTED, "btcore cannot walk native stacks on " BTC_ARCH_NAME
-                                           " (x86-64 and aarch64 Linux only): pass native=False");
-    btc_native_frame stack_buf[STACK_NATIVE_FRAMES];
-    native_walk w = {.nat = stack_buf, .own_first = own_first, .greenlet = greenlet};
-    int max = s->max + OWN_NATIVE_FRAMES;
-    btc_native_frame *heap = NULL;
-    if (max > STACK_NATIVE_FRAMES && !(w.nat = heap = malloc(max * sizeof *w.nat)))
-        return btc_fail(BTC_E_UNSUPPORTED, "out of memory");
-    btc_modules_acquire();
-    btc_eval_ranges_init();
-    w.n = btc_unwind(ctx, w.nat, max);
-    w.complete = w.n < max;
+    native_walk w = {.nat = nat, .n = n, .complete = n < max, .own_first = own_first, .greenlet = greenlet};
     if (greenlet && !(want & BTC_WANT_INTERNALS)) {
         int hidden = hide_greenlet_internals(&w);
         w.nat += hidden;
@@ -209,9 +194,54 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         w.n -= own;
     }
     merge(s, &w, py, want);
+}
+
+static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
+                   bool greenlet)
+{
+    if (!(want & BTC_WANT_NATIVE)) {
+        python_only(s, py);
+        return 0;
+    }
+    if (!BTC_ARCH_SUPPORTED)
+        return btc_fail(BTC_E_UNSUPPORTED, "btcore cannot walk native stacks on " BTC_ARCH_NAME
+                                           " (x86-64 and aarch64 Linux only): pass native=False");
+    btc_native_frame stack_buf[STACK_NATIVE_FRAMES], *nat = stack_buf;
+    int max = s->max + OWN_NATIVE_FRAMES;
+    btc_native_frame *heap = NULL;
+    if (max > STACK_NATIVE_FRAMES && !(nat = heap = malloc(max * sizeof *nat)))
+        return btc_fail(BTC_E_NOMEMORY, "out of memory");
+    btc_modules_acquire();
+    btc_eval_ranges_init();
+    merge_walked(py, s, want, own_first, greenlet, nat, btc_unwind(ctx, nat, max), max);
     btc_modules_release();
     free(heap);
     return 0;
+}
+
+int btc_capture_interrupted(btc_raw_capture *c, const btc_context *ctx, btc_pycursor *py,
+                            btc_native_frame *nat, int max, bool *switching)
+{
+    sink s = {.out = c->frames, .max = c->max};
+    int walked = btc_unwind(ctx, nat, max);
+    *switching = false;
+    for (int i = 0; i < walked && !*switching; i++)
+        if ((*switching = btc_greenlet_switching(nat[i].exact ? nat[i].pc : nat[i].pc - 1))) {
+            walked = i + 1;     /* the stack beyond is being copied in or out */
+            py->frame = NULL;   /* the thread state's chain is between two greenlets */
+        }
+    merge_walked(py, &s, BTC_WANT_PYTHON | BTC_WANT_NATIVE, false, false, nat, walked, max);
+    c->n = s.n;
+    c->truncated = s.truncated;
+    return walked;
+}
+
+void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py)
+{
+    sink s = {.out = c->frames, .max = c->max};
+    python_only(&s, py);
+    c->n = s.n;
+    c->truncated = s.truncated;
 }
 
 /* The calling thread's stack, walked from regs (of a frame still live);
@@ -357,7 +387,8 @@ static int fill_backtrace(PyObject *bt, sink *s, int capacity)
         Py_XDECREF(refs);
         Py_XDECREF(cap);
         release_codes(s);
-        return btc_fail_python(BTC_E_UNSUPPORTED, "cannot build the Backtrace");
+        int code = PyErr_ExceptionMatches(PyExc_MemoryError) ? BTC_E_NOMEMORY : BTC_E_UNSUPPORTED;
+        return btc_fail_python(code, "cannot build the Backtrace");
     }
     for (int i = 0; i < s->ncodes; i++)
         PyTuple_SET_ITEM(refs, i, s->codes[i]);
@@ -396,7 +427,7 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
         rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: not a btcore.Backtrace, or a bad size");
     else if (s.max > STACK_FRAMES && (!(s.out = malloc(s.max * sizeof *s.out)) ||
                                       !(s.codes = malloc(s.max * sizeof *s.codes))))
-        rc = btc_fail(BTC_E_UNSUPPORTED, "out of memory");
+        rc = btc_fail(BTC_E_NOMEMORY, "out of memory");
     if (rc == 0)
         rc = dispatch(&s, target, want);
     if (rc == 0)

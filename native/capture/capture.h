@@ -6,6 +6,8 @@
 #include <Python.h>
 
 #include "capture/context.h"
+#include "capture/cpython/pyframes.h"
+#include "capture/unwind.h"
 
 /* Remember collect()'s greenlet target in a Backtrace, weakly, for format()'s
  * header. */
@@ -27,6 +29,21 @@ typedef struct {
  * those of frames running below the hook, alive until it returns.  0 or a
  * BTC_E_* code. */
 int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs);
+/* ---- a signal handler's capture (signal_capture.c) ---- */
+
+/* The interrupted thread's stack from ctx (its registers at the signal)
+ * merged with its Python frames from py: no allocation, no reference taken,
+ * no lock taken (the caller holds the module lock: btc_modules_try_acquire_prebuilt),
+ * the eval loop's ranges already known.  nat: room for max native frames,
+ * which hold the walk afterwards; returns how many it gave.  *switching: the
+ * walk reached greenlet's stack switch, and ended there (the stack beyond it
+ * is being copied), and no Python frame was read (the thread state's chain
+ * is between two greenlets then). */
+int btc_capture_interrupted(btc_raw_capture *c, const btc_context *ctx, btc_pycursor *py,
+                            btc_native_frame *nat, int max, bool *switching);
+/* Only the Python frames of py (the module lock was busy). */
+void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py);
+
 /* A new btcore.Backtrace holding the capture (taking a reference to each
  * code object it names; codes: room for c->n), or NULL (no exception set). */
 PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, int capacity);

@@ -16,6 +16,7 @@
 #include "capture/greenlet_context.h"
 
 static PyObject *python_collect;   /* btcore.backtrace's collect(), for every other call */
+static PyObject *backtrace_error;  /* btcore.BacktraceError, held: at shutdown its module global is gone */
 static PyTypeObject *backtrace_type;
 static PyObject *kw_target, *kw_limit, *kw_python, *kw_native, *kw_capacity, *kw_internals;
 
@@ -51,6 +52,16 @@ static bool take_keyword(PyObject *key, PyObject *v, int *capacity, int *limit, 
         return false;
     *want = v == Py_True ? (*want | flag) : (*want & ~flag);
     return true;
+}
+
+/* At interpreter shutdown, modules are torn down (their globals set to
+ * None) while objects that may still capture are finalized: the Python
+ * implementation would fail there with a TypeError. */
+static bool python_impl_torn_down(void)
+{
+    PyObject *globals = PyFunction_GetGlobals(python_collect);
+    PyObject *core = globals && PyDict_Check(globals) ? PyDict_GetItemString(globals, "_btc_collect") : NULL;
+    return !core || core == Py_None;
 }
 
 static PyObject *collect_builtin(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -92,6 +103,11 @@ static PyObject *collect_builtin(PyObject *self, PyObject *const *args, size_t n
         }
         Py_DECREF(bt);   /* an error, or greenlet's layout to learn: Python's turn */
     }
+    if (python_impl_torn_down()) {
+        PyErr_SetString(backtrace_error, "btcore cannot capture during interpreter shutdown: "
+                                         "its modules are already torn down");
+        return NULL;
+    }
     return PyObject_Vectorcall(python_collect, args, nargsf, kwnames);
 }
 
@@ -123,6 +139,8 @@ int btc_install_collect(uintptr_t module, uintptr_t python_impl, uintptr_t backt
      * signature's $module is then not shown as a parameter. */
     PyObject *fn = PyCFunction_NewEx(&collect_def, mod, name);
     if (!fn)
+        goto out;
+    if (!(backtrace_error = PyObject_GetAttrString(mod, "BacktraceError")))
         goto out;
     python_collect = Py_NewRef((PyObject *)python_impl);
     backtrace_type = (PyTypeObject *)Py_NewRef((PyObject *)backtrace);

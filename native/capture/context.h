@@ -18,6 +18,16 @@ typedef struct btc_memview {
     const uint8_t *spill;
 } btc_memview;
 
+/* Where a walk finds the CFI row of a pc.  NULL in a context: this
+ * process's modules (modules.c, through the walker's row cache); another
+ * process's modules, loaded from their files, otherwise (native/remote/).
+ * *in_module: whether any module covers pc (false ends the walk before the
+ * frame is recorded: not a frame at all). */
+typedef struct btc_row_source btc_row_source;
+struct btc_row_source {
+    const btc_cfi_row *(*find)(const btc_row_source *src, uintptr_t pc, bool *in_module);
+};
+
 typedef struct {
     btc_regs regs;
     bool ip_is_exact;    /* regs.ip is where execution stopped, not a return address */
@@ -25,6 +35,7 @@ typedef struct {
     uintptr_t last_cfa;  /* frames whose CFA lies above this belong to someone else (0: no limit) */
     uintptr_t end_lo[2], end_hi[2];   /* the walk ends after a frame whose pc lies in one of these */
     int nend;
+    const btc_row_source *rows;   /* NULL: this process's modules */
 } btc_context;
 
 /* Read one aligned 8-byte word of the stack; false if outside the view. */

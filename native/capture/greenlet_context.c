@@ -25,6 +25,8 @@ typedef struct {
     intptr_t saved;
 } stack_state;
 
+#define MAX_SWITCHING 8
+
 static struct {
     bool ok;
     size_t pimpl_off;          /* PyGreenlet.pimpl: the last field of the object */
@@ -35,6 +37,8 @@ static struct {
     uintptr_t module_lo, module_hi;
     uintptr_t stub_lo[2], stub_hi[2];   /* g_initialstub: the outermost frame of a greenlet's own */
     int nstub;
+    uintptr_t switch_lo[MAX_SWITCHING], switch_hi[MAX_SWITCHING];   /* switching_functions, .cold parts */
+    int nswitch;
 } layout;
 
 #define MAIN_STACK_STOP ((uintptr_t)-1)
@@ -61,8 +65,13 @@ static bool plausible(const stack_state *s, intptr_t expect_saved)
            (main || (uintptr_t)s->saved <= s->stop - s->start);
 }
 
-/* A greenlet's outermost own frame (UserGreenlet::g_initialstub(void*)). */
-#define INITIAL_STUB "_ZN8greenlet12UserGreenlet13g_initialstubEPv"
+/* A switch: g_switchstack saves and restores the interpreter's state around
+ * slp_switch, which copies stacks out and in through the trampolines (and
+ * memcpy: while that runs, the frames above slp_switch are half copied, so
+ * the walk may never reach g_switchstack). */
+static const char *const switching_functions[] = {
+    "_ZN8greenlet8Greenlet13g_switchstackEv", "slp_switch", "slp_save_state_trampoline",
+    "slp_restore_state_trampoline", NULL};
 
 static int learn_switch_code(uintptr_t inside_module)
 {
@@ -70,7 +79,11 @@ static int learn_switch_code(uintptr_t inside_module)
     btc_modules_acquire();
     int n = btc_module_function_ranges(inside_module, "slp_switch", lo, hi, 2);
     int t = btc_module_function_ranges(inside_module, "slp_save_state_trampoline", tlo, thi, 4);
-    layout.nstub = btc_module_function_ranges(inside_module, INITIAL_STUB, layout.stub_lo, layout.stub_hi, 2);
+    layout.nstub = btc_module_function_ranges(inside_module, BTC_GREENLET_INITIAL_STUB, layout.stub_lo, layout.stub_hi, 2);
+    for (const char *const *name = switching_functions; *name && layout.nswitch < MAX_SWITCHING; name++)
+        layout.nswitch += btc_module_function_ranges(inside_module, *name, layout.switch_lo + layout.nswitch,
+                                                     layout.switch_hi + layout.nswitch,
+                                                     MAX_SWITCHING - layout.nswitch);
     btc_module *m = btc_module_find(inside_module);
     if (m) {
         layout.module_lo = m->lo;
@@ -374,11 +387,21 @@ int btc_greenlet_current_end(btc_context *ctx)
      * only matters to suspended greenlets); not found: the whole stack (not
      * refused: the current stack is always capturable). */
     learn_code((PyTypeObject *)greenlet_api[GREENLET_TYPE]);
+    btc_greenlet_stub_ends(ctx);
+    return 1;
+}
+
+int btc_greenlet_learn_stub(void)
+{
+    return have_api() ? learn_code((PyTypeObject *)greenlet_api[GREENLET_TYPE]) : BTC_E_UNSUPPORTED;
+}
+
+void btc_greenlet_stub_ends(btc_context *ctx)
+{
     for (ctx->nend = 0; ctx->nend < layout.nstub; ctx->nend++) {
         ctx->end_lo[ctx->nend] = layout.stub_lo[ctx->nend];
         ctx->end_hi[ctx->nend] = layout.stub_hi[ctx->nend];
     }
-    return 1;
 }
 
 int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end)
@@ -392,4 +415,12 @@ int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end
 bool btc_greenlet_internal(uintptr_t pc)
 {
     return pc >= layout.module_lo && pc < layout.module_hi;
+}
+
+bool btc_greenlet_switching(uintptr_t pc)
+{
+    for (int i = 0; i < layout.nswitch; i++)
+        if (pc >= layout.switch_lo[i] && pc < layout.switch_hi[i])
+            return true;
+    return false;
 }

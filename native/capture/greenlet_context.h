@@ -15,6 +15,14 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx);
  * greenlet switched.  Returns 1 in such a greenlet, 0 in a main greenlet (the
  * whole stack), or a BTC_E_* code. */
 int btc_greenlet_current_end(btc_context *ctx);
+/* Learn greenlet's code (its start-up stub) now, with the GIL held, so that
+ * btc_greenlet_stub_ends() can run where nothing may be looked up.  0 or a
+ * BTC_E_* code. */
+int btc_greenlet_learn_stub(void);
+/* End a walk after greenlet's start-up stub, as learned (no lookup, no
+ * allocation: usable in a signal handler).  Right whichever greenlet runs:
+ * a main greenlet's stack holds no stub. */
+void btc_greenlet_stub_ends(btc_context *ctx);
 /* What a collect() target is, for the builtin's fast path: UNKNOWN when it
  * is not a greenlet or greenlet's layout is not learned yet (the Python
  * implementation then decides). */
@@ -30,7 +38,14 @@ PyObject *btc_greenlet_frame(PyObject *g);
 /* The calling thread's current greenlet (a new reference), NULL if greenlet
  * is not importable. */
 PyObject *btc_current_greenlet(void);
+/* Is pc in greenlet's stack switch (g_switchstack, as learned by
+ * btc_greenlet_learn_stub)?  While it runs, the thread state's frame chain
+ * belongs to neither greenlet: a signal handler must not read it. */
+bool btc_greenlet_switching(uintptr_t pc);
 /* Is pc in greenlet's own module (its switching machinery)? */
 bool btc_greenlet_internal(uintptr_t pc);
+
+/* A greenlet's outermost own frame (UserGreenlet::g_initialstub(void*)). */
+#define BTC_GREENLET_INITIAL_STUB "_ZN8greenlet12UserGreenlet13g_initialstubEPv"
 
 #endif

@@ -29,6 +29,10 @@ static uint64_t last_module_id;
 uint64_t btc_modules_generation;
 
 static pthread_t modules_owner;   /* valid while the lock is held */
+/* Set while a signal handler holds the lock (btc_modules_try_acquire_prebuilt):
+ * tables not built yet stay unbuilt (building allocates and takes the loader
+ * lock).  Read and written only by the lock's holder. */
+static bool tables_frozen;
 
 static void modules_lock(void)
 {
@@ -38,6 +42,7 @@ static void modules_lock(void)
 
 void btc_modules_release(void)
 {
+    tables_frozen = false;
     modules_owner = 0;
     pthread_mutex_unlock(&modules_mutex);
 }
@@ -134,7 +139,7 @@ static bool mapped_readable(const struct dl_phdr_info *info, uintptr_t a, size_t
 }
 
 /* The GNU build-id in one PT_NOTE segment of size n at a; its length, or 0. */
-static size_t note_build_id(const uint8_t *a, size_t n, uint8_t *out)
+size_t btc_note_build_id(const uint8_t *a, size_t n, uint8_t *out)
 {
     for (size_t at = 0; at <= n && n - at >= 12;) {
         uint32_t namesz, descsz, type;
@@ -171,7 +176,7 @@ static bool identify(const struct dl_phdr_info *info, bool first, module_identit
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         uintptr_t a = info->dlpi_addr + ph->p_vaddr;
         if (ph->p_type == PT_NOTE && mapped_readable(info, a, ph->p_memsz))
-            id->build_id_len = note_build_id((const uint8_t *)a, ph->p_memsz, id->build_id);
+            id->build_id_len = btc_note_build_id((const uint8_t *)a, ph->p_memsz, id->build_id);
     }
     id->path = module_path(info, first);
     return id->path != NULL;
@@ -286,6 +291,26 @@ void btc_modules_acquire(void)
     modules_refresh();
 }
 
+/* From a signal handler: never waits (the holder may be the interrupted
+ * code itself), never calls the loader (dl_iterate_phdr takes the loader's
+ * lock, which the interrupted code may hold), never allocates.  The list
+ * may be stale: a module loaded since the last refresh is in no module (the
+ * walk stops there); one unloaded since keeps its table, a heap copy, so a
+ * walk through it can be wrong, never crash. */
+bool btc_modules_try_acquire_prebuilt(void)
+{
+    if (pthread_mutex_trylock(&modules_mutex) != 0)
+        return false;
+    modules_owner = pthread_self();
+    tables_frozen = true;
+    return true;
+}
+
+bool btc_module_table_pending(const btc_module *m)
+{
+    return !m->table && !m->table_failed;
+}
+
 btc_module *btc_module_find(uintptr_t pc)
 {
     /* Spans do not overlap, so sorted by lo they are sorted by hi too. */
@@ -337,7 +362,7 @@ static int build_table_cb(struct dl_phdr_info *info, size_t size BTC_UNUSED, voi
 
 const btc_table *btc_module_table(btc_module *m)
 {
-    if (BTC_LIKELY(m->table != NULL) || m->table_failed)
+    if (BTC_LIKELY(m->table != NULL) || m->table_failed || tables_frozen)
         return m->table;
     table_build tb = {m, false};
     dl_iterate_phdr(build_table_cb, &tb);

@@ -31,6 +31,14 @@ void btc_modules_release(void);
  * walker's row cache) drops its entries when this changes. */
 extern uint64_t btc_modules_generation;
 
+/* The same from a signal handler: the lock if it is free (false: busy,
+ * perhaps held by the interrupted code), the list as it is (no refresh), and
+ * no table built until btc_modules_release(): btc_module_table() answers
+ * NULL for a module whose table is pending. */
+bool btc_modules_try_acquire_prebuilt(void);
+/* Has m's table simply not been built yet (not failed)? */
+bool btc_module_table_pending(const btc_module *m);
+
 btc_module *btc_module_find(uintptr_t pc);
 /* The module's CFI table, built on first use (under the loader lock so the
  * module cannot be unloaded while we parse its mapped .eh_frame). */
@@ -41,5 +49,9 @@ btc_elf *btc_module_elf(btc_module *m);
 /* btc_elf_function_ranges() on the module containing `inside`, as absolute
  * addresses. */
 int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max);
+
+/* The GNU build-id in a PT_NOTE segment's n bytes at a (the first
+ * BTC_BUILD_ID_MAX bytes copied to out): its full length, or 0. */
+size_t btc_note_build_id(const uint8_t *a, size_t n, uint8_t *out);
 
 #endif

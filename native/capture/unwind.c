@@ -140,10 +140,13 @@ static void row_cache_follow_modules(void)
     row_cache_generation = btc_modules_generation;
 }
 
-static const btc_cfi_row *find_row(uintptr_t pc)
+/* *lasting: the answer holds until the module list changes (false when a
+ * signal handler found the module's table not built yet). */
+static const btc_cfi_row *find_row(uintptr_t pc, bool *lasting)
 {
     btc_module *m = btc_module_find(pc);
     const btc_table *t = m ? btc_module_table(m) : NULL;
+    *lasting = t || !m || !btc_module_table_pending(m);
     return t ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
 }
 
@@ -152,13 +155,33 @@ BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
 {
     size_t i = (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
     if (row_cache[i].pc != pc) {
-        const btc_cfi_row *row = find_row(pc);
+        bool lasting;
+        const btc_cfi_row *row = find_row(pc, &lasting);
+        if (!lasting)
+            return NULL;   /* not cached: the table is built later */
         row_cache[i].found = row != NULL;
         if (row)
             row_cache[i].row = *row;
         row_cache[i].pc = pc;
     }
     return row_cache[i].found ? &row_cache[i].row : NULL;
+}
+
+/* Another process's modules (ctx->rows) are looked up without the row
+ * cache, which holds this process's rows. */
+BTC_HOT const btc_cfi_row *find_row_for(const btc_context *ctx, uintptr_t pc)
+{
+    bool ignored;
+    return BTC_LIKELY(!ctx->rows) ? cached_row(pc) : ctx->rows->find(ctx->rows, pc, &ignored);
+}
+
+static bool in_some_module(const btc_context *ctx, uintptr_t pc)
+{
+    bool in_module = false;
+    if (!ctx->rows)
+        return btc_module_find(pc) != NULL;
+    ctx->rows->find(ctx->rows, pc, &in_module);
+    return in_module;
 }
 
 static bool ends_walk(const btc_context *ctx, uintptr_t pc)
@@ -178,13 +201,13 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
     while (n < max) {
         /* A return address points after the call: look up the call itself. */
         uintptr_t pc = exact ? r.ip : r.ip - 1;
-        const btc_cfi_row *row = pc ? cached_row(pc) : NULL;
+        const btc_cfi_row *row = pc ? find_row_for(ctx, pc) : NULL;
         uintptr_t cfa = 0;
         bool more, signal;
         if (!exact && read_signal_frame(row, &ctx->mem, &r, &cfa)) {
             more = signal = true;
         } else {
-            if (!row && !btc_module_find(pc))
+            if (!row && !in_some_module(ctx, pc))
                 break;   /* in no module: not a frame at all */
             more = row && step(row, ctx, exact, &r, &cfa);
             signal = row && (row->flags & BTC_ROW_SIGNAL);
@@ -194,6 +217,7 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
         out[n].pc = exact ? pc : pc + 1;
         out[n].cfa = cfa;
         out[n].exact = exact;
+        out[n].signal = signal;
         n++;
         if (!more || ends_walk(ctx, pc))
             break;

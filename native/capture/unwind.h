@@ -8,6 +8,7 @@ typedef struct {
     uintptr_t pc;    /* as found: return address, or exact pc */
     uintptr_t cfa;   /* canonical frame address (the caller's sp) */
     uint8_t exact;   /* pc is exact (innermost or interrupted by a signal) */
+    uint8_t signal;  /* a signal return stub: pc is its first instruction, not after a call */
 } btc_native_frame;
 
 /* Walk from ctx; writes at most max frames.  Any failure (no CFI, a read

@@ -1,4 +1,4 @@
-/* Demangling: Rust (legacy and v0) here, C++ through the C++ runtime.
+/* Demangling: Rust (legacy and v0) and Cython here, C++ through the C++ runtime.
  *
  * Rust legacy names are valid Itanium names, so they are recognised first
  * (by their trailing hash) or the C++ demangler would print the hash.
@@ -11,6 +11,10 @@
  * and const generic values print as '_ and _.  Function pointers, dyn
  * traits and punycode identifiers are not decoded: those names fail and
  * stay mangled.
+ *
+ * Cython names its C functions after the Python path, each part prefixed by
+ * its length (__pyx_pw_6gevent_3hub_3Hub_5run: gevent.hub.Hub.run, the last
+ * part after a per-module counter); shown dotted with a " [cython]" suffix.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -469,6 +473,54 @@ static bool demangle_rust_v0(const char *name, out_buf *o)
     return v0_path(&s);   /* an instantiating crate may follow: not shown */
 }
 
+/* ---- Cython ---- */
+
+/* The path after a Cython prefix; *counted: def functions (wrappers pw_,
+ * implementations pf_), whose name follows a counter, not a length. */
+static const char *cython_path(const char *name, bool *counted)
+{
+    static const char *const prefixes[] = {"__pyx_pw_", "__pyx_pf_", "__pyx_f_", "__pyx_gb_", "__pyx_pymod_"};
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0) {
+            *counted = i < 2;
+            return name + strlen(prefixes[i]);
+        }
+    return NULL;
+}
+
+static bool starts_with_digit(const char *s) { return *s >= '0' && *s <= '9'; }
+
+/* Length-prefixed parts "6gevent_3hub_3Hub_5run": "N<N chars>_" is a path
+ * component, unless (def functions) no counted part follows it: then it is
+ * the counter and the whole name ("3set_default_hub_class": counter 3,
+ * set_default_hub_class).  A part without digits is a cdef function's bare
+ * name. */
+static bool demangle_cython(const char *name, out_buf *o)
+{
+    bool counted;
+    const char *rest = cython_path(name, &counted);
+    if (!rest || !*rest)
+        return false;
+    for (bool first = true; *rest; first = false) {
+        if (!first)
+            puts_(o, ".");
+        size_t digits = strspn(rest, "0123456789");
+        const char *body = rest + digits;
+        size_t size = digits && digits < 8 ? (size_t)strtoul(rest, NULL, 10) : 0;
+        bool component = digits && strlen(body) > size && body[size] == '_' &&
+                         !(counted && !starts_with_digit(body + size + 1));
+        if (component) {
+            put(o, body, size);
+            rest = body + size + 1;
+        } else {
+            puts_(o, body);
+            break;
+        }
+    }
+    puts_(o, " [cython]");
+    return true;
+}
+
 int btc_demangle(const char *name, char *buf, size_t size)
 {
     if (!name || !buf || size == 0)
@@ -483,7 +535,7 @@ int btc_demangle(const char *name, char *buf, size_t size)
         o = (out_buf){buf, buf + size - 1, false};   /* discard a partial Rust attempt */
         ok = demangle_cpp(name, &o);
     } else
-        ok = false;
+        ok = demangle_cython(name, &o);
     if (!ok || o.overflow)
         return -1;
     *o.p = 0;

@@ -16,6 +16,7 @@
  * dwarf_inlines.c (see dwarf_internal.h).
  */
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@ btc_dwarf *btc_dwarf_open(const char *path, const char *debug_root)
         return NULL;
     }
     d->debug = d->elf;
+    dwarf_decoded++;
     if (!btc_elf_has_section(d->elf, ".debug_info") && !btc_elf_has_section(d->elf, ".zdebug_info")) {
         btc_elf *separate = btc_elf_open_debug_file(d->elf, path, debug_root);
         if (separate)
@@ -45,6 +47,7 @@ btc_dwarf *btc_dwarf_open(const char *path, const char *debug_root)
 
 static void free_unit(unit *u)
 {
+    btc_bytes_free(&u->info);
     free(u->abbrevs);
     free(u->specs);
     free(u->rows);
@@ -56,6 +59,14 @@ static void free_unit(unit *u)
     free(u->roots);
 }
 
+/* Back to the state of a unit never looked at: its header is kept, the
+ * rest is decoded again on its next use. */
+static void forget_unit(unit *u)
+{
+    free_unit(u);
+    memset(&u->last_use, 0, sizeof *u - offsetof(unit, last_use));
+}
+
 void btc_dwarf_close(btc_dwarf *d)
 {
     if (!d)
@@ -64,6 +75,8 @@ void btc_dwarf_close(btc_dwarf *d)
         free_unit(&d->units[i]);
     free(d->units);
     free(d->unit_ranges);
+    btc_zindex_free(d->info_index);
+    btc_zindex_free(d->line_index);
     for (int i = 0; i < NSECTIONS; i++)
         btc_bytes_free(&d->sections[i]);
     if (d->debug != d->elf)
@@ -75,13 +88,18 @@ void btc_dwarf_close(btc_dwarf *d)
 /* Deepest inline nesting reported. */
 #define MAX_INLINE_DEPTH 64
 
-/* The symbol table's name for vaddr (the debug file's table is the fuller
- * one when the module itself was stripped). */
+const char *btc_dwarf_symbol(btc_dwarf *d, uint64_t vaddr, uintptr_t *start)
+{
+    if (!d)
+        return NULL;
+    const char *name = btc_elf_symbolize(d->elf, (uintptr_t)vaddr, start);
+    return name || d->debug == d->elf ? name : btc_elf_symbolize(d->debug, (uintptr_t)vaddr, start);
+}
+
 static const char *symbol_name(btc_dwarf *d, uint64_t vaddr)
 {
     uintptr_t start;
-    const char *name = d->debug != d->elf ? btc_elf_symbolize(d->debug, (uintptr_t)vaddr, &start) : NULL;
-    return name ? name : btc_elf_symbolize(d->elf, (uintptr_t)vaddr, &start);
+    return btc_dwarf_symbol(d, vaddr, &start);
 }
 
 /* No DWARF for vaddr: one frame named from the symbol table, no file. */
@@ -91,6 +109,12 @@ static int symbol_only(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out)
     return out[0].function != NULL;
 }
 
+/* Which units served lookups last (callers serialize every call on a btc_dwarf). */
+static uint64_t lookup_clock;
+uint64_t dwarf_decoded;
+
+uint64_t btc_dwarf_decodes(void) { return dwarf_decoded; }
+
 int btc_dwarf_lookup(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out, int max)
 {
     if (!d || max < 1)
@@ -98,6 +122,7 @@ int btc_dwarf_lookup(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out, int max)
     unit *u = dwarf_unit_for_address(d, vaddr);
     if (!u)
         return symbol_only(d, vaddr, out);
+    u->last_use = ++lookup_clock;
     if (!u->lines_done)
         dwarf_decode_lines(d, u);
     if (!u->scopes_done)
@@ -130,7 +155,7 @@ int btc_dwarf_lookup(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out, int max)
 
 static size_t unit_memory(const unit *u)
 {
-    size_t n = u->nabbrevs * sizeof *u->abbrevs + u->nspecs * sizeof *u->specs + u->nrows * sizeof *u->rows +
+    size_t n = u->info.size + u->nabbrevs * sizeof *u->abbrevs + u->nspecs * sizeof *u->specs + u->nrows * sizeof *u->rows +
                u->nscopes * sizeof *u->scopes + u->nranges * sizeof *u->ranges + u->nroots * sizeof *u->roots;
     for (size_t i = 0; i < u->nfiles; i++)
         n += sizeof(char *) + (u->files[i] ? strlen(u->files[i]) + 1 : 0);
@@ -141,10 +166,41 @@ size_t btc_dwarf_memory(const btc_dwarf *d)
 {
     if (!d)
         return 0;
-    size_t n = sizeof *d + d->nunits * sizeof *d->units + d->nunit_ranges * sizeof *d->unit_ranges;
+    size_t n = sizeof *d + d->nunits * sizeof *d->units + d->nunit_ranges * sizeof *d->unit_ranges +
+               btc_zindex_memory(d->info_index) + btc_zindex_memory(d->line_index);
     for (int i = 0; i < NSECTIONS; i++)
         n += d->sections[i].size;
     for (size_t i = 0; i < d->nunits; i++)
         n += unit_memory(&d->units[i]);
     return n;
+}
+
+/* The least recently used unit holding decoded state, other than the one
+ * that served the latest lookup; NULL if none. */
+static unit *oldest_unit(const btc_dwarf *d)
+{
+    unit *oldest = NULL;
+    for (size_t i = 0; i < d->nunits; i++) {
+        unit *u = &d->units[i];
+        bool decoded = u->prepared || u->info.data;
+        if (decoded && u->last_use != lookup_clock && (!oldest || u->last_use < oldest->last_use))
+            oldest = u;
+    }
+    return oldest;
+}
+
+uint64_t btc_dwarf_oldest_use(const btc_dwarf *d)
+{
+    const unit *u = d ? oldest_unit(d) : NULL;
+    return u ? u->last_use : UINT64_MAX;
+}
+
+size_t btc_dwarf_forget_oldest(btc_dwarf *d)
+{
+    unit *u = d ? oldest_unit(d) : NULL;
+    if (!u)
+        return 0;
+    size_t freed = unit_memory(u);
+    forget_unit(u);
+    return freed;
 }

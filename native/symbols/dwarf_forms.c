@@ -8,14 +8,15 @@
 #include "common/search.h"
 
 static const char *const section_names[NSECTIONS] = {
-    ".debug_info", ".debug_abbrev", ".debug_line", ".debug_str", ".debug_line_str",
-    ".debug_str_offsets", ".debug_addr", ".debug_ranges", ".debug_rnglists", ".debug_aranges",
+    ".debug_abbrev", ".debug_str", ".debug_line_str", ".debug_str_offsets", ".debug_addr",
+    ".debug_ranges", ".debug_rnglists", ".debug_aranges",
 };
 
 const btc_bytes *dwarf_section(btc_dwarf *d, int id)
 {
     if (!d->section_tried[id]) {
         d->section_tried[id] = true;
+        dwarf_decoded++;
         btc_elf_read_section(d->debug, section_names[id], &d->sections[id]);
     }
     return &d->sections[id];
@@ -149,7 +150,7 @@ static attr_value *interesting_slot(die *e, uint64_t name)
 bool dwarf_read_die(btc_dwarf *d, const unit *u, reader *r, die *e)
 {
     memset(e, 0, sizeof *e);
-    e->offset = (uint64_t)(r->p - dwarf_section(d, SEC_INFO)->data);
+    e->offset = u->offset + (uint64_t)(r->p - u->info.data);
     uint64_t code = read_uleb(r);
     if (code == 0)
         return !r->bad;

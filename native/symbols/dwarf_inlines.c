@@ -48,7 +48,9 @@ static void collect_scopes(btc_dwarf *d, unit *u, scope_list *l)
     int32_t opened[MAX_DIE_DEPTH];     /* per nesting level: the scope whose children it lists */
     int depth = 0;
     enclosing[0] = opened[0] = -1;
-    reader r = reader_at(dwarf_section(d, SEC_INFO), u->die_offset, u->end - u->die_offset);
+    reader r;
+    if (!dwarf_unit_reader(d, u, u->die_offset, &r))
+        return;
     die e;
     while (!r.bad && r.p < r.end && dwarf_read_die(d, u, &r, &e)) {
         if (!e.ab) {   /* end of a sibling list */
@@ -80,6 +82,7 @@ static void collect_scopes(btc_dwarf *d, unit *u, scope_list *l)
 void dwarf_decode_scopes(btc_dwarf *d, unit *u)
 {
     u->scopes_done = true;
+    dwarf_decoded++;
     scope_list l = {0};
     collect_scopes(d, u, &l);
     size_t nroots = 0;
@@ -152,8 +155,8 @@ const char *dwarf_scope_name(btc_dwarf *d, uint64_t die_offset)
         if (!u || !dwarf_prepare_unit(d, u))
             break;
         die e;
-        reader r = reader_at(dwarf_section(d, SEC_INFO), die_offset, u->end - die_offset);
-        if (!dwarf_read_die(d, u, &r, &e) || !e.ab)
+        reader r;
+        if (!dwarf_unit_reader(d, u, die_offset, &r) || !dwarf_read_die(d, u, &r, &e) || !e.ab)
             break;
         const char *linkage = dwarf_value_string(d, u, &e.linkage_name);
         if (linkage)

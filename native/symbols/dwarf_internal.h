@@ -46,8 +46,11 @@ enum {
 
 /* ---- sections ---- */
 
+/* The sections kept whole once read (small, shared by every unit).
+ * .debug_info and .debug_line, the big ones, are read per unit: a unit's
+ * DIEs (unit.info) and its line program (while decoding it). */
 enum {
-    SEC_INFO, SEC_ABBREV, SEC_LINE, SEC_STR, SEC_LINE_STR, SEC_STR_OFFSETS, SEC_ADDR,
+    SEC_ABBREV, SEC_STR, SEC_LINE_STR, SEC_STR_OFFSETS, SEC_ADDR,
     SEC_RANGES, SEC_RNGLISTS, SEC_ARANGES, NSECTIONS
 };
 
@@ -91,6 +94,10 @@ typedef struct {
     uint64_t offset, end, die_offset, abbrev_offset;
     uint8_t version, addr_size, offset_size, unit_type;
 
+    /* Everything below is decoded on demand and dropped together
+     * (dwarf_forget_unit) when the file cache is over its byte budget. */
+    uint64_t last_use;         /* the lookup clock when the unit last served a lookup */
+    btc_bytes info;            /* the unit's bytes of .debug_info, [offset, end) */
     bool prepared, broken;     /* abbreviations and top-DIE attributes read */
     abbrev *abbrevs;           /* sorted by code */
     size_t nabbrevs;
@@ -119,6 +126,8 @@ struct btc_dwarf {
     btc_elf *elf, *debug;      /* the module, and where its DWARF lives (may be elf) */
     btc_bytes sections[NSECTIONS];
     bool section_tried[NSECTIONS];
+    btc_zindex *info_index, *line_index;   /* random access when those sections are compressed */
+    bool line_indexed;
     unit *units;               /* by .debug_info offset */
     size_t nunits;
     bool units_scanned;
@@ -174,10 +183,14 @@ typedef struct {
 } range_list;
 
 
+/* Bumped by every decoding step that allocates (btc_dwarf_decodes()). */
+extern uint64_t dwarf_decoded;
+
 /* ---- dwarf_forms.c ---- */
 /* The section, read on first use (empty if absent). */
 const btc_bytes *dwarf_section(btc_dwarf *d, int id);
 bool dwarf_indexed_entry(btc_dwarf *d, int sec, uint64_t base, uint64_t index, int size, uint64_t *out);
+/* r: a reader from dwarf_unit_reader(d, u, ...). */
 bool dwarf_read_die(btc_dwarf *d, const unit *u, reader *r, die *e);
 void dwarf_read_form(btc_dwarf *d, reader *r, form_ctx c, uint64_t unit_offset, uint64_t form,
                       int64_t implicit, attr_value *v);
@@ -185,6 +198,9 @@ bool dwarf_value_address(btc_dwarf *d, const unit *u, const attr_value *v, uint6
 const char *dwarf_value_string(btc_dwarf *d, const unit *u, const attr_value *v);
 
 /* ---- dwarf_units.c ---- */
+/* A reader over the unit's DIEs from .debug_info offset `offset` to the
+ * unit's end (its bytes are read on first use); false if unreadable. */
+bool dwarf_unit_reader(btc_dwarf *d, unit *u, uint64_t offset, reader *r);
 int dwarf_compare_ranges(const void *a, const void *b);
 uint64_t dwarf_const_or(const attr_value *v, uint64_t fallback);
 void dwarf_die_ranges(btc_dwarf *d, const unit *u, const die *e, range_list *l);

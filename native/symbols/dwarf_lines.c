@@ -273,12 +273,37 @@ static int compare_rows(const void *a, const void *b)
     return (int)y->end_sequence - (int)x->end_sequence;
 }
 
-void dwarf_decode_lines(btc_dwarf *d, unit *u)
+/* Bytes read at once for a line program: most are shorter. */
+#define PROGRAM_GUESS ((uint64_t)64 << 10)
+
+/* The length-prefixed line program at `at` in .debug_line, read alone (the
+ * section is never held whole; a compressed one is indexed on first use). */
+static bool read_program_bytes(btc_dwarf *d, uint64_t at, btc_bytes *out)
 {
-    u->lines_done = true;
-    if (!u->has_stmt_list)
-        return;
-    reader r = reader_from(dwarf_section(d, SEC_LINE), u->stmt_list);
+    if (!d->line_indexed) {
+        d->line_indexed = true;
+        btc_bytes whole;
+        if (btc_elf_section_compressed(d->debug, ".debug_line") &&
+            btc_elf_read_section_indexed(d->debug, ".debug_line", &whole, &d->line_index))
+            btc_bytes_free_transient(&whole);
+    }
+    if (!btc_elf_read_section_part(d->debug, ".debug_line", d->line_index, at, PROGRAM_GUESS, out))
+        return false;
+    reader h = reader_at(out, 0, out->size);
+    int offset_size;
+    uint64_t len = read_initial_length(&h, &offset_size);
+    uint64_t whole = (uint64_t)(h.p - out->data) + len;
+    if (!h.bad && whole <= out->size)
+        return true;
+    btc_bytes_free(out);
+    return !h.bad && len < UINT64_MAX / 2 && btc_elf_read_section_part(d->debug, ".debug_line", d->line_index, at,
+                                                                     whole, out) && out->size == whole;
+}
+
+/* Decode the program into u's rows and file table. */
+static void decode_program(btc_dwarf *d, unit *u, const btc_bytes *bytes)
+{
+    reader r = reader_at(bytes, 0, bytes->size);
     reader program;
     line_header h;
     if (!read_line_header(&r, u, &h, &program) || !read_file_table(d, u, &r, &h))
@@ -294,6 +319,17 @@ void dwarf_decode_lines(btc_dwarf *d, unit *u)
         qsort(rows.rows, rows.count, sizeof *rows.rows, compare_rows);
     u->rows = rows.rows;
     u->nrows = rows.count;
+}
+
+void dwarf_decode_lines(btc_dwarf *d, unit *u)
+{
+    u->lines_done = true;
+    dwarf_decoded++;
+    btc_bytes bytes;
+    if (!u->has_stmt_list || !read_program_bytes(d, u->stmt_list, &bytes))
+        return;
+    decode_program(d, u, &bytes);
+    btc_bytes_free(&bytes);
 }
 
 const line_row *dwarf_row_for(const unit *u, uint64_t addr)

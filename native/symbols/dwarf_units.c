@@ -10,39 +10,84 @@
 
 /* ---- units ---- */
 
-/* Walk the unit headers of .debug_info once (cheap: a hop per unit). */
+/* The header of the unit at .debug_info offset `at`, from r (starting
+ * there); *next: where the following unit starts.  False for a unit not
+ * kept (type units hold no code; unknown versions); r->bad when the walk
+ * cannot go on. */
+static bool read_unit_header(reader *r, uint64_t at, unit *u, uint64_t *next)
+{
+    const uint8_t *start = r->p;
+    int offset_size;
+    uint64_t len = read_initial_length(r, &offset_size);
+    uint64_t body = at + (uint64_t)(r->p - start);
+    if (len > UINT64_MAX - body)
+        r->bad = true;
+    *next = body + len;
+    *u = (unit){.offset = at, .end = body + len, .offset_size = (uint8_t)offset_size};
+    u->version = (uint8_t)read_uint(r, 2);
+    if (u->version >= 5) {
+        u->unit_type = read_u8(r);
+        u->addr_size = read_u8(r);
+        u->abbrev_offset = read_uint(r, offset_size);
+        if (u->unit_type == UT_skeleton || u->unit_type == UT_split_compile)
+            skip(r, 8);   /* dwo id */
+        else if (u->unit_type != UT_compile && u->unit_type != UT_partial)
+            return false;
+    } else {
+        u->unit_type = UT_compile;
+        u->abbrev_offset = read_uint(r, offset_size);
+        u->addr_size = read_u8(r);
+    }
+    u->die_offset = at + (uint64_t)(r->p - start);
+    return !r->bad && u->version >= 2 && u->version <= 5 && (u->addr_size == 4 || u->addr_size == 8) &&
+           u->die_offset <= u->end;
+}
+
+/* A header is at most this long (64-bit DWARF 5 skeleton). */
+#define UNIT_HEADER_MAX 32
+
+/* Walk the unit headers of .debug_info once, a hop per unit: a plain
+ * section is read a header at a time (never whole); a compressed one is
+ * inflated once for this walk, recording its access points. */
 static void scan_units(btc_dwarf *d)
 {
-    const btc_bytes *info = dwarf_section(d, SEC_INFO);
+    btc_bytes whole = {0};
+    bool compressed = btc_elf_section_compressed(d->debug, ".debug_info");
+    if (compressed && !btc_elf_read_section_indexed(d->debug, ".debug_info", &whole, &d->info_index))
+        return;
     size_t cap = 0;
-    reader r = reader_at(info, 0, info->size);
-    while (!r.bad && r.p < r.end) {
-        uint64_t offset = (uint64_t)(r.p - info->data);
-        int offset_size;
-        uint64_t len = read_initial_length(&r, &offset_size);
-        reader h = sub_reader(&r, len);
-        unit u = {.offset = offset, .offset_size = (uint8_t)offset_size};
-        u.version = (uint8_t)read_uint(&h, 2);
-        if (u.version >= 5) {
-            u.unit_type = read_u8(&h);
-            u.addr_size = read_u8(&h);
-            u.abbrev_offset = read_uint(&h, offset_size);
-            if (u.unit_type == UT_skeleton || u.unit_type == UT_split_compile)
-                skip(&h, 8);   /* dwo id */
-            else if (u.unit_type != UT_compile && u.unit_type != UT_partial)
-                continue;      /* type units hold no code */
-        } else {
-            u.unit_type = UT_compile;
-            u.abbrev_offset = read_uint(&h, offset_size);
-            u.addr_size = read_u8(&h);
+    for (uint64_t at = 0, next;; at = next) {
+        btc_bytes header = {0};
+        if (!compressed && !btc_elf_read_section_part(d->debug, ".debug_info", NULL, at, UNIT_HEADER_MAX, &header))
+            break;
+        const btc_bytes *from = compressed ? &whole : &header;
+        uint64_t base = compressed ? 0 : at;
+        if (at - base >= from->size) {
+            btc_bytes_free(&header);
+            break;
         }
-        if (h.bad || u.version < 2 || u.version > 5 || (u.addr_size != 4 && u.addr_size != 8))
-            continue;
-        u.die_offset = (uint64_t)(h.p - info->data);
-        u.end = (uint64_t)(h.end - info->data);
-        if (!PUSH(d->units, d->nunits, cap, u))
-            return;
+        reader r = reader_at(from, at - base, from->size - (at - base));
+        unit u;
+        bool keep = read_unit_header(&r, at, &u, &next);
+        btc_bytes_free(&header);
+        if ((keep && !PUSH(d->units, d->nunits, cap, u)) || (r.bad && !keep) || next <= at)
+            break;
     }
+    btc_bytes_free_transient(&whole);
+}
+
+bool dwarf_unit_reader(btc_dwarf *d, unit *u, uint64_t offset, reader *r)
+{
+    if (!u->info.data) {
+        dwarf_decoded++;
+        if (!btc_elf_read_section_part(d->debug, ".debug_info", d->info_index, u->offset, u->end - u->offset,
+                                       &u->info))
+            return false;
+    }
+    if (offset < u->offset || offset > u->offset + u->info.size)
+        return false;
+    *r = reader_at(&u->info, offset - u->offset, u->offset + u->info.size - offset);
+    return true;
 }
 
 unit *dwarf_unit_containing(btc_dwarf *d, uint64_t info_offset)
@@ -99,10 +144,12 @@ bool dwarf_prepare_unit(btc_dwarf *d, unit *u)
     if (u->prepared)
         return !u->broken;
     u->prepared = true;
+    dwarf_decoded++;
     u->broken = true;
     die top;
-    reader r = reader_at(dwarf_section(d, SEC_INFO), u->die_offset, u->end - u->die_offset);
-    if (!read_abbrevs(d, u) || !dwarf_read_die(d, u, &r, &top) || !top.ab)
+    reader r;
+    if (!dwarf_unit_reader(d, u, u->die_offset, &r) || !read_abbrevs(d, u) || !dwarf_read_die(d, u, &r, &top) ||
+        !top.ab)
         return false;
     /* DWARF 5 defaults: the bases point past the tables' headers. */
     u->str_offsets_base = dwarf_const_or(&top.str_offsets_base, u->offset_size == 8 ? 16 : 8);
@@ -260,8 +307,9 @@ static void unit_ranges_from_dies(btc_dwarf *d, range_list *l)
     for (size_t i = 0; i < d->nunits; i++) {
         unit *u = &d->units[i];
         die top;
-        reader r = reader_at(dwarf_section(d, SEC_INFO), u->die_offset, u->end - u->die_offset);
-        if (!dwarf_prepare_unit(d, u) || !dwarf_read_die(d, u, &r, &top) || !top.ab)
+        reader r;
+        if (!dwarf_prepare_unit(d, u) || !dwarf_unit_reader(d, u, u->die_offset, &r) ||
+            !dwarf_read_die(d, u, &r, &top) || !top.ab)
             continue;
         l->scope = (uint32_t)i;
         dwarf_die_ranges(d, u, &top, l);
@@ -301,6 +349,7 @@ unit *dwarf_unit_for_address(btc_dwarf *d, uint64_t addr)
     if (!d->units_scanned) {
         d->units_scanned = true;
         scan_units(d);
+        dwarf_decoded++;
         build_unit_ranges(d, dwarf_section(d, SEC_ARANGES)->size == 0);
     }
     const pc_range *r = dwarf_range_covering(d->unit_ranges, d->nunit_ranges, addr);
@@ -308,6 +357,7 @@ unit *dwarf_unit_for_address(btc_dwarf *d, uint64_t addr)
      * units themselves (once). */
     if (!r && !d->unit_ranges_from_dies) {
         build_unit_ranges(d, true);
+        dwarf_decoded++;
         r = dwarf_range_covering(d->unit_ranges, d->nunit_ranges, addr);
     }
     return r && dwarf_prepare_unit(d, &d->units[r->scope]) ? &d->units[r->scope] : NULL;

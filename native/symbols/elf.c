@@ -13,6 +13,7 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,11 @@ typedef struct {
 struct btc_elf {
     int fd;
     uint64_t file_size;
+    dev_t dev;                  /* the file's identity, to share one btc_elf per file */
+    ino_t ino;
+    struct timespec mtime;
+    int refs;                   /* btc_elf_open() calls not yet closed (shared_lock) */
+    struct btc_elf *next_shared;
     Elf64_Shdr *shdrs;
     uint32_t shnum;
     btc_bytes shstrtab;
@@ -98,6 +104,19 @@ void btc_bytes_free(btc_bytes *b)
     free(b->data);
     b->data = NULL;
     b->size = 0;
+}
+
+/* Transient buffers this big are given back to the system at once. */
+#define LARGE_TRANSIENT ((size_t)1 << 20)
+
+void btc_bytes_free_transient(btc_bytes *b)
+{
+    bool large = b->size >= LARGE_TRANSIENT;
+    btc_bytes_free(b);
+#ifdef __GLIBC__
+    if (large)
+        malloc_trim(0);
+#endif
 }
 
 /* ---- headers and sections ---- */
@@ -159,8 +178,11 @@ static bool read_section(const btc_elf *e, const Elf64_Shdr *s, btc_bytes *out)
 static struct {
     pthread_once_t once;
     int (*init)(z_streamp, const char *, int);
+    int (*init_raw)(z_streamp, int, const char *, int);
     int (*inflate)(z_streamp, int);
     int (*end)(z_streamp);
+    int (*prime)(z_streamp, int, int);
+    int (*set_dictionary)(z_streamp, const Bytef *, uInt);
 } zlib = {.once = PTHREAD_ONCE_INIT};
 
 static void resolve_zlib(void)
@@ -170,8 +192,11 @@ static void resolve_zlib(void)
         return;
     zlib.inflate = (int (*)(z_streamp, int))dlsym(h, "inflate");
     zlib.end = (int (*)(z_streamp))dlsym(h, "inflateEnd");
+    zlib.init_raw = (int (*)(z_streamp, int, const char *, int))dlsym(h, "inflateInit2_");
+    zlib.prime = (int (*)(z_streamp, int, int))dlsym(h, "inflatePrime");
+    zlib.set_dictionary = (int (*)(z_streamp, const Bytef *, uInt))dlsym(h, "inflateSetDictionary");
     zlib.init = (int (*)(z_streamp, const char *, int))dlsym(h, "inflateInit_");
-    if (!zlib.inflate || !zlib.end)
+    if (!zlib.inflate || !zlib.end || !zlib.init_raw || !zlib.prime || !zlib.set_dictionary)
         zlib.init = NULL;
 }
 
@@ -181,8 +206,49 @@ static bool load_zlib(void)
     return zlib.init != NULL;
 }
 
-/* Inflate a zlib stream into exactly out_size bytes. */
-static bool inflate_exact(const uint8_t *in, size_t in_size, uint8_t *out, size_t out_size)
+/* ---- random access into a compressed section ----
+ *
+ * A zlib stream can only be inflated from its start.  The first whole read
+ * of a section also records access points, one per ZINDEX_SPAN bytes of
+ * output at deflate block boundaries: where the compressed bit stream
+ * stands and the 32 KiB of output before it (the method of zlib's
+ * examples/zran.c).  A part of the section is then inflated from the
+ * nearest point before it, never from the start, and the section is never
+ * held whole again. */
+
+#define ZWINDOW 32768
+#define ZINDEX_SPAN ((uint64_t)256 << 10)
+
+typedef struct {
+    uint64_t in, out;   /* compressed bytes consumed, output bytes produced, at the point */
+    int bits;           /* bits of byte in - 1 not consumed yet */
+    uint8_t window[ZWINDOW];
+} zpoint;
+
+struct btc_zindex {
+    zpoint *points;     /* by out */
+    size_t n;
+};
+
+static bool add_point(btc_zindex *ix, const z_stream *z, const uint8_t *out)
+{
+    zpoint *grown = realloc(ix->points, (ix->n + 1) * sizeof *grown);
+    if (!grown)
+        return false;
+    ix->points = grown;
+    zpoint *p = &grown[ix->n++];
+    p->in = z->total_in;
+    p->out = z->total_out;
+    p->bits = z->data_type & 7;
+    size_t have = p->out < ZWINDOW ? (size_t)p->out : ZWINDOW;
+    memset(p->window, 0, ZWINDOW - have);
+    memcpy(p->window + ZWINDOW - have, out + p->out - have, have);
+    return true;
+}
+
+/* Inflate a zlib stream into exactly out_size bytes; with ix, record its
+ * access points on the way. */
+static bool inflate_exact(const uint8_t *in, size_t in_size, uint8_t *out, size_t out_size, btc_zindex *ix)
 {
     if (in_size > UINT32_MAX || out_size > UINT32_MAX || !load_zlib())
         return false;
@@ -194,29 +260,120 @@ static bool inflate_exact(const uint8_t *in, size_t in_size, uint8_t *out, size_
     z.avail_out = (uInt)out_size;
     if (zlib.init(&z, ZLIB_VERSION, (int)sizeof z) != Z_OK)
         return false;
-    int rc = zlib.inflate(&z, Z_FINISH);
+    int rc = Z_OK;
+    bool ok = true;
+    uint64_t last = 0;
+    while (rc == Z_OK && ok) {
+        rc = zlib.inflate(&z, ix ? Z_BLOCK : Z_FINISH);
+        bool block_boundary = (z.data_type & 128) && !(z.data_type & 64);
+        if (ix && rc == Z_OK && block_boundary && (ix->n == 0 || z.total_out - last >= ZINDEX_SPAN)) {
+            ok = add_point(ix, &z, out);
+            last = z.total_out;
+        }
+    }
     zlib.end(&z);
-    return rc == Z_STREAM_END && z.total_out == out_size;
+    return ok && rc == Z_STREAM_END && z.total_out == out_size;
+}
+
+/* The compressed stream of a section: where it starts in the file, how
+ * long it is. */
+typedef struct {
+    const btc_elf *e;
+    uint64_t at, size;
+} zstream_in;
+
+#define ZINPUT_CHUNK ((size_t)1 << 16)
+
+/* Feed z the next chunk of the stream from file offset *next. */
+static bool feed(z_stream *z, const zstream_in *s, uint64_t *next, uint8_t *chunk)
+{
+    uint64_t left = s->at + s->size - *next;
+    size_t n = left < ZINPUT_CHUNK ? (size_t)left : ZINPUT_CHUNK;
+    if (n == 0 || !read_exact(s->e->fd, *next, chunk, n))
+        return false;
+    *next += n;
+    z->next_in = chunk;
+    z->avail_in = (uInt)n;
+    return true;
+}
+
+/* [off, off + size) of the stream's output into dst, inflated from point p
+ * (raw deflate from there, primed with p's pending bits and window); the
+ * compressed bytes are read from the file as needed, a chunk at a time. */
+static bool inflate_from(const zstream_in *s, const zpoint *p, uint64_t off, uint8_t *dst, size_t size)
+{
+    if (p->in > s->size || (p->bits && p->in == 0) || !load_zlib())
+        return false;
+    uint8_t *scratch = malloc(ZWINDOW + ZINPUT_CHUNK), *chunk = scratch + ZWINDOW;
+    uint8_t pending = 0;
+    uint64_t next = s->at + p->in;
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (!scratch || (p->bits && !read_exact(s->e->fd, next - 1, &pending, 1)) ||
+        zlib.init_raw(&z, -15, ZLIB_VERSION, (int)sizeof z) != Z_OK) {
+        free(scratch);
+        return false;
+    }
+    int rc = p->bits ? zlib.prime(&z, p->bits, pending >> (8 - p->bits)) : Z_OK;
+    if (rc == Z_OK)
+        rc = zlib.set_dictionary(&z, p->window, ZWINDOW);
+    uint64_t produced = p->out;
+    while (rc == Z_OK && produced < off + size) {
+        if (z.avail_in == 0 && !feed(&z, s, &next, chunk))
+            break;
+        bool skipping = produced < off;
+        z.next_out = skipping ? scratch : dst + (produced - off);
+        z.avail_out = (uInt)(skipping ? (off - produced < ZWINDOW ? off - produced : ZWINDOW) : off + size - produced);
+        uInt room = z.avail_out;
+        rc = zlib.inflate(&z, Z_NO_FLUSH);
+        produced += room - z.avail_out;
+    }
+    zlib.end(&z);
+    free(scratch);
+    return produced >= off + size;
 }
 #else
 /* Built without zlib's header (Debian: zlib1g-dev): compressed sections
  * count as absent. */
-static bool inflate_exact(const uint8_t *in BTC_UNUSED, size_t in_size BTC_UNUSED,
-                          uint8_t *out BTC_UNUSED, size_t out_size BTC_UNUSED)
+struct btc_zindex {
+    size_t n;
+};
+
+static bool inflate_exact(const uint8_t *in BTC_UNUSED, size_t in_size BTC_UNUSED, uint8_t *out BTC_UNUSED,
+                          size_t out_size BTC_UNUSED, btc_zindex *ix BTC_UNUSED)
 {
     return false;
 }
 #endif
 
-/* Replace a compressed section image by its contents. */
-static bool decompress(btc_bytes *b, size_t header_size, uint64_t out_size)
+void btc_zindex_free(btc_zindex *ix)
+{
+    if (!ix)
+        return;
+#if __has_include(<zlib.h>)
+    free(ix->points);
+#endif
+    free(ix);
+}
+
+size_t btc_zindex_memory(const btc_zindex *ix)
+{
+#if __has_include(<zlib.h>)
+    return ix ? sizeof *ix + ix->n * sizeof *ix->points : 0;
+#else
+    return 0;
+#endif
+}
+
+/* Replace a compressed section image by its contents (recording ix's points). */
+static bool decompress(btc_bytes *b, size_t header_size, uint64_t out_size, btc_zindex *ix)
 {
     if (header_size > b->size || out_size > MAX_SECTION)
         return false;
     uint8_t *out = malloc(out_size + 1);
     if (!out)
         return false;
-    if (!inflate_exact(b->data + header_size, b->size - header_size, out, out_size)) {
+    if (!inflate_exact(b->data + header_size, b->size - header_size, out, out_size, ix)) {
         free(out);
         return false;
     }
@@ -227,53 +384,135 @@ static bool decompress(btc_bytes *b, size_t header_size, uint64_t out_size)
     return true;
 }
 
-static bool decompress_shf(btc_bytes *b)
+/* Where a compressed section image's zlib stream starts, and its contents'
+ * size: after an Elf64_Chdr (SHF_COMPRESSED), or after "ZLIB" and an 8-byte
+ * big-endian size (.zdebug_*).  False if b is neither. */
+static bool compressed_layout(const btc_bytes *b, bool shf, size_t *header, uint64_t *size)
 {
-    Elf64_Chdr ch;
-    if (b->size < sizeof ch)
-        return false;
-    memcpy(&ch, b->data, sizeof ch);
-    return ch.ch_type == ELFCOMPRESS_ZLIB && decompress(b, sizeof ch, ch.ch_size);
-}
-
-/* ".zdebug_x": "ZLIB", 8-byte big-endian size, zlib stream. */
-static bool decompress_zdebug(btc_bytes *b)
-{
+    if (shf) {
+        Elf64_Chdr ch;
+        if (b->size < sizeof ch)
+            return false;
+        memcpy(&ch, b->data, sizeof ch);
+        *header = sizeof ch;
+        *size = ch.ch_size;
+        return ch.ch_type == ELFCOMPRESS_ZLIB;
+    }
     if (b->size < 12 || memcmp(b->data, "ZLIB", 4) != 0)
         return false;
-    uint64_t size = 0;
+    *header = 12;
+    *size = 0;
     for (int i = 4; i < 12; i++)
-        size = size << 8 | b->data[i];
-    return decompress(b, 12, size);
+        *size = *size << 8 | b->data[i];
+    return true;
+}
+
+/* The section `name`, or its legacy .zdebug_ twin (*zdebug set). */
+static const Elf64_Shdr *find_debug_section(const btc_elf *e, const char *name, bool *zdebug)
+{
+    const Elf64_Shdr *s = find_section(e, name);
+    char zname[64];
+    *zdebug = !s;
+    if (!s && strncmp(name, ".debug_", 7) == 0 &&
+        (size_t)snprintf(zname, sizeof zname, ".zdebug_%s", name + 7) < sizeof zname)
+        s = find_section(e, zname);
+    return s;
+}
+
+static bool is_compressed(const Elf64_Shdr *s, bool zdebug)
+{
+    return zdebug || (s->sh_flags & SHF_COMPRESSED);
+}
+
+bool btc_elf_section_compressed(btc_elf *e, const char *name)
+{
+    bool zdebug;
+    const Elf64_Shdr *s = find_debug_section(e, name, &zdebug);
+    return s && is_compressed(s, zdebug);
+}
+
+bool btc_elf_read_section_indexed(btc_elf *e, const char *name, btc_bytes *out, btc_zindex **index)
+{
+    out->data = NULL;
+    out->size = 0;
+    if (index)
+        *index = NULL;
+    bool zdebug;
+    const Elf64_Shdr *s = find_debug_section(e, name, &zdebug);
+    if (!s || !read_section(e, s, out))
+        return false;
+    if (!is_compressed(s, zdebug))
+        return true;
+    size_t header;
+    uint64_t size;
+    btc_zindex *ix = index ? calloc(1, sizeof *ix) : NULL;
+    bool ok = (!index || ix) && compressed_layout(out, !zdebug, &header, &size) &&
+              (size || !zdebug) && decompress(out, header, size, ix);
+    if (!ok) {
+        btc_bytes_free(out);
+        btc_zindex_free(ix);
+        ix = NULL;
+    }
+    if (index)
+        *index = ix;
+    return ok;
 }
 
 bool btc_elf_read_section(btc_elf *e, const char *name, btc_bytes *out)
 {
-    out->data = NULL;
-    out->size = 0;
-    const Elf64_Shdr *s = find_section(e, name);
-    if (s) {
-        if (!read_section(e, s, out))
-            return false;
-        if ((s->sh_flags & SHF_COMPRESSED) && !decompress_shf(out)) {
-            btc_bytes_free(out);
-            return false;
-        }
-        return true;
-    }
-    if (strncmp(name, ".debug_", 7) != 0)
+    return btc_elf_read_section_indexed(e, name, out, NULL);
+}
+
+/* [off, off + size) of compressed section s's contents, from ix's nearest
+ * point (size: clipped to the contents' end). */
+static bool inflate_part(const btc_elf *e, const Elf64_Shdr *s, bool shf, const btc_zindex *ix, uint64_t off,
+                         uint64_t *size, btc_bytes *out)
+{
+#if __has_include(<zlib.h>)
+    uint8_t head[sizeof(Elf64_Chdr)];
+    btc_bytes first = {head, sizeof head < s->sh_size ? sizeof head : (size_t)s->sh_size};
+    size_t header;
+    uint64_t total;
+    if (!ix || ix->n == 0 || !range_in_file(e, s->sh_offset, s->sh_size) ||
+        !read_exact(e->fd, s->sh_offset, head, first.size) || !compressed_layout(&first, shf, &header, &total) ||
+        off > total || total > MAX_SECTION || header > s->sh_size)
         return false;
-    char zname[64];
-    if ((size_t)snprintf(zname, sizeof zname, ".zdebug_%s", name + 7) >= sizeof zname)
-        return false;
-    s = find_section(e, zname);
-    if (!s || !read_section(e, s, out))
-        return false;
-    if (!decompress_zdebug(out)) {
+    if (*size > total - off)
+        *size = total - off;
+    size_t k = BTC_PARTITION_POINT(ix->n, i, ix->points[i].out <= off);
+    zstream_in in = {e, s->sh_offset + header, s->sh_size - header};
+    out->data = k ? malloc(*size + 1) : NULL;
+    if (!out->data || !inflate_from(&in, &ix->points[k - 1], off, out->data, (size_t)*size)) {
         btc_bytes_free(out);
         return false;
     }
     return true;
+#else
+    (void)e, (void)s, (void)shf, (void)ix, (void)off, (void)size, (void)out;
+    return false;
+#endif
+}
+
+bool btc_elf_read_section_part(btc_elf *e, const char *name, const btc_zindex *index, uint64_t off, uint64_t size,
+                               btc_bytes *out)
+{
+    out->data = NULL;
+    out->size = 0;
+    bool zdebug;
+    const Elf64_Shdr *s = find_debug_section(e, name, &zdebug);
+    if (!s || s->sh_type == SHT_NOBITS)
+        return false;
+    if (!is_compressed(s, zdebug)) {
+        if (off > s->sh_size)
+            return false;
+        return read_bytes(e, s->sh_offset + off, size < s->sh_size - off ? size : s->sh_size - off, out);
+    }
+    bool ok = inflate_part(e, s, !zdebug, index, off, &size, out);
+    if (ok) {
+        out->data[size] = 0;
+        out->size = size;
+    }
+    return ok;
 }
 
 /* ---- symbols ---- */
@@ -331,7 +570,9 @@ static bool load_symbols(btc_elf *e, uint32_t type, btc_bytes *strings)
 }
 
 /* By address; among aliases the one to report first: sized, from .symtab,
- * then by name so the order does not depend on qsort. */
+ * the public spelling (fewest leading underscores: clone3, not glibc's
+ * internal __GI___clone3 that a debug file's .symtab lists beside it), then
+ * by name so the order does not depend on qsort. */
 static int compare_syms(const void *pa, const void *pb)
 {
     const elf_sym *a = pa, *b = pb;
@@ -341,12 +582,17 @@ static int compare_syms(const void *pa, const void *pb)
         return a->size ? -1 : 1;
     if (a->from_symtab != b->from_symtab)
         return a->from_symtab ? -1 : 1;
+    size_t a_under = strspn(a->name, "_"), b_under = strspn(b->name, "_");
+    if (a_under != b_under)
+        return a_under < b_under ? -1 : 1;
     return strcmp(a->name, b->name);
 }
 
-/* ---- public interface ---- */
+/* ---- reading one file ---- */
 
-btc_elf *btc_elf_open(const char *path)
+static void elf_free(btc_elf *e);
+
+static btc_elf *elf_read(const char *path)
 {
     btc_elf *e = calloc(1, sizeof *e);
     if (!e)
@@ -357,6 +603,9 @@ btc_elf *btc_elf_open(const char *path)
     if (e->fd < 0 || fstat(e->fd, &st) != 0 || !S_ISREG(st.st_mode))
         goto fail;
     e->file_size = (uint64_t)st.st_size;
+    e->dev = st.st_dev;
+    e->ino = st.st_ino;
+    e->mtime = st.st_mtim;
     if (!range_in_file(e, 0, sizeof h) || !read_exact(e->fd, 0, &h, sizeof h) || !valid_ehdr(&h) ||
         !read_section_headers(e, &h))
         goto fail;
@@ -366,14 +615,116 @@ btc_elf *btc_elf_open(const char *path)
         qsort(e->syms, e->nsyms, sizeof *e->syms, compare_syms);
     return e;
 fail:
-    btc_elf_close(e);
+    elf_free(e);
     return NULL;
+}
+
+/* ---- one btc_elf per file ----
+ *
+ * The module list (capture/modules.c: eval-loop and greenlet function
+ * ranges) and the DWARF file cache (symbols/symbolize.c) open the same
+ * files; their symbol tables are the biggest part of a btc_elf, so an open
+ * file is shared, counted, and freed by its last close.  A btc_elf never
+ * changes after it is read (reads are pread() on its fd), so holders use it
+ * at once without a lock.  The list's lock is held only for a few pointer
+ * and counter updates, never for I/O or allocation, and it is taken inside
+ * the module lock and the file cache's lock: a prepare handler taking it at
+ * fork() could wait for a thread that waits for the module lock, which the
+ * module list's own prepare handler holds.  So the child deals with it:
+ * found held there, the lock is made anew; the list is whole after each
+ * single update, so at worst a file opened then is not shared. */
+
+static pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
+static btc_elf *shared;
+
+static void shared_lock_after_fork_child(void)
+{
+    if (pthread_mutex_trylock(&shared_lock) == 0)
+        pthread_mutex_unlock(&shared_lock);
+    else
+        pthread_mutex_init(&shared_lock, NULL);
+}
+
+__attribute__((constructor)) static void shared_fork_safe(void)
+{
+    pthread_atfork(NULL, NULL, shared_lock_after_fork_child);
+}
+
+static bool same_file(const btc_elf *e, const struct stat *st)
+{
+    return e->dev == st->st_dev && e->ino == st->st_ino && e->file_size == (uint64_t)st->st_size &&
+           e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec;
+}
+
+/* The open btc_elf of the file st describes, with one more reference; shared_lock held. */
+static btc_elf *take_shared(const struct stat *st)
+{
+    for (btc_elf *e = shared; e; e = e->next_shared)
+        if (same_file(e, st)) {
+            e->refs++;
+            return e;
+        }
+    return NULL;
+}
+
+/* ---- public interface ---- */
+
+btc_elf *btc_elf_open(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return NULL;
+    pthread_mutex_lock(&shared_lock);
+    btc_elf *e = take_shared(&st);
+    pthread_mutex_unlock(&shared_lock);
+    if (e || !(e = elf_read(path)))
+        return e;
+    struct stat read_st = {.st_dev = e->dev, .st_ino = e->ino, .st_size = (off_t)e->file_size,
+                           .st_mtim = e->mtime};
+    pthread_mutex_lock(&shared_lock);
+    btc_elf *other = take_shared(&read_st);   /* opened by another thread meanwhile */
+    if (!other) {
+        e->refs = 1;
+        e->next_shared = shared;
+        shared = e;
+    }
+    pthread_mutex_unlock(&shared_lock);
+    if (other)
+        elf_free(e);
+    return other ? other : e;
 }
 
 void btc_elf_close(btc_elf *e)
 {
     if (!e)
         return;
+    pthread_mutex_lock(&shared_lock);
+    bool last = --e->refs == 0;
+    for (btc_elf **p = &shared; last && *p; p = &(*p)->next_shared)
+        if (*p == e) {
+            *p = e->next_shared;
+            break;
+        }
+    pthread_mutex_unlock(&shared_lock);
+    if (last)
+        elf_free(e);
+}
+
+int btc_elf_instances(const char *path)
+{
+    struct stat st;
+    int n = 0;
+    if (stat(path, &st) != 0)
+        return 0;
+    pthread_mutex_lock(&shared_lock);
+    for (btc_elf *e = shared; e; e = e->next_shared)
+        n += same_file(e, &st);
+    pthread_mutex_unlock(&shared_lock);
+    return n;
+}
+
+static void elf_free(btc_elf *e)
+{
     if (e->fd >= 0)
         close(e->fd);
     free(e->shdrs);

@@ -7,6 +7,10 @@
 #include "common/reader.h"
 
 typedef struct btc_elf btc_elf;
+/* The file at path, read once and shared: opening a file already open
+ * (same device, inode, size and mtime) returns the same btc_elf, counted;
+ * the last close frees it.  Immutable once open: usable by any thread
+ * without a lock. */
 btc_elf *btc_elf_open(const char *path);
 void btc_elf_close(btc_elf *e);
 /* The symbol covering the virtual address vaddr (module-relative). */
@@ -17,11 +21,31 @@ const char *btc_elf_symbolize(btc_elf *e, uintptr_t vaddr, uintptr_t *sym_vaddr)
 int btc_elf_function_ranges(btc_elf *e, const char *name, uintptr_t *lo, uintptr_t *hi, int max);
 
 void btc_bytes_free(btc_bytes *b);
+/* The same for a big buffer read for one pass (a whole section scanned
+ * once): its pages go back to the system now.  glibc raises its mmap
+ * threshold after the first big free, so later big buffers come from the
+ * heap, which keeps freed pages: resolution's memory bound would hold
+ * for what the caches keep but not for RSS. */
+void btc_bytes_free_transient(btc_bytes *b);
 
 /* The contents of section `name`, decompressed (SHF_COMPRESSED or a legacy
  * .zdebug_ twin); false if the section is absent, unreadable or corrupt. */
 bool btc_elf_read_section(btc_elf *e, const char *name, btc_bytes *out);
 bool btc_elf_has_section(btc_elf *e, const char *name);
+bool btc_elf_section_compressed(btc_elf *e, const char *name);
+
+/* Random access into a compressed section: points recorded while it is
+ * read whole once (NULL for a section stored plain). */
+typedef struct btc_zindex btc_zindex;
+bool btc_elf_read_section_indexed(btc_elf *e, const char *name, btc_bytes *out, btc_zindex **index);
+void btc_zindex_free(btc_zindex *ix);
+size_t btc_zindex_memory(const btc_zindex *ix);
+/* At most size bytes of section `name`'s contents from off (fewer at its
+ * end), read alone: pread for a plain section; a compressed one is
+ * inflated from index's nearest point before off, never whole.  False if
+ * off is past the end, or the section is compressed and index is NULL. */
+bool btc_elf_read_section_part(btc_elf *e, const char *name, const btc_zindex *index, uint64_t off, uint64_t size,
+                               btc_bytes *out);
 
 /* The separate debug file holding e's DWARF (found through its build-id
  * under debug_root, or its .gnu_debuglink), or NULL.  path is e's own path. */

@@ -1,12 +1,15 @@
 /* Symbolization entries: what resolution asks of the native core.
  *
- *   btc_describe_native()  pc -> module, symbol (the loaded module list's ELF symbols)
- *   btc_symbolize_file()   file + address -> source lines and inline chain (DWARF),
- *                          through a bounded cache of decoded files
+ *   btc_resolve_native()   a captured pc -> module, symbol, source lines and inline
+ *                          chain, names demangled: one call per new pc
+ *   btc_symbolize_file()   file + address -> source lines and inline chain (DWARF);
+ *                          tests and decoded tokens
  *   btc_file_symbol()      file + address -> symbol, for a module not loaded (decoded
- *                          tokens), through the same cache
+ *                          tokens)
  *
- * Both release the GIL while they read and decode files (common/gil.h).
+ * All go through one bounded cache of decoded files (path -> btc_dwarf, which
+ * holds the file's symbol tables too), and release the GIL while they read
+ * and decode files (common/gil.h).
  */
 #include <limits.h>
 #include <pthread.h>
@@ -19,46 +22,6 @@
 #include "capture/modules.h"
 #include "common/gil.h"
 #include "symbols/dwarf.h"
-
-/* ---- loaded modules: pc -> module and symbol ---- */
-
-/* Copy s into the caller's buffer; returns the copy or NULL if s is NULL. */
-static const char *copy_out(const char *s, char **buf, size_t *left)
-{
-    if (!s || *left == 0)
-        return NULL;
-    size_t n = strnlen(s, *left - 1);
-    char *dst = *buf;
-    memcpy(dst, s, n);
-    dst[n] = 0;
-    *buf += n + 1;
-    *left -= n + 1;
-    return dst;
-}
-
-int btc_describe_native(uintptr_t pc, btc_syminfo *out, char *buf, size_t size)
-{
-    memset(out, 0, sizeof *out);
-    PyThreadState *gil = btc_gil_release();   /* the first call per module reads its symbols */
-    btc_modules_acquire();
-    btc_module *m = btc_module_find(pc);
-    if (m) {
-        uintptr_t sym_vaddr = 0;
-        btc_elf *elf = btc_module_elf(m);
-        const char *sym = elf ? btc_elf_symbolize(elf, pc - m->bias, &sym_vaddr) : NULL;
-        uintptr_t part_lo;
-        if (!sym && (sym = btc_eval_part_name(pc, &part_lo)))   /* a stripped eval loop's unnamed part */
-            sym_vaddr = part_lo - m->bias;
-        out->module = copy_out(m->path, &buf, &size);
-        out->module_base = m->bias;
-        out->module_id = m->id;
-        out->symbol = copy_out(sym, &buf, &size);
-        out->symbol_addr = sym ? sym_vaddr + m->bias : 0;
-    }
-    btc_modules_release();
-    btc_gil_restore(gil);
-    return m ? 0 : -1;
-}
 
 /* ---- the cffi-facing cache: path -> decoded file ----
  *
@@ -76,14 +39,13 @@ typedef struct {
     off_t size;
     struct timespec mtime;
     btc_dwarf *dwarf;      /* NULL: not an ELF file we can read (remembered too) */
-    btc_elf *elf;          /* its symbol tables, for files not loaded (btc_file_symbol) */
-    bool elf_tried;
     uint64_t last_use;
 } cached_file;
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static cached_file cache[MAX_CACHED_FILES];
 static int cache_limit = 16;
+static size_t byte_budget = BTC_SYMBOLIZE_DEFAULT_BUDGET;
 static uint64_t use_clock;
 static char debug_root[PATH_MAX] = "/usr/lib/debug";
 
@@ -111,7 +73,6 @@ __attribute__((constructor)) static void cache_fork_safe(void)
 static void drop(cached_file *c)
 {
     btc_dwarf_close(c->dwarf);
-    btc_elf_close(c->elf);
     free(c->path);
     memset(c, 0, sizeof *c);
 }
@@ -165,20 +126,63 @@ static cached_file *cached(const char *path)
     return c;
 }
 
+static size_t memory_held(void)
+{
+    size_t n = 0;
+    for (int i = 0; i < MAX_CACHED_FILES; i++)
+        n += btc_dwarf_memory(cache[i].dwarf);
+    return n;
+}
+
+/* The file to drop when no unit is left to give back: the least recently
+ * used one other than the latest. */
+static cached_file *oldest_file(void)
+{
+    cached_file *oldest = NULL;
+    for (int i = 0; i < MAX_CACHED_FILES; i++)
+        if (cache[i].path && cache[i].last_use != use_clock && (!oldest || cache[i].last_use < oldest->last_use))
+            oldest = &cache[i];
+    return oldest;
+}
+
+/* Give back decoded units, least recently used first, then whole files,
+ * until the cache holds at most byte_budget bytes (the latest lookup's
+ * unit and file stay, even alone over the budget).  Called after every
+ * lookup, once its results are copied out.  cache_lock held. */
+static uint64_t decodes_checked = UINT64_MAX;   /* btc_dwarf_decodes() at the last check */
+
+static void keep_within_budget(void)
+{
+    if (btc_dwarf_decodes() == decodes_checked)
+        return;   /* nothing decoded since: the sum is what it was (a lookup's hot path) */
+    decodes_checked = btc_dwarf_decodes();
+    size_t held = memory_held();
+    while (held > byte_budget) {
+        cached_file *unit_owner = NULL;
+        uint64_t when = UINT64_MAX;
+        for (int i = 0; i < MAX_CACHED_FILES; i++) {
+            uint64_t t = btc_dwarf_oldest_use(cache[i].dwarf);
+            if (t < when) {
+                when = t;
+                unit_owner = &cache[i];
+            }
+        }
+        cached_file *file = unit_owner ? NULL : oldest_file();
+        if (!unit_owner && !file)
+            break;
+        if (unit_owner) {
+            held -= btc_dwarf_forget_oldest(unit_owner->dwarf);
+        } else {
+            held -= btc_dwarf_memory(file->dwarf);
+            drop(file);
+        }
+    }
+}
+
 static btc_dwarf *cached_dwarf(const char *path)
 {
     cached_file *c = cached(path);
     return c ? c->dwarf : NULL;
-}
-
-static btc_elf *cached_elf(const char *path)
-{
-    cached_file *c = cached(path);
-    if (c && !c->elf_tried) {
-        c->elf = btc_elf_open(path);
-        c->elf_tried = true;
-    }
-    return c ? c->elf : NULL;
 }
 
 /* Copy s into [*cursor, end); false when it does not fit. */
@@ -207,6 +211,7 @@ int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int
     for (int i = 0; i < n; i++)
         if (!copy_string(&out[i].function, &cursor, buf + size) || !copy_string(&out[i].file, &cursor, buf + size))
             n = -1;
+    keep_within_budget();
     pthread_mutex_unlock(&cache_lock);
     btc_gil_restore(gil);
     return n;
@@ -218,8 +223,7 @@ int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, u
         return -1;
     PyThreadState *gil = btc_gil_release();   /* the first call per file reads its symbols */
     pthread_mutex_lock(&cache_lock);
-    btc_elf *elf = cached_elf(path);
-    const char *name = elf ? btc_elf_symbolize(elf, vaddr, sym_vaddr) : NULL;
+    const char *name = btc_dwarf_symbol(cached_dwarf(path), vaddr, sym_vaddr);
     int rc = -1;
     if (name && strlen(name) < size) {
         memcpy(buf, name, strlen(name) + 1);
@@ -232,12 +236,19 @@ int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, u
 
 size_t btc_symbolize_memory(void)
 {
-    size_t n = 0;
     pthread_mutex_lock(&cache_lock);
-    for (int i = 0; i < MAX_CACHED_FILES; i++)
-        n += btc_dwarf_memory(cache[i].dwarf);
+    size_t n = memory_held();
     pthread_mutex_unlock(&cache_lock);
     return n;
+}
+
+void btc_symbolize_budget(size_t bytes)
+{
+    pthread_mutex_lock(&cache_lock);
+    byte_budget = bytes;
+    decodes_checked = UINT64_MAX;
+    keep_within_budget();
+    pthread_mutex_unlock(&cache_lock);
 }
 
 static void drop_all_locked(void)
@@ -268,4 +279,86 @@ void btc_symbolize_debug_root(const char *dir)
     drop_all_locked();
     snprintf(debug_root, sizeof debug_root, "%s", dir ? dir : "/usr/lib/debug");
     pthread_mutex_unlock(&cache_lock);
+}
+
+/* ---- one entry per captured native pc ---- */
+
+/* Copy s, demangled when it is a mangled name, into [*cursor, end); false
+ * when it does not fit. */
+static bool copy_name(const char **s, char **cursor, const char *end)
+{
+    if (*s && btc_demangle(*s, *cursor, (size_t)(end - *cursor)) == 0) {
+        *s = *cursor;
+        *cursor += strlen(*cursor) + 1;
+        return true;
+    }
+    return copy_string(s, cursor, end);
+}
+
+/* What the module list says of a pc, copied out of it: the module may be
+ * unloaded once its lock is released. */
+typedef struct {
+    char path[PATH_MAX];
+    uintptr_t bias;
+    uint64_t id;
+    char part[128];      /* a stripped eval loop's unnamed part: its name ("" if not one) */
+    uintptr_t part_lo;
+} located_pc;
+
+static bool locate(uintptr_t pc, located_pc *at)
+{
+    btc_modules_acquire();
+    btc_module *m = btc_module_find(pc);
+    if (m) {
+        snprintf(at->path, sizeof at->path, "%s", m->path);
+        at->bias = m->bias;
+        at->id = m->id;
+        at->part_lo = 0;
+        const char *part = btc_eval_part_name(pc, &at->part_lo);
+        snprintf(at->part, sizeof at->part, "%s", part ? part : "");
+    }
+    btc_modules_release();
+    return m != NULL;
+}
+
+/* The symbol and source levels of pc in the located module; cache_lock held. */
+static int symbolize_located(const located_pc *at, uintptr_t pc, btc_native_info *out, btc_srcframe *levels,
+                             int max, char *buf, size_t size)
+{
+    btc_dwarf *d = cached_dwarf(at->path);
+    uintptr_t vaddr = pc - at->bias, start = 0;
+    const char *symbol = btc_dwarf_symbol(d, vaddr, &start);
+    out->symbol_addr = symbol ? start + at->bias : at->part_lo;
+    if (!symbol && at->part[0])
+        symbol = at->part;
+    int n = btc_dwarf_lookup(d, vaddr, levels, max);
+    char *cursor = buf, *end = buf + size;
+    out->module = at->path;
+    bool fits = copy_string(&out->module, &cursor, end) && copy_name(&symbol, &cursor, end);
+    out->symbol = symbol;
+    for (int i = 0; i < n && fits; i++)
+        fits = copy_name(&levels[i].function, &cursor, end) && copy_string(&levels[i].file, &cursor, end);
+    return fits ? n : -2;
+}
+
+int btc_resolve_native(uintptr_t pc, int flags, btc_native_info *out, btc_srcframe *levels, int max, char *buf,
+                       size_t size)
+{
+    if (!out || !levels || max < 1 || !buf || size == 0)
+        return -2;
+    memset(out, 0, sizeof *out);
+    uintptr_t lookup = flags & (BTC_F_EXACT | BTC_F_SIGNAL) ? pc : pc - 1;
+    PyThreadState *gil = btc_gil_release();
+    static __thread located_pc at;   /* 4 KiB: kept off small thread stacks */
+    int n = -1;
+    if (locate(lookup, &at)) {
+        out->module_base = at.bias;
+        out->module_id = at.id;
+        pthread_mutex_lock(&cache_lock);
+        n = symbolize_located(&at, lookup, out, levels, max, buf, size);
+        keep_within_budget();
+        pthread_mutex_unlock(&cache_lock);
+    }
+    btc_gil_restore(gil);
+    return n;
 }

@@ -6,17 +6,28 @@ running stack and for suspended greenlets.
 """
 from .backtrace import Backtrace, append, collect, foreach
 from .codec import decode
-from .greenlets import BacktraceError
+from .errors import BacktraceError
 from .frame import Frame
 from .resolve import cache
 from .introspect import GreenletInfo, snapshot
 from .dump import dump_all, register_dump_signal, unregister_dump_signal
 from .html import write_html
+from .watchdog import Watchdog, gevent_blocking_reports, start_watchdog
 from .switchclock import disable_switch_timing, enable_switch_timing
 from .spawn import disable_spawn_tracking, enable_spawn_tracking, spawn_backtrace, spawn_tracking_enabled
 
-__all__ = ["Backtrace", "BacktraceError", "Frame", "GreenletInfo", "append", "cache", "collect", "decode",
-           "disable_spawn_tracking", "disable_switch_timing", "dump_all", "enable_spawn_tracking",
-           "enable_switch_timing", "foreach", "register_dump_signal", "snapshot", "spawn_backtrace",
-           "spawn_tracking_enabled", "unregister_dump_signal", "write_html"]
+__all__ = ["Backtrace", "BacktraceError", "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "Watchdog",
+           "append", "cache", "collect", "decode", "disable_spawn_tracking", "disable_switch_timing", "dump_all",
+           "dump_process", "enable_spawn_tracking", "enable_switch_timing", "foreach", "gevent_blocking_reports",
+           "register_dump_signal", "snapshot", "spawn_backtrace", "spawn_tracking_enabled", "start_watchdog",
+           "unregister_dump_signal", "write_html"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # dump_process() reads ELF files through pyelftools, whose import costs
+    # ~0.1 s: it is imported on first use, not with btcore.
+    if name in ("dump_process", "DumpError", "DumpPermissionError"):
+        from . import process
+        return getattr(process, name)
+    raise AttributeError(f"module 'btcore' has no attribute {name!r}")

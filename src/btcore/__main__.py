@@ -1,5 +1,7 @@
 """python -m btcore demo: merged native + Python backtraces, live.
 python -m btcore decode [FILE...]: backtrace tokens in logs, resolved in place.
+python -m btcore dump PID | --core CORE --exe PYTHON: every thread and every
+suspended greenlet of another process (or a core file), from outside.
 
 With gevent installed (pip install 'btcore[demo]'), the demo is the
 showcase (btcore/showcase.py): a gevent program whose greenlets are parked
@@ -125,6 +127,31 @@ def decode_files(paths, verbose: bool) -> int:
     return 0
 
 
+def _add_dump_parser(sub) -> None:
+    p = sub.add_parser("dump", help="every thread's stack and every suspended greenlet of another process "
+                       "(or of a core file), native and Python frames merged; nothing runs inside it")
+    p.add_argument("pid", nargs="?", type=int, help="the process to dump (stopped only while its state is copied)")
+    p.add_argument("--core", help="dump this core file (gcore makes one) instead of a live process")
+    p.add_argument("--exe", help="the executable that made the core file (checked against its mapped files)")
+    p.add_argument("--json", action="store_true", help="JSON instead of text")
+    p.add_argument("--no-native", action="store_true", help="Python frames only")
+    p.add_argument("--threads-only", action="store_true", help="running stacks only, no suspended greenlets")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each thread to stop (default 5)")
+
+
+def dump_command(args, parser) -> int:
+    if (args.pid is None) == (args.core is None):
+        parser.error("dump: give a PID or --core CORE (not both)")
+    from .process import DumpError, dump_process
+    try:
+        dump_process(args.pid, core=args.core, exe=args.exe, format="json" if args.json else "text",
+                     native=not args.no_native, threads_only=args.threads_only, timeout=args.timeout)
+    except DumpError as e:
+        print(f"btcore dump: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m btcore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,11 +160,14 @@ def main(argv=None) -> int:
                              help="the plain-greenlet demo, even when gevent is installed")
     demo_parser.add_argument("--format", choices=("text", "json", "html"), default="text",
                              help="the gevent showcase's dump format (default: text)")
-    decode_parser = sub.add_parser("decode", help="replace every backtrace token (btc1....) in the text of FILEs "
+    decode_parser = sub.add_parser("decode", help="replace every backtrace token (btc2....) in the text of FILEs "
                                    "(or standard input) by the backtrace it holds, resolved here")
     decode_parser.add_argument("files", nargs="*", metavar="FILE")
     decode_parser.add_argument("--verbose", action="store_true", help="every frame, with addresses (format(verbose=True))")
+    _add_dump_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "dump":
+        return dump_command(args, parser)
     if args.command == "decode":
         return decode_files(args.files, args.verbose)
     if args.command == "demo":

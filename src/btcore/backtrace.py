@@ -9,7 +9,8 @@ import weakref
 from ._native import ffi, lib
 from .fold import fold
 from .frame import Frame
-from .greenlets import CURRENT, NOTHING, BacktraceError, describe, target_of
+from .errors import BacktraceError
+from .greenlets import CURRENT, NOTHING, describe, target_of
 from .resolve import resolve_native, resolve_python
 
 DEFAULT_CAPACITY = lib.BTC_DEFAULT_CAPACITY
@@ -159,7 +160,7 @@ class Backtrace:
         return [f"Greenlet {describe(g)}" if g is not None else "Greenlet (no longer exists)"]
 
     def encode(self) -> str:
-        """This backtrace as one printable word for a log line ("btc1." and
+        """This backtrace as one printable word for a log line ("btc2." and
         base64url characters); btcore.decode() turns it back into a
         Backtrace, later and in another process.  See btcore/codec.py."""
         return _encode(self)
@@ -195,6 +196,7 @@ _ERRORS = {
     lib.BTC_E_UNSUPPORTED: BacktraceError,
     lib.BTC_E_LAYOUT: BacktraceError,
     lib.BTC_E_RUNNING: RuntimeError,
+    lib.BTC_E_NOMEMORY: MemoryError,
 }
 
 if lib.btc_bind_backtrace(id(Backtrace)) != 0:

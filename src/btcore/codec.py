@@ -1,15 +1,19 @@
 """Compact backtraces for logs: Backtrace.encode() and decode().
 
-A token is one printable word, "btc1." followed by base64url (no padding) of
-a bit stream: the module table (build-id prefix + path), then the frames,
-native pcs relative to their module and delta-coded against the previous
-few native frames, Python frames as (qualified name, file, line) with the
-strings de-duplicated.  docs/design.md ("Compact tokens") is the byte-level
-specification; this file is its reference implementation.
+A token is one printable word, "btc2." followed by base64url (no padding) of
+a bit stream: the module table (a build-id prefix per module, its path only
+when a decoder would not find the file by build-id in the places it
+searches), then the frames, native pcs relative to their module and
+delta-coded against the previous few native frames, Python frames as
+(qualified name, file, line) with the strings de-duplicated.
+docs/design.md ("Compact tokens") is the byte-level specification.  The
+encoder runs in C (native/codec/encode.c); this file holds the reference
+implementation it is tested against (and that encodes backtraces built by
+decode()), and the decoder.
 
 A token is untrusted input: decoding it reads at most the ELF header and
-notes of a module path it names, and uses that file for names only when its
-build-id is the one in the token.
+notes of the files it names or that the search finds, and uses a file for
+names only when its build-id is the one in the token.
 """
 from __future__ import annotations
 
@@ -18,33 +22,37 @@ import binascii
 import bisect
 import os
 import re
+import site
 import stat
 import struct
+import sys
+import sysconfig
 from typing import NamedTuple
 
 from ._native import ffi, lib
 from .backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace, _new
 from .frame import NATIVE, PYTHON, Frame
-from .resolve import F_EXACT, FrameCache, cache, file_symbol, native_frames, resolve_python
-from .resolve import _generation   # the core's module-list generation, read in place
+from .resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modules_generation, native_frames,
+                      resolve_python)
 
-VERSION = 1
+VERSION = lib.BTC_TOKEN_VERSION
 PREFIX = f"btc{VERSION}."
-# Any version, so that a token of a later format is recognised and refused clearly.
+# Any version, so that a token of another format is recognised and refused clearly.
 TOKEN = re.compile(r"btc(\d+)\.([A-Za-z0-9_-]*)")
 # A token inside text: not the tail of a longer word.
 TOKEN_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])btc\d+\.[A-Za-z0-9_-]*")
 MAX_TOKEN_CHARS = 1 << 20
 MAX_MODULES = 4096
-BUILD_ID_BYTES = 8          # the prefix of the build-id a token keeps
+BUILD_ID_BYTES = lib.BTC_TOKEN_BUILD_ID_BYTES   # the build-id prefix encoders write (decoders: 4 to 15)
+MIN_BUILD_ID_BYTES = 4      # 2^-32: the chance that another build matches by accident
 HISTORY = 4                 # native frames a repeat or delta may refer back to
 
 KIND_NATIVE = lib.BTC_KIND_NATIVE
 KIND_DECODED = lib.BTC_KIND_DECODED
 
 # Unsigned values: a 4-bit width class, then that many bits.
-WIDTHS = (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 28, 32, 48)
-_CLASS_OF = [next(c for c, w in enumerate(WIDTHS) if w >= bits) for bits in range(49)]
+WIDTHS = (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 28, 32, 64)
+_CLASS_OF = [next(c for c, w in enumerate(WIDTHS) if w >= bits) for bits in range(65)]
 
 # Frame codes, read bit by bit (written here as (value, width), LSB first).
 REPEAT, DELTA, LITERAL = (0b00, 2), (0b10, 2), (0b01, 2)     # bits 0 0 / 0 1 / 1 0
@@ -84,7 +92,7 @@ class _Writer:
         self.put(*code)
 
     def uint(self, value: int) -> None:
-        cls = _CLASS_OF[value.bit_length()]   # IndexError past 48 bits
+        cls = _CLASS_OF[value.bit_length()]
         self.put(cls | value << 4, 4 + WIDTHS[cls])
 
     def varint(self, value: int) -> None:
@@ -106,8 +114,13 @@ class _Writer:
             self.put(-ref, (len(earlier) - 1).bit_length())
         self.varint(prefix)
         self.varint(suffix)
+        self.symbols(data[prefix:len(data) - suffix])
+        earlier.append(data)
+
+    def symbols(self, data: bytes) -> None:
+        """data as 6-bit symbols (14 bits for a byte outside ALPHABET), then END."""
         symbols = width = 0   # packed here, written with one put()
-        for byte in data[prefix:len(data) - suffix]:
+        for byte in data:
             symbol = _SYMBOL_OF.get(byte)
             if symbol is None:
                 symbols |= (ESCAPE | byte << 6) << width
@@ -116,7 +129,10 @@ class _Writer:
                 symbols |= symbol << width
                 width += 6
         self.put(symbols | END << width, width + 6)
-        earlier.append(data)
+
+    def bits(self) -> tuple:
+        """(value, width): everything written so far, as one field."""
+        return int.from_bytes(self.out, "little") | self.acc << (8 * len(self.out)), 8 * len(self.out) + self.nbits
 
     def token(self) -> str:
         data = self.out + self.acc.to_bytes((self.nbits + 7) >> 3, "little")
@@ -180,14 +196,17 @@ class _Reader:
         base = earlier[ref] if earlier else b""
         prefix = self.varint(len(base), "shared prefix length")
         suffix = self.varint(len(base) - prefix, "shared suffix length")
-        out = bytearray(base[:prefix])
+        earlier.append(base[:prefix] + self.symbols() + base[len(base) - suffix:])
+        return earlier[-1]
+
+    def symbols(self) -> bytes:
+        """Symbols up to END (see _Writer.symbols)."""
+        out = bytearray()
         get, letters = self.get, _LETTERS
         while True:
             symbol = get(6)
             if symbol == END:
-                out += base[len(base) - suffix:]
-                earlier.append(bytes(out))
-                return earlier[-1]
+                return bytes(out)
             out.append(get(8) if symbol == ESCAPE else letters[symbol])
 
     def finish(self) -> None:
@@ -229,6 +248,27 @@ def loaded_modules() -> list:
     return sorted(mods)
 
 
+def module_entry_key(mod: _Module) -> tuple:
+    """What a token says about a module: (build-id prefix or b"", path or
+    None).  The path is left out when the decoder's search finds the file
+    by its build-id (searched()); a module without a build-id keeps it."""
+    build_id = mod.build_id[:BUILD_ID_BYTES] if len(mod.build_id) >= BUILD_ID_BYTES else b""
+    return build_id, None if build_id and searched(mod.path) else mod.path
+
+
+def module_identity(key: tuple) -> tuple:
+    """A module table entry, (value, width) in bits (design.md, format 2)."""
+    build_id, path = key
+    w = _Writer()
+    w.put(bool(build_id), 1)
+    if build_id:
+        w.put(int.from_bytes(build_id, "little"), 8 * BUILD_ID_BYTES)
+    w.put(path is not None, 1)
+    if path is not None:
+        w.symbols(path.encode("utf-8", "surrogateescape"))
+    return w.bits()
+
+
 class _Places:
     """pc -> (module key, module-relative pc), cached per pc (bounded): the
     module list is listed again only for a pc no listed module contains."""
@@ -241,8 +281,8 @@ class _Places:
         self.generation = None   # the core's module-list generation the cache was filled under
 
     def where(self, pc: int, exact: bool):
-        if self.generation != _generation[0]:   # modules came or went: a pc may name another now
-            self.generation = _generation[0]
+        if self.generation != modules_generation():   # modules came or went: a pc may name another now
+            self.generation = modules_generation()
             self.cache = {}
             self.listed = ([], [])
         key = -pc if exact else pc
@@ -261,7 +301,7 @@ class _Places:
             mod = self._containing(lookup)
         if mod is None:
             return None, pc
-        return (mod.build_id[:BUILD_ID_BYTES], mod.path), pc - mod.bias
+        return module_entry_key(mod), pc - mod.bias
 
     def _containing(self, pc: int):
         modules, los = self.listed
@@ -272,6 +312,122 @@ class _Places:
 
 
 _places = _Places()
+
+
+# ---- where a decoder looks for a module's file ----
+
+# The places a decoder searches by build-id, and an encoder leaves the path
+# out for: the dynamic linker's directories and the interpreter's own (flat:
+# every file in them), the Python library and package directories (down to
+# SEARCH_DEPTH levels: files whose name has ".so").  Bounded: at most
+# MAX_SEARCHED directory entries are looked at.
+LINKER_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/usr/local/lib")
+SEARCH_DEPTH = 4
+MAX_SEARCHED = 200000
+SEARCH_PATH_VARIABLE = "BTCORE_SEARCH_PATH"
+_SHARED_OBJECT = re.compile(r"\.so(\.|$)")
+
+
+def _real_dirs(paths) -> tuple:
+    seen = {}
+    for path in paths:
+        if path and os.path.isdir(path):
+            seen.setdefault(os.path.realpath(path), None)
+    return tuple(seen)
+
+
+def _python_dirs() -> list:
+    paths = sysconfig.get_paths()
+    dirs = [paths.get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")]
+    dirs += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    dirs += [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    return dirs
+
+
+def _search_places() -> tuple:
+    """(flat directories, deep directories) this process searches (realpaths)."""
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    flat = [sysconfig.get_config_var("LIBDIR"), os.path.dirname(os.path.realpath(sys.executable))]
+    flat += [os.path.join(d, multiarch) for d in LINKER_DIRS if multiarch] + list(LINKER_DIRS)
+    return _real_dirs(flat), _real_dirs(_python_dirs())
+
+
+_places_searched = []   # [(flat, deep)], computed on first use
+
+
+def search_places() -> tuple:
+    if not _places_searched:
+        _places_searched.append(_search_places())
+    return _places_searched[0]
+
+
+def searched(path: str) -> bool:
+    """Whether a decoder's search (with the places this process has) finds
+    the file at path by build-id, so that a token need not name the path."""
+    if not path.startswith("/"):   # the vDSO ("")
+        return False
+    flat, deep = search_places()
+    folder = os.path.realpath(os.path.dirname(path))
+    if folder in flat:
+        return True
+    if not _SHARED_OBJECT.search(os.path.basename(path)):
+        return False
+    for top in deep:
+        inside = os.path.relpath(folder, top)
+        if inside == "." or (not inside.startswith("..") and inside.count(os.sep) < SEARCH_DEPTH):
+            return True
+    return False
+
+
+class _SearchIndex:
+    """build-id prefix -> paths of the files found in some places, built on
+    first need (bounded: MAX_SEARCHED entries looked at)."""
+
+    def __init__(self, flat: tuple, deep: tuple):
+        self.by_prefix = {}
+        self.budget = MAX_SEARCHED
+        for folder in flat:
+            self._scan(folder, 0, lambda name: True)
+        for folder in deep:
+            self._scan(folder, SEARCH_DEPTH, _SHARED_OBJECT.search)
+
+    def _scan(self, folder: str, depth: int, wanted) -> None:
+        try:
+            entries = os.scandir(folder)
+        except OSError:
+            return
+        with entries:
+            for entry in entries:
+                self.budget -= 1
+                if self.budget < 0:
+                    return
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        if depth:
+                            self._scan(entry.path, depth - 1, wanted)
+                    elif entry.is_file() and wanted(entry.name):
+                        build_id = file_build_id(entry.path)
+                        if build_id and len(build_id) >= MIN_BUILD_ID_BYTES:
+                            self.by_prefix.setdefault(build_id[:MIN_BUILD_ID_BYTES], []).append(entry.path)
+                except OSError:
+                    continue
+
+    def candidates(self, build_id: bytes) -> list:
+        return self.by_prefix.get(build_id[:MIN_BUILD_ID_BYTES], [])
+
+
+_indexes = FrameCache(8)   # (flat, deep) -> (_SearchIndex,)
+
+
+def search_index(extra: tuple) -> _SearchIndex:
+    """The index of the places searched here, plus the directories of
+    extra (searched to SEARCH_DEPTH, every file with ".so" in its name)."""
+    flat, deep = search_places()
+    key = (flat, deep + _real_dirs(extra))
+    hit = _indexes.get(key)
+    if hit is None:
+        hit = _indexes.put(key, (_SearchIndex(*key),))
+    return hit[0]
 
 
 # ---- decoded frames: what _refs holds for BTC_KIND_DECODED records ----
@@ -296,7 +452,7 @@ class DecodedNative(NamedTuple):
 
     def frames(self) -> tuple:
         if self.module is None or not self.module.usable:
-            path = self.module.path if self.module else None
+            path = self.module.path or None if self.module else None
             offset = self.vaddr if self.module else None
             return (Frame(NATIVE, self.vaddr, path, None, offset, None, None),)
         key = ("decoded", self.module.path, self.module.build_id, -self.vaddr if self.exact else self.vaddr)
@@ -313,14 +469,20 @@ def _frames_from_file(path: str, vaddr: int, exact: bool) -> tuple:
 
 class DecodedModule(NamedTuple):
     """A module named by a token, and what decode() found for it here."""
-    path: str
+    path: str          # the file its frames are named from, else the token's path, else ""
     build_id: str      # hex, the prefix the token keeps
     status: str        # "loaded", "file", "mismatch", "missing", "no build-id"
     detail: str        # in words, for the reader
+    named: str | None = None   # the path the token holds (None: left to the search)
 
     @property
     def usable(self) -> bool:
         return self.status in ("loaded", "file")
+
+    @property
+    def key(self) -> tuple:
+        """The module as the token named it (module_entry_key())."""
+        return bytes.fromhex(self.build_id), self.named
 
 
 class DecodedBacktrace(Backtrace):
@@ -330,7 +492,7 @@ class DecodedBacktrace(Backtrace):
     __slots__ = ("modules",)
 
     def _header(self) -> list:
-        return [f"Module {m.path} (build-id {m.build_id}): {m.detail}; its frames are not named"
+        return [f"Module {m.path or '?'} (build-id {m.build_id}): {m.detail}; its frames are not named"
                 for m in self.modules if not m.usable]
 
     def __copy__(self) -> DecodedBacktrace:
@@ -342,21 +504,47 @@ class DecodedBacktrace(Backtrace):
 
 # ---- encoding ----
 
-_tokens = FrameCache(4096)   # (raw records, truncated, module generation) -> (token, the refs it pins)
-
-
 def encode(bt: Backtrace) -> str:
-    """bt as one printable word (see the module docstring).  A stack encoded
-    before (same records) costs one cache probe: its code objects and
-    decoded references are pinned by the entry, so the record bytes cannot
-    name anything else while it lives; the module list's generation is part
-    of the key, since a library loaded where another was gives the same
-    pcs another module."""
-    key = (bytes(bt._raw), bt.truncated, _generation[0])
-    hit = _tokens.get(key)
-    if hit is None:
-        hit = _tokens.put(key, _encode(bt), pin=bt._refs)
-    return hit[0]
+    """bt as one printable word (see the module docstring), written by the
+    C encoder; a backtrace holding frames decoded from a token, or a string
+    the C encoder does not write (not UTF-8), goes through the reference
+    encoder below."""
+    into = []
+    if lib.btc_encode(id(bt), id(into), _need) >= 0:
+        return into[0]
+    return _encode_teaching(bt, into)
+
+
+# What the fast path's calls need to be taught: written, never read there.
+_need = ffi.new("btc_encode_need *")
+
+
+def _encode_teaching(bt: Backtrace, into: list) -> str:
+    """encode() when the C encoder must first be taught modules (up to 16
+    per round) or hands the backtrace over.  Its own btc_encode_need: the
+    GIL may pass to another encoding thread between rounds."""
+    need = ffi.new("btc_encode_need *")
+    for _ in range(MAX_MODULES // lib.BTC_ENCODE_MAX_NEED):
+        rc = lib.btc_encode(id(bt), id(into), need)
+        if rc >= 0:
+            return into[0]
+        if rc != lib.BTC_ENCODE_NEED_MODULE or \
+                not all(_teach(need.module_id[i], need.pc[i]) for i in range(need.count)):
+            break
+    return _encode(bt)
+
+
+def _teach(module_id: int, pc: int) -> bool:
+    """Give the C encoder the module table entry of the module containing
+    pc, where the core found module_id; False if that module may be gone
+    since (the module list changed meanwhile, or another module is there)."""
+    generation = modules_generation()
+    key, _ = _places.where(pc, True)
+    if key is None or module_key(pc, True)[0] != module_id or modules_generation() != generation:
+        return False
+    value, width = module_identity(key)
+    lib.btc_encode_module(module_id, value.to_bytes((width + 7) // 8, "little"), width)
+    return True
 
 
 def _items(bt: Backtrace) -> list:
@@ -379,11 +567,12 @@ def _decoded_item(flags: int, ref) -> tuple:
     if isinstance(ref, DecodedPython):
         return (flags, ref.function, ref.file, ref.line)
     module = ref.module
-    key = (bytes.fromhex(module.build_id), module.path) if module else None
+    key = module.key if module else None
     return (flags | (F_EXACT if ref.exact else 0), key, ref.vaddr)
 
 
 def _encode(bt: Backtrace) -> str:
+    """The reference encoder (design.md, format 2)."""
     items = _items(bt)
     modules = {}
     for item in items:
@@ -391,25 +580,23 @@ def _encode(bt: Backtrace) -> str:
             modules.setdefault(item[1], len(modules))
     w = _Writer()
     w.put(bool(bt.truncated), 1)
+    w.put(BUILD_ID_BYTES, 4)
     w.varint(len(modules))
-    paths = []   # module paths, then Python files: one reference list
-    for build_id, path in modules:
-        w.put(len(build_id), 4)
-        w.put(int.from_bytes(build_id, "little"), 8 * len(build_id))
-        w.string(path, paths)
+    for key in modules:
+        w.put(*module_identity(key))
     w.varint(len(items))
-    _FrameWriter(w, modules, paths).frames(items)
+    _FrameWriter(w, modules).frames(items)
     return w.token()
 
 
 class _FrameWriter:
-    def __init__(self, w: _Writer, modules: dict, paths: list):
+    def __init__(self, w: _Writer, modules: dict):
         self.w = w
         self.modules = modules
         self.module_bits = len(modules).bit_length()   # index len(modules): no module
         self.history = []                               # (module index, vaddr), newest first
         self.names, self.files = {}, {}                 # string -> index
-        self.name_bytes, self.file_bytes = [], paths    # reference lists of new strings
+        self.name_bytes, self.file_bytes = [], []       # reference lists of new strings
 
     def frames(self, items: list) -> None:
         w = self.w
@@ -480,24 +667,29 @@ class _FrameWriter:
 
 # ---- decoding ----
 
-def decode(token: str) -> DecodedBacktrace:
+def decode(token: str, search=None) -> DecodedBacktrace:
     """The Backtrace a token holds, resolvable like any other.
 
     Native frames of a module loaded in this process with the token's
     build-id are re-based onto its load address here; those of a module not
-    loaded are named from the file at the token's path if (and only if) that
-    file has the token's build-id; other frames stay unnamed and the
-    Backtrace's `modules` (and format()'s first lines) say why.  ValueError
-    for anything that is not a whole, well-formed token of a known version.
+    loaded are named from a file that has the token's build-id: the path the
+    token names, else one the search finds (the places search_places()
+    lists, the directories in `search` or, when it is None, in the
+    BTCORE_SEARCH_PATH environment variable); other frames stay unnamed and
+    the Backtrace's `modules` (and format()'s first lines) say why.
+    ValueError for anything that is not a whole, well-formed token of a
+    known version.
     """
     if not isinstance(token, str):
         raise TypeError(f"decode() takes a str, not {type(token).__name__}")
+    if search is None:
+        search = os.environ.get(SEARCH_PATH_VARIABLE, "").split(os.pathsep)
     data = _body(token)
     r = _Reader(data)
     truncated = bool(r.get(1))
-    modules, paths = _read_modules(r)
+    modules = _read_modules(r, tuple(search))
     count = r.varint(MAX_CAPACITY, "frame count")
-    records, refs = _FrameReader(r, modules, paths).frames(count)
+    records, refs = _FrameReader(r, modules).frames(count)
     r.finish()
     bt = _new(DecodedBacktrace)
     bt._capacity = max(count, DEFAULT_CAPACITY)
@@ -514,7 +706,8 @@ def _body(token: str) -> bytes:
     if m is None:
         raise ValueError(f"not a btcore token: expected {PREFIX} followed by base64url characters")
     if int(m.group(1)) != VERSION:
-        raise ValueError(f"unknown btcore token version {m.group(1)} (this btcore reads version {VERSION})")
+        earlier = " (an earlier format, no longer read)" if 0 < int(m.group(1)) < VERSION else ""
+        raise ValueError(f"unknown btcore token version {m.group(1)}{earlier}: this btcore reads version {VERSION}")
     body = m.group(2)
     if len(body) % 4 == 1:
         raise ValueError("truncated token: its length is not that of a base64 encoding")
@@ -524,29 +717,48 @@ def _body(token: str) -> bytes:
         raise ValueError(f"corrupted token: {e}") from None
 
 
-def _read_modules(r: _Reader) -> tuple:
-    """(DecodedModule, load bias here or None) per module table entry, and
-    the paths as a reference list for the Python files that follow."""
-    entries, paths = [], []
-    for _ in range(r.varint(MAX_MODULES, "module count")):
-        length = r.get(4)
-        if length > BUILD_ID_BYTES:
-            raise ValueError(f"corrupted token: a build-id of {length} bytes (at most {BUILD_ID_BYTES})")
-        build_id = r.get(8 * length).to_bytes(length, "little")
-        entries.append((build_id, _text(r.string(paths))))
+def _read_modules(r: _Reader, search: tuple) -> list:
+    """(DecodedModule, load bias here or None) per module table entry."""
+    length = r.get(4)
+    count = r.varint(MAX_MODULES, "module count")
+    if count and length < MIN_BUILD_ID_BYTES:
+        raise ValueError(f"corrupted token: build-id prefixes of {length} bytes (at least {MIN_BUILD_ID_BYTES})")
+    entries = []
+    for _ in range(count):
+        build_id = r.get(8 * length).to_bytes(length, "little") if r.get(1) else b""
+        path = r.symbols().decode("utf-8", "surrogateescape") if r.get(1) else None
+        if path is None and not build_id:
+            raise ValueError("corrupted token: a module with neither build-id nor path")
+        entries.append((build_id, path))
     loaded = loaded_modules() if entries else []
-    return [identify(build_id, path, loaded) for build_id, path in entries], paths
+    return [identify(build_id, path, loaded, search) for build_id, path in entries]
 
 
-def identify(build_id: bytes, path: str, loaded: list) -> tuple:
+def identify(build_id: bytes, path: str | None, loaded: list, search: tuple = ()) -> tuple:
     """What this process has for a module of a token: (DecodedModule, load
     bias if it is loaded here, else None)."""
     hexid = build_id.hex()
     if not build_id:
-        return DecodedModule(path, hexid, "no build-id", "the token has no build-id for it"), None
+        return DecodedModule(path, hexid, "no build-id", "the token has no build-id for it", path), None
     for m in loaded:
         if m.build_id[:len(build_id)] == build_id:
-            return DecodedModule(path, hexid, "loaded", f"loaded here as {m.path}"), m.bias
+            return DecodedModule(path or m.path, hexid, "loaded", f"loaded here as {m.path}", path), m.bias
+    if path is not None:
+        status, detail = _check_file(path, build_id)
+        if status == "file":
+            return DecodedModule(path, hexid, status, detail, path), None
+    for found in search_index(search).candidates(build_id):
+        if found != path and _check_file(found, build_id)[0] == "file":
+            return DecodedModule(found, hexid, "file", f"named from {found}", path), None
+    if path is None:
+        detail = (f"no file with this build-id in the places searched (add directories with "
+                  f"{SEARCH_PATH_VARIABLE} or decode(search=))")
+        return DecodedModule("", hexid, "missing", detail), None
+    return DecodedModule(path, hexid, status, detail, path), None
+
+
+def _check_file(path: str, build_id: bytes) -> tuple:
+    """(status, detail): whether the file at path has build_id."""
     try:
         path.encode()   # what the native layer will be handed: no lone surrogates, no NUL
         if "\0" in path:
@@ -554,13 +766,12 @@ def identify(build_id: bytes, path: str, loaded: list) -> tuple:
         on_disk = file_build_id(path)
     except (OSError, UnicodeEncodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a UTF-8 path"
-        return DecodedModule(path, hexid, "missing", f"cannot be read here ({reason})"), None
+        return "missing", f"cannot be read here ({reason})"
     if on_disk is None:
-        return DecodedModule(path, hexid, "mismatch", "build-id mismatch: the file here has no build-id"), None
+        return "mismatch", "build-id mismatch: the file here has no build-id"
     if on_disk[:len(build_id)] != build_id:
-        detail = f"build-id mismatch: the file here has {on_disk[:len(build_id)].hex()}"
-        return DecodedModule(path, hexid, "mismatch", detail), None
-    return DecodedModule(path, hexid, "file", "named from the file"), None
+        return "mismatch", f"build-id mismatch: the file here has {on_disk[:len(build_id)].hex()}"
+    return "file", "named from the file"
 
 
 def _pc(pc: int, flags: int) -> int:
@@ -572,13 +783,13 @@ def _pc(pc: int, flags: int) -> int:
 
 
 class _FrameReader:
-    def __init__(self, r: _Reader, modules: list, paths: list):
+    def __init__(self, r: _Reader, modules: list):
         self.r = r
         self.modules = modules
         self.module_bits = len(modules).bit_length()
         self.history = []
         self.names, self.files = [], []                 # decoded strings, in order
-        self.name_bytes, self.file_bytes = [], paths    # reference lists of new strings
+        self.name_bytes, self.file_bytes = [], []       # reference lists of new strings
 
     def frames(self, count: int) -> tuple:
         records, refs = bytearray(), []

@@ -14,6 +14,7 @@ from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from .resolve import F_EXACT, interpreter_module_id, module_key, resolve_python
 from .greenlets import layout_known
 from .introspect import snapshot
+from .watchdog import _install_stuck_dump, _uninstall_stuck_dump
 
 JSON_VERSION = 1
 _MAX_NAMES = 3        # greenlet names listed in a group's header
@@ -313,17 +314,30 @@ def _write(file, text: str) -> None:
     out.flush()
 
 
-_registered = {}   # signum -> (file, chain, previous handler)
+_registered = {}   # signum -> (file, chain, previous handler), or _STUCK (a C handler, watchdog.py)
+_STUCK = ("stuck",)
 
 
-def register_dump_signal(signum: int = signal.SIGUSR1, file=None, *, chain: bool = False) -> None:
+def register_dump_signal(signum: int = signal.SIGUSR1, file=None, *, chain: bool = False,
+                         stuck: bool = False) -> None:
     """Dump every greenlet (dump_all) to file (default: sys.stderr at that time) on signal signum.
 
     Python runs signal handlers in the main thread, between two bytecodes:
     a main thread blocked inside C code dumps only when it returns to
     Python.  chain=True also calls the handler that was installed before.
     Must be called from the main thread (signal.signal's rule).
+
+    stuck=True: the dump is written at once by a C thread, even while the
+    main thread is stuck in C (holding the GIL or in a blocking call): the
+    calling thread's running stack, native and Python frames, sampled by
+    signal and named without the GIL (not every greenlet: that needs the
+    interpreter).  file must have a fileno().
     """
+    if stuck:
+        unregister_dump_signal(signum)
+        _install_stuck_dump(signum, file, chain)
+        _registered[signum] = _STUCK
+        return
     layout_known()   # learn greenlet's layout now: learning takes a lock a handler must not wait for
     previous = signal.signal(signum, _on_signal)
     if signum in _registered:   # re-registering: keep the handler from before the first call
@@ -336,6 +350,8 @@ def unregister_dump_signal(signum: int = signal.SIGUSR1) -> bool:
     entry = _registered.pop(signum, None)
     if entry is None:
         return False
+    if entry is _STUCK:
+        return _uninstall_stuck_dump(signum)
     signal.signal(signum, entry[2])
     return True
 

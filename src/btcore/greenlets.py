@@ -14,10 +14,7 @@ import threading
 import greenlet
 
 from ._native import ffi, lib
-
-
-class BacktraceError(RuntimeError):
-    """A capture that btcore refused (unsupported interpreter or greenlet build)."""
+from .errors import BacktraceError
 
 
 CURRENT = 0      # capture the calling thread's own stack (address 0 in btc_collect)

@@ -19,7 +19,8 @@ import greenlet
 
 from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, Backtrace, collect
-from .greenlets import BacktraceError, layout_known
+from .errors import BacktraceError
+from .greenlets import layout_known
 from .switchclock import switched_out_at
 
 RUNNING = "running"

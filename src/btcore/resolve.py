@@ -15,6 +15,9 @@ from .frame import NATIVE, PYTHON, Frame
 DEFAULT_CACHE_SIZE = 65536
 _NAME_BUFFER = 16384
 F_EXACT = lib.BTC_F_EXACT
+# A native frame named at its pc, not at pc - 1: an exact pc, or a signal
+# return stub (the interrupted code "returns" to its first instruction).
+_AT_PC = lib.BTC_F_EXACT | lib.BTC_F_SIGNAL
 
 
 class FrameCache:
@@ -92,41 +95,10 @@ def _text(p) -> str | None:
     return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else None
 
 
-_CYTHON_PREFIXES = ("__pyx_pw_", "__pyx_pf_", "__pyx_f_", "__pyx_gb_", "__pyx_pymod_")
-
-
-def _cython_name(name: str) -> str | None:
-    """gevent.hub.Hub.run for __pyx_pw_6gevent_3hub_3Hub_5run.
-
-    Cython encodes the module and class path as length-prefixed parts; the
-    last part is the function's name, after a counter for def functions.
-    """
-    rest = next((name[len(p):] for p in _CYTHON_PREFIXES if name.startswith(p)), None)
-    parts = []
-    while rest:
-        digits = len(rest) - len(rest.lstrip("0123456789"))
-        if not digits:   # cdef functions: the bare name follows the path
-            parts.append(rest)
-            break
-        size = int(rest[:digits])
-        body = rest[digits:]
-        if len(body) > size and body[size] == "_":   # a path part, then more
-            parts.append(body[:size])
-            rest = body[size + 1:]
-        else:                                        # counter + function name
-            parts.append(body if len(body) == size else rest.lstrip("0123456789") or body)
-            rest = ""
-    return ".".join(parts) + " [cython]" if parts else None
-
-
 def demangle(name: str | None) -> str | None:
     """Readable form of a symbol name: C++ (Itanium) and Rust demangled,
     Cython-generated names as dotted paths; the name itself otherwise."""
     if not name:
-        return name
-    if name.startswith("__pyx_"):
-        return _cython_name(name) or name
-    if not name.startswith(("_Z", "_R")):
         return name
     buf = _buffer()
     if lib.btc_demangle(name.encode(), buf, _NAME_BUFFER) == 0:
@@ -144,20 +116,21 @@ def source_levels(module: str, vaddr: int) -> list:
     return [(_text(f.function), _text(f.file), f.line or None) for f in out[0:max(n, 0)]]
 
 
-def _resolve_native(pc: int, exact: bool) -> tuple:
-    """(the id of the module that named pc, 0 if none; its Frames)."""
-    lookup = pc if exact else pc - 1
-    info = ffi.new("btc_syminfo *")
-    if lib.btc_describe_native(lookup, info, _buffer(), _NAME_BUFFER) != 0:
-        return 0, (Frame(NATIVE, pc, None, None, None, None, None),)
-    return info.module_id, _native_frames(pc, lookup, info)
-
-
-def _native_frames(pc: int, lookup: int, info) -> tuple:
-    module = _text(info.module)
-    symbol = _text(info.symbol)
+def _resolve_native(pc: int, flags: int) -> tuple:
+    """(the id of the module that named pc, 0 if none; its Frames), from one
+    call into the core."""
+    # Fresh out-parameters, not per-thread ones: a Python signal handler that
+    # resolves may run between this call and the reads below.
+    info, levels = ffi.new("btc_native_info *"), ffi.new("btc_srcframe[]", _MAX_INLINE_LEVELS)
+    buf = ffi.new("char[]", _NAME_BUFFER)
+    n = lib.btc_resolve_native(pc, flags, info, levels, _MAX_INLINE_LEVELS, buf, _NAME_BUFFER)
+    if n < 0:   # in no loaded module (or, never in practice, names longer than the buffer)
+        return info.module_id, (Frame(NATIVE, pc, _text(info.module) if n == -1 else None,
+                                      None, None, None, None),)
+    module, symbol = _text(info.module), _text(info.symbol)
     offset = pc - info.symbol_addr if symbol else pc - info.module_base
-    return native_frames(pc, module, symbol, offset, lookup - info.module_base)
+    return info.module_id, _frames(pc, module, symbol, offset,
+                                   [(_text(f.function), _text(f.file), f.line or None) for f in levels[0:n]])
 
 
 def native_frames(pc: int, module: str | None, symbol: str | None, offset: int, vaddr: int) -> tuple:
@@ -166,15 +139,19 @@ def native_frames(pc: int, module: str | None, symbol: str | None, offset: int, 
     offset is pc minus its start (minus the module's load address without
     one); DWARF adds the inlined calls and file:line."""
     levels = source_levels(module, vaddr) if module else []
+    return _frames(pc, module, demangle(symbol), offset, [(demangle(f), fl, ln) for f, fl, ln in levels])
+
+
+def _frames(pc: int, module: str | None, symbol: str | None, offset: int, levels: list) -> tuple:
+    """Frames from a pc's (demangled) symbol and its source levels."""
     if not levels or levels[-1][1] is None:   # no DWARF: the symbol table's name
-        return (Frame(NATIVE, pc, module, demangle(symbol), offset, None, None),)
+        return (Frame(NATIVE, pc, module, symbol, offset, None, None),)
     *inlined, (function, file, line) = levels
-    frames = [Frame(NATIVE, pc, module, demangle(f), None, fl, ln, inlined=True) for f, fl, ln in inlined]
+    frames = [Frame(NATIVE, pc, module, f, None, fl, ln, inlined=True) for f, fl, ln in inlined]
     # The physical frame is named like addr2line names it: by its symbol
     # (whose demangled form carries C++ parameter types), else by DWARF; its
     # offset is from the symbol's start, unknown when only DWARF names it.
-    frames.append(Frame(NATIVE, pc, module, demangle(symbol or function), offset if symbol else None,
-                        file, line))
+    frames.append(Frame(NATIVE, pc, module, symbol or function, offset if symbol else None, file, line))
     return tuple(frames)
 
 
@@ -209,6 +186,12 @@ _module_keys: dict = {}   # pc (negated if exact) -> (generation, cache key)
 _generation = memoryview(ffi.buffer(ffi.addressof(lib, "btc_modules_generation"), 8)).cast("Q")
 
 
+def modules_generation() -> int:
+    """Changes whenever the core's module list is rebuilt (dlopen/dlclose):
+    what was learnt about a pc under another generation may be stale."""
+    return _generation[0]
+
+
 def _module_key(pc: int, exact: bool) -> tuple:
     module_id, offset = ffi.new("uint64_t *"), ffi.new("uintptr_t *")
     generation = lib.btc_module_key(pc if exact else pc - 1, module_id, offset)
@@ -235,12 +218,13 @@ def interpreter_module_id() -> int:
 
 def resolve_native(pc: int, flags: int) -> tuple:
     """The Frames at a native pc (more than one when calls were inlined)."""
-    exact = bool(flags & F_EXACT)
-    key = module_key(pc, exact)
+    exact = flags & _AT_PC != 0
+    known = _module_keys.get(-pc if exact else pc)   # module_key(), inlined: this is the warm path
+    key = known[1] if known is not None and known[0] == _generation[0] else _module_key(pc, exact)
     frames = cache.get(key)
     if frames:
         return frames
-    module_id, frames = _resolve_native(pc, exact)
+    module_id, frames = _resolve_native(pc, flags)
     # A module swapped in since the key was taken named pc: right now, but
     # not what the key stands for.
     return cache.put(key, frames) if module_id == key[0] else frames

@@ -13,7 +13,8 @@ import greenlet
 
 from ._native import ffi, lib
 from .backtrace import Backtrace, _check_capacity, append_labelled
-from .greenlets import BacktraceError, layout_known
+from .errors import BacktraceError
+from .greenlets import layout_known
 
 if lib.btc_spawn_install(id(globals()), id(greenlet.greenlet)) != 0:
     raise ImportError("btcore: cannot install spawn tracking")

@@ -42,6 +42,34 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("native/remote/rpython.c", "return g->frame || g->saved > 0;", "return g->frame != 0;",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "a greenlet parked in Cython code (no Python frame) is taken for a running one and not dumped"),
+    Mutation("native/remote/rpython.c", "out[n].entry = fr.is_entry;", "out[n].entry = 1;",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "every remote Python frame is taken for the first of its eval-loop call: the merge misplaces "
+             "Python frames that one C frame of the eval loop runs together"),
+    Mutation("native/capture/unwind.c", "out[n].signal = row && row->signal;", "out[n].signal = 0;",
+             "tests/test_symbolize.py::test_signal_frames_are_named_like_gdb",
+             "a signal return stub is named at pc - 1 (no name) instead of __restore_rt"),
+    Mutation("native/symbols/dwarf.c", "return name || d->debug == d->elf ? name :", "return name ? name : NULL; (void)",
+             "tests/test_symbolize.py::test_signal_frames_are_named_like_gdb",
+             "a symbol only in the debug file's .symtab is not used"),
+    Mutation("native/symbols/demangle.c", "!(counted && !starts_with_digit(body + size + 1));", "true;",
+             "tests/test_symbolize.py::test_cython_names_decode_to_the_functions_they_wrap",
+             "a Cython def function's counter is read as a path part"),
+    Mutation("native/symbols/elf.c", "            e->refs++;\n            return e;", "            continue;",
+             "tests/test_symbolize.py::test_one_symbol_table_per_file",
+             "an ELF file already open is read into memory again"),
+    Mutation("native/symbols/symbolize.c", "    while (held > byte_budget) {", "    while (held > byte_budget && 0) {",
+             "tests/test_symbolize.py::test_decoded_dwarf_stays_within_its_byte_budget",
+             "decoded DWARF is never given back: the byte budget does not hold"),
+    Mutation("native/symbols/elf.c", "    memcpy(p->window + ZWINDOW - have, out + p->out - have, have);", "",
+             "tests/test_symbolize.py::test_compressed_libpython_read_in_parts_matches_addr2line",
+             "an access point into a compressed section keeps no window: parts inflate to garbage"),
+    Mutation("native/capture/collect_builtin.c", "    if (python_impl_torn_down()) {", "    if (0) {",
+             "tests/test_backtrace_api.py::test_collect_during_interpreter_shutdown_is_a_backtrace_or_backtrace_error",
+             "collect() at module teardown fails with TypeError"),
     Mutation("native/capture/context.h", "addr > m->hi - 8", "addr > m->hi",
              "tests/test_contracts.py::test_stack_view_reads_exactly_lo_to_hi",
              "the stack view reads one word past its end"),
@@ -105,9 +133,18 @@ MUTATIONS = [
              "    if not module:\n        return False, False\n    function = function or 'PyObject_Vectorcall'",
              "tests/test_format.py::test_fold_never_hides_unnamed_or_foreign_frames",
              "the readable view folds frames that have no name"),
+    Mutation("native/codec/encode.c", "put(w, (uint64_t)best_k | (uint64_t)best_negative << 2, 3);",
+             "put(w, (uint64_t)best_k, 3);",
+             "tests/test_codec.py::test_c_encoder_writes_the_reference_token_cold_and_warm",
+             "the C encoder drops the sign of a delta-coded pc (the frame decodes elsewhere)"),
     Mutation("src/btcore/codec.py", "    if on_disk[:len(build_id)] != build_id:", "    if False:",
              "tests/test_codec.py::test_rebuilt_module_is_reported_as_a_build_id_mismatch",
              "a decoded token's frames are named from a rebuilt library whose build-id no longer matches"),
+    Mutation("native/capture/signal_capture.c", "            build_table_at(out->pending_pc);",
+             "            (void)0;",
+             "tests/test_watchdog.py::test_report_comes_while_stuck_and_names_both_sides",
+             "a sample that stopped at a module without an unwind table is not retaken after building it: "
+             "the report loses every native frame between the stuck C function and its Python caller"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()

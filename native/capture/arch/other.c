@@ -1,6 +1,7 @@
 /* Any other architecture (arch/other.h): nothing can be read, every
  * function says so, and capture.c refuses native walks before using them. */
 #if !defined(__x86_64__) && !defined(__aarch64__)
+#include <errno.h>
 #include <string.h>
 
 #include "capture/arch.h"
@@ -15,6 +16,13 @@ bool btc_regs_from_ucontext(const void *ucontext, btc_regs *out)
     (void)ucontext;
     memset(out, 0, sizeof *out);
     return false;
+}
+
+int btc_ptrace_regs(int tid, btc_regs *out)
+{
+    (void)tid;
+    memset(out, 0, sizeof *out);
+    return -ENOSYS;
 }
 
 bool btc_switch_shape_of(uintptr_t lo, uintptr_t hi, const uintptr_t *callee, int n, btc_switch_shape *out)

@@ -1,6 +1,9 @@
 /* x86-64: reading registers and machine code (arch.h). */
 #if defined(__x86_64__)
+#include <errno.h>
 #include <string.h>
+#include <sys/ptrace.h>
+#include <sys/user.h>
 #include <ucontext.h>
 
 #include "capture/arch.h"
@@ -34,6 +37,15 @@ bool btc_regs_from_ucontext(const void *ucontext, btc_regs *out)
     *out = (btc_regs){.ip = (uintptr_t)g[REG_RIP], .sp = (uintptr_t)g[REG_RSP],
                       .fp = (uintptr_t)g[REG_RBP], .aux = (uintptr_t)g[REG_RBX]};
     return true;
+}
+
+int btc_ptrace_regs(int tid, btc_regs *out)
+{
+    struct user_regs_struct r;
+    if (ptrace(PTRACE_GETREGS, tid, 0, &r) != 0)
+        return -errno;
+    *out = (btc_regs){.ip = r.rip, .sp = r.rsp, .fp = r.rbp, .aux = r.rbx};
+    return 0;
 }
 
 /* ---- greenlet's slp_switch (platform/switch_amd64_unix.h) ----

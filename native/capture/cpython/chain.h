@@ -97,7 +97,7 @@ static bool entry_frame(const btc_pycursor *c, const btc_iframe *fr, const btc_i
         if (saved != next && saved_link_is_shims(c, saved, next))
             return true;
     }
-    if (!next)
+    if (!next || (c->check && !c->check->frame(c->check, next)))
         return true;
     int owner;
     const btc_iframe *ignored;
@@ -115,7 +115,8 @@ bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
     const btc_iframe *fr = c->frame, *prev;
     int owner;
     for (;;) {   /* shims and sentinels are not Python frames */
-        if (!fr || ++c->steps > BTC_PY_MAX_FRAMES || !read_link(c, fr, &owner, &prev))
+        if (!fr || ++c->steps > BTC_PY_MAX_FRAMES || (c->check && !c->check->frame(c->check, fr)) ||
+            !read_link(c, fr, &owner, &prev))
             return chain_end(c);
         if (owner < BTC_BOUNDARY_OWNER)
             break;
@@ -126,7 +127,7 @@ bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
     if (in_view(c->mem, fr))
         return chain_end(c);
     PyObject *code = BTC_FRAME_CODE(fr);
-    if (!code || !PyCode_Check(code))
+    if (!code || (c->check && !c->check->object(c->check, code)) || !PyCode_Check(code))
         return chain_end(c);
     const char *first = (const char *)code + offsetof(PyCodeObject, co_code_adaptive);
     int lasti = (int)((const char *)BTC_FRAME_INSTR(fr) - first);
@@ -142,9 +143,14 @@ bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 
 bool btc_py_supported(void) { return true; }
 
+void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts)
+{
+    *c = (btc_pycursor){.frame = btc_thread_frame(ts)};
+}
+
 void btc_py_cursor_current(btc_pycursor *c)
 {
-    *c = (btc_pycursor){.frame = btc_thread_frame(PyThreadState_Get())};
+    btc_py_cursor_thread(c, PyThreadState_Get());
 }
 
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)

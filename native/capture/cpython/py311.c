@@ -11,10 +11,14 @@ const char *const btc_py_eval_functions[] = {"_PyEval_EvalFrameDefault", NULL};
 
 bool btc_py_supported(void) { return true; }
 
+void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts)
+{
+    *c = (btc_pycursor){.frame = ts->cframe ? ts->cframe->current_frame : NULL};
+}
+
 void btc_py_cursor_current(btc_pycursor *c)
 {
-    PyThreadState *ts = PyThreadState_Get();
-    *c = (btc_pycursor){.frame = ts->cframe ? ts->cframe->current_frame : NULL};
+    btc_py_cursor_thread(c, PyThreadState_Get());
 }
 
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)
@@ -34,9 +38,11 @@ bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview 
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 {
     _PyInterpreterFrame *frame = (_PyInterpreterFrame *)c->frame;
-    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES)
+    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES || (c->check && !c->check->frame(c->check, frame)))
         return false;
     f->code = (PyObject *)frame->f_code;
+    if (!f->code || (c->check && !c->check->object(c->check, f->code)) || !PyCode_Check(f->code))
+        return false;
     f->lasti = _PyInterpreterFrame_LASTI(frame) * (int)sizeof(_Py_CODEUNIT);
     f->entry = frame->is_entry;
     f->hidden = _PyFrame_IsIncomplete(frame);

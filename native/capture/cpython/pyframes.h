@@ -33,6 +33,14 @@
 #define BTC_PY_FAMILY 0
 #endif
 
+/* A reader that may not trust the chain (a signal handler: the interrupted
+ * code may be pushing or popping a frame): each frame's fixed part and each
+ * code object's header are read only if these say so. */
+typedef struct btc_read_check {
+    bool (*frame)(struct btc_read_check *self, const void *frame);
+    bool (*object)(struct btc_read_check *self, const void *object);
+} btc_read_check;
+
 /* A position in a thread's chain of interpreter frames. */
 typedef struct {
     const void *frame;
@@ -41,6 +49,7 @@ typedef struct {
     const btc_memview *mem;
     bool exposed;       /* greenlet may have relinked the chain ("exposed" frames, 3.12+) */
     int steps;          /* frames visited: bounds a corrupt (cyclic) chain */
+    btc_read_check *check;   /* NULL: the chain is consistent (GIL held) */
 } btc_pycursor;
 
 typedef struct {
@@ -54,6 +63,9 @@ typedef struct {
 bool btc_py_supported(void);
 /* The calling thread's innermost frame. */
 void btc_py_cursor_current(btc_pycursor *c);
+/* The innermost frame of thread state ts, read raw (no GIL, no allocation),
+ * as faulthandler reads it: from a signal handler running on that thread. */
+void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts);
 /* The chain from a frame object; false if frame is not a frame object. */
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame);
 /* The chain of a suspended greenlet from its gr_frame; mem is the view of

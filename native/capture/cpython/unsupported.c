@@ -15,6 +15,8 @@ bool btc_py_supported(void)
 
 void btc_py_cursor_current(btc_pycursor *c) { c->frame = NULL; }
 
+void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts BTC_UNUSED) { c->frame = NULL; }
+
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame BTC_UNUSED)
 {
     c->frame = NULL;

@@ -1,0 +1,348 @@
+/* Another process's modules: their CFI tables, built from the files on disk,
+ * and the one walker (capture/unwind.c) run over a copy of a remote stack.
+ *
+ * A module is added from one of its mappings (/proc/PID/maps or a core's
+ * NT_FILE note): the file's PT_LOAD segments give the load bias, and the
+ * GNU build-id in the target's memory must equal the file's (a library
+ * rebuilt or upgraded since the target loaded it would give wrong rows).
+ * The file's loadable segments are read (pread, never mmap: see elf.c) into
+ * one heap image laid out as the loader lays it out, so that
+ * btc_table_build() parses it exactly like a module loaded here; rows are
+ * relative to the bias, so they serve the target's addresses unchanged.
+ * Images and tables are made on first use: a dump touches few modules.
+ *
+ * The walk: the target's stack bytes were copied into a local buffer while
+ * it was stopped; btc_memview's spill, which serves greenlet's heap copy of
+ * a stack, here covers the whole view, so the walker reads the copy at the
+ * target's addresses and needs no change.  Only where rows come from
+ * differs (btc_context.rows).
+ */
+#include <Python.h>   /* first, as Python asks (through capture/greenlet_context.h) */
+#include <elf.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "capture/greenlet_context.h"
+#include "capture/modules.h"
+#include "capture/unwind.h"
+#include "common/array.h"
+#include "common/search.h"
+#include "remote/rmem.h"
+#include "symbols/elf.h"
+
+#define MAX_PHDRS 64
+#define MAX_IMAGE (1ULL << 30)
+#define MAX_NOTE (1u << 16)
+#define MAX_RMODULES 4096
+
+typedef struct {
+    char *path;
+    uintptr_t bias, lo, hi;   /* the target's load bias and executable span */
+    Elf64_Phdr phdrs[MAX_PHDRS];
+    int nphdrs;
+    uint8_t *image;           /* the PT_LOAD segments as loaded, from vaddr `image_vaddr` */
+    uint64_t image_vaddr, image_size;
+    btc_table *table;
+    bool image_failed, table_failed;
+} rmodule;
+
+struct btc_rmodules {
+    btc_row_source source;    /* first: the walker hands it back to find_row */
+    rmodule **list;           /* sorted by lo */
+    size_t n, cap;
+};
+
+static const btc_cfi_row *find_row(const btc_row_source *src, uintptr_t pc, bool *in_module);
+
+btc_rmodules *btc_rmodules_new(void)
+{
+    btc_rmodules *s = calloc(1, sizeof *s);
+    if (s)
+        s->source.find = find_row;
+    return s;
+}
+
+void btc_rmodules_free(btc_rmodules *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++) {
+        btc_table_free(s->list[i]->table);
+        free(s->list[i]->image);
+        free(s->list[i]->path);
+        free(s->list[i]);
+    }
+    free(s->list);
+    free(s);
+}
+
+/* ---- the file ---- */
+
+static bool read_at(int fd, uint64_t off, void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r <= 0)
+            return false;
+        p += r;
+        off += (uint64_t)r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+static bool read_phdrs(int fd, rmodule *m)
+{
+    Elf64_Ehdr eh;
+    if (!read_at(fd, 0, &eh, sizeof eh) || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+        eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_phentsize != sizeof(Elf64_Phdr) ||
+        eh.e_phnum == 0 || eh.e_phnum > MAX_PHDRS)
+        return false;
+    m->nphdrs = eh.e_phnum;
+    return read_at(fd, eh.e_phoff, m->phdrs, eh.e_phnum * sizeof(Elf64_Phdr));
+}
+
+/* The file's build-id (from its PT_NOTE segments): its length, or 0. */
+static size_t file_build_id(int fd, const rmodule *m, uint8_t *out)
+{
+    for (int i = 0; i < m->nphdrs; i++) {
+        const Elf64_Phdr *ph = &m->phdrs[i];
+        uint8_t note[MAX_NOTE];
+        if (ph->p_type != PT_NOTE || ph->p_filesz > MAX_NOTE || !read_at(fd, ph->p_offset, note, ph->p_filesz))
+            continue;
+        size_t n = btc_note_build_id(note, ph->p_filesz, out);
+        if (n)
+            return n;
+    }
+    return 0;
+}
+
+/* The same note, as mapped in the target. */
+static size_t mapped_build_id(btc_rmem *mem, const rmodule *m, uint8_t *out)
+{
+    for (int i = 0; i < m->nphdrs; i++) {
+        const Elf64_Phdr *ph = &m->phdrs[i];
+        uint8_t note[MAX_NOTE];
+        if (ph->p_type != PT_NOTE || ph->p_memsz > MAX_NOTE ||
+            btc_rmem_read(mem, m->bias + ph->p_vaddr, note, ph->p_memsz) != 0)
+            continue;
+        size_t n = btc_note_build_id(note, ph->p_memsz, out);
+        if (n)
+            return n;
+    }
+    return 0;
+}
+
+/* The bias from the mapping of file offset map_offset at map_start, and the
+ * executable span; false if no PT_LOAD maps that offset. */
+static bool place(rmodule *m, uintptr_t map_start, uint64_t map_offset)
+{
+    bool placed = false;
+    m->lo = UINTPTR_MAX;
+    m->hi = 0;
+    for (int i = 0; i < m->nphdrs; i++) {
+        const Elf64_Phdr *ph = &m->phdrs[i];
+        if (ph->p_type != PT_LOAD)
+            continue;
+        if (!placed && (ph->p_offset & ~4095ULL) == map_offset) {
+            m->bias = map_start - (ph->p_vaddr & ~4095ULL);
+            placed = true;
+        }
+    }
+    for (int i = 0; placed && i < m->nphdrs; i++) {
+        const Elf64_Phdr *ph = &m->phdrs[i];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+            if (m->bias + ph->p_vaddr < m->lo) m->lo = m->bias + ph->p_vaddr;
+            if (m->bias + ph->p_vaddr + ph->p_memsz > m->hi) m->hi = m->bias + ph->p_vaddr + ph->p_memsz;
+        }
+    }
+    return placed && m->lo < m->hi;
+}
+
+static int insert_sorted(btc_rmodules *s, rmodule *m)
+{
+    size_t at = BTC_PARTITION_POINT(s->n, i, s->list[i]->lo < m->lo);
+    if ((at < s->n && s->list[at]->lo < m->hi) || (at > 0 && s->list[at - 1]->hi > m->lo))
+        return -2;   /* overlaps a module already added (the same file twice) */
+    if (s->n >= MAX_RMODULES || !grow((void **)&s->list, &s->cap, s->n + 1, sizeof *s->list))
+        return -1;
+    memmove(s->list + at + 1, s->list + at, (s->n - at) * sizeof *s->list);
+    s->list[at] = m;
+    s->n++;
+    return 0;
+}
+
+int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t map_start,
+                     uint64_t map_offset, uintptr_t *bias)
+{
+    rmodule *m = calloc(1, sizeof *m);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int rc = -1;
+    uint8_t want[BTC_BUILD_ID_MAX], have[BTC_BUILD_ID_MAX];
+    if (!m || fd < 0 || !read_phdrs(fd, m))
+        goto fail;   /* -1: unreadable, or not a 64-bit ELF file */
+    rc = -2;
+    if (!place(m, map_start, map_offset))
+        goto fail;
+    size_t nwant = file_build_id(fd, m, want), nhave = mem ? mapped_build_id(mem, m, have) : nwant;
+    rc = -3;
+    if (mem && (nwant != nhave || memcmp(want, have, nwant < BTC_BUILD_ID_MAX ? nwant : BTC_BUILD_ID_MAX) != 0))
+        goto fail;   /* the file on disk is not the one the target mapped */
+    close(fd);
+    fd = -1;
+    m->path = strdup(path);
+    *bias = m->bias;
+    if (m->path && (rc = insert_sorted(s, m)) == 0)
+        return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (m)
+        free(m->path);
+    free(m);
+    return rc;
+}
+
+/* ---- the image and the table, on first use ---- */
+
+static bool load_image(rmodule *m)
+{
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (int i = 0; i < m->nphdrs; i++) {
+        const Elf64_Phdr *ph = &m->phdrs[i];
+        if (ph->p_type != PT_LOAD || ph->p_filesz > ph->p_memsz)
+            continue;
+        if ((ph->p_vaddr & ~4095ULL) < lo) lo = ph->p_vaddr & ~4095ULL;
+        if (ph->p_vaddr + ph->p_memsz > hi) hi = ph->p_vaddr + ph->p_memsz;
+    }
+    if (lo >= hi || hi - lo > MAX_IMAGE)
+        return false;
+    int fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    uint8_t *image = fd >= 0 ? calloc(1, hi - lo) : NULL;
+    bool ok = image != NULL;
+    for (int i = 0; ok && i < m->nphdrs; i++) {
+        const Elf64_Phdr *ph = &m->phdrs[i];
+        if (ph->p_type == PT_LOAD && ph->p_filesz <= ph->p_memsz)
+            ok = read_at(fd, ph->p_offset, image + (ph->p_vaddr - lo), ph->p_filesz);
+    }
+    if (fd >= 0)
+        close(fd);
+    if (!ok) {
+        free(image);
+        return false;
+    }
+    m->image = image;
+    m->image_vaddr = lo;
+    m->image_size = hi - lo;
+    return true;
+}
+
+/* The local address of the image byte at module-relative vaddr v. */
+static uintptr_t local(const rmodule *m, uint64_t v)
+{
+    return (uintptr_t)m->image + (v - m->image_vaddr);
+}
+
+static bool have_image(rmodule *m)
+{
+    if (!m->image && !m->image_failed)
+        m->image_failed = !load_image(m);
+    return m->image != NULL;
+}
+
+static void describe(const rmodule *m, btc_image *img)
+{
+    memset(img, 0, sizeof *img);
+    img->bias = local(m, 0);
+    for (int i = 0; i < m->nphdrs; i++) {
+        const Elf64_Phdr *ph = &m->phdrs[i];
+        if (ph->p_type == PT_GNU_EH_FRAME && ph->p_vaddr >= m->image_vaddr &&
+            ph->p_vaddr < m->image_vaddr + m->image_size)
+            img->eh_frame_hdr = (const uint8_t *)local(m, ph->p_vaddr);
+        if (ph->p_type == PT_LOAD && ph->p_filesz <= ph->p_memsz && img->nreadable < 8) {
+            img->readable_lo[img->nreadable] = local(m, ph->p_vaddr);
+            img->readable_hi[img->nreadable++] = local(m, ph->p_vaddr + ph->p_memsz);
+        }
+    }
+}
+
+static const btc_table *table_of(rmodule *m)
+{
+    if (!m->table && !m->table_failed && have_image(m)) {
+        btc_image img;
+        describe(m, &img);
+        m->table = btc_table_build(&img);
+        m->table_failed = m->table == NULL;
+    }
+    return m->table;
+}
+
+static rmodule *module_at(const btc_rmodules *s, uintptr_t pc)
+{
+    size_t i = BTC_PARTITION_POINT(s->n, k, s->list[k]->hi <= pc);
+    return i < s->n && s->list[i]->lo <= pc ? s->list[i] : NULL;
+}
+
+static const btc_cfi_row *find_row(const btc_row_source *src, uintptr_t pc, bool *in_module)
+{
+    rmodule *m = module_at((const btc_rmodules *)src, pc);
+    *in_module = m != NULL;
+    const btc_table *t = m ? table_of(m) : NULL;
+    return t && pc - m->bias <= UINT32_MAX ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
+}
+
+/* ---- the walk ---- */
+
+int btc_remote_unwind(btc_rmodules *s, const uintptr_t *regs, int exact, uintptr_t lo, uintptr_t hi,
+                      const uint8_t *copy, uintptr_t last_cfa, const uintptr_t *end_lo,
+                      const uintptr_t *end_hi, int nend, uintptr_t *pcs, int max)
+{
+    btc_context ctx = {
+        .regs = {regs[0], regs[1], regs[2], regs[3]},
+        .ip_is_exact = exact,
+        .mem = {.lo = lo, .hi = hi, .spill_lo = lo, .spill_hi = hi, .spill = copy},
+        .last_cfa = last_cfa,
+        .rows = &s->source,
+    };
+    for (; ctx.nend < nend && ctx.nend < 2; ctx.nend++) {
+        ctx.end_lo[ctx.nend] = end_lo[ctx.nend];
+        ctx.end_hi[ctx.nend] = end_hi[ctx.nend];
+    }
+    btc_native_frame frames[256];
+    int n = btc_unwind(&ctx, frames, max < 256 ? max : 256);
+    for (int i = 0; i < n; i++)
+        pcs[i] = frames[i].pc;
+    return n;
+}
+
+/* ---- greenlet's switching code, read from its file ---- */
+
+int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_greenlet_code *out)
+{
+    rmodule *m = module_at(s, inside);
+    btc_elf *elf = m && have_image(m) ? btc_elf_open(m->path) : NULL;
+    if (!elf)
+        return -1;
+    uintptr_t lo[2], hi[2], tlo[4], thi[4];
+    int n = btc_elf_function_ranges(elf, "slp_switch", lo, hi, 2);
+    int t = btc_elf_function_ranges(elf, "slp_save_state_trampoline", tlo, thi, 4);
+    out->nstub = btc_elf_function_ranges(elf, BTC_GREENLET_INITIAL_STUB, out->stub_lo, out->stub_hi, 2);
+    btc_elf_close(elf);
+    bool inside_image = n == 1 && lo[0] >= m->image_vaddr && hi[0] <= m->image_vaddr + m->image_size;
+    for (int i = 0; i < t; i++)
+        tlo[i] = local(m, tlo[i]);
+    btc_switch_shape shape;
+    if (!inside_image || t < 1 || !btc_switch_shape_of(local(m, lo[0]), local(m, hi[0]), tlo, t, &shape))
+        return -2;
+    out->resume_pc = shape.resume_pc - local(m, 0) + m->bias;
+    out->bp_slot = shape.fp_slot;
+    out->bx_slot = shape.aux_slot;
+    for (int i = 0; i < out->nstub; i++) {
+        out->stub_lo[i] += m->bias;
+        out->stub_hi[i] += m->bias;
+    }
+    return 0;
+}

@@ -1,0 +1,255 @@
+/* Another process's interpreter: where its thread states, gc lists and
+ * frames are, and the walks over them (through btc_rmem, never in place).
+ *
+ * The offsets are those of the CPython btcore is compiled against, taken
+ * from its internal headers (offsetof): a target of the same version
+ * family has the same layout.  Other versions are refused by the caller
+ * (btcore/process.py compares the target's version with this one).
+ */
+#include <Python.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/cpython/pyframes.h"
+#include "remote/rmem.h"
+
+#define MAX_TYPE_DEPTH 32
+#define TYPE_MEMO 256
+
+#if BTC_PY_FAMILY == 311
+
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#include <internal/pycore_interp.h>
+#include <internal/pycore_runtime.h>
+
+int btc_remote_pylayout(btc_remote_layout *o)
+{
+    memset(o, 0, sizeof *o);
+    o->version_hex = PY_VERSION_HEX;
+    o->runtime_interp_head = offsetof(_PyRuntimeState, interpreters.head);
+    o->interp_next = offsetof(PyInterpreterState, next);
+    o->interp_threads_head = offsetof(PyInterpreterState, threads.head);
+    o->interp_gc_generations = offsetof(PyInterpreterState, gc.generations);
+    o->interp_gc_permanent = offsetof(PyInterpreterState, gc.permanent_generation);
+    o->gc_generation_size = sizeof(struct gc_generation);
+    o->gc_ngenerations = NUM_GENERATIONS;
+    o->tstate_next = offsetof(PyThreadState, next);
+    o->tstate_thread_id = offsetof(PyThreadState, thread_id);
+    o->tstate_native_thread_id = offsetof(PyThreadState, native_thread_id);
+    o->code_filename = offsetof(PyCodeObject, co_filename);
+    o->code_qualname = offsetof(PyCodeObject, co_qualname);
+    o->code_firstlineno = offsetof(PyCodeObject, co_firstlineno);
+    o->code_linetable = offsetof(PyCodeObject, co_linetable);
+    o->code_size = offsetof(PyVarObject, ob_size);
+    o->type_name = offsetof(PyTypeObject, tp_name);
+    o->unicode_state = offsetof(PyASCIIObject, state);
+    o->unicode_length = offsetof(PyASCIIObject, length);
+    o->ascii_data = sizeof(PyASCIIObject);
+    o->compact_data = sizeof(PyCompactUnicodeObject);
+    o->bytes_size = offsetof(PyVarObject, ob_size);
+    o->bytes_data = offsetof(PyBytesObject, ob_sval);
+    return 0;
+}
+
+/* The chain from interpreter frame f: code, instruction offset, entry flag. */
+static int frame_chain(btc_rmem *m, uintptr_t f, btc_remote_pyframe *out, int max)
+{
+    int n = 0;
+    for (int steps = 0; f && n < max && steps < BTC_PY_MAX_FRAMES; steps++) {
+        _PyInterpreterFrame fr;
+        if (btc_rmem_read(m, f, &fr, sizeof fr) != 0 || !fr.f_code)
+            break;
+        uintptr_t first = (uintptr_t)fr.f_code + offsetof(PyCodeObject, co_code_adaptive);
+        out[n].code = (uintptr_t)fr.f_code;
+        out[n].lasti = (int32_t)((uintptr_t)fr.prev_instr - first);
+        out[n].entry = fr.is_entry;
+        n++;
+        f = (uintptr_t)fr.previous;
+    }
+    return n;
+}
+
+int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max)
+{
+    uintptr_t cframe, frame;
+    if (!btc_rmem_word(m, tstate + offsetof(PyThreadState, cframe), &cframe) || !cframe ||
+        !btc_rmem_word(m, cframe + offsetof(_PyCFrame, current_frame), &frame))
+        return 0;
+    return frame_chain(m, frame, out, max);
+}
+
+/* A frame object's interpreter frame, 0 if unreadable. */
+static uintptr_t interpreter_frame(btc_rmem *m, uintptr_t frame_object)
+{
+    uintptr_t frame;
+    return frame_object && btc_rmem_word(m, frame_object + offsetof(PyFrameObject, f_frame), &frame) ? frame : 0;
+}
+
+int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max)
+{
+    return frame_chain(m, interpreter_frame(m, frame_object), out, max);
+}
+
+/* ---- instances of a type, through the gc lists ---- */
+
+typedef struct {
+    uintptr_t type[TYPE_MEMO];
+    int8_t is[TYPE_MEMO];   /* 0 unknown, 1 yes, -1 no */
+} type_memo;
+
+/* Is t `wanted` or a subtype of it?  Remembered per type (a dump meets few). */
+static bool is_subtype(btc_rmem *m, type_memo *memo, uintptr_t t, uintptr_t wanted)
+{
+    size_t slot = (t >> 4) % TYPE_MEMO;
+    if (memo->type[slot] == t && memo->is[slot])
+        return memo->is[slot] > 0;
+    bool yes = false;
+    uintptr_t k = t;
+    for (int depth = 0; k && !yes && depth < MAX_TYPE_DEPTH; depth++) {   /* a cycle: garbage */
+        yes = k == wanted;
+        if (!btc_rmem_word(m, k + offsetof(PyTypeObject, tp_base), &k))
+            break;
+    }
+    memo->type[slot] = t;
+    memo->is[slot] = yes ? 1 : -1;
+    return yes;
+}
+
+int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
+                            uintptr_t *out, int max, uint64_t *visited)
+{
+    static type_memo memo;
+    memset(&memo, 0, sizeof memo);
+    int n = 0;
+    *visited = 0;
+    for (int h = 0; h < nheads; h++) {
+        uintptr_t at;
+        if (!btc_rmem_word(m, heads[h], &at))
+            continue;
+        /* _gc_next holds a clean pointer outside a collection (bit 0 is
+         * only set while one runs); a list that does not come back to its
+         * head within the bound is garbage, and so is a misaligned link. */
+        for (at &= ~(uintptr_t)3; at != heads[h] && *visited < BTC_REMOTE_MAX_OBJECTS; (*visited)++) {
+            uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
+            if ((at & 7) || btc_rmem_read(m, at, w, sizeof w) != 0)
+                break;
+            if (w[3] && is_subtype(m, &memo, w[3], wanted)) {
+                if (n >= max)
+                    return -1;   /* more than the caller has room for */
+                out[n++] = at + sizeof(PyGC_Head);
+            }
+            at = w[0] & ~(uintptr_t)3;
+        }
+    }
+    return n;
+}
+
+#else
+
+int btc_remote_pylayout(btc_remote_layout *o)
+{
+    memset(o, 0, sizeof *o);
+    o->version_hex = PY_VERSION_HEX;
+    return -1;
+}
+
+static uintptr_t interpreter_frame(btc_rmem *m, uintptr_t frame_object) { return 0; }
+int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max) { return 0; }
+int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max) { return 0; }
+int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
+                            uintptr_t *out, int max, uint64_t *visited)
+{
+    *visited = 0;
+    return 0;
+}
+
+#endif
+
+/* ---- greenlets' saved states (any CPython version: greenlet's layout) ---- */
+
+#define MAIN_STACK_STOP ((uintptr_t)-1)
+
+/* Suspended (neither running, dead nor unstarted), from greenlet's own
+ * marks: start is 0 once dead, 1 while starting; a running greenlet keeps
+ * the sp it last had, but has no saved frame and, having been switched in,
+ * its whole stack back in place (saved 0).  A suspended greenlet may lack a
+ * Python frame (parked in Cython code: gevent.spawn(queue.get)), but then
+ * part of its stack was copied away, or it lies in place untouched: only
+ * that last case is taken for a running one. */
+static bool suspended(const btc_remote_greenlet *g)
+{
+    bool main = g->stop == MAIN_STACK_STOP;
+    if (g->start <= 1 || g->start >= g->stop || g->saved < 0 || (!main && (uintptr_t)g->saved > g->stop - g->start))
+        return false;
+    return g->frame || g->saved > 0;
+}
+
+int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
+                               btc_remote_greenlet *out)
+{
+    size_t pimpl_off = offsets[0], state_off = offsets[1], frame_off = offsets[2];
+    uintptr_t *pimpls = malloc((n ? n : 1) * sizeof *pimpls);
+    for (int i = 0; pimpls && i < n; i++)   /* where to read next, then all of it at once */
+        pimpls[i] = btc_rmem_word(m, greenlets[i] + pimpl_off, &pimpls[i]) ? pimpls[i] + state_off : 0;
+    if (pimpls)
+        btc_rmem_prefetch(m, pimpls, n);
+    free(pimpls);
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        uintptr_t g = greenlets[i], pimpl, state[4];
+        btc_remote_greenlet *o = &out[kept];
+        memset(o, 0, sizeof *o);
+        if (!btc_rmem_word(m, g + sizeof(Py_ssize_t), &o->type) || !btc_rmem_word(m, g + pimpl_off, &pimpl) ||
+            !pimpl || btc_rmem_read(m, pimpl + state_off, state, sizeof state) != 0 ||
+            !btc_rmem_word(m, pimpl + frame_off, &o->frame))
+            continue;
+        o->address = g;
+        o->start = state[0];
+        o->stop = state[1];
+        o->copy = state[2];
+        o->saved = (intptr_t)state[3];
+        kept += suspended(o);
+    }
+    return kept;
+}
+
+int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
+                               btc_remote_pyframe *frames, int max_frames)
+{
+    uintptr_t *addr = malloc(n * sizeof *addr);
+    size_t *size = malloc(n * sizeof *size);
+    uint8_t **dest = malloc(n * sizeof *dest), *ok = malloc(n);
+    int nread = 0, nframes = 0;
+    size_t spilled = 0;
+    for (int i = 0; addr && size && dest && ok && i < n; i++) {   /* the heap copies: in batches */
+        btc_remote_greenlet *g = &gs[i];
+        g->spill_at = spilled;
+        g->copied = g->saved == 0;
+        if (g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
+            continue;
+        addr[nread] = g->copy;
+        size[nread] = (size_t)g->saved;
+        dest[nread++] = spill + spilled;
+        spilled += (size_t)g->saved;
+    }
+    if (addr && size && dest && ok)
+        btc_rmem_read_many(m, addr, size, dest, nread, ok);
+    for (int i = 0; addr && i < n; i++)   /* each greenlet's innermost interpreter frame */
+        addr[i] = interpreter_frame(m, gs[i].frame);
+    if (addr)
+        btc_rmem_prefetch(m, addr, n);
+    for (int i = 0, r = 0; i < n; i++) {
+        btc_remote_greenlet *g = &gs[i];
+        if (!g->copied && r < nread && dest[r] == spill + g->spill_at)
+            g->copied = ok[r++];
+        g->frames_at = nframes;
+        g->nframes = g->frame ? btc_remote_object_frames(m, g->frame, frames + nframes, max_frames - nframes) : 0;
+        nframes += g->nframes;
+    }
+    free(addr);
+    free(size);
+    free(dest);
+    free(ok);
+    return nframes;
+}

@@ -1,0 +1,139 @@
+/* register_dump_signal(stuck=True): a dump that does not wait for Python.
+ *
+ * A Python-level handler runs only when the main thread gets back to the
+ * interpreter, never while it is stuck in C.  Here the handler (C, async-
+ * signal-safe) only posts a semaphore; a C thread waiting on it samples the
+ * main thread through the capture signal and writes its stack, named in C
+ * (report.c), without the GIL.
+ */
+#include <Python.h>
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "capture/signal_capture.h"
+#include "watch/report.h"
+
+static struct {
+    int signum;             /* 0: none installed */
+    struct sigaction previous;
+    bool chain;
+    bool active;            /* fd open, semaphore made (thread and handler may be) */
+    int fd, slot;
+    pthread_t thread;
+    bool thread_alive;
+    atomic_bool stopping;
+    sem_t wake;
+} dumper;
+
+static char dump_buf[64 * 1024];
+
+static void on_dump_signal(int signum, siginfo_t *si, void *ucontext)
+{
+    int saved_errno = errno;
+    sem_post(&dumper.wake);
+    const struct sigaction *p = &dumper.previous;
+    if (dumper.chain && (p->sa_flags & SA_SIGINFO) && p->sa_sigaction)
+        p->sa_sigaction(signum, si, ucontext);
+    else if (dumper.chain && !(p->sa_flags & SA_SIGINFO) && p->sa_handler != SIG_DFL && p->sa_handler != SIG_IGN)
+        p->sa_handler(signum);
+    errno = saved_errno;
+}
+
+static void dump_once(void)
+{
+    btc_text t = {dump_buf, sizeof dump_buf, 0};
+    btc_sigsample sample;
+    btc_text_addf(&t, "btcore: signal %d: the stack of thread %llu, innermost first:\n", dumper.signum,
+                  (unsigned long long)btc_thread_ident_of(dumper.slot));
+    if (btc_signal_sample_slot(dumper.slot, 1000, &sample) == 0)
+        btc_sigsample_text(&sample, &t);
+    else
+        btc_text_add(&t, "  (the thread did not answer the capture signal)\n");
+    for (size_t done = 0; done < t.len;) {
+        ssize_t w = write(dumper.fd, t.buf + done, t.len - done);
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+}
+
+static void *dumper_main(void *arg BTC_UNUSED)
+{
+    for (;;) {
+        while (sem_wait(&dumper.wake) != 0 && errno == EINTR)
+            ;
+        if (atomic_load(&dumper.stopping))
+            return NULL;
+        dump_once();
+    }
+}
+
+int btc_dump_signal_install(int signum, int fd, int chain)
+{
+    if (dumper.active || signum <= 0 || signum == btc_capture_signal())
+        return -1;
+    int slot = btc_thread_register();
+    if (slot < 0 || (dumper.fd = dup(fd)) < 0)
+        return -1;
+    dumper.active = true;
+    dumper.slot = slot;
+    dumper.chain = chain != 0;
+    atomic_store(&dumper.stopping, false);
+    sem_init(&dumper.wake, 0, 0);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);   /* the thread blocks every signal */
+    dumper.thread_alive = pthread_create(&dumper.thread, NULL, dumper_main, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_dump_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (!dumper.thread_alive || sigaction(signum, &sa, &dumper.previous) != 0) {
+        btc_dump_signal_uninstall(0);
+        return -1;
+    }
+    dumper.signum = signum;
+    return 0;
+}
+
+int btc_dump_signal_uninstall(int signum)
+{
+    if (!dumper.active || (signum && signum != dumper.signum))
+        return 0;
+    if (dumper.signum)
+        sigaction(dumper.signum, &dumper.previous, NULL);
+    if (dumper.thread_alive) {
+        PyThreadState *gil = PyGILState_Check() ? PyEval_SaveThread() : NULL;
+        atomic_store(&dumper.stopping, true);
+        sem_post(&dumper.wake);
+        pthread_join(dumper.thread, NULL);
+        if (gil)
+            PyEval_RestoreThread(gil);
+    }
+    close(dumper.fd);
+    sem_destroy(&dumper.wake);
+    int was = dumper.signum != 0;
+    dumper.signum = 0;
+    dumper.thread_alive = false;
+    dumper.active = false;
+    return was;
+}
+
+/* A forked child has no dump thread: the handler stays (posting to nobody)
+ * until unregistered. */
+static void child_after_fork(void)
+{
+    dumper.thread_alive = false;
+}
+
+__attribute__((constructor)) static void dump_signal_fork_safe(void)
+{
+    pthread_atfork(NULL, NULL, child_after_fork);
+}

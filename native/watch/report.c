@@ -1,0 +1,130 @@
+/* A signal-context sample as text, written by a thread that may not take
+ * the GIL (the sampled thread may hold it, stuck in C).
+ *
+ * Native frames are named from the symbol tables in C (btc_describe_native,
+ * which reads ELF files without Python objects).  Python frames are read from
+ * their code objects raw, as faulthandler does: the name and file strings'
+ * characters and the line from PyCode_Addr2Line, which only reads the code
+ * object's line table.  The code objects are owned by frames the sampled
+ * thread is still running, so this runs while it is stuck there.
+ */
+#include <Python.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "watch/report.h"
+
+void btc_text_add(btc_text *t, const char *s)
+{
+    size_t n = strlen(s), room = t->size - 1 - t->len;
+    if (n > room)
+        n = room;
+    memcpy(t->buf + t->len, s, n);
+    t->len += n;
+    t->buf[t->len] = 0;
+}
+
+void btc_text_addf(btc_text *t, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    btc_text_add(t, line);
+}
+
+/* A str's characters, non-ASCII ones as '?', at most 200 (no allocation). */
+static void add_str(btc_text *t, PyObject *s)
+{
+    if (!s || !PyUnicode_CheckExact(s)) {
+        btc_text_add(t, "?");
+        return;
+    }
+    char out[201];
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s), i;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    for (i = 0; i < n && i < 200; i++) {
+        Py_UCS4 ch = PyUnicode_READ(kind, data, i);
+        out[i] = ch >= 32 && ch < 127 ? (char)ch : '?';
+    }
+    out[i] = 0;
+    btc_text_add(t, out);
+}
+
+static void add_python(btc_text *t, const btc_frame *f)
+{
+    PyCodeObject *code = (PyCodeObject *)f->addr;
+    if (!PyCode_Check((PyObject *)code)) {
+        btc_text_addf(t, "  (a Python frame whose code object is gone: %#lx)\n", (unsigned long)f->addr);
+        return;
+    }
+    btc_text_add(t, "  File \"");
+    add_str(t, code->co_filename);
+    btc_text_addf(t, "\", line %d, in ", PyCode_Addr2Line(code, f->lasti));
+    add_str(t, code->co_qualname);
+    btc_text_add(t, "\n");
+}
+
+/* The module's file name without its directory. */
+static const char *base_name(const char *path)
+{
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    return slash ? slash + 1 : path && path[0] ? path : "?";
+}
+
+static void add_native(btc_text *t, const btc_frame *f)
+{
+    btc_native_info info;
+    btc_srcframe level;
+    char names[1024];
+    /* Names only (one level asked): the reporter writes function+offset. */
+    if (btc_resolve_native(f->addr, f->flags, &info, &level, 1, names, sizeof names) < 0) {
+        btc_text_addf(t, "  [?] %#lx\n", (unsigned long)f->addr);
+        return;
+    }
+    uintptr_t pc = f->flags & (BTC_F_EXACT | BTC_F_SIGNAL) ? f->addr : f->addr - 1;
+    if (info.symbol)
+        btc_text_addf(t, "  [%s] %s+%#lx\n", base_name(info.module), info.symbol, (unsigned long)(pc - info.symbol_addr));
+    else
+        btc_text_addf(t, "  [%s] +%#lx\n", base_name(info.module), (unsigned long)(pc - info.module_base));
+}
+
+static const struct {
+    unsigned bit;
+    const char *why;
+} partial_reasons[] = {
+    {BTC_PARTIAL_LOCKED, "the module list was busy: Python frames only"},
+    {BTC_PARTIAL_NO_TABLE, "the walk stopped at a module whose unwind table was not built"},
+    {BTC_PARTIAL_NO_MODULE, "the walk stopped at code in no known module"},
+    {BTC_PARTIAL_TRUNCATED, "more frames than a sample holds"},
+    {BTC_PARTIAL_OFF_STACK, "the stack pointer was outside the thread's stack: Python frames only"},
+    {BTC_PARTIAL_PYTHON, "the Python frame chain could not be read to its end"},
+    {BTC_PARTIAL_SWITCHING, "interrupted inside a greenlet switch: its innermost native frames only"},
+    {BTC_PARTIAL_CUT, "the walk stopped before the stack's end (a caller could not be recovered)"},
+};
+
+void btc_sigsample_text(const btc_sigsample *s, btc_text *t)
+{
+    for (int i = 0; i < s->n && i < BTC_SIGNAL_FRAMES; i++) {
+        if (s->frames[i].kind == BTC_KIND_PYTHON)
+            add_python(t, &s->frames[i]);
+        else
+            add_native(t, &s->frames[i]);
+    }
+    for (size_t i = 0; i < sizeof partial_reasons / sizeof *partial_reasons; i++)
+        if (s->partial & partial_reasons[i].bit)
+            btc_text_addf(t, "  (partial: %s)\n", partial_reasons[i].why);
+}
+
+int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size)
+{
+    if (!size)
+        return 0;
+    btc_text t = {buf, size, 0};
+    buf[0] = 0;
+    btc_sigsample_text(s, &t);
+    return (int)t.len;
+}

@@ -1,0 +1,18 @@
+/* A signal-context sample as text, named without the GIL (report.c). */
+#ifndef BTC_WATCH_REPORT_H
+#define BTC_WATCH_REPORT_H
+
+#include "common/base.h"
+
+/* A bounded text buffer: appends never overflow; the text stays NUL-terminated. */
+typedef struct {
+    char *buf;
+    size_t size, len;
+} btc_text;
+
+void btc_text_add(btc_text *t, const char *s);
+void btc_text_addf(btc_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The sample's frames, one a line, innermost first, then its partial reasons. */
+void btc_sigsample_text(const btc_sigsample *s, btc_text *t);
+
+#endif

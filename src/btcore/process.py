@@ -1,0 +1,410 @@
+"""dump_process(): every thread's running stack and every suspended greenlet
+of another process (live, or a core file), native and Python frames merged,
+with no agent inside it.
+
+The target is stopped only while btcore/remote.py copies what the dump
+needs; walking the copies (the same DWARF walker as collect(), over a
+memory view of the copy: native/remote/rmodules.c), merging and naming
+happen after it runs again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+
+from elftools.elf.elffile import ELFFile
+
+from ._native import ffi, lib
+from .frame import NATIVE, PYTHON, Frame
+from .resolve import file_symbol, native_frames
+from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather, greenlet_copies,
+                     snapshot_live, vdso_file)
+
+__all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "dump_process", "process_stacks"]
+
+_MAX_NATIVE = 256
+_EVAL_LOOP = "_PyEval_EvalFrameDefault"
+
+
+@dataclass
+class ProcessStack:
+    """One stack of the target: a thread's running stack, or a suspended greenlet's.
+
+    kind      "thread" or "greenlet"
+    name      thread: "Thread <tid>"; greenlet: "<type at 0x...>"
+    tid       the thread it runs on (greenlet: whose stack holds it; None if unknown)
+    frames    resolved Frames, innermost first
+    error     why the stack is missing or short, or None
+    """
+
+    kind: str
+    name: str
+    tid: int | None
+    frames: list = field(default_factory=list)
+    error: str | None = None
+
+
+# ---- walking the copies ----
+
+class _Walker:
+    def __init__(self, snap: Snapshot, native: bool):
+        self.snap, self.native = snap, native
+        self._symbols = {}   # pc (looked-up) -> (module, symbol, start)
+        self._codes = {}     # target code address -> (qualname, filename, firstlineno, linetable)
+        self._named = {}     # raw frame -> its Frames
+        code = snap.greenlet_code
+        stubs = [(code.stub_lo[i], code.stub_hi[i]) for i in range(code.nstub)] if code else []
+        self._end_lo = ffi.new("uintptr_t[2]", [lo for lo, _ in stubs] + [0] * (2 - len(stubs)))
+        self._end_hi = ffi.new("uintptr_t[2]", [hi for _, hi in stubs] + [0] * (2 - len(stubs)))
+        self._nstub = len(stubs)
+        greenlet_mod = snap.modules.named(lambda name: name.startswith("_greenlet"))
+        self._greenlet_span = (greenlet_mod.lo, greenlet_mod.hi) if greenlet_mod else (0, 0)
+
+    def unwind(self, regs, exact: bool, lo: int, data: bytes, last_cfa: int = 0, stub_ends: bool = True) -> list:
+        pcs = ffi.new("uintptr_t[]", _MAX_NATIVE)
+        copy = ffi.from_buffer(data)
+        n = lib.btc_remote_unwind(self.snap.modules.handle, regs, exact, lo, lo + len(data), copy, last_cfa,
+                                  self._end_lo, self._end_hi, self._nstub if stub_ends else 0, pcs, _MAX_NATIVE)
+        return [(pcs[i], exact and i == 0) for i in range(n)]
+
+    def symbol(self, lookup: int):
+        found = self._symbols.get(lookup)
+        if found is None:
+            mod = self.snap.modules.at(lookup)
+            name, start = file_symbol(mod.path, lookup - mod.bias) if mod else (None, None)
+            found = self._symbols[lookup] = (mod, name, start)
+        return found
+
+    def in_eval_loop(self, pc: int, exact: bool) -> bool:
+        name = self.symbol(pc if exact else pc - 1)[1]
+        return bool(name) and (name == _EVAL_LOOP or name.startswith(_EVAL_LOOP + "."))
+
+    def internal(self, pc: int, exact: bool) -> bool:
+        lo, hi = self._greenlet_span
+        return lo <= (pc if exact else pc - 1) < hi
+
+    def merge(self, natives: list, pyframes: list, greenlet: bool) -> list:
+        """Raw merged frames: ("native", pc, exact) and ("python", code, lasti).
+        Each eval-loop frame becomes the Python frames it runs, up to and
+        including the next entry frame; leftovers are appended (never fails)."""
+        if greenlet:   # greenlet's own switching machinery, as collect() hides it
+            while natives and self.internal(*natives[0]):
+                natives = natives[1:]
+            while natives and self.internal(*natives[-1]):
+                natives = natives[:-1]
+        out, py = [], list(pyframes)
+        for pc, exact in natives:
+            if self.in_eval_loop(pc, exact):
+                taken = 0
+                while py:
+                    code, lasti, entry = py.pop(0)
+                    out.append(("python", code, lasti))
+                    taken += 1
+                    if entry:
+                        break
+                if taken or not self.native:
+                    continue
+            if self.native:
+                out.append(("native", pc, exact))
+        out.extend(("python", code, lasti) for code, lasti, _ in py)
+        return out
+
+    def resolve(self, raw: list) -> list:
+        """Frames of a merged raw stack; each raw frame is named once per dump
+        (10 000 greenlets parked in a few places repeat the same frames)."""
+        frames = []
+        for key in raw:
+            named = self._named.get(key)
+            if named is None:
+                kind, a, b = key
+                named = self._named[key] = self._python(a, b) if kind == "python" else self._native(a, b)
+            frames.extend(named)
+        return frames
+
+    def _native(self, pc: int, exact: bool) -> tuple:
+        lookup = pc if exact else pc - 1
+        mod, name, start = self.symbol(lookup)
+        if mod is None:
+            return (Frame(NATIVE, pc, None, None, None, None, None),)
+        offset = pc - mod.bias - start if name else pc - mod.bias
+        return native_frames(pc, mod.path, name, offset, lookup - mod.bias)
+
+    def _python(self, code: int, lasti: int) -> tuple:
+        qualname, filename, first, table = self._code(code)
+        return (Frame(PYTHON, None, filename, qualname, None, filename, _line(first, table, lasti)),)
+
+    def _code(self, code: int):
+        found = self._codes.get(code)
+        if found is None:
+            lay, m = self.snap.layout, self.snap.memory
+            first = m.read(code + lay.code_firstlineno, 4)
+            found = self._codes[code] = (
+                self._str(m.word(code + lay.code_qualname)), self._str(m.word(code + lay.code_filename)),
+                struct.unpack("<i", first)[0] if first else None, self._bytes(m.word(code + lay.code_linetable)))
+        return found
+
+    def _str(self, obj):
+        lay, m = self.snap.layout, self.snap.memory
+        state, length = m.word(obj + lay.unicode_state) if obj else None, m.word(obj + lay.unicode_length) if obj else None
+        if state is None or length is None or length > 4096:
+            return None
+        kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+        if not compact or kind not in (1, 2, 4):
+            return None
+        raw = m.read(obj + (lay.ascii_data if ascii_ else lay.compact_data), length * kind)
+        if raw is None:
+            return None
+        return raw.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], "replace")
+
+    def _bytes(self, obj):
+        lay, m = self.snap.layout, self.snap.memory
+        size = m.word(obj + lay.bytes_size) if obj else None
+        return m.read(obj + lay.bytes_data, size) if size is not None and size < 1 << 20 else None
+
+
+def _line(first, table, lasti: int):
+    """The line of instruction offset lasti, from the target's co_linetable
+    (this CPython's format: a code object built here reads it)."""
+    if first is None or table is None:
+        return None
+    try:
+        code = _LINE_PROBE.replace(co_firstlineno=first, co_linetable=table,
+                                   co_code=bytes([9, 0]) * (max(lasti, 0) // 2 + 1 + 4096))
+        for start, end, line in code.co_lines():
+            if start <= lasti < end:
+                return line
+    except (ValueError, TypeError, SystemError):
+        pass
+    return None
+
+
+_LINE_PROBE = compile("pass", "<line probe>", "exec")
+
+
+# ---- stacks of a snapshot ----
+
+def _stacks(snap: Snapshot, native: bool) -> list:
+    walker = _Walker(snap, native)
+    stacks = []
+    for t in snap.threads:
+        name = f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else "")
+        if t.regs is None or not t.stack:
+            stacks.append(ProcessStack("thread", name, t.tid, walker.resolve(
+                [("python", c, l) for c, l, _ in t.pyframes]), t.error))
+            continue
+        natives = walker.unwind(t.regs, True, t.stack_lo, t.stack) if native else []
+        stacks.append(ProcessStack("thread", name, t.tid, walker.resolve(walker.merge(natives, t.pyframes, False))))
+    for g in snap.greenlets:
+        stacks.append(_greenlet_stack(snap, walker, g, native))
+    return stacks
+
+
+def _greenlet_stack(snap: Snapshot, walker: _Walker, g, native: bool) -> ProcessStack:
+    name = f"<{g.type_name} at {g.address:#x}>"
+    # The thread whose stack holds the greenlet's part still in place.
+    inside = g.start if g.main else g.stop - 1
+    thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
+    stack = ProcessStack("greenlet", name, thread.tid if thread else None)
+    natives = []
+    if native and snap.greenlet_code is not None:
+        data = _greenlet_bytes(g, thread)
+        code = snap.greenlet_code
+        bp, bx = _word_at(data, code.bp_slot), _word_at(data, code.bx_slot)
+        if data is not None and bp is not None and bx is not None:
+            natives = walker.unwind((code.resume_pc, g.start, bp, bx), False, g.start, data,
+                                    0 if g.main else g.stop, stub_ends=False)
+        else:
+            stack.error = "its saved stack is not in the copies made: Python frames only"
+    stack.frames = walker.resolve(walker.merge(natives, g.pyframes, True))
+    return stack
+
+
+def _greenlet_bytes(g, thread):
+    """[start, stop) of a suspended greenlet: greenlet's heap copy of the low
+    part, then the part still in place on its thread's stack (copied with it)."""
+    in_place_lo = g.start + g.saved
+    if g.spill is None:
+        return None
+    if not g.main and in_place_lo >= g.stop:
+        return g.spill
+    if thread is None or in_place_lo < thread.stack_lo:
+        return None
+    hi = thread.stack_lo + len(thread.stack) if g.main else g.stop
+    return g.spill + thread.stack[in_place_lo - thread.stack_lo: hi - thread.stack_lo]
+
+
+def _word_at(data, at: int):
+    return None if data is None else struct.unpack_from("<Q", data, at)[0] if 0 <= at <= len(data) - 8 else None
+
+
+# ---- core files ----
+
+def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
+    f = open(core, "rb")
+    memory = Memory(lib.btc_rmem_open_segments(), [f])
+    try:
+        elf = ELFFile(f)
+        if elf["e_type"] != "ET_CORE":
+            raise DumpError(f"{core} is not a core file")
+        mappings, regs_of, vdso = _read_core(elf, f, memory)
+        return _snapshot_core_memory(memory, mappings, regs_of, vdso, exe, threads_only)
+    except BaseException:
+        memory.close()
+        raise
+
+
+def _read_core(elf, f, memory: Memory) -> tuple:
+    """(mappings, tid -> registers (the first thread listed is the process's), vDSO address) of
+    a core file; its PT_LOAD data becomes memory's first segments."""
+    mappings, regs_of, vdso = [], {}, None
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
+            lib.btc_rmem_add_segment(memory.handle, seg["p_vaddr"], seg["p_filesz"], f.fileno(), seg["p_offset"])
+            mappings.append(Mapping(seg["p_vaddr"], seg["p_vaddr"] + seg["p_memsz"], "", 0, ""))
+        for note in seg.iter_notes() if seg["p_type"] == "PT_NOTE" else ():
+            if note["n_type"] == "NT_PRSTATUS":
+                desc = note["n_desc"] if isinstance(note["n_desc"], bytes) else bytes(note["n_desc"], "latin-1")
+                regs = struct.unpack_from("<27Q", desc, 112)   # elf_prstatus.pr_reg: user_regs_struct
+                regs_of[struct.unpack_from("<i", desc, 32)[0]] = (regs[16], regs[19], regs[4], regs[5])
+            elif note["n_type"] == "NT_AUXV":
+                vdso = _auxv_vdso(note["n_desc"])
+            elif note["n_type"] == "NT_FILE":
+                page = note["n_desc"]["page_size"]
+                for entry, name in zip(note["n_desc"]["Elf_Nt_File_Entry"], note["n_desc"]["filename"]):
+                    path = name.decode() if isinstance(name, bytes) else name
+                    mappings.append(Mapping(entry["vm_start"], entry["vm_end"], "", entry["page_offset"] * page, path))
+    return mappings, regs_of, vdso
+
+
+def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, exe, threads_only) -> Snapshot:
+    notes = []
+    for m in mappings:   # the mappings the core left out: from the files themselves
+        if m.path.startswith("/") and os.path.exists(m.path):
+            fm = open(m.path, "rb")
+            memory.keep.append(fm)
+            lib.btc_rmem_add_segment(memory.handle, m.lo, m.hi - m.lo, fm.fileno(), m.offset)
+    segment = next((m for m in mappings if not m.path and vdso is not None and m.lo <= vdso < m.hi), None)
+    if segment is not None:   # a thread may be stopped inside the vDSO (clock_gettime)
+        mappings += vdso_file(Mapping(segment.lo, segment.hi, "", 0, "[vdso]"), memory)
+    if exe and not any(m.path == exe for m in mappings):
+        notes.append(f"{exe} is not among the core's mapped files")
+    pid = next(iter(regs_of), 0)
+    target = Target(pid, memory, [m for m in mappings if m.path] + [m for m in mappings if not m.path], notes)
+    threads, greenlets = gather(target, regs_of, threads_only)
+    return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
+                    target.greenlet_code, target.layout, 0.0, notes)
+
+
+_AT_SYSINFO_EHDR = 33
+
+
+def _auxv_vdso(desc):
+    """The vDSO's address from the auxiliary vector (NT_AUXV), or None."""
+    raw = desc if isinstance(desc, bytes) else bytes(desc, "latin-1")
+    pairs = struct.iter_unpack("<QQ", raw[: len(raw) // 16 * 16])
+    return next((value for kind, value in pairs if kind == _AT_SYSINFO_EHDR), None)
+
+
+# ---- public ----
+
+def _check_architecture() -> None:
+    """Registers (ptrace, a core's NT_PRSTATUS) are read as x86-64's: refuse elsewhere."""
+    if platform.machine() != "x86_64":
+        raise DumpError("dumping another process or a core file is implemented on x86-64 only, "
+                        f"not {platform.machine()}")
+
+
+def process_stacks(pid: int | None = None, *, core: str | None = None, exe: str | None = None,
+                   native: bool = True, threads_only: bool = False, timeout: float = 5.0):
+    """(Snapshot, [ProcessStack]) of process pid, or of a core file."""
+    if (pid is None) == (core is None):
+        raise ValueError("give either a pid or a core file")
+    _check_architecture()
+    snap = _snapshot_core(core, exe, threads_only) if core else \
+        snapshot_live(pid, threads_only=threads_only, timeout=timeout)
+    try:
+        return snap, _stacks(snap, native)
+    finally:
+        snap.memory.close()
+
+
+def dump_process(pid: int | None = None, file=None, *, core: str | None = None, exe: str | None = None,
+                 format: str = "text", native: bool = True, threads_only: bool = False,
+                 timeout: float = 5.0) -> None:
+    """Write every thread's running stack and every suspended greenlet of
+    process pid (or of a core file, with the executable that made it) to
+    file (default: sys.stdout), from outside: nothing runs in the target,
+    which is stopped only while its state is copied.
+
+    format: "text" (identical stacks grouped, largest group first) or "json".
+    native=False: Python frames only.  threads_only: no greenlets.
+    timeout: seconds to wait for each thread to stop.
+    Raises DumpPermissionError (what to change to be allowed) or DumpError.
+    """
+    if format not in ("text", "json"):
+        raise ValueError(f"format must be 'text' or 'json', not {format!r}")
+    snap, stacks = process_stacks(pid, core=core, exe=exe, native=native, threads_only=threads_only,
+                                  timeout=timeout)
+    text = _json(snap, stacks) if format == "json" else _text(snap, stacks, core)
+    out = sys.stdout if file is None else file
+    out.write(text)
+    out.flush()
+
+
+def _groups(stacks: list) -> list:
+    groups = {}
+    for s in stacks:
+        key = (s.kind,) + (tuple(s.frames), s.error) if s.kind == "greenlet" else (id(s),)
+        groups.setdefault(key, []).append(s)
+    threads = [g for g in groups.values() if g[0].kind == "thread"]
+    greenlets = sorted((g for g in groups.values() if g[0].kind == "greenlet"), key=lambda g: -len(g))
+    return threads + greenlets
+
+
+def _text(snap: Snapshot, stacks: list, core) -> str:
+    groups = _groups(stacks)
+    nthreads = sum(1 for s in stacks if s.kind == "thread")
+    ngreenlets = len(stacks) - nthreads
+    source = f"core file {core}" if core else f"process {snap.pid}"
+    out = [f"Process dump, {source}: {nthreads} thread{'s' if nthreads != 1 else ''}, "
+           f"{ngreenlets} suspended greenlet{'s' if ngreenlets != 1 else ''}, {len(groups)} distinct stacks"
+           + (f" (stopped {snap.stopped_for * 1000:.1f} ms)" if not core else "")]
+    out.extend(f"note: {n}" for n in snap.notes)
+    for number, group in enumerate(groups, 1):
+        first = group[0]
+        if first.kind == "thread":
+            out.append(f"\n=== stack {number}: {first.name} ===")
+        else:
+            names = ", ".join(s.name for s in group[:3]) + (f" (+{len(group) - 3} more)" if len(group) > 3 else "")
+            threads = sorted({str(s.tid) for s in group})
+            out.append(f"\n=== stack {number}: {len(group)} greenlet{'s' if len(group) != 1 else ''}, suspended ===")
+            out.append(f"  e.g. {names}")
+            out.append(f"  thread{'s' if len(threads) > 1 else ''}: {', '.join(threads)}")
+        if first.error:
+            out.append(f"  ({first.error})")
+        out.append("Traceback (most recent call last):" if first.frames else "  (no frames)")
+        out.extend(f.format() for f in reversed(first.frames))
+    return "\n".join(out) + "\n"
+
+
+def _json(snap: Snapshot, stacks: list) -> str:
+    groups = _groups(stacks)
+    doc = {
+        "version": 1,
+        "pid": snap.pid,
+        "time": time.time(),
+        "stopped_ms": snap.stopped_for * 1000,
+        "notes": snap.notes,
+        "stacks": [{"id": n, "kind": g[0].kind, "count": len(g), "error": g[0].error,
+                    "members": [{"name": s.name, "tid": s.tid} for s in g],
+                    "frames": [{"kind": f.kind, "function": f.function, "file": f.file, "line": f.line,
+                                "module": f.module, "ip": f.ip, "offset": f.offset, "inlined": f.inlined}
+                               for f in g[0].frames]}
+                   for n, g in enumerate(groups, 1)],
+    }
+    return json.dumps(doc, indent=1) + "\n"

@@ -1,0 +1,561 @@
+"""Reading another process from outside: a live one (ptrace, process_vm_readv)
+or a core file.  What is read while the target is stopped is a Snapshot:
+registers and stack copies of every thread, the interpreter's thread states
+and every suspended greenlet's saved state and Python frames, as raw
+addresses.  Walking and naming (btcore/process.py) happen after the target
+runs again, from these copies.
+"""
+from __future__ import annotations
+
+import bisect
+import ctypes
+import errno
+import functools
+import os
+import shutil
+import signal
+import struct
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import greenlet
+from elftools.elf.elffile import ELFFile
+
+from ._native import ffi, lib
+from .greenlets import layout_known
+
+_MAX_STACK_COPY = 8 << 20      # bytes of a thread's stack copied, from its sp up
+_MAX_GREENLETS = 1 << 20
+_MAX_PYFRAMES = 4096           # per stack
+_WORD = struct.Struct("<Q")
+_SCRATCH = 1 << 16            # reads up to this size reuse one buffer
+_MAIN_STACK_STOP = (1 << 64) - 1
+
+
+class DumpError(RuntimeError):
+    """btcore cannot dump that process (gone, unsupported, unreadable)."""
+
+
+class DumpPermissionError(DumpError, PermissionError):
+    """The system does not let this process read the target (ptrace rules)."""
+
+
+def permission_advice(pid: int, why: str) -> str:
+    """One message saying what to change, from what this machine says."""
+    scope = _read_text("/proc/sys/kernel/yama/ptrace_scope")
+    owner = _owner(pid)
+    text = f"cannot read process {pid}: {why}. "
+    if os.geteuid() != 0 and owner is not None and owner != os.geteuid():
+        return text + (f"It belongs to uid {owner}, this dump runs as uid {os.geteuid()}: "
+                       "run the dump as root (sudo) or as the target's user.")
+    if scope == "1" and os.geteuid() != 0:
+        return text + ("kernel.yama.ptrace_scope is 1 (only a parent may read its children): run the dump "
+                       "as root (sudo), or allow it with: sudo sysctl kernel.yama.ptrace_scope=0.")
+    if scope == "2" and os.geteuid() != 0:
+        return text + "kernel.yama.ptrace_scope is 2 (only CAP_SYS_PTRACE may read a process): run the dump as root."
+    if scope == "3":
+        return text + "kernel.yama.ptrace_scope is 3: no process may read another until the next reboot."
+    return text + ("This process lacks CAP_SYS_PTRACE (a container?): run the container with "
+                   "--cap-add=SYS_PTRACE (docker, podman) or add SYS_PTRACE to its securityContext "
+                   "capabilities (Kubernetes).")
+
+
+def _owner(pid: int):
+    for line in (_read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
+def _read_text(path: str):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+# ---- memory ----
+
+class Memory:
+    """The target's memory through the native chunk cache (btc_rmem)."""
+
+    def __init__(self, handle, keep=()):
+        self._m = ffi.gc(handle, lib.btc_rmem_close)
+        self._keep = list(keep)   # file objects whose descriptors the segments use
+        self._folders = []        # temporary files of the dump
+        self._scratch = ffi.new("char[]", _SCRATCH)
+
+    @property
+    def handle(self):
+        return self._m
+
+    @property
+    def keep(self) -> list:
+        """Files whose descriptors its segments read (closed by close())."""
+        return self._keep
+
+    def read(self, addr: int, n: int) -> bytes | None:
+        if n <= 0 or addr <= 0:
+            return b"" if n == 0 else None
+        buf = self._scratch if n <= _SCRATCH else ffi.new("char[]", n)
+        return ffi.buffer(buf, n)[:] if lib.btc_rmem_read(self._m, addr, buf, n) == 0 else None
+
+    def word(self, addr: int) -> int | None:
+        data = self.read(addr, 8)
+        return _WORD.unpack(data)[0] if data else None
+
+    def syscalls(self) -> int:
+        return lib.btc_rmem_syscalls(self._m)
+
+    def remove_after(self, folder: str) -> None:
+        self._folders.append(folder)
+
+    def close(self) -> None:
+        for f in self._keep:
+            f.close()
+        for folder in self._folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---- modules ----
+
+@dataclass
+class Mapping:
+    lo: int
+    hi: int
+    perms: str
+    offset: int
+    path: str
+
+
+@dataclass
+class Module:
+    path: str
+    bias: int
+    lo: int    # lowest mapped address
+    hi: int
+
+
+def parse_maps(text: str) -> list:
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        out.append(Mapping(lo, hi, parts[1], int(parts[2], 16), parts[5] if len(parts) > 5 else ""))
+    return out
+
+
+class Modules:
+    """The target's ELF modules, tables built from the files on disk."""
+
+    def __init__(self, mappings: list, memory: Memory | None, notes: list):
+        self._set = ffi.gc(lib.btc_rmodules_new(), lib.btc_rmodules_free)
+        self.list = []
+        first = {}
+        for m in mappings:
+            if m.path.startswith("/") and m.path not in first:
+                first[m.path] = m
+        for path, m in first.items():
+            bias = ffi.new("uintptr_t *")
+            rc = lib.btc_rmodules_add(self._set, memory.handle if memory else ffi.NULL, path.encode(),
+                                      m.lo, m.offset, bias)
+            if rc == -3:
+                notes.append(f"{path}: the file on disk is not the one the target loaded "
+                             "(build-id differs): its frames are not walked or named")
+            if rc == 0:
+                spans = [x for x in mappings if x.path == path]
+                self.list.append(Module(path, bias[0], min(x.lo for x in spans), max(x.hi for x in spans)))
+        self.list.sort(key=lambda mod: mod.lo)
+        self._los = [mod.lo for mod in self.list]
+
+    @property
+    def handle(self):
+        return self._set
+
+    def at(self, pc: int) -> Module | None:
+        i = bisect.bisect_right(self._los, pc) - 1
+        return self.list[i] if i >= 0 and pc < self.list[i].hi else None
+
+    def named(self, predicate) -> Module | None:
+        return next((m for m in self.list if predicate(os.path.basename(m.path))), None)
+
+
+_SYM = struct.Struct("<IBBHQQ")   # Elf64_Sym: name, info, other, shndx, value, size
+
+
+@functools.lru_cache(maxsize=64)
+def _symbol_tables(path: str, mtime: float) -> list:
+    """(symbols, string table) bytes of .dynsym and .symtab (pyelftools finds
+    the sections; decoding thousands of symbols through it takes a second)."""
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        tables = []
+        for name in (".dynsym", ".symtab"):
+            table = elf.get_section_by_name(name)
+            if table is not None and table["sh_entsize"] == _SYM.size:
+                strings = elf.get_section(table["sh_link"])
+                tables.append((table.data(), strings.data()))
+        return tables
+
+
+def symbol_value(path: str, name: str) -> int | None:
+    """A defined symbol's module-relative value (.dynsym, then .symtab) in the ELF file at path."""
+    wanted = b"\0" + name.encode() + b"\0"
+    for symbols, strings in _symbol_tables(path, os.stat(path).st_mtime):
+        at = strings.find(wanted)
+        while at >= 0:
+            for st_name, _, _, shndx, value, _ in _SYM.iter_unpack(symbols):
+                if st_name == at + 1 and shndx != 0:
+                    return value
+            at = strings.find(wanted, at + 1)
+    return None
+
+
+def build_id(path: str) -> bytes | None:
+    with open(path, "rb") as f:
+        for segment in ELFFile(f).iter_segments():
+            if segment["p_type"] == "PT_NOTE":
+                for note in segment.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        return bytes.fromhex(note["n_desc"])
+    return None
+
+
+# ---- what is copied while the target is stopped ----
+
+@dataclass
+class ThreadCopy:
+    tid: int
+    regs: tuple | None          # ip, sp, rbp, rbx (None: not stopped)
+    stack_lo: int = 0
+    stack: bytes = b""          # the target's [stack_lo, stack_lo + len(stack))
+    mapping: tuple = (0, 0)     # [lo, hi) of the mapping holding its stack
+    tstate: int = 0
+    thread_id: int = 0          # pthread id, from the thread state
+    pyframes: list = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class GreenletCopy:
+    address: int
+    type_name: str
+    start: int
+    stop: int
+    saved: int
+    spill: bytes | None         # [start, start + saved), from greenlet's heap copy (None: unreadable)
+    pyframes: list
+    main: bool
+
+
+@dataclass
+class Snapshot:
+    pid: int
+    threads: list
+    greenlets: list
+    modules: Modules
+    memory: Memory
+    greenlet_code: object | None
+    layout: object
+    stopped_for: float = 0.0    # seconds the target was stopped
+    notes: list = field(default_factory=list)
+
+
+_PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
+_pyframe_buffer = ffi.new("btc_remote_pyframe[]", _MAX_PYFRAMES)   # reused: the dump runs on one thread
+
+
+def _pyframes(reader, memory: Memory, addr: int) -> list:
+    """[(code, lasti, entry)] innermost first."""
+    n = reader(memory.handle, addr, _pyframe_buffer, _MAX_PYFRAMES)
+    raw = ffi.buffer(_pyframe_buffer, n * _PYFRAME.size)
+    return [(code, lasti, bool(entry)) for code, lasti, entry in _PYFRAME.iter_unpack(raw)]
+
+
+class Target:
+    """What a dump needs to know about the target before stopping it."""
+
+    def __init__(self, pid: int, memory: Memory, mappings: list, notes: list):
+        self.pid, self.memory, self.mappings, self.notes = pid, memory, mappings, notes
+        self.type_names = {}   # type object address -> tp_name
+        self.modules = Modules(mappings, memory, notes)
+        self.layout = ffi.new("btc_remote_layout *")
+        if lib.btc_remote_pylayout(self.layout) != 0:
+            raise DumpError(f"btcore has no reader for its own CPython version ({_version(self.layout.version_hex)})")
+        self.runtime = self._runtime()
+        self.greenlet_type, self.greenlet_code, self.greenlet_offsets = self._greenlet()
+
+    def _runtime(self) -> int:
+        for mod in self.modules.list:
+            name = os.path.basename(mod.path)
+            if name.startswith("libpython") or name.startswith("python"):
+                value = symbol_value(mod.path, "_PyRuntime")
+                if value:
+                    self._check_version(mod)
+                    return mod.bias + value
+        raise DumpError(f"process {self.pid} is not a CPython process (no _PyRuntime symbol in its modules)")
+
+    def _check_version(self, mod: Module) -> None:
+        value = symbol_value(mod.path, "Py_Version")
+        theirs = self.memory.word(mod.bias + value) if value else None
+        ours = self.layout.version_hex
+        if theirs is None or (theirs & 0xffff0000) != (ours & 0xffff0000):
+            raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}, btcore was "
+                            f"built for {_version(ours)}: dump it with a btcore installed for that version")
+
+    def _greenlet(self):
+        mod = self.modules.named(lambda name: name.startswith("_greenlet"))
+        if mod is None:
+            return 0, None, None
+        local = greenlet._greenlet.__file__
+        if build_id(mod.path) != build_id(local):
+            self.notes.append(f"the target's greenlet ({mod.path}) is not the build btcore runs with "
+                              f"({local}): suspended greenlets are not listed")
+            return 0, None, None
+        code = ffi.new("btc_remote_greenlet_code *")
+        if lib.btc_rmodules_greenlet_shape(self.modules.handle, mod.bias + symbol_value(mod.path, "slp_switch"),
+                                           code) != 0:
+            self.notes.append("greenlet's switching code has a shape btcore does not know: "
+                              "suspended greenlets are not listed")
+            return 0, None, None
+        return mod.bias + symbol_value(mod.path, "PyGreenlet_Type"), code, local_greenlet_offsets()
+
+    def interpreters(self):
+        lay, interp = self.layout, self.memory.word(self.runtime + self.layout.runtime_interp_head)
+        for _ in range(256):
+            if not interp:
+                return
+            yield interp
+            interp = self.memory.word(interp + lay.interp_next)
+
+    def thread_states(self, interp: int):
+        lay, ts = self.layout, self.memory.word(interp + self.layout.interp_threads_head)
+        for _ in range(65536):
+            if not ts:
+                return
+            yield ts
+            ts = self.memory.word(ts + lay.tstate_next)
+
+    def gc_heads(self, interp: int) -> list:
+        lay = self.layout
+        heads = [interp + lay.interp_gc_generations + i * lay.gc_generation_size for i in range(lay.gc_ngenerations)]
+        return heads + [interp + lay.interp_gc_permanent]
+
+    def stack_mapping(self, sp: int) -> Mapping | None:
+        return next((m for m in self.mappings if m.lo <= sp < m.hi), None)
+
+
+def _version(hexversion: int) -> str:
+    return f"{hexversion >> 24}.{(hexversion >> 16) & 0xff}"
+
+
+_greenlet_offsets = None
+
+
+def local_greenlet_offsets():
+    """(pimpl, StackState, top frame) offsets in greenlet's objects, learned
+    here from greenlets in known states (the target runs the same build)."""
+    global _greenlet_offsets
+    if _greenlet_offsets is None:
+        if not layout_known():
+            raise DumpError("greenlet's layout is not one btcore recognises")
+        state_off, size, scan = ffi.new("size_t *"), ffi.new("size_t *"), ffi.new("size_t *")
+        lib.btc_greenlet_layout(state_off, size, scan)
+        pimpl_off = greenlet.greenlet.__basicsize__ - 8
+        _greenlet_offsets = (pimpl_off, state_off[0], _top_frame_offset(pimpl_off, size[0]))
+    return _greenlet_offsets
+
+
+def _top_frame_offset(pimpl_off: int, size: int) -> int:
+    """Where greenlet keeps a suspended greenlet's top frame object: the one
+    word of its C++ object equal to gr_frame, in two greenlets."""
+    def park():
+        greenlet.getcurrent().parent.switch()
+
+    found = None
+    for _ in range(2):
+        g = greenlet.greenlet(park)
+        g.switch()
+        pimpl = ctypes.c_void_p.from_address(id(g) + pimpl_off).value
+        words = struct.unpack(f"<{size // 8}Q", ctypes.string_at(pimpl, size // 8 * 8))
+        hits = {i * 8 for i, w in enumerate(words) if w == id(g.gr_frame)}
+        found = hits if found is None else found & hits
+        g.throw(greenlet.GreenletExit)
+    if not found or len(found) != 1:
+        raise DumpError("cannot find where greenlet keeps a suspended greenlet's frame")
+    return found.pop()
+
+
+# ---- the stop ----
+
+def gather(target: Target, regs_of: dict, threads_only: bool) -> tuple:
+    """Everything the dump reads, while the target is stopped: thread stacks,
+    thread states, greenlets (raw: greenlet_copies() unpacks them).
+    regs_of: tid -> registers (or an error text)."""
+    threads = [_copy_thread(target, tid, regs) for tid, regs in regs_of.items()]
+    by_tid = {t.tid: t for t in threads}
+    greenlets = []
+    for interp in target.interpreters():
+        for ts in target.thread_states(interp):
+            tid = target.memory.word(ts + target.layout.tstate_native_thread_id)
+            t = by_tid.get(tid & 0xffffffff if tid is not None else None)
+            if t is None:
+                continue
+            t.tstate = ts
+            t.thread_id = target.memory.word(ts + target.layout.tstate_thread_id) or 0
+            t.pyframes = _pyframes(lib.btc_remote_thread_frames, target.memory, ts)
+        if not threads_only and target.greenlet_type:
+            greenlets.append(_copy_greenlets(target, interp))
+    return threads, greenlets
+
+
+def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
+    if isinstance(regs, str):
+        return ThreadCopy(tid, None, error=regs)
+    t = ThreadCopy(tid, regs)
+    mapping = target.stack_mapping(regs[1])
+    if mapping is not None:
+        t.mapping = (mapping.lo, mapping.hi)
+        hi = min(mapping.hi, regs[1] + _MAX_STACK_COPY)
+        t.stack_lo = regs[1] & ~7
+        t.stack = target.memory.read(t.stack_lo, hi - t.stack_lo) or b""
+    if not t.stack:
+        t.error = "its stack is unreadable"
+    return t
+
+
+def _copy_greenlets(target: Target, interp: int) -> list:
+    heads = target.gc_heads(interp)
+    visited, room, n = ffi.new("uint64_t *"), 1 << 16, -1
+    while n < 0 and room <= _MAX_GREENLETS:
+        out = ffi.new("uintptr_t[]", room)
+        n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), target.greenlet_type,
+                                        out, room, visited)
+        room *= 2
+    if n < 0:
+        target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
+        n = _MAX_GREENLETS
+    states = bytearray(max(n, 1) * _GREENLET.size)
+    offsets = ffi.new("size_t[3]", target.greenlet_offsets)
+    c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
+    n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
+    spill = bytearray(max(1, sum(g[5] for g in _GREENLET.iter_unpack(memoryview(states)[:n * _GREENLET.size]))))
+    room = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
+    frames = bytearray(room * _PYFRAME.size)
+    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, c_states, n, ffi.from_buffer(spill), len(spill),
+                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)), room)
+    return memoryview(states)[:n * _GREENLET.size], spill, memoryview(frames)[:nframes * _PYFRAME.size]
+
+
+_GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
+_MAX_PYFRAMES_ALL = 1 << 22   # Python frames of all greenlets
+
+
+def greenlet_copies(target: Target, copied: list) -> list:
+    """GreenletCopy objects from the raw copies made while the target was
+    stopped (unpacked after it runs again: this is Python work)."""
+    out = []
+    for states, spill, frames in copied:
+        frames = list(_PYFRAME.iter_unpack(frames))
+        for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, _ in _GREENLET.iter_unpack(states):
+            pyframes = [(code, lasti, bool(entry)) for code, lasti, entry in frames[frames_at: frames_at + nframes]]
+            out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
+                                    spill[spill_at: spill_at + saved] if ok else None, pyframes,
+                                    stop == _MAIN_STACK_STOP))
+    return out
+
+
+def _type_name(target: Target, tp: int) -> str:
+    name = target.type_names.get(tp)
+    if name is None:
+        at = target.memory.word(tp + target.layout.type_name) if tp else None
+        raw = target.memory.read(at, 128) if at else None
+        name = target.type_names[tp] = raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else "?"
+    return name
+
+
+def vdso_file(vdso: Mapping, memory: Memory) -> list:
+    """The target's vDSO (code the kernel maps, with its own CFI: a thread in
+    clock_gettime is inside it), copied to a file so that it is a module like
+    the others.  The file is removed when the dump is done (Memory.close)."""
+    image = memory.read(vdso.lo, vdso.hi - vdso.lo)
+    if not image:
+        return []
+    folder = tempfile.mkdtemp(prefix="btcore-vdso-")
+    path = os.path.join(folder, "linux-vdso.so.1")   # the name the loader gives it
+    with open(path, "wb") as f:
+        f.write(image)
+    memory.remove_after(folder)
+    return [Mapping(vdso.lo, vdso.hi, vdso.perms, 0, path)]
+
+
+def stop_threads(pid: int, timeout: float, stopped: dict) -> dict:
+    """Stop every thread of pid: tid -> regs or error text.  stopped (filled
+    as threads are seized, so an interruption still detaches them): tid ->
+    the signal to hand back at detach."""
+    regs_of = {}
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        raise DumpError(f"no process {pid}") from None
+    for tid in tids:
+        regs, pending = ffi.new("uintptr_t[4]"), ffi.new("int *")
+        rc = lib.btc_ptrace_stop(tid, max(1, int(timeout * 1000)), regs, pending)
+        if rc in (-errno.EPERM, -errno.EACCES) and not stopped:
+            raise DumpPermissionError(permission_advice(pid, os.strerror(-rc)))
+        if rc not in (-errno.EPERM, -errno.ESRCH):
+            stopped[tid] = pending[0]   # seized: detached whatever happened next
+        regs_of[tid] = tuple(regs) if rc == 0 else f"not stopped: {os.strerror(-rc)}"
+    return regs_of
+
+
+def resume_threads(stopped: dict) -> None:
+    for tid, pending in stopped.items():
+        lib.btc_ptrace_detach(tid, pending)
+
+
+def snapshot_live(pid: int, *, threads_only: bool = False, timeout: float = 5.0) -> Snapshot:
+    """Stop pid, copy what the dump needs, let it run again (always)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            mappings = parse_maps(f.read())
+    except FileNotFoundError:
+        raise DumpError(f"no process {pid}") from None
+    except PermissionError as e:
+        raise DumpPermissionError(permission_advice(pid, e.strerror)) from None
+    memory = Memory(lib.btc_rmem_open_pid(pid))
+    try:
+        return _snapshot(pid, memory, mappings, threads_only, timeout)
+    except BaseException:
+        memory.close()   # its temporary files; on success the dump closes it when done
+        raise
+
+
+def _snapshot(pid: int, memory: Memory, mappings: list, threads_only: bool, timeout: float) -> Snapshot:
+    notes = []
+    vdso = next((m for m in mappings if m.path == "[vdso]"), None)
+    mappings = mappings + (vdso_file(vdso, memory) if vdso else [])
+    if memory.read(mappings[0].lo, 8) is None if mappings else True:
+        code = lib.btc_rmem_last_errno(memory.handle)
+        if code in (errno.EPERM, errno.EACCES):
+            raise DumpPermissionError(permission_advice(pid, os.strerror(code)))
+    target = Target(pid, memory, mappings, notes)
+    stopped = {}
+    # Ctrl-C waits until every thread runs again (then raises as usual).
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    began = time.perf_counter()
+    try:
+        regs_of = stop_threads(pid, timeout, stopped)
+        threads, greenlets = gather(target, regs_of, threads_only)
+    finally:
+        resume_threads(stopped)
+        stopped_for = time.perf_counter() - began
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    if not os.path.exists(f"/proc/{pid}"):
+        notes.append("the process exited during the dump: what was read before is shown")
+    return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
+                    target.greenlet_code, target.layout, stopped_for, notes)

@@ -1,0 +1,229 @@
+"""The watchdog and the signal-context capture, in child interpreters with a time bound.
+
+Each child runs a greenlet stuck in one of the three ways a loop gets stuck
+(tests/fixtures/stuck.c: a C loop holding the GIL, a C sleep with the GIL
+released; and a Python loop) and prints RETURNED when the stuck call
+returns.  The oracles: the order of lines on the child's stderr (the report
+must come before RETURNED: written while stuck, not after), the fixture's
+own function names, read from its symbol table with pyelftools, and the
+Python function that called it.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import btcore
+
+STUCK_SECONDS = 4.0    # long enough for a loaded machine to notice; the threshold is 0.2 s
+BOUND = 60             # the child's hard time limit
+
+
+@pytest.fixture(scope="module")
+def stuck_so(tmp_path_factory):
+    from elftools.elf.elffile import ELFFile
+
+    out = tmp_path_factory.mktemp("stuck") / "stuck.so"
+    src = os.path.join(os.path.dirname(__file__), "fixtures", "stuck.c")
+    subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-o", str(out), src], check=True)
+    with open(out, "rb") as f:
+        names = {s.name for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()
+                 if s["st_info"]["type"] == "STT_FUNC"}
+    assert {"stuck_busy_loop", "stuck_sleep"} <= names
+    return str(out)
+
+
+PRELUDE = r"""
+    import ctypes, sys, time
+    import btcore, greenlet
+    so, seconds = sys.argv[1], float(sys.argv[2])
+    held, released = ctypes.PyDLL(so), ctypes.CDLL(so)   # PyDLL keeps the GIL during the call
+    for lib in (held, released):
+        lib.stuck_busy_loop.argtypes = lib.stuck_sleep.argtypes = [ctypes.c_double]
+
+    def stuck_in_c():
+        held.stuck_busy_loop(seconds)
+
+    def stuck_in_syscall():
+        released.stuck_sleep(seconds)
+
+    def stuck_in_python():
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+"""
+
+
+def run_child(body, so, *, seconds=STUCK_SECONDS, args=(), env=None):
+    """The child's stderr; a crash or a missed time bound fails the test."""
+    source = textwrap.dedent(PRELUDE) + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-P", "-c", source, so, str(seconds), *args], capture_output=True,
+                          text=True, timeout=BOUND, env=dict(os.environ, PYTHONFAULTHANDLER="1", **(env or {})))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stderr
+
+
+WATCHED = r"""
+    with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as dog:
+        greenlet.greenlet(globals()[sys.argv[3]]).switch()
+        print("RETURNED", file=sys.stderr, flush=True)
+        time.sleep(0.5)   # the watchdog's next tick sees the switch back
+    print("REPORTS", dog.reports, file=sys.stderr)
+"""
+
+
+def first_report(err):
+    """The lines of the first stuck report, its header included."""
+    lines = err.splitlines()
+    start = next(i for i, line in enumerate(lines) if "has not switched" in line)
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
+def line_of(report, text):
+    return next(i for i, line in enumerate(report) if text in line)
+
+
+@pytest.mark.parametrize("function, innermost", [
+    ("stuck_in_c", "stuck_busy_loop"),          # C code holding the GIL
+    ("stuck_in_syscall", "stuck_sleep"),        # a blocking call, the GIL released
+    ("stuck_in_python", None),                  # a Python loop
+])
+def test_report_comes_while_stuck_and_names_both_sides(stuck_so, function, innermost):
+    """Guards the watchdog's three stuck modes: reported before the stuck call returns, C function and Python caller named."""
+    err = run_child(WATCHED, stuck_so, args=[function])
+    lines = err.splitlines()
+    assert "RETURNED" in lines, err
+    report = first_report(err)
+    assert lines.index(report[0]) < lines.index("RETURNED"), err
+    python = line_of(report, f"in {function}")
+    if innermost:
+        # the C function, then ctypes' call machinery, then the Python caller: the walk went through every
+        # module between them (their tables built between samples, never in the handler)
+        assert line_of(report, f"] {innermost}+") < line_of(report, "PyCFuncPtr_call") < python, report
+    assert any("g_initialstub" in line for line in report[python:]), report   # down to the greenlet's start
+    # One recovery line for that greenlet (the main greenlet, sleeping afterwards, may be reported too).
+    stuck = report[0].split(" in thread ")[0]
+    recovered = [line for line in lines if line.startswith(stuck) and "switched again" in line]
+    assert len(recovered) == 1 and "it was stuck for" in recovered[0], err
+    reports = int(lines[-1].split()[-1])
+    assert reports >= 2, err   # repeat=True: again after twice the threshold
+
+
+def test_repeat_false_reports_once(stuck_so):
+    """Guards repeat=False: one report per stuck episode."""
+    err = run_child(r"""
+        with btcore.start_watchdog(threshold=0.2, file=sys.stderr, repeat=False) as dog:
+            greenlet.greenlet(stuck_in_syscall).switch()
+        print("REPORTS", dog.reports, file=sys.stderr)
+    """, stuck_so, seconds=1.5)
+    assert err.splitlines()[-1] == "REPORTS 1", err
+
+
+def test_tracer_chains_and_is_restored(stuck_so):
+    """Guards the switch counter's chaining: the tracer installed before still sees every switch, and is put back."""
+    err = run_child(r"""
+        seen = []
+        def mine(event, args):
+            seen.append(event)
+        greenlet.settrace(mine)
+        dog = btcore.start_watchdog(threshold=5)
+        assert greenlet.gettrace() is not mine
+        greenlet.greenlet(lambda: None).switch()
+        dog.stop()
+        assert greenlet.gettrace() is mine, greenlet.gettrace()
+        print("SEEN", seen, file=sys.stderr)
+    """, stuck_so)
+    assert err.splitlines()[-1] == "SEEN ['switch', 'switch']", err
+
+
+def test_gevent_hub_waiting_is_idle_not_stuck(stuck_so):
+    """Guards the hub rule: a thread switched into gevent's hub waits for events; it is not reported."""
+    pytest.importorskip("gevent")
+    err = run_child(r"""
+        import gevent
+        with btcore.start_watchdog(threshold=0.1, file=sys.stderr) as dog:
+            gevent.sleep(1.0)          # the hub waits in the loop for 1 s
+        print("REPORTS", dog.reports, file=sys.stderr)
+    """, stuck_so)
+    assert err.splitlines()[-1] == "REPORTS 0", err
+
+
+def test_gevent_event_loop_blocked_report_has_native_frames(stuck_so):
+    """Guards gevent_blocking_reports(): gevent's own monitor report includes btcore's native + Python stack."""
+    pytest.importorskip("gevent")
+    err = run_child(r"""
+        import gevent
+        btcore.gevent_blocking_reports()
+        gevent.get_hub().start_periodic_monitoring_thread()
+        gevent.sleep(0.3)              # the monitor thread starts
+        gevent.spawn(stuck_in_syscall).join()
+        print("RETURNED", file=sys.stderr, flush=True)
+    """, stuck_so, env={"GEVENT_MONITOR_THREAD_ENABLE": "1", "GEVENT_MAX_BLOCKING_TIME": "0.2"})
+    lines = err.splitlines()
+    start = line_of(lines, "appears to be blocked")
+    ours = line_of(lines[start:], "btcore: the blocked thread's native and Python stack") + start
+    assert ours < lines.index("RETURNED"), err
+    report = lines[ours:]
+    assert line_of(report, "] stuck_sleep+") < line_of(report, "in stuck_in_syscall"), err
+
+
+def test_stuck_dump_signal_while_main_thread_holds_the_gil(stuck_so):
+    """Guards register_dump_signal(stuck=True): the dump comes while the main thread is in C holding the GIL."""
+    err = run_child(r"""
+        import signal
+        held.stuck_busy_loop_after_raising.argtypes = [ctypes.c_double, ctypes.c_int]
+
+        def stuck_in_c_asking_for_a_dump():
+            held.stuck_busy_loop_after_raising(seconds, signal.SIGUSR1)   # the signal, then the C loop
+
+        btcore.register_dump_signal(signal.SIGUSR1, sys.stderr, stuck=True)
+        stuck_in_c_asking_for_a_dump()
+        print("RETURNED", file=sys.stderr, flush=True)
+        assert btcore.unregister_dump_signal(signal.SIGUSR1)
+    """, stuck_so)
+    lines = err.splitlines()
+    header = line_of(lines, f"btcore: signal {int(signal.SIGUSR1)}: the stack of thread")
+    assert header < lines.index("RETURNED"), err
+    dump = lines[header:]
+    assert line_of(dump, "] stuck_busy_loop+") < line_of(dump, "in stuck_in_c_asking_for_a_dump") < \
+        line_of(dump, "in <module>"), err
+
+
+def test_sample_survives_fork_and_the_child_can_watch(stuck_so):
+    """Guards fork: the child has no watchdog thread and no stale registration, and starts its own."""
+    err = run_child(r"""
+        import os
+        dog = btcore.start_watchdog(threshold=0.2, file=sys.stderr)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as child_dog:
+                    greenlet.greenlet(stuck_in_syscall).switch()
+                dog.stop()     # the parent's: nothing of it runs in the child, a no-op
+                print("CHILD REPORTS", child_dog.reports, file=sys.stderr, flush=True)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        dog.stop()
+        print("STATUS", status, file=sys.stderr)
+    """, stuck_so, seconds=1.0)
+    lines = err.splitlines()
+    assert lines[-1] == "STATUS 0", err
+    child_reports = next(line for line in lines if line.startswith("CHILD REPORTS"))
+    assert int(child_reports.split()[-1]) >= 1, err
+
+
+def test_start_watchdog_checks_its_arguments():
+    """Guards the documented errors: a bad threshold, a file without a descriptor, two watchdogs."""
+    import io
+    with pytest.raises(ValueError):
+        btcore.start_watchdog(threshold=0)
+    with pytest.raises(ValueError):
+        btcore.start_watchdog(file=io.StringIO())
+    with btcore.start_watchdog(threshold=60):
+        with pytest.raises(RuntimeError):
+            btcore.start_watchdog(threshold=60)
