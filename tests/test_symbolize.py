@@ -132,6 +132,11 @@ def function_symbols(path):
                 if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] and s["st_size"]]
 
 
+def symbol_address(path, name):
+    with open(path, "rb") as f:
+        return ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"]
+
+
 def object_file_names(path):
     """The STT_FILE names of .symtab (the objects a file was linked from)."""
     with open(path, "rb") as f:
@@ -303,6 +308,15 @@ def test_dwarf_versions_and_range_lists_match_addr2line(tmp_path, flags):
     """DWARF 4 (.debug_ranges, v4 line header) and 5 (.debug_rnglists) units."""
     so = compile_library(tmp_path, C_SOURCE + CPP_COLD, "v", extra=flags)
     assert_agrees(so, all_addresses(so))
+
+
+@pytest.mark.parametrize("dwarf", ["-gdwarf-4", "-gdwarf-5"])
+def test_unit_with_ranges_found_after_a_miss(tmp_path, clean_cache, dwarf):
+    """Guards: a miss in .debug_aranges (here _init, from crti.o: no DWARF) rebuilds the unit table
+    from the units' top DIEs, where DW_AT_ranges beside DW_AT_low_pc (the base, 0) must win."""
+    so = compile_library(tmp_path, CPP_SOURCE, "cpp", compiler="g++", extra=(dwarf, "-ffunction-sections"))
+    assert resolve(so, symbol_address(so, "_init"))[-1][1] is None
+    assert_agrees(so, all_addresses(so, {"entry"}))
 
 
 def test_static_function_resolves(clib):
