@@ -49,7 +49,7 @@ MUTATIONS = [
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
              "every remote Python frame is taken for the first of its eval-loop call: the merge misplaces "
              "Python frames that one C frame of the eval loop runs together"),
-    Mutation("native/capture/unwind.c", "out[n].signal = row && row->signal;", "out[n].signal = 0;",
+    Mutation("native/capture/unwind.c", "out[n].signal = signal;", "out[n].signal = 0;",
              "tests/test_symbolize.py::test_signal_frames_are_named_like_gdb",
              "a signal return stub is named at pc - 1 (no name) instead of __restore_rt"),
     Mutation("native/symbols/dwarf.c", "return name || d->debug == d->elf ? name :", "return name ? name : NULL; (void)",
@@ -104,7 +104,7 @@ MUTATIONS = [
              "ctx->mem.spill_hi = s.start;",
              "tests/test_greenlets.py",
              "a suspended greenlet's heap-saved stack part is read from the (reused) stack instead"),
-    Mutation("src/btcore/resolve.py", "lookup = pc if exact else pc - 1", "lookup = pc",
+    Mutation("native/symbols/symbolize.c", "? pc : pc - 1;", "? pc : pc;",
              "tests/test_symbolize.py",
              "return addresses are symbolized at the next instruction, not at the call"),
     # one per feature or defect fix of the second wave
@@ -145,6 +145,11 @@ MUTATIONS = [
              "tests/test_watchdog.py::test_report_comes_while_stuck_and_names_both_sides",
              "a sample that stopped at a module without an unwind table is not retaken after building it: "
              "the report loses every native frame between the stuck C function and its Python caller"),
+    Mutation("native/symbols/dwarf_units.c", "    if (e->ranges.kind == V_RNGLISTX) {",
+             "    if (e->low_pc.kind != V_NONE) {} else if (e->ranges.kind == V_RNGLISTX) {",
+             "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
+             "a unit with DW_AT_ranges and a base DW_AT_low_pc covers nothing once a miss in .debug_aranges "
+             "rebuilt the unit table from the DIEs: every later lookup in it loses file:line"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
