@@ -101,3 +101,14 @@ def test_signed_return_addresses_match_glibc_backtrace(tmp_path_factory):
     shared, _ = glibc_shares_our_outer_frames(chain, chain.lib.chain_entry)
     assert in_function(shared[0], chain, bc.FN_CHAIN_STATIC)
     assert in_function(shared[1], chain, bc.FN_CHAIN_ENTRY)
+
+
+def test_process_dump_refused_where_registers_are_not_parsed(monkeypatch):
+    """Guards: on a machine but x86-64 (whose ptrace and core registers the dump parses), dumping
+    another process raises DumpError before it stops anything (this is x86-64: the machine is faked)."""
+    from btcore import process
+    if ARCH == "x86-64":
+        monkeypatch.setattr(process.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(process, "snapshot_live", lambda *a, **k: pytest.fail("a thread was stopped"))
+    with pytest.raises(process.DumpError, match="x86-64 only, not aarch64"):
+        process.dump_process(os.getpid())
