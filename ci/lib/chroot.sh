@@ -70,8 +70,14 @@ mount_chroot() {
 # HTTPS-intercepting egress proxy) must be trusted in the chroot too, or pip
 # fails with CERTIFICATE_VERIFY_FAILED.  Mirror the directory and rebuild the
 # chroot's bundle; run steps point pip/requests/openssl at that bundle.
+# The bundle is rebuilt only when the directory changed: under qemu-user
+# update-ca-certificates --fresh takes minutes (a program per certificate).
 sync_local_cas() {
     local r=$1 d=/usr/local/share/ca-certificates
+    if [ -s "$r/etc/ssl/certs/ca-certificates.crt" ] && [ -d "$r$d" ] &&
+        diff -r "$d" "$r$d" >/dev/null 2>&1; then
+        return 0
+    fi
     rm -rf "${r:?}$d"
     mkdir -p "$r$d"
     if [ -d "$d" ] && [ -n "$(ls -A "$d")" ]; then
