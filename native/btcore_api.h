@@ -132,14 +132,18 @@ typedef struct {
     int32_t  cfa_off;
     uint8_t  cfa_kind;   /* BTC_CFA_* */
     uint8_t  cfa_reg;    /* DWARF register number; the threshold literal for BTC_CFA_PLT */
-    uint8_t  signal;     /* the FDE belongs to a signal trampoline (CIE augmentation 'S') */
+    uint8_t  flags;      /* BTC_ROW_* */
     uint8_t  ra_rule;    /* BTC_RULE_* for the return address ... */
-    uint8_t  rbp_rule;   /* ... rbp ... */
-    uint8_t  rbx_rule;   /* ... and rbx */
+    uint8_t  fp_rule;    /* ... the frame pointer (rbp, x29) ... */
+    uint8_t  aux_rule;   /* ... and rbx on x86-64 (unused on aarch64: see btc_arch()) */
     int16_t  ra_off;
-    int16_t  rbp_off;
-    int16_t  rbx_off;
+    int16_t  fp_off;
+    int16_t  aux_off;
 } btc_cfi_row;
+
+#define BTC_ROW_SIGNAL    1   /* the FDE belongs to a signal trampoline (CIE augmentation 'S') */
+#define BTC_ROW_RA_SIGNED 2   /* aarch64: the return address is signed here (pointer authentication:
+                                 DW_CFA_AARCH64_negate_ra_state toggles it) */
 
 #define BTC_CFA_NONE      0   /* no FDE covers this pc: the walk stops here */
 #define BTC_CFA_REG       1   /* CFA = reg + off */
@@ -153,6 +157,13 @@ typedef struct {
 #define BTC_RULE_AT_CFA      2   /* saved at CFA + off */
 #define BTC_RULE_AT_REG      3   /* saved at base register + off (DW_CFA_expression: bregN off) */
 #define BTC_RULE_UNSUPPORTED 4
+
+/* The architecture the walker was built for: its name ("x86-64",
+ * "aarch64"), NULL where native walks are not supported; and the DWARF
+ * numbers of the registers besides the return address that rows describe:
+ * sp (a CFA base), the frame pointer (fp_rule) and aux (aux_rule; on aarch64
+ * x30, which is the return-address column itself, so aux_rule stays SAME). */
+const char *btc_arch(int *sp, int *fp, int *aux);
 
 /* Copy the CFI rows of the module containing pc into out (at most max);
  * returns the number of rows the module has (build the table if needed), or
@@ -177,8 +188,8 @@ int btc_backtrace(uintptr_t *out, int max);
  * 1 and *out set if the aligned 8-byte word at addr may be read, else 0. */
 int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out);
 
-/* Test-only: btc_unwind() from the exact pc ip and stack pointer sp (rbp,
- * rbx zero) through the stack view [lo, hi); writes the frames' pcs (at most
+/* Test-only: btc_unwind() from the exact pc ip and stack pointer sp (fp,
+ * aux zero) through the stack view [lo, hi); writes the frames' pcs (at most
  * max, <= 16) and returns how many. */
 int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uintptr_t *pcs, int max);
 

@@ -29,6 +29,14 @@ int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uint
     return n;
 }
 
+const char *btc_arch(int *sp, int *fp, int *aux)
+{
+    *sp = BTC_DWARF_SP;
+    *fp = BTC_DWARF_FP;
+    *aux = BTC_DWARF_AUX;
+    return BTC_ARCH_SUPPORTED ? BTC_ARCH_NAME : NULL;
+}
+
 int btc_cfi_rows(uintptr_t pc, btc_cfi_row *out, int max, uintptr_t *bias)
 {
     int n = -1;

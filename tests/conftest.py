@@ -22,6 +22,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # an ASan process: those tests skip themselves.
 with open("/proc/self/maps") as _maps:
     UNDER_ASAN = "libasan" in _maps.read()
+# ci/arm64.sh runs the suite under qemu-user and sets QEMU_CPU for every
+# program it starts: the few measures of the process itself (RSS, fork
+# timing) are then measures of the emulator.
+UNDER_QEMU = "QEMU_CPU" in os.environ
 skip_under_asan = pytest.mark.skipif(UNDER_ASAN, reason="ASan's backtrace() interceptor shifts the glibc oracle")
 
 
@@ -229,6 +233,14 @@ ALLOWED_SKIPS = [
      "other names (the demo itself runs everywhere: test_demo_runs_from_the_checkout_root)"),
     (r"^no native frame has DWARF here$",
      "short source paths need a frame with DWARF; Debian's stripped static python3.X has none"),
+    (r"^x86-64's CFI forms$", "PLT-stub and __restore_rt CFA expressions exist on x86-64 only"),
+    (r"^aarch64's pointer authentication$", "return-address signing (PAC) exists on aarch64 only"),
+    (r"^CPU without pointer authentication \(run under QEMU_CPU=max\)$",
+     "signed return addresses exist only where the CPU implements PAC; ci/arm64.sh runs tests/test_arch.py "
+     "under qemu's max model, which does"),
+    (r"^qemu-user: ",
+     "under ci/arm64.sh's emulation, RSS includes qemu's translated-code cache and a child forked from a "
+     "multithreaded process can stall in the emulator; the host suite runs these tests"),
     (r"^stripped interpreter: the example names its static C functions$",
      "the watchdog and stuck-dump examples assert the regex engine's or time.sleep's C function by name; "
      "Debian's stripped python3.X has no name for them (tests/test_watchdog.py covers the modes there "

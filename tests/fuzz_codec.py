@@ -33,7 +33,12 @@ from btcore import codec
 from btcore.backtrace import KIND_NATIVE, KIND_PYTHON, RECORD, Backtrace, _new
 from btcore.resolve import resolve_python
 
-LIBDIR = "/lib/x86_64-linux-gnu"
+def _libc_dir() -> str:
+    with open("/proc/self/maps") as maps:
+        return next(os.path.dirname(line.split()[-1]) for line in maps if line.rstrip().endswith("/libc.so.6"))
+
+
+LIBDIR = _libc_dir()   # /lib/x86_64-linux-gnu, /usr/lib/aarch64-linux-gnu, ...
 
 
 def seeds() -> list:

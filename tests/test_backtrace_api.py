@@ -505,6 +505,8 @@ except Exception as e:
 
 
 @pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan reserves terabytes of address space: no RLIMIT_AS test")
+@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: it accepts RLIMIT_AS but does not apply it (the limit "
+                                                "would hit the emulator's own allocations)")
 def test_out_of_memory_is_a_memory_error():
     """Guards how a failed allocation in the capture is reported: MemoryError,
     not BacktraceError("unsupported")."""

@@ -2,8 +2,10 @@
 
 For libpython, libc and greenlet's C++ extension, every FDE pyelftools
 decodes from .eh_frame must be described by btcore's rows, row by row: the
-same CFA rule and the same rules for the return address, rbp and rbx, from
-the same pcs, and nothing outside the FDEs.  pyelftools takes seconds on
+same CFA rule and the same rules for the return address and the registers
+the architecture tracks (rbp and rbx on x86-64, x29 on aarch64), the same
+return-address signing state (aarch64), from the same pcs, and nothing
+outside the FDEs.  pyelftools takes seconds on
 libpython, so its decoding is done once per module per session.
 
 The garbage tests feed mutated copies of libc's .eh_frame to the C parser:
@@ -16,6 +18,7 @@ import struct
 
 import pytest
 from elftools.dwarf.callframe import FDE, RegisterRule
+from elftools.dwarf.constants import DW_CFA
 from elftools.dwarf.dwarf_expr import DWARFExprParser
 from elftools.elf.elffile import ELFFile
 
@@ -25,11 +28,21 @@ from btcore._native import ffi, lib
 # The interpreter's module, found at run time: the host's libpython, or
 # Debian's statically linked python3.X executable.
 LIBPYTHON = conftest.INTERPRETER_PATH
-LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
-# x86-64 DWARF register numbers the rows track.
-RIP, RSP, RBP, RBX = 16, 7, 6, 3
+
+def _arch():
+    sp, fp, aux = ffi.new("int *"), ffi.new("int *"), ffi.new("int *")
+    name = lib.btc_arch(sp, fp, aux)
+    return ffi.string(name).decode(), sp[0], fp[0], aux[0]
+
+
+# DWARF numbers of the registers the rows track besides the return address
+# (rsp, rbp, rbx on x86-64; sp, x29, x30 on aarch64, where x30 is the
+# return-address column itself).
+ARCH, SP, FP, AUX = _arch()
+LIBC = conftest._mapping_of(ctypes.cast(ctypes.CDLL(None).printf, ctypes.c_void_p).value)[0]
 GNU_ARGS_SIZE = 0x2e
+ROW_SIGNAL, ROW_RA_SIGNED = 1, 2
 
 ROW = struct.Struct("<IiBBBBBBhhh")   # btc_cfi_row
 assert ROW.size == ffi.sizeof("btc_cfi_row")
@@ -120,19 +133,47 @@ class Oracle:
             return (RULE_SAME, 0)
         if rule.type == RegisterRule.EXPRESSION:
             ops = self.ops(rule.arg)
-            # rip cannot be a base: BTC_RULE_AT_REG keeps it in 4 bits.
-            bases = {"DW_OP_breg3": RBX, "DW_OP_breg6": RBP, "DW_OP_breg7": RSP}
+            # BTC_RULE_AT_REG keeps the base in 4 bits: rip and x29/sp cannot be one.
+            bases = {"DW_OP_breg%d" % r: r for r in (SP, FP, AUX) if r < 16}
             if len(ops) == 1 and ops[0][0] in bases and fits(ops[0][1][0], 16):
                 return (RULE_AT_REG | (bases[ops[0][0]] << 4), ops[0][1][0])
         return (RULE_UNSUPPORTED, 0)
 
-    def rules(self, line, signal, ra_reg):
+    def rules(self, line, flags, ra_reg):
         """The row tuple (without pc) for one line of a decoded table."""
         kind, reg, off = self.cfa(line["cfa"])
         ra, ra_off = self.register(ra_reg, line.get(ra_reg))
-        rbp, rbp_off = self.register(RBP, line.get(RBP))
-        rbx, rbx_off = self.register(RBX, line.get(RBX))
-        return (off, kind, reg, signal, ra, rbp, rbx, ra_off, rbp_off, rbx_off)
+        fp, fp_off = self.register(FP, line.get(FP)) if FP != ra_reg else (RULE_SAME, 0)
+        aux, aux_off = self.register(AUX, line.get(AUX)) if AUX != ra_reg else (RULE_SAME, 0)
+        return (off, kind, reg, flags, ra, fp, aux, ra_off, fp_off, aux_off)
+
+
+def ra_sign_states(entry):
+    """[(pc, signed)] after each instruction of the FDE (its CIE's first):
+    pyelftools decodes DW_CFA_AARCH64_negate_ra_state as a no-op, so the
+    return-address signing state is replayed here (remember/restore_state
+    keep it with the row, as for every other rule)."""
+    code_align = entry.cie.header["code_alignment_factor"]
+    pc, signed, stack, states = entry.header["initial_location"], 0, [], []
+    for ins in entry.cie.instructions + entry.instructions:
+        if ins.opcode in (DW_CFA.advance_loc, DW_CFA.advance_loc1, DW_CFA.advance_loc2, DW_CFA.advance_loc4):
+            pc += ins.args[0] * code_align
+        elif ins.opcode == DW_CFA.set_loc:
+            pc = ins.args[0]
+        elif ins.opcode == DW_CFA.AARCH64_negate_ra_state and ARCH == "aarch64":
+            signed ^= 1
+        elif ins.opcode == DW_CFA.remember_state:
+            stack.append(signed)
+        elif ins.opcode == DW_CFA.restore_state and stack:
+            signed = stack.pop()
+        states.append((pc, signed))
+    return states
+
+
+def signed_at(states, pc):
+    """The signing state in effect at pc: after the last instruction at or before it."""
+    i = bisect.bisect_right([p for p, _ in states], pc) - 1
+    return states[i][1] if i >= 0 else 0
 
 
 def collapse(rows):
@@ -165,8 +206,10 @@ def decode_with_pyelftools(path):
             # rejects it; it changes no rule, so leave it out.
             entry.instructions = [i for i in entry.instructions if i.opcode != GNU_ARGS_SIZE]
             cie = entry.cie.header
-            signal = int(b"S" in cie["augmentation"])
-            lines = [(line["pc"], oracle.rules(line, signal, cie["return_address_register"]))
+            signal = ROW_SIGNAL if b"S" in cie["augmentation"] else 0
+            states = ra_sign_states(entry)
+            lines = [(line["pc"], oracle.rules(line, signal | ROW_RA_SIGNED * signed_at(states, line["pc"]),
+                                               cie["return_address_register"]))
                      for line in entry.get_decoded().table if line["pc"] < hi]
             fdes.append((lo, entry.offset, hi, collapse(lines)))
     fdes.sort()
@@ -271,6 +314,7 @@ def test_fde_ranges_equal_pyelftools(module_cfi):
         assert lib.btc_cfi_fde_range(bias[0] + b - 1, lo_p, hi_p) == -1, (name, hex(b - 1))
 
 
+@pytest.mark.skipif(ARCH != "x86-64", reason="x86-64's CFI forms")
 def test_rows_use_the_expression_forms(module_cfi):
     """The shapes the C code recognises really occur: PLT stubs in every
     module; in libc, the signal trampoline __restore_rt (CFA = *(rsp + 160),
@@ -278,11 +322,22 @@ def test_rows_use_the_expression_forms(module_cfi):
     name, ours, _ = module_cfi
     assert CFA_PLT in {row[2] for row in ours}, name
     if name == "libc":
-        restore_rt = [row for row in ours if row[4]]
+        restore_rt = [row for row in ours if row[4] & ROW_SIGNAL]
         assert len(restore_rt) == 1
         _, off, kind, reg, _, ra, rbp, rbx, *_ = restore_rt[0]
-        assert (kind, reg, off) == (CFA_REG_DEREF, RSP, 160)
-        assert ra == rbp == rbx == RULE_AT_REG | (RSP << 4)
+        assert (kind, reg, off) == (CFA_REG_DEREF, SP, 160)
+        assert ra == rbp == rbx == RULE_AT_REG | (SP << 4)
+
+
+@pytest.mark.skipif(ARCH != "aarch64", reason="aarch64's pointer authentication")
+def test_rows_follow_return_address_signing(module_cfi):
+    """Debian's arm64 binaries sign return addresses (-mbranch-protection):
+    their FDEs toggle the signing state with DW_CFA_AARCH64_negate_ra_state,
+    which the rows must keep (an FDE with an opcode the parser rejects would
+    have no rows at all, and test_rows_equal_pyelftools would see it)."""
+    name, ours, _ = module_cfi
+    if name == "libc":
+        assert any(row[4] & ROW_RA_SIGNED for row in ours)
 
 
 @pytest.mark.parametrize("mutate", ["offset", "rule", "drop", "extra", "signal"])

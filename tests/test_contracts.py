@@ -11,6 +11,7 @@ product must fail; tests/mutations/run.py checks that they do):
   object's address) until the cache drops the entry.
 """
 import gc
+import platform
 import subprocess
 import weakref
 
@@ -48,15 +49,15 @@ def test_stack_view_reads_exactly_lo_to_hi(view):
     assert read(lo, hi, lo - WORD) is None          # below lo
 
 
-# A function whose CFI says: CFA = rsp + 16, return address at CFA - 16 (at
-# rsp).  Unlike the usual CFA - 8, the return address of a frame whose CFA
+# A function whose CFI says: CFA = sp + 16, return address at CFA - 16 (at
+# sp).  Unlike the usual CFA - 8, the return address of a frame whose CFA
 # is hi + 8 lies inside the view, so only the walker's CFA check can refuse
-# that frame.
+# that frame.  (The return-address column: rip, 16, on x86-64; x30 on aarch64.)
 ODD_CFI = r"""
-__asm__(".text\n.globl odd_cfi\n.type odd_cfi,@function\nodd_cfi:\n"
-        ".cfi_startproc\n.cfi_def_cfa %rsp, 16\n.cfi_offset 16, -16\n"
+__asm__(".text\n.globl odd_cfi\n.type odd_cfi,%%function\nodd_cfi:\n"
+        ".cfi_startproc\n.cfi_def_cfa %s, 16\n.cfi_offset %d, -16\n"
         "nop\nnop\nnop\nret\n.cfi_endproc\n.size odd_cfi, .-odd_cfi\n");
-"""
+""" % (("sp", 30) if platform.machine() == "aarch64" else ("%rsp", 16))
 
 
 @pytest.fixture(scope="module")

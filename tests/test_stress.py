@@ -29,6 +29,7 @@ GREENLETS = int(os.environ.get("BTCORE_STRESS_GREENLETS", "100000"))
 RSS_GROWTH_BOUND = 2 << 20   # bytes allowed after warm-up: allocator noise, no per-cycle growth
 # ASan keeps freed memory in quarantine (256 MiB by default): RSS grows without a leak.
 skip_rss_under_asan = pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan's quarantine grows RSS without a leak")
+skip_rss_under_qemu = pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: RSS includes the emulator's code cache")
 
 RSS = textwrap.dedent(r"""
     import os
@@ -147,6 +148,7 @@ SPAWN_SCRIPT = r"""
 
 
 @skip_rss_under_asan
+@skip_rss_under_qemu
 def test_spawn_tracked_greenlets_do_not_grow_memory():
     """Guards against spawn records or interned sites outliving their greenlets."""
     out = run_child(SPAWN_SCRIPT, GREENLETS, bound=600)

@@ -132,6 +132,18 @@ def function_symbols(path):
                 if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] and s["st_size"]]
 
 
+def symbol_address(path, name):
+    with open(path, "rb") as f:
+        return ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"]
+
+
+def object_file_names(path):
+    """The STT_FILE names of .symtab (the objects a file was linked from)."""
+    with open(path, "rb") as f:
+        symtab = ELFFile(f).get_section_by_name(".symtab")
+        return {s.name for s in symtab.iter_symbols() if s["st_info"]["type"] == "STT_FILE"} if symtab else set()
+
+
 def line_program_file(path, vaddr):
     """The file of the line row covering vaddr, from pyelftools (second oracle)."""
     with open(path, "rb") as f:
@@ -159,11 +171,19 @@ def line_program_file(path, vaddr):
 def assert_agrees(path, addrs, allow_binutils_file_bug=False):
     expected = addr2line(path, addrs)
     bug_cases = 0
-    sized = None
+    sized = objects = None
     for a in addrs:
         mine, theirs = resolve(path, a), oracle_levels(expected[a])
         if theirs == [(None, None, 0)]:
             theirs = []
+        if len(theirs) == 1 and theirs[0][2] == 0 and theirs[0][1]:
+            # Without DWARF, bfd names a local symbol's file after the symbol
+            # table's STT_FILE entry (aarch64's crti.o: call_weak_fn at
+            # "crti.o:?"): an object file, not a source location, which
+            # btcore does not report.
+            objects = objects if objects is not None else object_file_names(path)
+            if theirs[0][1] in objects:
+                theirs = [(theirs[0][0], None, 0)]
         if mine == theirs:
             continue
         if not mine and [(fi, ln) for _, fi, ln in theirs] == [(None, 0)]:
@@ -288,6 +308,15 @@ def test_dwarf_versions_and_range_lists_match_addr2line(tmp_path, flags):
     """DWARF 4 (.debug_ranges, v4 line header) and 5 (.debug_rnglists) units."""
     so = compile_library(tmp_path, C_SOURCE + CPP_COLD, "v", extra=flags)
     assert_agrees(so, all_addresses(so))
+
+
+@pytest.mark.parametrize("dwarf", ["-gdwarf-4", "-gdwarf-5"])
+def test_unit_with_ranges_found_after_a_miss(tmp_path, clean_cache, dwarf):
+    """Guards: a miss in .debug_aranges (here _init, from crti.o: no DWARF) rebuilds the unit table
+    from the units' top DIEs, where DW_AT_ranges beside DW_AT_low_pc (the base, 0) must win."""
+    so = compile_library(tmp_path, CPP_SOURCE, "cpp", compiler="g++", extra=(dwarf, "-ffunction-sections"))
+    assert resolve(so, symbol_address(so, "_init"))[-1][1] is None
+    assert_agrees(so, all_addresses(so, {"entry"}))
 
 
 def test_static_function_resolves(clib):
@@ -549,25 +578,31 @@ def _load_base(path):
 
 
 def test_signal_frames_are_named_like_gdb(chain):
-    """Guards the naming of frames around a real signal delivered in libc: the
-    return stub is __restore_rt + 0 (named at its pc, not at pc - 1, which is
-    in no function), and a static function named only by libc's debug file
-    .symtab (__pthread_kill_implementation) keeps its name and offset; every
-    libc frame's name and offset equal gdb's `info symbol`."""
+    """Guards the naming of frames around a real signal delivered in libc: on
+    x86-64 the return stub is __restore_rt + 0 (named at its pc, not at pc -
+    1, which is in no function), and a static function named only by libc's
+    debug file .symtab (__pthread_kill_implementation) keeps its name and
+    offset; every libc frame's name and offset equal gdb's `info symbol`
+    (aarch64: the stub is the vDSO's or qemu-user's, not libc's)."""
+    import platform
     import signal
+    stub_in_libc = platform.machine() == "x86_64"
     taken = []
     chain.call(chain.lib.raise_signal_then_call, signal.SIGUSR1,
                lambda tag: taken.append(btcore.collect(native=True)) or 0)
     frames = [f for f in taken[0].frames() if f.kind == "native" and not f.inlined]
     libc = [f for f in frames if os.path.basename(f.module or "").startswith("libc.so")]
-    assert len(libc) >= 3, [f.function for f in frames]
+    assert len(libc) >= (3 if stub_in_libc else 2), [f.function for f in frames]
     base = _load_base(libc[0].module)
     expected = _gdb_info_symbol(libc[0].module, [f.ip - base for f in libc])
     ours = [(f.function, f.offset) for f in libc]
-    assert ours[0] == ("__restore_rt", 0) == expected[0]
-    assert ours[1] == expected[1] and ours[1][0] == "__pthread_kill_implementation"
-    # Aliases (gsignal for raise) may be named differently; offsets may not.
-    assert [o for _, o in ours] == [o for _, o in expected]
+    if stub_in_libc:
+        assert ours[0] == ("__restore_rt", 0) == expected[0]
+        assert ours[1] == expected[1] and ours[1][0] == "__pthread_kill_implementation"
+    # Where gdb names nothing, neither do we; aliases (gsignal for raise) may
+    # be named differently; offsets may not.
+    assert [n is None for n, _ in ours] == [e is None for e in expected], (ours, expected)
+    assert [o for (_, o), e in zip(ours, expected) if e] == [e[1] for e in expected if e]
 
 
 # ---- Cython names, against the Python objects they implement ----

@@ -203,6 +203,9 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         python_only(s, py);
         return 0;
     }
+    if (!BTC_ARCH_SUPPORTED)
+        return btc_fail(BTC_E_UNSUPPORTED, "btcore cannot walk native stacks on " BTC_ARCH_NAME
+                                           " (x86-64 and aarch64 Linux only): pass native=False");
     btc_native_frame stack_buf[STACK_NATIVE_FRAMES], *nat = stack_buf;
     int max = s->max + OWN_NATIVE_FRAMES;
     btc_native_frame *heap = NULL;

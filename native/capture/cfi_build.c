@@ -6,8 +6,10 @@
  * trusted: a record is read only after its whole span was found inside one
  * readable PT_LOAD range, every read is bounded by that span, a bad CIE or
  * FDE is skipped, and the number of rows is capped.  Of the full CFI state
- * only what the x86-64 walk needs survives: the CFA rule and the rules of
- * the return address, rbp and rbx.
+ * only what the walk needs survives: the CFA rule, the rules of the return
+ * address and of the registers the architecture tracks (arch.h: the frame
+ * pointer, and rbx on x86-64), and on aarch64 whether the return address
+ * is signed (pointer authentication).
  *
  * The build runs once per module (with the loader lock held by modules.c);
  * the lookup runs for every frame of every capture, possibly inside a signal
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture/arch.h"
 #include "capture/cfi_build.h"
 #include "common/array.h"
 #include "common/reader.h"
@@ -29,12 +32,6 @@
 /* Bytes of CFA programs interpreted per module (libpython needs ~0.5 MB):
  * garbage FDEs that share one huge record must not cost quadratic time. */
 #define MAX_PROGRAM_BYTES (64u << 20)
-
-/* x86-64 DWARF register numbers the walk tracks. */
-#define REG_RBX 3
-#define REG_RBP 6
-#define REG_RSP 7
-#define REG_RIP 16
 
 /* ---- DWARF constants (only those this file interprets) ---- */
 
@@ -79,6 +76,7 @@
 #define DW_CFA_val_offset_sf      0x15
 #define DW_CFA_val_expression     0x16
 #define DW_CFA_GNU_args_size      0x2e
+#define DW_CFA_AARCH64_negate_ra_state 0x2d   /* GNU_window_save on SPARC */
 #define DW_CFA_GNU_negative_offset_extended 0x2f
 
 #define DW_OP_deref 0x06
@@ -213,6 +211,7 @@ static bool parse_augmentation(reader *c, const char *aug, uintptr_t datarel_bas
         case 'R': out->fde_enc = read_u8(&data); break;
         case 'P': read_encoded(&data, read_u8(&data), datarel_base, &ignored); break;
         case 'S': out->signal = true; break;
+        case 'B': break;                                  /* aarch64: signed with the B key; no data */
         default: return false;
         }
     }
@@ -394,9 +393,9 @@ typedef struct {
 static bool same_rules(const btc_cfi_row *a, const btc_cfi_row *b)
 {
     return a->cfa_off == b->cfa_off && a->cfa_kind == b->cfa_kind && a->cfa_reg == b->cfa_reg &&
-           a->signal == b->signal && a->ra_rule == b->ra_rule && a->rbp_rule == b->rbp_rule &&
-           a->rbx_rule == b->rbx_rule && a->ra_off == b->ra_off && a->rbp_off == b->rbp_off &&
-           a->rbx_off == b->rbx_off;
+           a->flags == b->flags && a->ra_rule == b->ra_rule && a->fp_rule == b->fp_rule &&
+           a->aux_rule == b->aux_rule && a->ra_off == b->ra_off && a->fp_off == b->fp_off &&
+           a->aux_off == b->aux_off;
 }
 
 /* Record that `rules` hold from `pc` on.  A row only starts where the rules
@@ -449,12 +448,12 @@ static bool rule_slot(cfa_machine *m, btc_cfi_row *r, uint64_t reg, uint8_t **ru
     if (reg == m->fde->cie.ra_reg) {
         *rule = &r->ra_rule;
         *off = &r->ra_off;
-    } else if (reg == REG_RBP) {
-        *rule = &r->rbp_rule;
-        *off = &r->rbp_off;
-    } else if (reg == REG_RBX) {
-        *rule = &r->rbx_rule;
-        *off = &r->rbx_off;
+    } else if (reg == BTC_DWARF_FP) {
+        *rule = &r->fp_rule;
+        *off = &r->fp_off;
+    } else if (reg == BTC_DWARF_AUX) {
+        *rule = &r->aux_rule;
+        *off = &r->aux_off;
     } else {
         return false;
     }
@@ -525,9 +524,9 @@ static void set_cfa_expression(cfa_machine *m, reader e)
         return;
     }
     e.p--;   /* not deref: reread that byte as the PLT pattern's breg16 */
-    static const uint8_t plt_middle[] = { DW_OP_breg0 + REG_RIP, 0, DW_OP_lit0 + 15, DW_OP_and };
+    static const uint8_t plt_middle[] = { (uint8_t)(DW_OP_breg0 + BTC_DWARF_IP), 0, DW_OP_lit0 + 15, DW_OP_and };
     static const uint8_t plt_tail[] = { DW_OP_ge, DW_OP_lit0 + 3, DW_OP_shl, DW_OP_plus };
-    if (op == DW_OP_breg0 + REG_RSP && (size_t)(e.end - e.p) == sizeof plt_middle + 1 + sizeof plt_tail &&
+    if (BTC_PLT_CFA_EXPRESSION && op == DW_OP_breg0 + BTC_DWARF_SP && (size_t)(e.end - e.p) == sizeof plt_middle + 1 + sizeof plt_tail &&
         !memcmp(e.p, plt_middle, sizeof plt_middle) &&
         e.p[sizeof plt_middle] >= DW_OP_lit0 && e.p[sizeof plt_middle] <= DW_OP_lit0 + 15 &&
         !memcmp(e.p + sizeof plt_middle + 1, plt_tail, sizeof plt_tail)) {
@@ -538,14 +537,16 @@ static void set_cfa_expression(cfa_machine *m, reader e)
 }
 
 /* A register saved at bregN + off, N one of the registers the walk has.
- * BTC_RULE_AT_REG keeps N in the rule's top 4 bits, so rip (16) cannot be a
- * base: no compiler saves a register relative to rip anyway. */
+ * BTC_RULE_AT_REG keeps N in the rule's top 4 bits, so rip (16) and
+ * aarch64's registers (29, 31) cannot be a base: compilers emit this form
+ * for x86-64's signal trampoline only. */
 static void set_register_expression(cfa_machine *m, uint64_t reg, reader e)
 {
     uint8_t op = read_u8(&e);
     int64_t off = read_sleb(&e);
     unsigned base = op - DW_OP_breg0;
-    if (!e.bad && e.p == e.end && (base == REG_RBX || base == REG_RBP || base == REG_RSP))
+    bool tracked = base == BTC_DWARF_AUX || base == BTC_DWARF_FP || base == BTC_DWARF_SP;
+    if (!e.bad && e.p == e.end && tracked && base < 16)
         set_rule(m, reg, (uint8_t)(BTC_RULE_AT_REG | (base << 4)), off);
     else
         set_rule(m, reg, BTC_RULE_UNSUPPORTED, 0);
@@ -717,6 +718,13 @@ static bool execute_one(cfa_machine *m, reader *c)
     case DW_CFA_GNU_args_size:
         read_uleb(c);
         return !c->bad;
+    case DW_CFA_AARCH64_negate_ra_state:
+        /* paciasp/autiasp: the return address changes between signed and
+         * plain; remember/restore_state keep this state with the row. */
+        if (!BTC_POINTER_AUTHENTICATION)
+            return false;
+        m->cur.flags ^= BTC_ROW_RA_SIGNED;
+        return true;
     default:
         return false;   /* an unknown opcode: its operands cannot be skipped */
     }
@@ -740,7 +748,7 @@ static bool add_fde_rows(const fde_info *f, const btc_image *img, row_list *rows
         .fde = f,
         .bias = img->bias,
         .datarel_base = (uintptr_t)img->eh_frame_hdr,
-        .cur = { .cfa_kind = BTC_CFA_UNSUPPORTED, .signal = f->cie.signal },
+        .cur = { .cfa_kind = BTC_CFA_UNSUPPORTED, .flags = f->cie.signal ? BTC_ROW_SIGNAL : 0 },
         .loc = f->lo,
         .in_cie = true,
         .rows = rows,

@@ -1,4 +1,4 @@
-/* Contexts of the calling thread: its registers and its stack range. */
+/* Contexts of the calling thread: its stack range; memory mappings. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -6,30 +6,6 @@
 #include <unistd.h>
 
 #include "capture/context.h"
-
-/* btc_get_regs(btc_regs *r): the caller's pc (our return address), the sp
- * the caller has once we return, and its rbp/rbx.  Written in assembly
- * because C cannot name the caller's registers without changing them. */
-__asm__(
-    ".text\n"
-    ".globl btc_get_regs\n"
-    ".hidden btc_get_regs\n"
-    ".type btc_get_regs, @function\n"
-    "btc_get_regs:\n"
-    ".cfi_startproc\n"
-    "    movq (%rsp), %rax\n"
-    "    movq %rax, 0(%rdi)\n"     /* ip */
-    "    leaq 8(%rsp), %rax\n"
-    "    movq %rax, 8(%rdi)\n"     /* sp */
-    "    movq %rbp, 16(%rdi)\n"    /* bp */
-    "    movq %rbx, 24(%rdi)\n"    /* bx */
-    "    ret\n"
-    ".cfi_endproc\n"
-    ".size btc_get_regs, .-btc_get_regs\n");
-
-_Static_assert(offsetof(btc_regs, ip) == 0 && offsetof(btc_regs, sp) == 8 &&
-               offsetof(btc_regs, bp) == 16 && offsetof(btc_regs, bx) == 24,
-               "btc_get_regs stores registers at these offsets");
 
 /* pthread_getattr_np reads /proc/self/maps for the main thread: ask once
  * per thread. */
@@ -60,8 +36,9 @@ bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi)
     return true;
 }
 
-/* Parse /proc/self/maps with plain read(): no stdio, no allocation. */
-bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi)
+/* Parse /proc/self/maps with plain read(): no stdio, no allocation.
+ * *readable: the mapping's permissions start with 'r'. */
+static bool find_mapping(uintptr_t addr, uintptr_t *lo, uintptr_t *hi, bool *readable)
 {
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -79,10 +56,11 @@ bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi)
         while (!found && (nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
             char *end;
             uintptr_t a = strtoull(line, &end, 16);
-            uintptr_t b = *end == '-' ? strtoull(end + 1, NULL, 16) : 0;
+            uintptr_t b = *end == '-' ? strtoull(end + 1, &end, 16) : 0;
             if (addr >= a && addr < b) {
                 *lo = a;
                 *hi = b;
+                *readable = end[0] == ' ' && end[1] == 'r';
                 found = true;
             }
             line = nl + 1;
@@ -94,4 +72,16 @@ bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi)
     }
     close(fd);
     return found;
+}
+
+bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi)
+{
+    bool readable;
+    return find_mapping(addr, lo, hi, &readable);
+}
+
+bool btc_mapping_readable(uintptr_t addr, uintptr_t *lo, uintptr_t *hi)
+{
+    bool readable;
+    return find_mapping(addr, lo, hi, &readable) && readable;
 }

@@ -11,14 +11,10 @@
 
 #include <pthread.h>
 
+#include "capture/arch.h"
 #include "common/base.h"
 
-/* The registers the x86-64 walk tracks (DWARF numbers 16, 7, 6, 3). */
-typedef struct {
-    uintptr_t ip, sp, bp, bx;
-} btc_regs;
-
-typedef struct {
+typedef struct btc_memview {
     uintptr_t lo, hi;              /* [lo, hi): the only stack addresses we read */
     uintptr_t spill_lo, spill_hi;  /* [spill_lo, spill_hi) is read from spill instead */
     const uint8_t *spill;
@@ -63,11 +59,10 @@ bool btc_thread_stack(uintptr_t *lo, uintptr_t *hi);
  * /proc/self/maps for the main thread). */
 bool btc_pthread_stack(pthread_t thread, uintptr_t *lo, uintptr_t *hi);
 
-/* Store the caller's registers: its pc (as a return address), sp, rbp, rbx.
- * The caller must stay on the stack while a walk uses them. */
-void btc_get_regs(btc_regs *r);
-
 /* [lo, hi) of the memory mapping containing addr (from /proc/self/maps). */
 bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
+/* The same, only if that mapping is readable; plain read() of
+ * /proc/self/maps, so usable where no memory may be allocated. */
+bool btc_mapping_readable(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
 
 #endif

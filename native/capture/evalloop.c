@@ -9,15 +9,17 @@
  * and gcc's hot/cold splitting can leave most of the loop in parts that have
  * no symbol at all (Debian 3.13: a 2.4 KB named part, a 77 KB unnamed one,
  * where the eval loop's calls return to).  Those parts are found from the
- * named part's code: every direct jump (jmp/jcc rel32) out of it lands in a
+ * named part's code: every direct jump (arch.h: btc_direct_jump_at) out of it lands in a
  * part of the same function, or is a tail call.  A part is taken when
  *   - an FDE of its own covers the target (its [lo, hi) is the part), and
- *   - that FDE does not begin like a function (CFA = rsp + 8): a split-off
+ *   - that FDE does not begin like a function (CFA = sp + 8 on x86-64, sp on
+ *     aarch64: BTC_ENTRY_CFA_OFFSET): a split-off
  *     part starts inside its parent's frame, and
  *   - the CFA rule at the jump equals the rule at its target: a jump within
  *     one function keeps the frame as it is.
- * The bytes are scanned without decoding instructions; the last two tests
- * are what keeps a stray 0xe9 in an immediate from counting.  Such a part is
+ * The bytes are scanned without decoding instructions (on x86-64, whose
+ * instructions have any length); the last two tests are what keeps a stray
+ * jump opcode in an immediate from counting.  Such a part is
  * what an unstripped build calls "<function>.cold", and resolution names it
  * so (btc_eval_part_name).
  */
@@ -25,13 +27,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "capture/arch.h"
 #include "capture/cpython/pyframes.h"
 #include "capture/evalloop.h"
 #include "capture/modules.h"
 
 #define MAX_EVAL_RANGES 16
 #define MAX_SCAN_BYTES (1u << 20)
-#define REG_RSP 7
 
 static uintptr_t eval_lo[MAX_EVAL_RANGES], eval_hi[MAX_EVAL_RANGES];
 static int n_eval = -1;   /* -1: not looked up yet */
@@ -70,8 +72,8 @@ static bool part_at(const btc_jump_scan *scan, uintptr_t site, uintptr_t target,
         !btc_table_fde(scan->table, (uint32_t)(target - scan->bias), &flo, &fhi))
         return false;
     const btc_cfi_row *start = row_at(scan->bias, scan->table, scan->bias + flo);
-    bool function_entry = start && start->cfa_kind == BTC_CFA_REG && start->cfa_reg == REG_RSP &&
-                          start->cfa_off == 8;
+    bool function_entry = start && start->cfa_kind == BTC_CFA_REG && start->cfa_reg == BTC_DWARF_SP &&
+                          start->cfa_off == BTC_ENTRY_CFA_OFFSET;
     if (!start || function_entry ||
         !same_cfa(row_at(scan->bias, scan->table, site), row_at(scan->bias, scan->table, target)))
         return false;
@@ -87,15 +89,10 @@ int btc_jump_parts(const btc_jump_scan *scan, uintptr_t *out_lo, uintptr_t *out_
         return n;
     const uint8_t *code = scan->code;
     size_t size = hi - lo;
-    for (size_t i = 0; i + 5 <= size && n < max; i++) {
-        size_t len = code[i] == 0xe9 ? 5 : (code[i] == 0x0f && (code[i + 1] & 0xf0) == 0x80 && i + 6 <= size) ? 6 : 0;
-        if (!len)
-            continue;
-        int32_t rel;
-        memcpy(&rel, code + i + len - 4, 4);
-        uintptr_t target = lo + i + len + (intptr_t)rel;
-        if ((target < lo || target >= hi) && !among(target, out_lo, out_hi, n) &&
-            part_at(scan, lo + i, target, &out_lo[n], &out_hi[n]))
+    for (size_t i = 0; i < size && n < max; i += BTC_INSN_ALIGN) {
+        uintptr_t target;
+        if (btc_direct_jump_at(code, size, i, lo, &target) && (target < lo || target >= hi) &&
+            !among(target, out_lo, out_hi, n) && part_at(scan, lo + i, target, &out_lo[n], &out_hi[n]))
             n++;
     }
     return n;

@@ -1,12 +1,13 @@
-/* The saved context of a suspended greenlet (greenlet 3.x on x86-64).
+/* The saved context of a suspended greenlet (greenlet 3.x).
  *
  * greenlet keeps, in the C++ object behind PyGreenlet.pimpl, a StackState
  *   { char *_stack_start, *stack_stop, *stack_copy; intptr_t _stack_saved; ... }
  * _stack_start is the sp slp_switch had when it suspended the greenlet; the
  * bytes [_stack_start, _stack_start + _stack_saved) were copied to stack_copy
  * (the heap) because another greenlet needed that part of the stack; the rest
- * is still in place, up to stack_stop.  slp_switch stored rbp and rbx in
- * slots of its own frame (its CFI does not describe rbp).
+ * is still in place, up to stack_stop.  slp_switch stored the registers its
+ * CFI does not describe in slots of its own frame; where, the architecture
+ * unit reads from slp_switch's code (arch.h: btc_switch_shape_of).
  *
  * None of those offsets is taken on trust: btc_greenlet_learn() derives them
  * from greenlets in known states and checks slp_switch's code; until it has
@@ -32,8 +33,7 @@ static struct {
     size_t state_off;          /* StackState within the C++ object */
     size_t object_size;        /* the C++ object's size, as greenlet allocated it */
     size_t scan_end;           /* the learning scan read [pimpl, pimpl + scan_end) */
-    uintptr_t resume_pc;       /* in slp_switch, right after the call that saves the stack */
-    int bp_slot, bx_slot;      /* where slp_switch stored rbp/rbx, relative to its sp */
+    btc_switch_shape shape;    /* slp_switch: where it resumes, where it keeps fp/aux */
     uintptr_t module_lo, module_hi;
     uintptr_t stub_lo[2], stub_hi[2];   /* g_initialstub: the outermost frame of a greenlet's own */
     int nstub;
@@ -65,77 +65,6 @@ static bool plausible(const stack_state *s, intptr_t expect_saved)
            (main || (uintptr_t)s->saved <= s->stop - s->start);
 }
 
-/* ---- slp_switch: where a suspended greenlet's registers are ---- */
-
-/* Bytes between rbp and rsp after a frame-pointer prologue
- * `push %rbp; mov %rsp,%rbp; push %r..*; sub $n,%rsp` at code (*at: the
- * byte after it), or -1 if code does not start that way. */
-static int frame_pointer_prologue(const uint8_t *code, size_t size, size_t *at)
-{
-    if (size < 8 || code[0] != 0x55 || code[1] != 0x48 || code[2] != 0x89 || code[3] != 0xe5)
-        return -1;
-    size_t i = 4;
-    int below = 0;
-    while (i + 2 <= size && ((code[i] >= 0x50 && code[i] <= 0x57) ||
-                             (code[i] == 0x41 && code[i + 1] >= 0x50 && code[i + 1] <= 0x57))) {
-        i += code[i] == 0x41 ? 2 : 1;
-        below += 8;
-    }
-    if (i + 4 <= size && code[i] == 0x48 && code[i + 1] == 0x83 && code[i + 2] == 0xec) {
-        below += code[i + 3];
-        i += 4;
-    }
-    *at = i;
-    return below;
-}
-
-/* Where slp_switch stores reg (5 = rbp, 3 = rbx), relative to its sp after
- * the prologue; -1 if not found.  Without frame pointers: `mov %reg,
- * disp8(%rsp)` (48 89 /r, ModRM mod=01 rm=100, SIB 0x24).  With them (the
- * default for extensions of CPython 3.15): `mov %reg, disp8(%rbp)` (ModRM
- * mod=01 rm=101) after the frame-pointer prologue; the rbp stored is then
- * slp_switch's own, the frame base its CFI (CFA = rbp + 16) needs. */
-static int find_spill_slot(const uint8_t *code, size_t size, int reg)
-{
-    uint8_t modrm = (uint8_t)(0x44 | (reg << 3));
-    for (size_t i = 0; i + 5 <= size; i++)
-        if (code[i] == 0x48 && code[i + 1] == 0x89 && code[i + 2] == modrm && code[i + 3] == 0x24)
-            return code[i + 4];
-    size_t i;
-    int below = frame_pointer_prologue(code, size, &i);
-    modrm = (uint8_t)(0x45 | (reg << 3));
-    for (; below >= 0 && i + 4 <= size; i++)
-        if (code[i] == 0x48 && code[i + 1] == 0x89 && code[i + 2] == modrm)
-            return below + (int8_t)code[i + 3] >= 0 ? below + (int8_t)code[i + 3] : -1;
-    return -1;
-}
-
-/* The pc after the first direct call (e8 rel32) in [lo, hi) to the start
- * of one of the n callee ranges (a function and its .cold clones), or 0. */
-static uintptr_t after_call_to(uintptr_t lo, uintptr_t hi, const uintptr_t *callee, int n)
-{
-    for (uintptr_t p = lo; p + 5 <= hi; p++) {
-        const uint8_t *c = (const uint8_t *)p;
-        int32_t rel;
-        memcpy(&rel, c + 1, 4);
-        for (int i = 0; c[0] == 0xe8 && i < n; i++)
-            if (p + 5 + (intptr_t)rel == callee[i])
-                return p + 5;
-    }
-    return 0;
-}
-
-bool btc_slp_switch_shape(uintptr_t lo, uintptr_t hi, const uintptr_t *trampoline, int n,
-                          uintptr_t *resume_pc, int *bp_slot, int *bx_slot)
-{
-    *resume_pc = after_call_to(lo, hi, trampoline, n);
-    size_t prologue = *resume_pc ? *resume_pc - lo : 0;
-    *bp_slot = find_spill_slot((const uint8_t *)lo, prologue, 5);
-    *bx_slot = find_spill_slot((const uint8_t *)lo, prologue, 3);
-    return *resume_pc && *bp_slot >= 0 && *bx_slot >= 0;
-}
-
-
 /* A switch: g_switchstack saves and restores the interpreter's state around
  * slp_switch, which copies stacks out and in through the trampolines (and
  * memcpy: while that runs, the frames above slp_switch are half copied, so
@@ -164,9 +93,9 @@ static int learn_switch_code(uintptr_t inside_module)
     if (n != 1 || t < 1 || !m || lo[0] < m->lo || hi[0] > m->hi)
         return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch or slp_save_state_trampoline not found "
                                       "in its symbol table");
-    if (!btc_slp_switch_shape(lo[0], hi[0], tlo, t, &layout.resume_pc, &layout.bp_slot, &layout.bx_slot))
-        return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch does not have the x86-64 shape btcore "
-                                      "knows (rbp/rbx slots, call to slp_save_state_trampoline)");
+    if (!btc_switch_shape_of(lo[0], hi[0], tlo, t, &layout.shape))
+        return btc_fail(BTC_E_LAYOUT, "greenlet's slp_switch does not have the " BTC_ARCH_NAME " shape "
+                                      "btcore knows (register slots, call to slp_save_state_trampoline)");
     return 0;
 }
 
@@ -317,6 +246,14 @@ static bool main_stack_end(uintptr_t start, uintptr_t *hi)
     return btc_mapping_bounds(start, &lo, hi);   /* another thread's main greenlet */
 }
 
+/* A register slp_switch stored at sp + slot; slot -1: its CFI describes
+ * the register, whose value here is then never read. */
+static bool saved_register(const btc_memview *m, uintptr_t sp, int slot, uintptr_t *value)
+{
+    *value = 0;
+    return slot < 0 || btc_mem_read(m, sp + (uintptr_t)slot, value);
+}
+
 int btc_greenlet_context(PyObject *g, btc_context *ctx)
 {
     if (!layout.ok)
@@ -337,10 +274,10 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx)
     ctx->mem.spill_hi = s.start + (uintptr_t)s.saved;
     ctx->mem.spill = (const uint8_t *)s.copy;
     ctx->last_cfa = main ? 0 : s.stop;
-    ctx->regs.ip = layout.resume_pc;
+    ctx->regs.ip = layout.shape.resume_pc;
     ctx->regs.sp = s.start;
-    if (!btc_mem_read(&ctx->mem, s.start + layout.bp_slot, &ctx->regs.bp) ||
-        !btc_mem_read(&ctx->mem, s.start + layout.bx_slot, &ctx->regs.bx))
+    if (!saved_register(&ctx->mem, s.start, layout.shape.fp_slot, &ctx->regs.fp) ||
+        !saved_register(&ctx->mem, s.start, layout.shape.aux_slot, &ctx->regs.aux))
         return btc_fail(BTC_E_LAYOUT, "greenlet's saved registers are outside its stack");
     return 0;
 }

@@ -48,13 +48,4 @@ bool btc_greenlet_internal(uintptr_t pc);
 /* A greenlet's outermost own frame (UserGreenlet::g_initialstub(void*)). */
 #define BTC_GREENLET_INITIAL_STUB "_ZN8greenlet12UserGreenlet13g_initialstubEPv"
 
-/* slp_switch's code at [lo, hi) (readable here: loaded, or a copy of
- * another process's module laid out as loaded; trampoline: the starts of
- * slp_save_state_trampoline and its clones, in the same address space):
- * the pc after its call that saves the stack, and where it stored rbp/rbx
- * relative to its sp.  False if the code does not have the shape btcore
- * knows. */
-bool btc_slp_switch_shape(uintptr_t lo, uintptr_t hi, const uintptr_t *trampoline, int n,
-                          uintptr_t *resume_pc, int *bp_slot, int *bx_slot);
-
 #endif

@@ -27,7 +27,6 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include "capture/capture.h"
@@ -58,24 +57,6 @@ static bool handler_installed;
 int btc_capture_signal(void)
 {
     return SIGRTMIN + 6;   /* glibc keeps SIGRTMIN's first ones for itself; Python uses none */
-}
-
-/* ---- x86-64: the interrupted registers (the architecture-specific part) ---- */
-
-static bool regs_from_ucontext(const void *ucontext, btc_regs *r)
-{
-#if defined(__x86_64__)
-    const ucontext_t *uc = ucontext;
-    r->ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
-    r->sp = (uintptr_t)uc->uc_mcontext.gregs[REG_RSP];
-    r->bp = (uintptr_t)uc->uc_mcontext.gregs[REG_RBP];
-    r->bx = (uintptr_t)uc->uc_mcontext.gregs[REG_RBX];
-    return true;
-#else
-    (void)ucontext;
-    (void)r;
-    return false;
-#endif
 }
 
 /* ---- reading the Python chain without trusting it ----
@@ -199,7 +180,7 @@ void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_s
         py.check = &limits.base;
     }
     bool py_started = py.frame != NULL;
-    bool on_stack = regs_from_ucontext(ucontext, &ctx.regs) && ctx.regs.sp >= info->stack_lo &&
+    bool on_stack = btc_regs_from_ucontext(ucontext, &ctx.regs) && ctx.regs.sp >= info->stack_lo &&
                     ctx.regs.sp < info->stack_hi;
     ctx.mem.lo = ctx.regs.sp;
     ctx.mem.hi = info->stack_hi;

@@ -10,10 +10,10 @@
 BTC_HOT uintptr_t reg_value(const btc_regs *r, unsigned dwarf_reg, bool *ok)
 {
     switch (dwarf_reg) {
-    case 7: return r->sp;
-    case 6: return r->bp;
-    case 3: return r->bx;
-    case 16: return r->ip;
+    case BTC_DWARF_SP: return r->sp;
+    case BTC_DWARF_FP: return r->fp;
+    case BTC_DWARF_AUX: return r->aux;
+    case BTC_DWARF_IP: return r->ip;
     default: *ok = false; return 0;
     }
 }
@@ -55,31 +55,62 @@ BTC_HOT bool apply_rule(uint8_t rule, int16_t off, uintptr_t cfa, const btc_regs
     }
 }
 
-/* One step from callee registers r to caller registers; false ends the walk. */
-BTC_HOT bool step(const btc_cfi_row *row, const btc_context *ctx, btc_regs *r, uintptr_t *cfa_out)
+/* The return address still in the link register: only in a frame stopped
+ * at an exact pc (the innermost one, or one a signal interrupted) on an
+ * architecture that has one (a leaf function, or a prologue not yet run).
+ * Anywhere else "same value" would return to the frame itself. */
+BTC_HOT bool ra_in_register(const btc_cfi_row *row, bool exact)
+{
+    return BTC_LINK_REGISTER && exact && row->ra_rule == BTC_RULE_SAME;
+}
+
+/* One step from callee registers r to caller registers; false ends the walk.
+ * exact: r->ip is where the frame stopped, not a return address. */
+BTC_HOT bool step(const btc_cfi_row *row, const btc_context *ctx, bool exact, btc_regs *r,
+                  uintptr_t *cfa_out)
 {
     const btc_memview *m = &ctx->mem;
     uintptr_t cfa;
     if (!compute_cfa(row, r, m, &cfa))
         return false;
     *cfa_out = cfa;   /* even if the step fails: the caller checks whose frame this is */
-    /* A frame's CFA lies above its sp; a signal frame's CFA is the sp the
-     * interrupted code had, which may be anywhere in the view. */
-    if (!row->signal && cfa <= r->sp)
+    bool leaf = ra_in_register(row, exact);
+    /* A frame's CFA lies above its sp (at it, for a leaf that moved no sp);
+     * a signal frame's CFA is the sp the interrupted code had, which may be
+     * anywhere in the view. */
+    if (!(row->flags & BTC_ROW_SIGNAL) && (leaf ? cfa < r->sp : cfa <= r->sp))
         return false;
     if (cfa < m->lo || cfa > m->hi)
         return false;
     if (row->ra_rule == BTC_RULE_UNDEFINED)
         return false;   /* the outermost frame (_start, clone, thread start) */
     btc_regs next = *r;
-    if (!apply_rule(row->ra_rule, row->ra_off, cfa, r, m, &next.ip) || row->ra_rule == BTC_RULE_SAME)
+    if (leaf)
+        next.ip = r->aux;
+    else if (!apply_rule(row->ra_rule, row->ra_off, cfa, r, m, &next.ip) || row->ra_rule == BTC_RULE_SAME)
         return false;
-    if (!apply_rule(row->rbp_rule, row->rbp_off, cfa, r, m, &next.bp) ||
-        !apply_rule(row->rbx_rule, row->rbx_off, cfa, r, m, &next.bx))
+    if (row->flags & BTC_ROW_RA_SIGNED)
+        next.ip = btc_strip_ra(next.ip);
+    if (!apply_rule(row->fp_rule, row->fp_off, cfa, r, m, &next.fp) ||
+        !apply_rule(row->aux_rule, row->aux_off, cfa, r, m, &next.aux))
         return false;
+    if (BTC_LINK_REGISTER)
+        next.aux = next.ip;   /* the caller's lr: the return address it was given back */
     next.sp = cfa;
     *r = next;
     return next.ip != 0;
+}
+
+/* A handler's return into a signal trampoline whose CFI cannot restore the
+ * interrupted sp: the architecture reads the kernel's signal frame (arch.h). */
+BTC_HOT bool read_signal_frame(const btc_cfi_row *row, const btc_memview *m, btc_regs *r, uintptr_t *cfa)
+{
+#if BTC_ARCH_READS_SIGNAL_FRAMES
+    return btc_signal_frame(row, m, r, cfa);
+#else
+    (void)row, (void)m, (void)r, (void)cfa;
+    return false;
+#endif
 }
 
 /* pc -> CFI row, direct-mapped: a stack is walked again and again through
@@ -171,20 +202,26 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
         /* A return address points after the call: look up the call itself. */
         uintptr_t pc = exact ? r.ip : r.ip - 1;
         const btc_cfi_row *row = pc ? find_row_for(ctx, pc) : NULL;
-        if (!row && !in_some_module(ctx, pc))
-            break;   /* in no module: not a frame at all */
         uintptr_t cfa = 0;
-        bool more = row && step(row, ctx, &r, &cfa);
+        bool more, signal;
+        if (!exact && read_signal_frame(row, &ctx->mem, &r, &cfa)) {
+            more = signal = true;
+        } else {
+            if (!row && !in_some_module(ctx, pc))
+                break;   /* in no module: not a frame at all */
+            more = row && step(row, ctx, exact, &r, &cfa);
+            signal = row && (row->flags & BTC_ROW_SIGNAL);
+        }
         if (cfa && ctx->last_cfa && cfa > ctx->last_cfa)
             break;  /* this frame belongs to whoever is below the target's stack */
         out[n].pc = exact ? pc : pc + 1;
         out[n].cfa = cfa;
         out[n].exact = exact;
-        out[n].signal = row && row->signal;
+        out[n].signal = signal;
         n++;
         if (!more || ends_walk(ctx, pc))
             break;
-        exact = row->signal;   /* the frame a signal interrupted resumes at its exact pc */
+        exact = signal;   /* the frame a signal interrupted resumes at its exact pc */
     }
     return n;
 }

@@ -10,11 +10,10 @@
 #include <errno.h>
 #include <signal.h>
 #include <sys/ptrace.h>
-#include <sys/user.h>
 #include <sys/wait.h>
 #include <time.h>
 
-#include "common/base.h"
+#include "capture/arch.h"
 
 /* Wait for tid's stop, at most timeout_ms; 0, or -errno (-ETIMEDOUT,
  * -ESRCH when the thread exited). */
@@ -41,23 +40,16 @@ static int wait_stop(int tid, int timeout_ms, int *pending_signal)
     }
 }
 
-/* The registers the walk starts from: x86-64's (other machines: no dump). */
+/* The registers the walk starts from, as regs = {ip, sp, fp, aux} (arch.h). */
 static int read_regs(int tid, uintptr_t *regs)
 {
-#if defined(__x86_64__)
-    struct user_regs_struct r;
-    if (ptrace(PTRACE_GETREGS, tid, 0, &r) != 0)
-        return -errno;
-    regs[0] = r.rip;
-    regs[1] = r.rsp;
-    regs[2] = r.rbp;
-    regs[3] = r.rbx;
-    return 0;
-#else
-    (void)tid;
-    (void)regs;
-    return -ENOSYS;
-#endif
+    btc_regs r = {0};
+    int rc = btc_ptrace_regs(tid, &r);
+    regs[0] = r.ip;
+    regs[1] = r.sp;
+    regs[2] = r.fp;
+    regs[3] = r.aux;
+    return rc;
 }
 
 int btc_ptrace_stop(int tid, int timeout_ms, uintptr_t *regs, int *pending_signal)

@@ -336,11 +336,12 @@ int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_gr
     bool inside_image = n == 1 && lo[0] >= m->image_vaddr && hi[0] <= m->image_vaddr + m->image_size;
     for (int i = 0; i < t; i++)
         tlo[i] = local(m, tlo[i]);
-    uintptr_t resume;
-    if (!inside_image || t < 1 ||
-        !btc_slp_switch_shape(local(m, lo[0]), local(m, hi[0]), tlo, t, &resume, &out->bp_slot, &out->bx_slot))
+    btc_switch_shape shape;
+    if (!inside_image || t < 1 || !btc_switch_shape_of(local(m, lo[0]), local(m, hi[0]), tlo, t, &shape))
         return -2;
-    out->resume_pc = resume - local(m, 0) + m->bias;
+    out->resume_pc = shape.resume_pc - local(m, 0) + m->bias;
+    out->bp_slot = shape.fp_slot;
+    out->bx_slot = shape.aux_slot;
     for (int i = 0; i < out->nstub; i++) {
         out->stub_lo[i] += m->bias;
         out->stub_hi[i] += m->bias;

@@ -241,17 +241,13 @@ static void read_rnglist(btc_dwarf *d, const unit *u, uint64_t off, range_list *
     }
 }
 
-/* Every [lo, hi) of a DIE: low_pc/high_pc, or DW_AT_ranges. */
+/* Every [lo, hi) of a DIE: DW_AT_ranges, or low_pc/high_pc.  Ranges
+ * first: beside them a unit's low_pc is only the base address of their
+ * entries (often 0: a unit spread over sections by -ffunction-sections or
+ * hot/cold partitioning), not a range of its own. */
 void dwarf_die_ranges(btc_dwarf *d, const unit *u, const die *e, range_list *l)
 {
     uint64_t lo, hi;
-    if (dwarf_value_address(d, u, &e->low_pc, &lo)) {
-        if (dwarf_value_address(d, u, &e->high_pc, &hi))
-            add_range(l, lo, hi);
-        else if (e->high_pc.kind == V_CONST || e->high_pc.kind == V_SIGNED)
-            add_range(l, lo, lo + e->high_pc.u);   /* DWARF 4+: high_pc is a length */
-        return;
-    }
     if (e->ranges.kind == V_RNGLISTX) {
         uint64_t off;
         if (dwarf_indexed_entry(d, SEC_RNGLISTS, u->rnglists_base, e->ranges.u, u->offset_size, &off))
@@ -261,6 +257,11 @@ void dwarf_die_ranges(btc_dwarf *d, const unit *u, const die *e, range_list *l)
             read_rnglist(d, u, e->ranges.u, l);
         else
             read_ranges_v4(d, u, e->ranges.u, l);
+    } else if (dwarf_value_address(d, u, &e->low_pc, &lo)) {
+        if (dwarf_value_address(d, u, &e->high_pc, &hi))
+            add_range(l, lo, hi);
+        else if (e->high_pc.kind == V_CONST || e->high_pc.kind == V_SIGNED)
+            add_range(l, lo, lo + e->high_pc.u);   /* DWARF 4+: high_pc is a length */
     }
 }
 

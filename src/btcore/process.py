@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import struct
 import sys
 import time
@@ -330,11 +331,19 @@ def _auxv_vdso(desc):
 
 # ---- public ----
 
+def _check_architecture() -> None:
+    """Registers (ptrace, a core's NT_PRSTATUS) are read as x86-64's: refuse elsewhere."""
+    if platform.machine() != "x86_64":
+        raise DumpError("dumping another process or a core file is implemented on x86-64 only, "
+                        f"not {platform.machine()}")
+
+
 def process_stacks(pid: int | None = None, *, core: str | None = None, exe: str | None = None,
                    native: bool = True, threads_only: bool = False, timeout: float = 5.0):
     """(Snapshot, [ProcessStack]) of process pid, or of a core file."""
     if (pid is None) == (core is None):
         raise ValueError("give either a pid or a core file")
+    _check_architecture()
     snap = _snapshot_core(core, exe, threads_only) if core else \
         snapshot_live(pid, threads_only=threads_only, timeout=timeout)
     try:
