@@ -406,10 +406,19 @@ static int ask_once(thread_slot *s, int timeout_ms, btc_sigsample *out)
         int state = atomic_load(&s->state);
         if (state == DONE)
             break;
+        /* IDLE: a new thread took the slot (take_slot) after the asked one
+         * exited with the signal pending; no answer will come. */
+        if (state == IDLE)
+            return -1;
         int asked = ASKED;
         if (monotonic_now() > deadline && atomic_compare_exchange_strong(&s->state, &asked, IDLE))
             return -1;   /* withdrawn before the handler started: it will not write */
-        pause_briefly();  /* (WRITING: the handler runs now; it ends in microseconds) */
+        /* WRITING: the handler runs now and ends in microseconds.  Past twice
+         * the time allowed, give up: the slot stays WRITING, so no later ask
+         * uses it until a thread takes it again, and nothing reads the sample. */
+        if (monotonic_now() > deadline + timeout_ms / 1000.0)
+            return -1;
+        pause_briefly();
     }
     memcpy(out, &s->sample, sizeof *out);
     atomic_store(&s->state, IDLE);

@@ -50,6 +50,7 @@ typedef struct {
     double since;      /* when seen was first seen */
     double next;       /* report when stuck this long */
     bool stuck;        /* reported, not recovered yet */
+    uint64_t thread;   /* the thread reported stuck (its slot may be empty by the time it recovers) */
 } stuck_state;
 
 static watched_thread watched[BTC_WATCHED_THREADS];
@@ -171,11 +172,11 @@ static void write_all(int fd, const char *s, size_t n)
     }
 }
 
-static void report_stuck(int slot, const btc_sigsample *sample, double stuck_for)
+static void report_stuck(uint64_t thread, const btc_sigsample *sample, double stuck_for)
 {
     btc_text t = {report_buf, sizeof report_buf, 0};
     btc_text_addf(&t, "btcore watchdog: thread %llu has not switched greenlets for %.1f s; its stack, innermost first:\n",
-                  (unsigned long long)btc_thread_ident_of(slot), stuck_for);
+                  (unsigned long long)thread, stuck_for);
     if (sample)
         btc_sigsample_text(sample, &t);
     else
@@ -184,11 +185,11 @@ static void report_stuck(int slot, const btc_sigsample *sample, double stuck_for
     atomic_fetch_add(&dog.reports, 1);
 }
 
-static void report_recovered(int slot, const char *how, double stuck_for)
+static void report_recovered(const stuck_state *s, const char *how, double stuck_for)
 {
     btc_text t = {report_buf, sizeof report_buf, 0};
     btc_text_addf(&t, "btcore watchdog: thread %llu %s; it was stuck for %.1f s\n",
-                  (unsigned long long)btc_thread_ident_of(slot), how, stuck_for);
+                  (unsigned long long)s->thread, how, stuck_for);
     write_all(dog.fd, t.buf, t.len);
 }
 
@@ -207,10 +208,12 @@ static bool idle(int slot, const btc_sigsample *sample)
 static void check(int slot, double now)
 {
     stuck_state *s = &dog.states[slot];
-    uint64_t switches = 0;
-    if (!read_progress(slot, &switches) || switches != s->seen) {
+    uint64_t thread = btc_thread_ident_of(slot), switches = 0;
+    bool watched = read_progress(slot, &switches);
+    if (!watched || switches != s->seen) {
         if (s->stuck)
-            report_recovered(slot, "switched again", now - s->since);
+            report_recovered(s, watched ? "switched again" : "ended",
+                             now - s->since);
         *s = (stuck_state){.seen = switches, .since = now, .next = dog.threshold};
         return;
     }
@@ -218,14 +221,21 @@ static void check(int slot, double now)
     if (stuck_for < s->next)
         return;
     bool answered = btc_signal_sample_slot(slot, 1000, &dog.sample) == 0;
+    if (!answered && btc_thread_ident_of(slot) != thread) {   /* it ended meanwhile: nothing to report */
+        if (s->stuck)
+            report_recovered(s, "ended", stuck_for);
+        *s = (stuck_state){.since = now, .next = dog.threshold};
+        return;
+    }
     if (answered && idle(slot, &dog.sample)) {   /* waiting, not stuck: look again in a threshold */
         if (s->stuck)
-            report_recovered(slot, "waits in gevent's hub again", stuck_for);
+            report_recovered(s, "waits in gevent's hub again", stuck_for);
         *s = (stuck_state){.seen = switches, .since = now, .next = dog.threshold};
         return;
     }
-    report_stuck(slot, answered ? &dog.sample : NULL, stuck_for);
+    report_stuck(thread, answered ? &dog.sample : NULL, stuck_for);
     s->stuck = true;
+    s->thread = thread;
     s->next = dog.repeat ? s->next * 2 : INFINITY;
 }
 
