@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "capture/signal_capture.h"
+#include "watch/own_thread.h"
 #include "watch/report.h"
 
 static struct {
@@ -47,15 +48,6 @@ static void on_dump_signal(int signum, siginfo_t *si, void *ucontext)
     errno = saved_errno;
 }
 
-static void write_all(int fd, const char *s, size_t n)
-{
-    for (size_t done = 0; done < n;) {
-        ssize_t w = write(fd, s + done, n - done);
-        if (w <= 0)
-            return;
-        done += (size_t)w;
-    }
-}
 
 /* One thread's stack, sampled by the capture signal (a bounded wait: a
  * thread that does not answer in a second is said so). */
@@ -68,7 +60,7 @@ static void dump_thread(int slot)
         btc_sigsample_text(&dumper.sample, &t);
     else
         btc_text_add(&t, "  (the thread did not answer the capture signal)\n");
-    write_all(dumper.fd, t.buf, t.len);
+    btc_text_write(&t, dumper.fd);
 }
 
 /* The registering thread first, then every other registered thread: any
@@ -104,11 +96,7 @@ int btc_dump_signal_install(int signum, int fd, int chain)
     dumper.chain = chain != 0;
     atomic_store(&dumper.stopping, false);
     sem_init(&dumper.wake, 0, 0);
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);   /* the thread blocks every signal */
-    dumper.thread_alive = pthread_create(&dumper.thread, NULL, dumper_main, NULL) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    dumper.thread_alive = btc_own_thread_start(&dumper.thread, dumper_main) == 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_dump_signal;

@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "watch/report.h"
 
@@ -34,6 +35,16 @@ void btc_text_addf(btc_text *t, const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     btc_text_add(t, line);
+}
+
+void btc_text_write(const btc_text *t, int fd)
+{
+    for (size_t done = 0; done < t->len;) {
+        ssize_t w = write(fd, t->buf + done, t->len - done);
+        if (w <= 0)
+            return;
+        done += (size_t)w;
+    }
 }
 
 /* A str's characters, non-ASCII ones as '?', at most 200 (no allocation). */

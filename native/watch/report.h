@@ -12,6 +12,8 @@ typedef struct {
 
 void btc_text_add(btc_text *t, const char *s);
 void btc_text_addf(btc_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Write the text to fd whole (a short write goes on; an error ends it). */
+void btc_text_write(const btc_text *t, int fd);
 /* The sample's frames, one a line, innermost first, then its partial reasons. */
 void btc_sigsample_text(const btc_sigsample *s, btc_text *t);
 

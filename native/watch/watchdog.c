@@ -24,7 +24,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +32,7 @@
 
 #include "capture/signal_capture.h"
 #include "common/errors.h"
+#include "watch/own_thread.h"
 #include "watch/report.h"
 
 /* Set by the watched thread (GIL held), read by the watchdog thread. */
@@ -161,17 +161,6 @@ static bool read_progress(int slot, uint64_t *out)
 
 static char report_buf[64 * 1024];
 
-static void write_all(int fd, const char *s, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, s, n);
-        if (w <= 0)
-            return;
-        s += w;
-        n -= (size_t)w;
-    }
-}
-
 static void report_stuck(uint64_t thread, const btc_sigsample *sample, double stuck_for)
 {
     btc_text t = {report_buf, sizeof report_buf, 0};
@@ -181,7 +170,7 @@ static void report_stuck(uint64_t thread, const btc_sigsample *sample, double st
         btc_sigsample_text(sample, &t);
     else
         btc_text_add(&t, "  (the thread did not answer the capture signal)\n");
-    write_all(dog.fd, t.buf, t.len);
+    btc_text_write(&t, dog.fd);
     atomic_fetch_add(&dog.reports, 1);
 }
 
@@ -190,7 +179,7 @@ static void report_recovered(const stuck_state *s, const char *how, double stuck
     btc_text t = {report_buf, sizeof report_buf, 0};
     btc_text_addf(&t, "btcore watchdog: thread %llu %s; it was stuck for %.1f s\n",
                   (unsigned long long)s->thread, how, stuck_for);
-    write_all(dog.fd, t.buf, t.len);
+    btc_text_write(&t, dog.fd);
 }
 
 /* Is the sampled thread in gevent's hub, waiting for events?  Its innermost
@@ -283,13 +272,7 @@ int btc_watchdog_start(double threshold_s, int fd, int repeat)
     dog.repeat = repeat != 0;
     dog.stopping = false;
     atomic_store(&dog.reports, 0);
-    /* The thread blocks every signal: process signals go to Python's threads. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&dog.thread, NULL, watchdog_main, NULL);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
+    if (btc_own_thread_start(&dog.thread, watchdog_main) != 0) {
         close(own_fd);
         return -1;
     }

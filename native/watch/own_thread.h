@@ -1,0 +1,13 @@
+/* btcore's own C threads (the watchdog, the dump thread): how they start. */
+#ifndef BTC_WATCH_OWN_THREAD_H
+#define BTC_WATCH_OWN_THREAD_H
+
+#include <pthread.h>
+
+/* Start main(NULL) in a new thread that blocks every signal (process
+ * signals go to Python's threads, and the capture signal never lands in
+ * it), and return once that thread is running: 0, or -1 if it could not
+ * be created. */
+int btc_own_thread_start(pthread_t *thread, void *(*main)(void *));
+
+#endif
