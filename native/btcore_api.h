@@ -405,9 +405,10 @@ int btc_dump_signal_uninstall(int signum);
 
 /* Test-only: a handler on signal signum (a timer) that captures the
  * interrupted thread (registered here) and checks each sample inside the
- * handler, until btc_test_signal_stress_stop(), which writes 11 counts:
- * complete, partial, invalid samples, then partial ones per BTC_PARTIAL_*
- * bit (1, 2, 4, ...), and the last invalid sample. */
+ * handler, until btc_test_signal_stress_stop(), which writes 12 counts:
+ * complete, partial, invalid samples, partial ones per BTC_PARTIAL_* bit
+ * (1, 2, 4, ...), complete ones with Python frames; and the last invalid
+ * sample. */
 int btc_test_signal_stress_start(int signum);
 void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid);
 /* Benchmark-only: the handler's capture of the calling registered thread,
