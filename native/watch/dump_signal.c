@@ -48,7 +48,6 @@ static void on_dump_signal(int signum, siginfo_t *si, void *ucontext)
     errno = saved_errno;
 }
 
-
 /* One thread's stack, sampled by the capture signal (a bounded wait: a
  * thread that does not answer in a second is said so). */
 static void dump_thread(int slot)

@@ -7,8 +7,9 @@
  * gcc 12's AddressSanitizer takes an allocator lock in its thread start
  * and does not take it around fork, and the forked child's next allocation
  * waited on it forever (tests/test_watchdog.py's fork test, in ci/asan.sh).
- * Once the thread runs its own loop it allocates nothing: nothing is held
- * at a fork.
+ * Once the thread runs its loop, it allocates only while naming frames (a
+ * library's symbols read for the first time), through glibc's fork-safe
+ * malloc; under gcc 12's ASan that rarer window remains.
  */
 #include <errno.h>
 #include <semaphore.h>
