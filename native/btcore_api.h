@@ -435,6 +435,12 @@ int btc_rmem_chunk_bases(btc_rmem *m, uintptr_t *out, int max);
 /* Fill the cache's chunks under the n addresses (0s are skipped) in
  * batches of one syscall; later reads there are cache hits. */
 void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n);
+/* n ranges [addr[i], addr[i] + size[i]) into dest[i], past the cache
+ * (each is read once), in batches of one syscall where the process allows
+ * it; ok[i] says whether range i was read whole.  A large job of a live
+ * process is read by two threads at once (rmem.c, "two readers"). */
+void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, uint8_t *const *dest, int n,
+                        uint8_t *ok);
 void btc_rmem_close(btc_rmem *m);
 int btc_rmem_last_errno(btc_rmem *m);
 uint64_t btc_rmem_syscalls(btc_rmem *m);

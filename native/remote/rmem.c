@@ -14,6 +14,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/array.h"
+#include "common/own_thread.h"
 #include "remote/rmem.h"
 
 #define CHUNK_SHIFT 12
@@ -211,6 +214,56 @@ static chunk *chunk_for(btc_rmem *m, uintptr_t base)
     return c;
 }
 
+/* ---- two readers ----
+ *
+ * A dump's stop is mostly the kernel's work in process_vm_readv: pinning
+ * each remote page, then copying it.  The target's threads are stopped, so
+ * a core is idle: a large job is split in two halves and a second thread
+ * reads one of them (the cache and the counters are touched only by the
+ * caller, after the join).  A small job, or a machine with one CPU, stays
+ * on the calling thread: starting a thread costs ~50 us. */
+
+#define SPLIT_BYTES (1u << 20)
+
+typedef struct {
+    void (*read)(int pid, void *job, int lo, int hi, uint64_t *syscalls);
+    int pid, lo, hi;
+    void *job;
+    uint64_t syscalls;
+} half_job;
+
+static void *read_half(void *arg)
+{
+    half_job *h = arg;
+    h->read(h->pid, h->job, h->lo, h->hi, &h->syscalls);
+    return NULL;
+}
+
+static bool second_cpu(void)
+{
+    static int cpus;   /* 0: not asked yet (a race only asks twice) */
+    if (!cpus) {
+        cpu_set_t set;
+        cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    }
+    return cpus > 1;
+}
+
+/* read(pid, job, lo, hi, &syscalls) over [0, n), split at split when
+ * bytes (the job's size) make it worth a second thread. */
+static void read_in_halves(btc_rmem *m, void (*read)(int, void *, int, int, uint64_t *), void *job, int n,
+                           int split, size_t bytes)
+{
+    half_job upper = {read, m->pid, split, n, job, 0};
+    pthread_t thread;
+    bool two = bytes >= SPLIT_BYTES && split > 0 && split < n && second_cpu() &&
+               btc_own_thread_start(&thread, read_half, &upper) == 0;
+    read(m->pid, job, 0, two ? split : n, &m->syscalls);
+    if (two)
+        pthread_join(thread, NULL);
+    m->syscalls += upper.syscalls;
+}
+
 /* ---- prefetching: many chunks in one syscall ----
  *
  * Following thousands of pointers (greenlets' implementations, their
@@ -219,22 +272,17 @@ static chunk *chunk_for(btc_rmem *m, uintptr_t base)
  * pages are sorted and neighbours share one remote iovec: the kernel pins
  * a remote iovec's pages together, and one iovec per page cost ~4x the
  * time here (2 048 pages: 6.6 ms against 2.3 ms).  process_vm_readv stops
- * at the first page it cannot read: that page stays invalid and the batch
- * goes on after it. */
+ * at the first page it cannot read: that page stays invalid and the reads
+ * go on after it. */
 
-#define PREFETCH_PAGES 1024   /* IOV_MAX */
+#define IOV_BATCH 1024   /* IOV_MAX */
 
 typedef struct {
     uintptr_t addr;
     uint8_t *data;
     chunk *owner;
+    bool read;
 } page_entry;
-
-typedef struct {
-    page_entry page[PREFETCH_PAGES];
-    struct iovec remote[PREFETCH_PAGES], local[PREFETCH_PAGES];
-    int n;
-} page_batch;
 
 static int by_address(const void *a, const void *b)
 {
@@ -242,43 +290,44 @@ static int by_address(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* One syscall for pages [start, n) of the batch: how many of them, from
- * start, were read. */
-static int read_pages(btc_rmem *m, page_batch *b, int start)
+/* One syscall for the first *tried (at most IOV_BATCH) pages of
+ * [start, end): how many of them, from start, were read. */
+static int read_pages(int pid, page_entry *page, int start, int end, int *tried, uint64_t *syscalls)
 {
+    struct iovec remote[IOV_BATCH], local[IOV_BATCH];
     int nremote = 0, nlocal = 0;
-    for (int j = start; j < b->n; j++) {
-        struct iovec *last = nremote ? &b->remote[nremote - 1] : NULL;
-        b->local[nlocal++] = (struct iovec){b->page[j].data, PAGE};
-        if (last && (uintptr_t)last->iov_base + last->iov_len == b->page[j].addr)
+    for (int j = start; j < end && nlocal < IOV_BATCH; j++) {
+        struct iovec *last = nremote ? &remote[nremote - 1] : NULL;
+        local[nlocal++] = (struct iovec){page[j].data, PAGE};
+        if (last && (uintptr_t)last->iov_base + last->iov_len == page[j].addr)
             last->iov_len += PAGE;
         else
-            b->remote[nremote++] = (struct iovec){(void *)b->page[j].addr, PAGE};
+            remote[nremote++] = (struct iovec){(void *)page[j].addr, PAGE};
     }
-    m->syscalls++;
-    ssize_t got = process_vm_readv(m->pid, b->local, nlocal, b->remote, nremote, 0);
+    *tried = nlocal;
+    (*syscalls)++;
+    ssize_t got = process_vm_readv(pid, local, nlocal, remote, nremote, 0);
     return got > 0 ? (int)(got / PAGE) : 0;
 }
 
-static void flush(btc_rmem *m, page_batch *b)
+static void read_page_range(int pid, void *job, int lo, int hi, uint64_t *syscalls)
 {
-    qsort(b->page, b->n, sizeof b->page[0], by_address);
-    for (int start = 0; start < b->n;) {
-        int pages = read_pages(m, b, start);
+    page_entry *page = job;
+    for (int start = lo, tried; start < hi;) {
+        int pages = read_pages(pid, page, start, hi, &tried, syscalls);
         for (int j = start; j < start + pages; j++)
-            b->page[j].owner->valid |= 1u << ((b->page[j].addr & (CHUNK_SIZE - 1)) / PAGE);
-        start += pages + 1;   /* past the page that failed */
+            page[j].read = true;
+        start += pages < tried ? pages + 1 : pages;   /* past the page that failed */
     }
-    b->n = 0;
 }
 
 void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n)
 {
-    if (!m->pid || m->mem_fd >= 0)
+    if (!m->pid || m->mem_fd >= 0 || n <= 0)
         return;   /* reads that are not process_vm_readv gain nothing from batches */
-    static __thread page_batch b;
-    b.n = 0;
-    for (int i = 0; i < n && m->nchunks < MAX_CHUNKS; i++) {
+    page_entry *page = malloc((size_t)n * PAGES * sizeof *page);
+    int npages = 0;
+    for (int i = 0; page && i < n && m->nchunks < MAX_CHUNKS; i++) {
         uintptr_t base = addr[i] & ~(uintptr_t)(CHUNK_SIZE - 1);
         chunk *c = addr[i] ? slot_for(m, base) : NULL;
         uint8_t *data = c && !c->base ? chunk_buffer(m) : NULL;
@@ -286,12 +335,15 @@ void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n)
             continue;
         *c = (chunk){base + 1, 0, data};
         m->nchunks++;
-        if (b.n + PAGES > PREFETCH_PAGES)
-            flush(m, &b);
         for (unsigned p = 0; p < PAGES; p++)
-            b.page[b.n++] = (page_entry){base + p * PAGE, data + p * PAGE, c};
+            page[npages++] = (page_entry){base + p * PAGE, data + p * PAGE, c, false};
     }
-    flush(m, &b);
+    qsort(page, npages, sizeof *page, by_address);
+    read_in_halves(m, read_page_range, page, npages, npages / 2, (size_t)npages * PAGE);
+    for (int j = 0; j < npages; j++)   /* a chunk's pages may lie in both halves */
+        if (page[j].read)
+            page[j].owner->valid |= 1u << ((page[j].addr & (CHUNK_SIZE - 1)) / PAGE);
+    free(page);
 }
 
 /* Are the pages under [at, at + n) of c all readable? */
@@ -349,41 +401,55 @@ int btc_rmem_read(btc_rmem *m, uintptr_t addr, void *buf, size_t n)
 
 /* Many ranges in few syscalls, bypassing the cache (greenlets' heap copies
  * of their stacks: thousands of blocks, each read once).  process_vm_readv
- * stops at the first range it cannot read; the batch goes on after it. */
-#define BATCH 1024   /* IOV_MAX */
+ * stops at the first range it cannot read: the reads go on after it, and
+ * the caller reads each range that failed again through the cache (page by
+ * page: its readable part is not lost). */
 
-static int read_batch_live(btc_rmem *m, const struct iovec *remote, const struct iovec *local, int n)
+typedef struct {
+    const uintptr_t *addr;
+    const size_t *size;
+    uint8_t *const *dest;
+    uint8_t *ok;
+} range_job;
+
+static void read_range_span(int pid, void *arg, int lo, int hi, uint64_t *syscalls)
 {
-    m->syscalls++;
-    ssize_t got = process_vm_readv(m->pid, local, n, remote, n, 0);
-    int done = 0;
-    for (; done < n && got >= (ssize_t)remote[done].iov_len; done++)
-        got -= (ssize_t)remote[done].iov_len;
-    return done;   /* ranges [0, done) were read whole */
+    range_job *job = arg;
+    for (int i = lo; i < hi;) {
+        struct iovec remote[IOV_BATCH], local[IOV_BATCH];
+        int k = 0;
+        for (; k < IOV_BATCH && i + k < hi; k++) {
+            remote[k] = (struct iovec){(void *)job->addr[i + k], job->size[i + k]};
+            local[k] = (struct iovec){job->dest[i + k], job->size[i + k]};
+        }
+        (*syscalls)++;
+        ssize_t got = process_vm_readv(pid, local, k, remote, k, 0);
+        int done = 0;
+        for (; done < k && got >= (ssize_t)remote[done].iov_len; done++)
+            got -= (ssize_t)remote[done].iov_len;
+        for (int j = 0; j < k; j++)
+            job->ok[i + j] = j < done;
+        i += done < k ? done + 1 : k;   /* past the range that failed */
+    }
 }
 
 void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, uint8_t *const *dest, int n,
                         uint8_t *ok)
 {
-    for (int i = 0; i < n;) {
-        if (!m->pid || m->mem_fd >= 0) {   /* segments, /proc/PID/mem: one range at a time */
-            ok[i] = btc_rmem_read(m, addr[i], dest[i], size[i]) == 0;
-            i++;
-            continue;
-        }
-        struct iovec remote[BATCH], local[BATCH];
-        int k = 0;
-        for (; k < BATCH && i + k < n; k++) {
-            remote[k] = (struct iovec){(void *)addr[i + k], size[i + k]};
-            local[k] = (struct iovec){dest[i + k], size[i + k]};
-        }
-        int done = read_batch_live(m, remote, local, k);
-        for (int j = 0; j < done; j++)
-            ok[i + j] = 1;
-        if (done < k)   /* the range that failed: through the cache (page by page) */
-            ok[i + done] = btc_rmem_read(m, addr[i + done], dest[i + done], size[i + done]) == 0;
-        i += done < k ? done + 1 : k;
+    memset(ok, 0, (size_t)n);
+    if (m->pid && m->mem_fd < 0) {   /* else (segments, /proc/PID/mem) one range at a time, below */
+        size_t bytes = 0, half = 0;
+        int split = 0;
+        for (int i = 0; i < n; i++)
+            bytes += size[i];
+        for (; split < n && half < bytes / 2; split++)
+            half += size[split];
+        range_job job = {addr, size, dest, ok};
+        read_in_halves(m, read_range_span, &job, n, split, bytes);
     }
+    for (int i = 0; i < n; i++)
+        if (!ok[i])
+            ok[i] = btc_rmem_read(m, addr[i], dest[i], size[i]) == 0;
 }
 
 bool btc_rmem_word(btc_rmem *m, uintptr_t addr, uintptr_t *out)

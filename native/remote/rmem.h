@@ -9,11 +9,6 @@
 
 /* btc_rmem and its API: btcore_api.h ("another process"). */
 
-/* n ranges [addr[i], addr[i] + size[i]) into dest[i], in batches of one
- * syscall where the process allows it (not cached: each is read once);
- * ok[i] says whether range i was read whole. */
-void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, uint8_t *const *dest, int n,
-                        uint8_t *ok);
 /* One aligned word, through the cache; false if unreadable. */
 bool btc_rmem_word(btc_rmem *m, uintptr_t addr, uintptr_t *out);
 

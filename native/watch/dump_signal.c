@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "capture/signal_capture.h"
-#include "watch/own_thread.h"
+#include "common/own_thread.h"
 #include "watch/report.h"
 
 static struct {
@@ -95,7 +95,7 @@ int btc_dump_signal_install(int signum, int fd, int chain)
     dumper.chain = chain != 0;
     atomic_store(&dumper.stopping, false);
     sem_init(&dumper.wake, 0, 0);
-    dumper.thread_alive = btc_own_thread_start(&dumper.thread, dumper_main) == 0;
+    dumper.thread_alive = btc_own_thread_start(&dumper.thread, dumper_main, NULL) == 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_dump_signal;

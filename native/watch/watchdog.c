@@ -32,7 +32,7 @@
 
 #include "capture/signal_capture.h"
 #include "common/errors.h"
-#include "watch/own_thread.h"
+#include "common/own_thread.h"
 #include "watch/report.h"
 
 /* Set by the watched thread (GIL held), read by the watchdog thread. */
@@ -272,7 +272,7 @@ int btc_watchdog_start(double threshold_s, int fd, int repeat)
     dog.repeat = repeat != 0;
     dog.stopping = false;
     atomic_store(&dog.reports, 0);
-    if (btc_own_thread_start(&dog.thread, watchdog_main) != 0) {
+    if (btc_own_thread_start(&dog.thread, watchdog_main, NULL) != 0) {
         close(own_fd);
         return -1;
     }

@@ -49,6 +49,14 @@ MUTATIONS = [
              "tests/test_process_dump.py::test_the_stop_reads_the_target_in_a_few_syscalls",
              "the stop does not re-read the rehearsal's chunks in batches: it reads the gc lists chunk by chunk "
              "while the target is stopped"),
+    Mutation("native/remote/rmem.c", "read(m->pid, job, 0, two ? split : n, &m->syscalls);",
+             "read(m->pid, job, 0, two ? split - 1 : n, &m->syscalls);",
+             "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
+             "the two readers of a split job leave the page between their halves unread"),
+    Mutation("native/remote/rmem.c", "start += pages < tried ? pages + 1 : pages;", "start += pages + 1;",
+             "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
+             "a prefetch call that read all it tried still skips the next page, as after a page it cannot read: "
+             "gc lists end early and greenlets go missing from the dump"),
     Mutation("src/btcore/remote.py", "        if callable(handler):   # SIG_DFL", "        if False:   # SIG_DFL",
              "tests/test_process_dump.py::test_ctrl_c_in_the_stopped_window_still_resumes_the_target",
              "Ctrl-C between two detaches raises there: threads of the target stay stopped"),

@@ -15,24 +15,25 @@
 #include <semaphore.h>
 #include <signal.h>
 
-#include "watch/own_thread.h"
+#include "common/own_thread.h"
 
 typedef struct {
     void *(*main)(void *);
+    void *arg;
     sem_t running;
 } start_request;
 
 static void *trampoline(void *arg)
 {
     start_request *req = arg;
-    void *(*main)(void *) = req->main;
+    void *(*main)(void *) = req->main, *main_arg = req->arg;
     sem_post(&req->running);   /* req lives on the starter's stack: not used after this */
-    return main(NULL);
+    return main(main_arg);
 }
 
-int btc_own_thread_start(pthread_t *thread, void *(*main)(void *))
+int btc_own_thread_start(pthread_t *thread, void *(*main)(void *), void *arg)
 {
-    start_request req = {.main = main};
+    start_request req = {.main = main, .arg = arg};
     if (sem_init(&req.running, 0, 0) != 0)
         return -1;
     sigset_t all, old;

@@ -1,0 +1,108 @@
+"""Another process's memory (native/remote/rmem.c), read the way a dump's
+stop reads it: chunks prefetched in batches and many ranges in one call,
+large jobs split between two threads.  The oracle is /proc/PID/mem (the
+kernel's other path into a process's memory, not process_vm_readv).
+
+The target maps 6 MiB of random bytes and unmaps three holes in it: a batch
+of process_vm_readv stops at a hole, and the reads must go on after it, in
+both halves of a split job.
+"""
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from btcore._native import ffi, lib
+
+PAGE = 4096
+REGION = 4000 * PAGE   # each half of a split prefetch has a run of more than IOV_MAX readable pages
+HOLES = (300, 301, 2900)   # page numbers unmapped (300-301: two pages in a row)
+
+TARGET = f"""
+import ctypes, mmap, os, sys
+region = mmap.mmap(-1, {REGION})
+region.write(os.urandom({REGION}))
+base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+for page in {HOLES!r}:
+    assert libc.munmap(base + page * {PAGE}, {PAGE}) == 0
+print(base, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture(scope="module")
+def target():
+    """(pid, base address, oracle(addr, n) -> bytes or None)."""
+    proc = subprocess.Popen([sys.executable, "-c", TARGET], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        base = int(proc.stdout.readline())
+        mem = os.open(f"/proc/{proc.pid}/mem", os.O_RDONLY)
+
+        def oracle(addr, n):
+            try:
+                data = os.pread(mem, n, addr)
+            except OSError:
+                return None
+            return data if len(data) == n else None
+
+        yield proc.pid, base, oracle
+        os.close(mem)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture
+def memory(target):
+    m = ffi.gc(lib.btc_rmem_open_pid(target[0]), lib.btc_rmem_close)
+    return m
+
+
+def test_the_oracle_sees_the_holes(target):
+    pid, base, oracle = target
+    assert oracle(base + 299 * PAGE, PAGE) is not None
+    assert all(oracle(base + page * PAGE, PAGE) is None for page in HOLES)
+
+
+def test_prefetched_pages_equal_the_process_memory_around_holes(target, memory):
+    # guards: both halves of a split prefetch read every page, go on past a page they cannot read, and mark
+    # each page valid exactly when it was read.
+    pid, base, oracle = target
+    pages = [base + p * PAGE for p in range(REGION // PAGE)]
+    random.Random(1).shuffle(pages)   # the prefetch sorts them itself
+    lib.btc_rmem_prefetch(memory, pages, len(pages))
+    after_prefetch = lib.btc_rmem_syscalls(memory)
+    assert after_prefetch <= 16, f"{after_prefetch} syscalls for {len(pages)} pages: not batched"
+    buf = ffi.new("char[]", PAGE)
+    for addr in sorted(pages):
+        got = ffi.buffer(buf, PAGE)[:] if lib.btc_rmem_read(memory, addr, buf, PAGE) == 0 else None
+        assert got == oracle(addr, PAGE), f"page {(addr - base) // PAGE}"
+    assert lib.btc_rmem_syscalls(memory) == after_prefetch, "pages the prefetch covered were read again"
+
+
+def test_many_ranges_read_at_once_equal_the_process_memory(target, memory):
+    # guards: a split read_many reads each range into its own place, and a range over a hole is not ok
+    # while the ranges after it (in both halves) still are.
+    pid, base, oracle = target
+    rng = random.Random(2)
+    ranges = []
+    for _ in range(600):
+        size = rng.randrange(1, 5 * PAGE)
+        ranges.append((base + rng.randrange(0, REGION - size), size))
+    for page in HOLES:   # ranges over each hole, in both halves of the job
+        for at in (rng.randrange(len(ranges) // 2), rng.randrange(len(ranges) // 2, len(ranges))):
+            ranges.insert(at, (base + page * PAGE - 100, 300))
+    assert sum(size for _, size in ranges) > 2 << 20   # large enough for two readers
+    dest = [ffi.new("uint8_t[]", size) for _, size in ranges]
+    ok = ffi.new("uint8_t[]", len(ranges))
+    lib.btc_rmem_read_many(memory, [a for a, _ in ranges], [s for _, s in ranges], dest, len(ranges), ok)
+    expected = [oracle(a, s) for a, s in ranges]
+    for i, ((addr, size), want) in enumerate(zip(ranges, expected)):
+        assert bool(ok[i]) == (want is not None), f"range {i} at page {(addr - base) // PAGE}, {size} bytes"
+        if want is not None:
+            assert ffi.buffer(dest[i], size)[:] == want, f"range {i}: other bytes than the process holds"
