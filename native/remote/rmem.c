@@ -221,21 +221,35 @@ static chunk *chunk_for(btc_rmem *m, uintptr_t base)
  * a core is idle: a large job is split in two halves and a second thread
  * reads one of them (the cache and the counters are touched only by the
  * caller, after the join).  A small job, or a machine with one CPU, stays
- * on the calling thread: starting a thread costs ~50 us. */
+ * on the calling thread: starting a thread costs ~50 us.  A half stops at
+ * once where process_vm_readv is refused (a seccomp filter, qemu-user):
+ * the caller then reads what is left through /proc/PID/mem. */
 
 #define SPLIT_BYTES (1u << 20)
 
 typedef struct {
-    void (*read)(int pid, void *job, int lo, int hi, uint64_t *syscalls);
+    uint64_t syscalls;
+    bool refused;   /* process_vm_readv is not allowed here */
+} read_stats;
+
+typedef void half_reader(int pid, void *job, int lo, int hi, read_stats *stats);
+
+typedef struct {
+    half_reader *read;
     int pid, lo, hi;
     void *job;
-    uint64_t syscalls;
+    read_stats stats;
 } half_job;
+
+static bool refused(ssize_t got)
+{
+    return got < 0 && (errno == ENOSYS || errno == EPERM);
+}
 
 static void *read_half(void *arg)
 {
     half_job *h = arg;
-    h->read(h->pid, h->job, h->lo, h->hi, &h->syscalls);
+    h->read(h->pid, h->job, h->lo, h->hi, &h->stats);
     return NULL;
 }
 
@@ -249,19 +263,20 @@ static bool second_cpu(void)
     return cpus > 1;
 }
 
-/* read(pid, job, lo, hi, &syscalls) over [0, n), split at split when
- * bytes (the job's size) make it worth a second thread. */
-static void read_in_halves(btc_rmem *m, void (*read)(int, void *, int, int, uint64_t *), void *job, int n,
-                           int split, size_t bytes)
+/* read(pid, job, lo, hi, &stats) over [0, n), split at split when bytes
+ * (the job's size) make it worth a second thread; true if it was refused. */
+static bool read_in_halves(btc_rmem *m, half_reader *read, void *job, int n, int split, size_t bytes)
 {
-    half_job upper = {read, m->pid, split, n, job, 0};
+    half_job upper = {read, m->pid, split, n, job, {0, false}};
+    read_stats lower = {0, false};
     pthread_t thread;
     bool two = bytes >= SPLIT_BYTES && split > 0 && split < n && second_cpu() &&
                btc_own_thread_start(&thread, read_half, &upper) == 0;
-    read(m->pid, job, 0, two ? split : n, &m->syscalls);
+    read(m->pid, job, 0, two ? split : n, &lower);
     if (two)
         pthread_join(thread, NULL);
-    m->syscalls += upper.syscalls;
+    m->syscalls += lower.syscalls + upper.stats.syscalls;
+    return lower.refused || upper.stats.refused;
 }
 
 /* ---- prefetching: many chunks in one syscall ----
@@ -292,7 +307,7 @@ static int by_address(const void *a, const void *b)
 
 /* One syscall for the first *tried (at most IOV_BATCH) pages of
  * [start, end): how many of them, from start, were read. */
-static int read_pages(int pid, page_entry *page, int start, int end, int *tried, uint64_t *syscalls)
+static int read_pages(int pid, page_entry *page, int start, int end, int *tried, read_stats *stats)
 {
     struct iovec remote[IOV_BATCH], local[IOV_BATCH];
     int nremote = 0, nlocal = 0;
@@ -305,16 +320,17 @@ static int read_pages(int pid, page_entry *page, int start, int end, int *tried,
             remote[nremote++] = (struct iovec){(void *)page[j].addr, PAGE};
     }
     *tried = nlocal;
-    (*syscalls)++;
+    stats->syscalls++;
     ssize_t got = process_vm_readv(pid, local, nlocal, remote, nremote, 0);
+    stats->refused = refused(got);
     return got > 0 ? (int)(got / PAGE) : 0;
 }
 
-static void read_page_range(int pid, void *job, int lo, int hi, uint64_t *syscalls)
+static void read_page_range(int pid, void *job, int lo, int hi, read_stats *stats)
 {
     page_entry *page = job;
-    for (int start = lo, tried; start < hi;) {
-        int pages = read_pages(pid, page, start, hi, &tried, syscalls);
+    for (int start = lo, tried; start < hi && !stats->refused;) {
+        int pages = read_pages(pid, page, start, hi, &tried, stats);
         for (int j = start; j < start + pages; j++)
             page[j].read = true;
         start += pages < tried ? pages + 1 : pages;   /* past the page that failed */
@@ -339,9 +355,9 @@ void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n)
             page[npages++] = (page_entry){base + p * PAGE, data + p * PAGE, c, false};
     }
     qsort(page, npages, sizeof *page, by_address);
-    read_in_halves(m, read_page_range, page, npages, npages / 2, (size_t)npages * PAGE);
+    bool refused = read_in_halves(m, read_page_range, page, npages, npages / 2, (size_t)npages * PAGE);
     for (int j = 0; j < npages; j++)   /* a chunk's pages may lie in both halves */
-        if (page[j].read)
+        if (page[j].read || (refused && read_page_live(m, page[j].addr, page[j].data)))
             page[j].owner->valid |= 1u << ((page[j].addr & (CHUNK_SIZE - 1)) / PAGE);
     free(page);
 }
@@ -412,18 +428,19 @@ typedef struct {
     uint8_t *ok;
 } range_job;
 
-static void read_range_span(int pid, void *arg, int lo, int hi, uint64_t *syscalls)
+static void read_range_span(int pid, void *arg, int lo, int hi, read_stats *stats)
 {
     range_job *job = arg;
-    for (int i = lo; i < hi;) {
+    for (int i = lo; i < hi && !stats->refused;) {
         struct iovec remote[IOV_BATCH], local[IOV_BATCH];
         int k = 0;
         for (; k < IOV_BATCH && i + k < hi; k++) {
             remote[k] = (struct iovec){(void *)job->addr[i + k], job->size[i + k]};
             local[k] = (struct iovec){job->dest[i + k], job->size[i + k]};
         }
-        (*syscalls)++;
+        stats->syscalls++;
         ssize_t got = process_vm_readv(pid, local, k, remote, k, 0);
+        stats->refused = refused(got);
         int done = 0;
         for (; done < k && got >= (ssize_t)remote[done].iov_len; done++)
             got -= (ssize_t)remote[done].iov_len;
