@@ -227,8 +227,9 @@ def test_the_stop_reads_the_target_in_a_few_syscalls(target):
 # kernel may hand SIGINT to any thread that does not block it).  It prints
 # the dump, or "interrupted" and waits for its stdin to close.
 PAUSING_DUMPER = """
-import sys, threading, time, btcore, btcore.remote as remote
+import signal, sys, threading, time, btcore, btcore.remote as remote
 pid, where, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+signal.signal(signal.SIGINT, signal.default_int_handler)   # a shell's background job starts with SIGINT ignored
 threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 
 def pause():   # long enough for a loaded machine to look at the target meanwhile
