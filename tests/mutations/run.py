@@ -49,8 +49,8 @@ MUTATIONS = [
              "tests/test_process_dump.py::test_the_stop_reads_the_target_in_a_few_syscalls",
              "the stop does not re-read the rehearsal's chunks in batches: it reads the gc lists chunk by chunk "
              "while the target is stopped"),
-    Mutation("native/remote/rmem.c", "read(m->pid, job, 0, two ? split : n, &m->syscalls);",
-             "read(m->pid, job, 0, two ? split - 1 : n, &m->syscalls);",
+    Mutation("native/remote/rmem.c", "read(m->pid, job, 0, two ? split : n, &lower);",
+             "read(m->pid, job, 0, two ? split - 1 : n, &lower);",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
              "the two readers of a split job leave the page between their halves unread"),
     Mutation("native/remote/rmem.c", "start += pages < tried ? pages + 1 : pages;", "start += pages + 1;",
