@@ -535,6 +535,9 @@ typedef struct {
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
                                btc_remote_greenlet *out);
 /* Copy each greenlet's heap copy of its stack into spill (packed, in
- * order) and its Python frames into frames; returns the frames written. */
+ * order) and its Python frames into frames; returns the frames written.
+ * max_frames 0: the caller walks them (a target of another CPython
+ * version: btcore/debug_offsets.py); their interpreter frames are still
+ * read ahead, in one pass. */
 int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
                                btc_remote_pyframe *frames, int max_frames);

@@ -1,10 +1,11 @@
 /* Another process's interpreter: where its thread states, gc lists and
  * frames are, and the walks over them (through btc_rmem, never in place).
  *
- * The offsets are those of the CPython btcore is compiled against, taken
- * from its internal headers (offsetof): a target of the same version
- * family has the same layout.  Other versions are refused by the caller
- * (btcore/process.py compares the target's version with this one).
+ * The thread-state and frame offsets are those of the CPython btcore is
+ * compiled against, taken from its internal headers (offsetof): a target
+ * of the same version family has the same layout.  A target of another
+ * version is read through its own _Py_DebugOffsets (btcore/debug_offsets.py,
+ * in Python); the gc scan and greenlets' saved states below serve both.
  */
 #include <Python.h>
 #include <stdlib.h>
@@ -91,7 +92,28 @@ int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyf
     return frame_chain(m, interpreter_frame(m, frame_object), out, max);
 }
 
-/* ---- instances of a type, through the gc lists ---- */
+#else
+
+int btc_remote_pylayout(btc_remote_layout *o)
+{
+    memset(o, 0, sizeof *o);
+    o->version_hex = PY_VERSION_HEX;
+    return -1;
+}
+
+static uintptr_t interpreter_frame(btc_rmem *m, uintptr_t frame_object) { return 0; }
+int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max) { return 0; }
+int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max) { return 0; }
+#endif
+
+/* ---- instances of a type, through the gc lists (any CPython version) ----
+ *
+ * What this reads has one layout in every default (not free-threaded)
+ * build from 3.8 on: PyGC_Head is two words before the object, and
+ * PyTypeObject's tp_base has not moved; the caller finds the list heads
+ * (btcore's own offsets, or the target's debug offsets). */
+
+#define GC_HEAD_SIZE (2 * sizeof(uintptr_t))   /* _gc_next, _gc_prev */
 
 typedef struct {
     uintptr_t type[TYPE_MEMO];
@@ -137,34 +159,13 @@ int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uin
             if (w[3] && is_subtype(m, &memo, w[3], wanted)) {
                 if (n >= max)
                     return -1;   /* more than the caller has room for */
-                out[n++] = at + sizeof(PyGC_Head);
+                out[n++] = at + GC_HEAD_SIZE;
             }
             at = w[0] & ~(uintptr_t)3;
         }
     }
     return n;
 }
-
-#else
-
-int btc_remote_pylayout(btc_remote_layout *o)
-{
-    memset(o, 0, sizeof *o);
-    o->version_hex = PY_VERSION_HEX;
-    return -1;
-}
-
-static uintptr_t interpreter_frame(btc_rmem *m, uintptr_t frame_object) { return 0; }
-int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max) { return 0; }
-int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max) { return 0; }
-int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
-                            uintptr_t *out, int max, uint64_t *visited)
-{
-    *visited = 0;
-    return 0;
-}
-
-#endif
 
 /* ---- greenlets' saved states (any CPython version: greenlet's layout) ---- */
 

@@ -77,6 +77,19 @@ _SECTIONS = {
 # 3.14 pycore_interpframe_structs.h): 3.13 CSTACK; 3.14 INTERPRETER and
 # CSTACK; 3.15 INTERPRETER.
 _SHIM_OWNERS = {0x030D: (3,), 0x030E: (3, 4), 0x030F: (3,)}
+# Where the gc lists lie in the interpreter's gc state (struct
+# _gc_runtime_state, which _Py_DebugOffsets locates but does not describe):
+# (generations[], permanent_generation) per family, from pycore_gc.h (3.13)
+# and pycore_interp_structs.h (3.14, 3.15) of default builds, measured with
+# offsetof against each version's headers.  3.14 reverted its incremental
+# collector before release: young/old[2] are the free-threaded layout only.
+_GC_LISTS = {0x030D: (20, 104), 0x030E: (24, 96), 0x030F: (8, 80)}
+_GC_GENERATION_SIZE = 24   # struct gc_generation: PyGC_Head, threshold, count
+_GC_GENERATIONS = 3
+_FRAME_OBJECT_F_FRAME = 24   # PyFrameObject.f_frame, after PyObject_HEAD and f_back (3.11-3.15)
+_FRAME_OBJECT_DATA = {0x030D: 64, 0x030E: 72, 0x030F: 72}   # PyFrameObject._f_frame_data
+_IFRAME_FRAME_OBJ = 48       # _PyInterpreterFrame.frame_obj (3.13-3.15)
+_MAX_SHIMS = 4               # shims between two Python frames: one per eval-loop call
 _TAG_BITS = 3          # 3.14+'s f_executable is a _PyStackRef: tag bits below the pointer
 _MAX_OFFSET = 1 << 16  # no field of these structs lies further in
 _COMPACT_EXTRA = 16    # PyCompactUnicodeObject: PyASCIIObject + utf8_length + utf8
@@ -111,6 +124,12 @@ class PortableLayout:
     compact_data: int
     bytes_size: int
     bytes_data: int
+    interp_gc_generations: int
+    interp_gc_permanent: int
+    gc_generation_size: int
+    gc_ngenerations: int
+    frame_object_f_frame: int
+    frame_object_data: int
     code_type: int = 0   # the target's PyCode_Type (0: frames are not checked against it)
 
 
@@ -148,15 +167,37 @@ def read(memory, runtime: int, version_hex: int) -> PortableLayout | None:
         ascii_data=o["unicode_object.asciiobject_size"],
         compact_data=o.get("unicode_object.compactunicodeobject_size",
                            o["unicode_object.asciiobject_size"] + _COMPACT_EXTRA),
-        bytes_size=o["bytes_object.ob_size"], bytes_data=o["bytes_object.ob_sval"])
+        bytes_size=o["bytes_object.ob_size"], bytes_data=o["bytes_object.ob_sval"],
+        interp_gc_generations=o["interpreter_state.gc"] + _GC_LISTS[family][0],
+        interp_gc_permanent=o["interpreter_state.gc"] + _GC_LISTS[family][1],
+        gc_generation_size=_GC_GENERATION_SIZE, gc_ngenerations=_GC_GENERATIONS,
+        frame_object_f_frame=_FRAME_OBJECT_F_FRAME, frame_object_data=_FRAME_OBJECT_DATA[family])
 
 
 def thread_frames(memory, lay: PortableLayout, tstate: int, most: int) -> list:
     """[(code, instruction offset, entry)] of a thread state, innermost
-    first, at most `most`.  The eval loop's shim frames are not Python
-    frames: the frame below one (called first by that C call of the eval
-    loop) is its entry frame, as is the last frame."""
-    out, frame = [], memory.word(tstate + lay.tstate_current_frame)
+    first, at most `most`."""
+    return frame_chain(memory, lay, memory.word(tstate + lay.tstate_current_frame), most)
+
+
+def greenlet_frames(stack, lay: PortableLayout, frame_object: int, most: int) -> list:
+    """The same from a suspended greenlet's top frame object.  stack: the
+    target's memory as that greenlet sees it (btcore/remote.py SpilledStack).
+
+    greenlet "exposes" a suspended greenlet's frames (as in-process capture
+    reads them: native/capture/cpython/chain.h): each frame's `previous`
+    skips the shims, and the original link is kept in the first word of its
+    frame object's spare storage.  A frame is the entry frame of its
+    eval-loop call when that original link leads, through shims on the
+    greenlet's own stack, to the exposed one."""
+    return frame_chain(stack, lay, stack.word(frame_object + lay.frame_object_f_frame), most, exposed=True)
+
+
+def frame_chain(memory, lay: PortableLayout, frame: int | None, most: int, exposed: bool = False) -> list:
+    """The chain from interpreter frame `frame`.  The eval loop's shim
+    frames are not Python frames: the frame below one (called first by that
+    C call of the eval loop) is its entry frame, as is the last frame."""
+    out = []
     for _ in range(2 * most):   # shims take steps too
         if not frame or len(out) >= most:
             break
@@ -170,11 +211,31 @@ def thread_frames(memory, lay: PortableLayout, tstate: int, most: int) -> list:
             code = _code_of(memory, lay, frame)
             instr = memory.word(frame + lay.frame_instr_ptr)
             if code and instr:
-                out.append((code, instr - code - lay.code_adaptive, False))
+                out.append((code, instr - code - lay.code_adaptive, exposed and _saved_link_ends_call(
+                    memory, lay, frame, previous)))
         frame = previous
     if out:
         out[-1] = out[-1][:2] + (True,)
     return out
+
+
+def _saved_link_ends_call(stack, lay: PortableLayout, frame: int, exposed: int) -> bool:
+    """Does the link greenlet saved for frame differ from its exposed one
+    and reach it through shims only, all on the greenlet's stack?"""
+    frame_object = stack.word(frame + _IFRAME_FRAME_OBJ)
+    saved = stack.word(frame_object + lay.frame_object_data) if frame_object else None
+    if saved == exposed:
+        return False
+    for _ in range(_MAX_SHIMS):
+        if not saved or not stack.holds(saved):
+            return False
+        owner, previous = stack.read(saved + lay.frame_owner, 1), stack.word(saved + lay.frame_previous)
+        if owner is None or owner[0] not in lay.shim_owners:
+            return False
+        if previous == exposed or not exposed:
+            return True
+        saved = previous
+    return False
 
 
 def _code_of(memory, lay: PortableLayout, frame: int) -> int:

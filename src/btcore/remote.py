@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
 import errno
 import functools
 import os
@@ -24,9 +23,9 @@ from dataclasses import dataclass, field
 import greenlet
 from elftools.elf.elffile import ELFFile
 
-from . import debug_offsets
+from . import debug_offsets, greenlet_offsets
 from ._native import ffi, lib
-from .greenlets import layout_known
+from .codec import file_build_id
 
 _MAX_STACK_COPY = 8 << 20      # bytes of a thread's stack copied, from its sp up
 _MAX_GREENLETS = 1 << 20
@@ -232,16 +231,6 @@ def symbol_value(path: str, name: str) -> int | None:
     return None
 
 
-def build_id(path: str) -> bytes | None:
-    with open(path, "rb") as f:
-        for segment in ELFFile(f).iter_segments():
-            if segment["p_type"] == "PT_NOTE":
-                for note in segment.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
-                        return bytes.fromhex(note["n_desc"])
-    return None
-
-
 # ---- what is copied while the target is stopped ----
 
 @dataclass
@@ -314,6 +303,8 @@ class Target:
             if name.startswith("libpython") or name.startswith("python"):
                 value = symbol_value(mod.path, "_PyRuntime")
                 if value:
+                    frame_type = symbol_value(mod.path, "PyFrame_Type")
+                    self.frame_type = mod.bias + frame_type if frame_type else 0
                     return (mod.bias + value,) + self._layout(mod, mod.bias + value)
         raise DumpError(f"process {self.pid} is not a CPython process (no _PyRuntime symbol in its modules)")
 
@@ -340,17 +331,11 @@ class Target:
         return _pyframes(lib.btc_remote_thread_frames, self.memory, tstate)
 
     def _greenlet(self):
+        """(greenlet's type, its switching code, where its objects keep a
+        greenlet's saved state), or (0, None, None) with a note saying why
+        suspended greenlets cannot be listed."""
         mod = self.modules.named(lambda name: name.startswith("_greenlet"))
         if mod is None:
-            return 0, None, None
-        if self.portable:
-            self.notes.append(f"the target runs CPython {_version(self.layout.version_hex)}: its suspended "
-                              "greenlets are not listed (btcore reads greenlets of its own version only)")
-            return 0, None, None
-        local = greenlet._greenlet.__file__
-        if build_id(mod.path) != build_id(local):
-            self.notes.append(f"the target's greenlet ({mod.path}) is not the build btcore runs with "
-                              f"({local}): suspended greenlets are not listed")
             return 0, None, None
         code = ffi.new("btc_remote_greenlet_code *")
         if lib.btc_rmodules_greenlet_shape(self.modules.handle, mod.bias + symbol_value(mod.path, "slp_switch"),
@@ -358,7 +343,26 @@ class Target:
             self.notes.append("greenlet's switching code has a shape btcore does not know: "
                               "suspended greenlets are not listed")
             return 0, None, None
-        return mod.bias + symbol_value(mod.path, "PyGreenlet_Type"), code, local_greenlet_offsets()
+        greenlet_type = mod.bias + symbol_value(mod.path, "PyGreenlet_Type")
+        try:
+            if _same_build(mod.path, greenlet._greenlet.__file__):
+                return greenlet_type, code, greenlet_offsets.local()
+            return greenlet_type, code, greenlet_offsets.learned(
+                self.memory, self._some_greenlets(greenlet_type), greenlet_type, self.frame_type)
+        except greenlet_offsets.Unlearnable as e:
+            self.notes.append(f"the target's greenlet ({mod.path}): {e}: suspended greenlets are not listed")
+            return 0, None, None
+
+    def _some_greenlets(self, greenlet_type: int) -> list:
+        """Greenlet objects of the first interpreter (while it runs: to learn from)."""
+        interp = next(self.interpreters(), None)
+        if interp is None:
+            return []
+        heads = self.gc_heads(interp)
+        out, visited = ffi.new("uintptr_t[]", greenlet_offsets.SAMPLE), ffi.new("uint64_t *")
+        n = lib.btc_remote_gc_instances(self.memory.handle, heads, len(heads), greenlet_type, out,
+                                        greenlet_offsets.SAMPLE, visited)
+        return list(out[0:greenlet_offsets.SAMPLE if n < 0 else n])
 
     def interpreters(self):
         lay, interp = self.layout, self.memory.word(self.runtime + self.layout.runtime_interp_head)
@@ -385,45 +389,16 @@ class Target:
         return next((m for m in self.mappings if m.lo <= sp < m.hi), None)
 
 
+def _same_build(path: str, other: str) -> bool:
+    try:
+        ours = file_build_id(other)
+        return ours is not None and file_build_id(path) == ours
+    except OSError:
+        return False
+
+
 def _version(hexversion: int) -> str:
     return f"{hexversion >> 24}.{(hexversion >> 16) & 0xff}"
-
-
-_greenlet_offsets = None
-
-
-def local_greenlet_offsets():
-    """(pimpl, StackState, top frame) offsets in greenlet's objects, learned
-    here from greenlets in known states (the target runs the same build)."""
-    global _greenlet_offsets
-    if _greenlet_offsets is None:
-        if not layout_known():
-            raise DumpError("greenlet's layout is not one btcore recognises")
-        state_off, size, scan = ffi.new("size_t *"), ffi.new("size_t *"), ffi.new("size_t *")
-        lib.btc_greenlet_layout(state_off, size, scan)
-        pimpl_off = greenlet.greenlet.__basicsize__ - 8
-        _greenlet_offsets = (pimpl_off, state_off[0], _top_frame_offset(pimpl_off, size[0]))
-    return _greenlet_offsets
-
-
-def _top_frame_offset(pimpl_off: int, size: int) -> int:
-    """Where greenlet keeps a suspended greenlet's top frame object: the one
-    word of its C++ object equal to gr_frame, in two greenlets."""
-    def park():
-        greenlet.getcurrent().parent.switch()
-
-    found = None
-    for _ in range(2):
-        g = greenlet.greenlet(park)
-        g.switch()
-        pimpl = ctypes.c_void_p.from_address(id(g) + pimpl_off).value
-        words = struct.unpack(f"<{size // 8}Q", ctypes.string_at(pimpl, size // 8 * 8))
-        hits = {i * 8 for i, w in enumerate(words) if w == id(g.gr_frame)}
-        found = hits if found is None else found & hits
-        g.throw(greenlet.GreenletExit)
-    if not found or len(found) != 1:
-        raise DumpError("cannot find where greenlet keeps a suspended greenlet's frame")
-    return found.pop()
 
 
 # ---- the stop ----
@@ -510,8 +485,59 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     frames = room.get((interp, "frames"), most * _PYFRAME.size)
     nframes = lib.btc_remote_greenlet_copies(target.memory.handle, c_states, n, ffi.from_buffer(spill),
                                              0 if room.rehearsal else spilled,
-                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)), most)
+                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)),
+                                             0 if target.portable else most)
+    if target.portable:
+        nframes = _walk_greenlet_frames(target, states, n, spill, frames, most)
     return memoryview(states)[:n * _GREENLET.size], spill, memoryview(frames)[:nframes * _PYFRAME.size]
+
+
+def _walk_greenlet_frames(target: Target, states: bytearray, n: int, spill: bytearray, frames: bytearray,
+                          most: int) -> int:
+    """A target of another CPython version: each greenlet's Python frames,
+    walked here through its debug offsets into frames, as C walks its own
+    version's (their interpreter frames are already read ahead)."""
+    nframes = 0
+    for i in range(n):
+        fields = list(_GREENLET.unpack_from(states, i * _GREENLET.size))
+        start, stop, saved, spill_at, copied = fields[2], fields[3], fields[5], fields[7], fields[10]
+        if stop == _MAIN_STACK_STOP:   # a main greenlet: its thread's stack
+            stop = getattr(target.stack_mapping(start), "hi", start)
+        view = SpilledStack(target.memory, start, stop,
+                            spill[spill_at: spill_at + saved] if copied and saved > 0 else b"")
+        room_left = min(_MAX_PYFRAMES, most - nframes)
+        chain = debug_offsets.greenlet_frames(view, target.layout, fields[6], room_left) if fields[6] else []
+        fields[8], fields[9] = nframes, len(chain)   # frames_at, nframes
+        _GREENLET.pack_into(states, i * _GREENLET.size, *fields)
+        for code, lasti, entry in chain:
+            _PYFRAME.pack_into(frames, nframes * _PYFRAME.size, code, lasti, entry)
+            nframes += 1
+    return nframes
+
+
+class SpilledStack:
+    """A suspended greenlet's view of the target's memory: the part of its
+    C stack that greenlet copied to the heap is read from that copy, not
+    from where another greenlet's stack lies now.  From 3.12 on the eval
+    loop's shim frames (which mark where C called into Python) live on the
+    C stack."""
+
+    def __init__(self, memory: Memory, start: int, stop: int, spill: bytes):
+        self._memory, self._start, self._stop, self._spill = memory, start, stop, spill
+
+    def holds(self, addr: int) -> bool:
+        """Is addr on the greenlet's stack?"""
+        return self._start <= addr < self._stop
+
+    def read(self, addr: int, n: int) -> bytes | None:
+        at = addr - self._start
+        if 0 <= at and at + n <= len(self._spill):
+            return bytes(self._spill[at: at + n])
+        return self._memory.read(addr, n)
+
+    def word(self, addr: int) -> int | None:
+        data = self.read(addr, 8)
+        return _WORD.unpack(data)[0] if data else None
 
 
 _GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet

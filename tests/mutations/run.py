@@ -42,6 +42,13 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("src/btcore/greenlet_offsets.py", "    return mains > 0\n", "    return True\n",
+             "tests/test_greenlet_offsets.py::test_learned_from_greenlet_objects_equal_the_in_process_offsets",
+             "StackState is placed where no main greenlet marks it: a guess among plausible-looking words"),
+    Mutation("src/btcore/greenlet_offsets.py", "    if memory.word(greenlet_type + _TP_BASICSIZE) != _GREENLET_BASICSIZE:",
+             "    if False:",
+             "tests/test_greenlet_offsets.py::test_garbage_objects_are_refused",
+             "objects of any type are taken for greenlets: offsets learned from what is not greenlet's layout"),
     Mutation("native/remote/rpython.c", "return g->frame || g->saved > 0;", "return g->frame != 0;",
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
              "a greenlet parked in Cython code (no Python frame) is taken for a running one and not dumped"),
