@@ -212,9 +212,6 @@ def in_interpreter(f):
 # reason matches none of these (regex, why it is legitimate) fails the
 # session, however the run was started.
 ALLOWED_SKIPS = [
-    (r"^no remote interpreter reader for this CPython version$",
-     "dumping another process reads its interpreter with btcore's own struct offsets, which exist for "
-     "CPython 3.11 only (the sid chroot's 3.13-3.15 skip it; docs/design.md, \"Dumping another process\")"),
     # only under ci/asan.sh (UNDER_ASAN)
     (r"ASan's backtrace\(\) interceptor shifts the glibc oracle",
      "ASan's interceptor replaces glibc's backtrace() in the tests that call it from C directly"),
