@@ -11,6 +11,7 @@ independent of btcore's own symbolizer).
 """
 import importlib.util
 import os
+import platform
 import sys
 
 import pytest
@@ -26,6 +27,10 @@ with open("/proc/self/maps") as _maps:
 # program it starts: the few measures of the process itself (RSS, fork
 # timing) are then measures of the emulator.
 UNDER_QEMU = "QEMU_CPU" in os.environ
+# python -m btcore dump parses x86-64's ptrace and core-file registers only
+# (docs/platforms.md); elsewhere it refuses before it stops anything.
+DUMPS_OTHER_PROCESSES = platform.machine() == "x86_64"
+NO_DUMP_HERE = "the dump of another process reads x86-64 registers only"
 skip_under_asan = pytest.mark.skipif(UNDER_ASAN, reason="ASan's backtrace() interceptor shifts the glibc oracle")
 
 
@@ -235,6 +240,10 @@ ALLOWED_SKIPS = [
     (r"^CPU without pointer authentication \(run under QEMU_CPU=max\)$",
      "signed return addresses exist only where the CPU implements PAC; ci/arm64.sh runs tests/test_arch.py "
      "under qemu's max model, which does"),
+    (r"^the dump of another process reads x86-64 registers only$",
+     "python -m btcore dump parses x86-64's ptrace and core-file registers only (docs/platforms.md); "
+     "tests/test_arch.py checks that it refuses cleanly elsewhere (and qemu-user, which runs the aarch64 "
+     "lane, implements no ptrace at all)"),
     (r"^qemu-user: ",
      "under ci/arm64.sh's emulation, RSS includes qemu's translated-code cache, a child forked from a "
      "multithreaded process can stall in the emulator, valgrind does not run, and qemu places guest "

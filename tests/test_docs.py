@@ -57,6 +57,8 @@ def test_guide_example_runs(source, tmp_path):
         pytest.importorskip("gevent")
     if any(name in source for name in INTERPRETER_STATIC_FUNCTIONS) and not conftest.INTERPRETER_HAS_SYMTAB:
         pytest.skip("stripped interpreter: the example names its static C functions")
+    if "dump_process(" in source and not conftest.DUMPS_OTHER_PROCESSES:
+        pytest.skip(conftest.NO_DUMP_HERE)
     proc = subprocess.run([sys.executable, "-P", "-c", source], cwd=tmp_path,
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, (

@@ -22,6 +22,7 @@ import conftest
 
 from btcore._native import ffi, lib
 
+pytestmark = pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures")
 WAIT = 120   # seconds: hang detection only
