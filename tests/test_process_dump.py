@@ -391,19 +391,23 @@ def sid_python(version: str, path: str) -> str:
     pytest.skip(why)
 
 
+def dump_in_chroot(python: str, source: str) -> tuple:
+    """(process, the JSON line it printed first, the JSON dump of it made then) of source run by python in the
+    sid chroot; the process is gone on return."""
+    proc = subprocess.Popen(["chroot", SID_ROOT, python, "-B", "-c", source], stdout=subprocess.PIPE, text=True)
+    try:
+        oracle = json.loads(proc.stdout.readline())
+        return proc, oracle, json.loads(run_dump("--json", str(proc.pid)))
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
 @pytest.mark.parametrize("version", ["3.13", "3.14", "3.15"])
 def test_a_target_on_another_cpython_is_read_through_its_debug_offsets(version):
     # guards: a 3.13-3.15 target (in a chroot: its files named from the host) gives its threads' Python frames,
     # read through the _Py_DebugOffsets in its _PyRuntime, equal to what it sees of itself, merged in place.
-    python = sid_python(version, f"/usr/bin/python{version}")
-    proc = subprocess.Popen(["chroot", SID_ROOT, python, "-B", "-c", OTHER_TARGET], stdout=subprocess.PIPE,
-                            text=True)
-    try:
-        oracle = json.loads(proc.stdout.readline())
-        doc = json.loads(run_dump("--json", str(proc.pid)))
-    finally:
-        proc.kill()
-        proc.wait(timeout=WAIT)
+    proc, oracle, doc = dump_in_chroot(sid_python(version, f"/usr/bin/python{version}"), OTHER_TARGET)
     threads = [s for s in doc["stacks"] if s["kind"] == "thread"]
     assert len(threads) == 2
     main = next(s for s in threads if s["members"][0]["tid"] == proc.pid)
@@ -451,15 +455,8 @@ def test_greenlets_of_a_target_on_another_cpython_are_listed(version):
     # guards: every suspended greenlet of a 3.13-3.15 gevent target, its main greenlet too, is found through its
     # gc lists (their place per version) and read with greenlet offsets learned from its own objects: its Python
     # frames are those CPython gives (gr_frame), merged among gevent's compiled frames, innermost and outermost.
-    python = sid_python(version, f"/opt/btcore-venv-{version}/bin/python")
-    proc = subprocess.Popen(["chroot", SID_ROOT, python, "-B", "-c", OTHER_GEVENT_TARGET],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        oracle = json.loads(proc.stdout.readline())
-        doc = json.loads(run_dump("--json", str(proc.pid)))
-    finally:
-        proc.kill()
-        proc.wait(timeout=WAIT)
+    _, oracle, doc = dump_in_chroot(sid_python(version, f"/opt/btcore-venv-{version}/bin/python"),
+                                    OTHER_GEVENT_TARGET)
     assert not doc["notes"], doc["notes"]
     dumped = greenlets_of(doc)
     assert {address: [f[1:] for f in frames if f[0] == "python"] for address, frames in dumped.items()} == oracle
