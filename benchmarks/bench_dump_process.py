@@ -22,6 +22,10 @@ Targets (issue 15): stopped <= 10 ms for 1 000 greenlets; a whole dump of
 10 000 greenlets <= 2 s.
 
 Usage: python benchmarks/bench_dump_process.py [--greenlets N ...] [--rounds R]
+                                              [--chroot ROOT --python PATH]
+--chroot/--python: the target runs on another interpreter in a chroot (as
+root; the sid chroot of ci/sid-matrix.sh, PATH a venv there with gevent):
+a target on CPython 3.13-3.15, read through its _Py_DebugOffsets.
 Prints a table; exits 0 whatever the result (a report, not a test).
 """
 import argparse
@@ -48,19 +52,29 @@ gevent.sleep(3600)
 """
 
 
-def start_target(n):
-    ready = tempfile.mktemp(prefix="btcore-bench-ready-")
-    proc = subprocess.Popen([sys.executable, "-c", TARGET.format(here=HERE, n=n, ready=ready)])
+def start_target(n, chroot=None, python=None):
+    """(the target process, a folder to remove after it or None)."""
+    inside = None
+    if chroot is None:
+        ready = tempfile.mktemp(prefix="btcore-bench-ready-")
+        proc = subprocess.Popen([sys.executable, "-c", TARGET.format(here=HERE, n=n, ready=ready)])
+    else:   # parked.py and the ready file inside the chroot, named as the target sees them
+        inside = tempfile.mkdtemp(prefix="btcore-bench-", dir=os.path.join(chroot, "tmp"))
+        shutil.copy(os.path.join(HERE, "parked.py"), inside)
+        here = "/tmp/" + os.path.basename(inside)
+        ready = os.path.join(inside, "ready")
+        proc = subprocess.Popen(["chroot", chroot, python, "-c",
+                                 TARGET.format(here=here, n=n, ready=here + "/ready")])
     while not os.path.exists(ready):
         if proc.poll() is not None:
             raise SystemExit("the target exited")
         time.sleep(0.05)
     os.unlink(ready)
-    return proc
+    return proc, inside
 
 
-def measure(n, rounds):
-    proc = start_target(n)
+def measure(n, rounds, chroot=None, python=None):
+    proc, folder = start_target(n, chroot, python)
     try:
         process_stacks(proc.pid)   # warm: symbol tables, greenlet offsets
         stopped, cpu, whole, counted = [], [], [], 0
@@ -81,6 +95,8 @@ def measure(n, rounds):
     finally:
         proc.kill()
         proc.wait()
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
     return counted, spread(stopped), spread(cpu), spread(whole), processes
 
 
@@ -88,11 +104,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--greenlets", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--chroot", help="run the target in this chroot (with --python)")
+    parser.add_argument("--python", help="the target's interpreter, as the chroot names it")
     args = parser.parse_args()
+    if bool(args.chroot) != bool(args.python):
+        parser.error("--chroot and --python go together")
     print(f"{'greenlets':>9} {'listed':>7} {'stopped ms':>18} {'stop cpu ms':>18} {'btcore API s':>18} "
           f"{'btcore cli s':>18} {'py-spy s':>18} {'cli/py-spy':>16}")
     for n in args.greenlets:
-        counted, stopped, cpu, whole, processes = measure(n, args.rounds)
+        counted, stopped, cpu, whole, processes = measure(n, args.rounds, args.chroot, args.python)
         cli = spread(processes["btcore cli"])
         spy = spread(processes["py-spy"]).text(3) if "py-spy" in processes else "not installed"
         vs = ratio(processes["btcore cli"], processes["py-spy"]).text() if "py-spy" in processes else "-"

@@ -120,12 +120,63 @@ def test_a_greenlet_build_not_btcores_is_read_through_offsets_learned_from_the_t
     # guards: greenlet's offsets learned from the target's greenlet objects (btcore/greenlet_offsets.py) give the
     # same outside view of every suspended greenlet as collect(g) inside.
     proc, oracle = target
-    done = subprocess.run([sys.executable, "-c", LEARNING_DUMPER, "dump", "--json", str(proc.pid)],
+    check_against_oracle(dump_with(LEARNING_DUMPER, proc.pid), oracle)
+
+
+def dump_with(dumper: str, pid: int) -> dict:
+    """The JSON dump of pid made by a dumper script (python -m btcore dump with one part of btcore replaced),
+    which must note nothing."""
+    done = subprocess.run([sys.executable, "-c", dumper, "dump", "--json", str(pid)],
                           capture_output=True, text=True, timeout=WAIT, cwd="/")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert not doc.get("notes"), doc.get("notes")
+    assert not doc["notes"], doc["notes"]
+    return doc
+
+
+# The dump as a btcore built for another CPython version makes it of a 3.11 target: btcore's own offsets are
+# withheld, so the target is read through 3.11's known layout (btcore/py311_layout.py) and Python walkers.
+OTHER_VERSION_DUMPER = """
+import sys
+import btcore.remote, btcore.__main__
+real = btcore.remote.lib
+
+class WithoutOwnLayout:
+    def __getattr__(self, name):
+        return getattr(real, name)
+
+    def btc_remote_pylayout(self, out):
+        return -1
+
+btcore.remote.lib = WithoutOwnLayout()
+sys.exit(btcore.__main__.main(sys.argv[1:]))
+"""
+ON_311 = lib.btc_remote_pylayout(ffi.new("btc_remote_layout *")) == 0
+NOT_311 = "only a btcore built for 3.11 has a 3.11 target and 3.11's compiled offsets to check against"
+
+
+@pytest.mark.skipif(not ON_311, reason=NOT_311)
+def test_the_known_311_layout_equals_the_compiled_offsets():
+    # guards: every offset py311_layout shares with btc_remote_layout is the one the compiler gives (offsetof on
+    # 3.11's internal headers, native/remote/rpython.c).
+    from btcore import py311_layout
+    compiled = ffi.new("btc_remote_layout *")
+    lib.btc_remote_pylayout(compiled)
+    known = py311_layout.layout(compiled.version_hex)
+    shared = [name for name, _ in ffi.typeof("btc_remote_layout").fields if hasattr(known, name)]
+    assert len(shared) >= 20
+    assert {name: getattr(known, name) for name in shared} == {name: getattr(compiled, name) for name in shared}
+
+
+@pytest.mark.skipif(not ON_311, reason=NOT_311)
+def test_a_311_target_dumped_without_btcores_own_offsets_equals_the_in_process_view(target):
+    # guards: a 3.11 target read as a btcore of another version reads it (3.11's known layout, the Python frame
+    # walk with is_entry, tstate->cframe) gives every greenlet as collect(g) inside, and the stuck thread.
+    proc, oracle = target
+    doc = dump_with(OTHER_VERSION_DUMPER, proc.pid)
     check_against_oracle(doc, oracle)
+    names = [f["function"] for f in spinner_stack(doc)["frames"]]
+    assert names.index("btfix_spin") < names.index("Thread.run") < names.index("start_thread")
 
 
 def test_live_dump_shows_the_thread_stuck_in_c_with_the_gil(target):

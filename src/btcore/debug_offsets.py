@@ -131,6 +131,8 @@ class PortableLayout:
     frame_object_f_frame: int
     frame_object_data: int
     code_type: int = 0   # the target's PyCode_Type (0: frames are not checked against it)
+    tstate_cframe: int = -1     # 3.11: the current frame is tstate->cframe->current_frame
+    frame_is_entry: int = -1    # 3.11: the frame says itself whether it is its eval-loop call's entry
 
 
 def read(memory, runtime: int, version_hex: int) -> PortableLayout | None:
@@ -177,7 +179,8 @@ def read(memory, runtime: int, version_hex: int) -> PortableLayout | None:
 def thread_frames(memory, lay: PortableLayout, tstate: int, most: int) -> list:
     """[(code, instruction offset, entry)] of a thread state, innermost
     first, at most `most`."""
-    return frame_chain(memory, lay, memory.word(tstate + lay.tstate_current_frame), most)
+    holder = memory.word(tstate + lay.tstate_cframe) if lay.tstate_cframe >= 0 else tstate
+    return frame_chain(memory, lay, memory.word(holder + lay.tstate_current_frame) if holder else None, most)
 
 
 def greenlet_frames(stack, lay: PortableLayout, frame_object: int, most: int) -> list:
@@ -211,12 +214,21 @@ def frame_chain(memory, lay: PortableLayout, frame: int | None, most: int, expos
             code = _code_of(memory, lay, frame)
             instr = memory.word(frame + lay.frame_instr_ptr)
             if code and instr:
-                out.append((code, instr - code - lay.code_adaptive, exposed and _saved_link_ends_call(
-                    memory, lay, frame, previous)))
+                out.append((code, instr - code - lay.code_adaptive, _entry(memory, lay, frame, previous, exposed)))
         frame = previous
     if out:
         out[-1] = out[-1][:2] + (True,)
     return out
+
+
+def _entry(memory, lay: PortableLayout, frame: int, previous: int, exposed: bool) -> bool:
+    """Is this Python frame the first of its eval-loop call (as far as the
+    frame itself, or greenlet's saved link, tells: a shim after it marks
+    it too, in frame_chain)?"""
+    if lay.frame_is_entry >= 0:
+        flag = memory.read(frame + lay.frame_is_entry, 1)
+        return bool(flag and flag[0])
+    return exposed and _saved_link_ends_call(memory, lay, frame, previous)
 
 
 def _saved_link_ends_call(stack, lay: PortableLayout, frame: int, exposed: int) -> bool:

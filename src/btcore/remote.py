@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import greenlet
 from elftools.elf.elffile import ELFFile
 
-from . import debug_offsets, greenlet_offsets
+from . import debug_offsets, greenlet_offsets, py311_layout
 from ._native import ffi, lib
 from .codec import file_build_id
 
@@ -310,17 +310,19 @@ class Target:
 
     def _layout(self, mod: Module, runtime: int) -> tuple:
         """btcore's own offsets for a target of its own version family, else
-        the target's debug offsets (3.13+), else a DumpError naming both versions."""
+        the target's debug offsets (3.13+) or 3.11's known layout, else a
+        DumpError naming both versions."""
         value = symbol_value(mod.path, "Py_Version")
         theirs = self.memory.word(mod.bias + value) if value else None
         ours = ffi.new("btc_remote_layout *")
         if lib.btc_remote_pylayout(ours) == 0 and theirs is not None and theirs >> 16 == ours.version_hex >> 16:
             return ours, False
-        portable = debug_offsets.read(self.memory, runtime, theirs) if theirs is not None else None
+        portable = None if theirs is None else \
+            debug_offsets.read(self.memory, runtime, theirs) or py311_layout.layout(theirs)
         if portable is None:
             raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}, btcore "
-                            f"reads {_version(ours.version_hex)} (its own) and 3.13-3.15 (their _Py_DebugOffsets): "
-                            "dump it with a btcore installed for that version")
+                            f"reads {_version(ours.version_hex)} (its own), 3.11 (its known layout) and 3.13-3.15 "
+                            "(their _Py_DebugOffsets): dump it with a btcore installed for that version")
         code_type = symbol_value(mod.path, "PyCode_Type")
         portable.code_type = mod.bias + code_type if code_type else 0
         return portable, True

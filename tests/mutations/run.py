@@ -42,6 +42,10 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("src/btcore/py311_layout.py", "frame_is_entry=68,", "frame_is_entry=69,",
+             "tests/test_process_dump.py::test_a_311_target_dumped_without_btcores_own_offsets_equals_the_in_process_view",
+             "a 3.11 target read by a btcore of another version takes the frame's owner for its entry flag: its "
+             "Python frames are merged in the wrong places"),
     Mutation("src/btcore/greenlet_offsets.py", "    return mains > 0\n", "    return True\n",
              "tests/test_greenlet_offsets.py::test_learned_from_greenlet_objects_equal_the_in_process_offsets",
              "StackState is placed where no main greenlet marks it: a guess among plausible-looking words"),
