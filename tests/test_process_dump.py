@@ -169,6 +169,31 @@ def test_the_known_311_layout_equals_the_compiled_offsets():
 
 
 @pytest.mark.skipif(not ON_311, reason=NOT_311)
+def test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage():
+    # guards: is_entry, a C bool in the target's frame, is read as a byte: a frame read while it changes (the
+    # rehearsal reads a running target) may hold any value there, and loading such a bool is undefined (UBSan
+    # caught one in a CI run of the many-dumps test). Here: 185 in it reads as "entry".
+    import ctypes
+    from btcore import py311_layout
+    from btcore.remote import Memory
+    lay = py311_layout.layout(sys.hexversion)
+    code = test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage.__code__
+    iframe, frame_object = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
+    at = ctypes.addressof(iframe)
+    ctypes.c_void_p.from_address(at + lay.frame_executable).value = id(code)
+    ctypes.c_void_p.from_address(at + lay.frame_instr_ptr).value = id(code) + lay.code_adaptive + 2
+    ctypes.c_uint8.from_address(at + lay.frame_is_entry).value = 185
+    ctypes.c_void_p.from_address(ctypes.addressof(frame_object) + lay.frame_object_f_frame).value = at
+    memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
+    try:
+        out = ffi.new("btc_remote_pyframe[4]")
+        assert lib.btc_remote_object_frames(memory.handle, ctypes.addressof(frame_object), out, 4) == 1
+        assert (out[0].code, out[0].lasti, out[0].entry) == (id(code), 2, 1)
+    finally:
+        memory.close()
+
+
+@pytest.mark.skipif(not ON_311, reason=NOT_311)
 def test_a_311_target_dumped_without_btcores_own_offsets_equals_the_in_process_view(target):
     # guards: a 3.11 target read as a btcore of another version reads it (3.11's known layout, the Python frame
     # walk with is_entry, tstate->cframe) gives every greenlet as collect(g) inside, and the stuck thread.

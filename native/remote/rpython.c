@@ -64,7 +64,12 @@ static int frame_chain(btc_rmem *m, uintptr_t f, btc_remote_pyframe *out, int ma
         uintptr_t first = (uintptr_t)fr.f_code + offsetof(PyCodeObject, co_code_adaptive);
         out[n].code = (uintptr_t)fr.f_code;
         out[n].lasti = (int32_t)((uintptr_t)fr.prev_instr - first);
-        out[n].entry = fr.is_entry;
+        /* is_entry is a bool: the target's byte, read as a byte (a frame
+         * read while it changes may hold any value there, and loading a
+         * bool that is neither 0 nor 1 is undefined: UBSan caught one). */
+        uint8_t entry;
+        memcpy(&entry, (const char *)&fr + offsetof(_PyInterpreterFrame, is_entry), 1);
+        out[n].entry = entry != 0;
         n++;
         f = (uintptr_t)fr.previous;
     }

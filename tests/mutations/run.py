@@ -42,6 +42,9 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("native/remote/rpython.c", "out[n].entry = entry != 0;", "out[n].entry = entry;",
+             "tests/test_process_dump.py::test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage",
+             "a garbage is_entry byte of a frame read while it changes becomes the entry flag as it is"),
     Mutation("src/btcore/py311_layout.py", "frame_is_entry=68,", "frame_is_entry=69,",
              "tests/test_process_dump.py::test_a_311_target_dumped_without_btcores_own_offsets_equals_the_in_process_view",
              "a 3.11 target read by a btcore of another version takes the frame's owner for its entry flag: its "
