@@ -84,7 +84,7 @@ MUTATIONS = [
              "tests/test_process_dump.py::test_a_target_on_another_cpython_is_read_through_its_debug_offsets",
              "a stripped interpreter's unnamed eval-loop parts are not found: the dump lists its Python frames "
              "after the native stack instead of in place"),
-    Mutation("native/remote/rpython.c", "out[n].entry = fr.is_entry;", "out[n].entry = 1;",
+    Mutation("native/remote/rpython.c", "out[n].entry = entry != 0;", "out[n].entry = 1;",
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
              "every remote Python frame is taken for the first of its eval-loop call: the merge misplaces "
              "Python frames that one C frame of the eval loop runs together"),
