@@ -16,6 +16,12 @@ rounds, each ratio the median of the per-round ratios, min-max in brackets).
      registers, no signal): target <= 2x collect();
    - the whole round trip a requester pays (pthread_kill to the thread,
      the kernel's delivery, the handler, the answer), for information.
+3. Repeated reports of one stuck call (threshold 0.1 s, stuck 1 s: reports
+   at 0.1, 0.2, 0.4, 0.8 s), a greenlet D Python levels deep (a gunicorn +
+   Flask handler is ~30-40): the lines and bytes of the first report and
+   of each later one, stuck in a sleep (the same stack) and in a Python
+   loop (its inner frames change).  Before, each later one was as long as
+   the first.
 
 Runs against the installed btcore (pip install .), from any directory.
 Usage: python benchmarks/bench_watchdog.py [--rounds N] [--depth D]
@@ -201,6 +207,40 @@ def capture_cost(rounds, depth):
         print(f"   {name:>10}: {min(values):8.0f} ns")
 
 
+STUCK_CHILD = r"""
+import sys, time, greenlet, btcore
+depth, mode = int(sys.argv[1]), sys.argv[2]
+def spin():
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        pass
+def level(n):
+    return level(n - 1) if n else time.sleep(1.0) if mode == "sleep" else spin()
+with btcore.start_watchdog(threshold=0.1, file=sys.stdout):
+    greenlet.greenlet(level).switch(depth)
+"""
+
+
+def stuck_reports(depth, mode):
+    """The stuck reports of one episode, each a list of its lines."""
+    out = subprocess.run([sys.executable, "-P", "-c", STUCK_CHILD, str(depth), mode], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    reports = []
+    for line in out.splitlines():
+        if line.startswith("btcore watchdog: ") and "has not switched" in line:
+            reports.append([line])
+        elif line.startswith("  ") and reports:
+            reports[-1].append(line)
+    return reports
+
+
+def repeated_reports(depth):
+    print(f"3. repeated reports of one stuck call, {depth} Python levels deep: lines / bytes, first -> later ones")
+    for mode in ("sleep", "loop"):
+        sizes = [f"{len(r)} / {sum(len(line) + 1 for line in r)}" for r in stuck_reports(depth, mode)]
+        print(f"   {mode:>5}: {sizes[0]} -> {', '.join(sizes[1:])}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
@@ -209,6 +249,7 @@ def main():
     print(f"Python {sys.version.split()[0]}, greenlet {greenlet.__version__}")
     switch_overhead(args.rounds)
     capture_cost(args.rounds, args.depth)
+    repeated_reports(30)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,30 @@ def first_report(err):
     return lines[start:end]
 
 
+def episode_reports(err):
+    """The reports of the first stuck episode, each a list of lines (its header first), up to its
+    "switched again" line (asserted present: the final line stays after shortened reports)."""
+    lines = err.splitlines()
+    start = next(i for i, line in enumerate(lines) if "has not switched" in line)
+    end = next(i for i in range(start, len(lines)) if "switched again" in lines[i])
+    reports = []
+    for line in lines[start:end]:
+        if line.startswith("btcore watchdog: "):
+            reports.append([line])
+        elif line.startswith("  ") and reports:
+            reports[-1].append(line)
+    return reports
+
+
+def frame_lines(report):
+    return [line for line in report[1:] if not line.startswith("  (partial: ")]
+
+
+def seconds(header, before):
+    """The number of seconds that follows `before` in a report's header."""
+    return header.split(before, 1)[1].split(" s", 1)[0]
+
+
 def ctypes_call_marker():
     """What names ctypes' call machinery in a report: PyCFuncPtr_call (static) where its module has a
     full symbol table, else that module (Debian sid's _ctypes is stripped)."""
@@ -131,6 +155,67 @@ def test_report_comes_while_stuck_and_names_both_sides(stuck_so, function, inner
     assert len(recovered) >= 1 and "it was stuck for" in recovered[0], err
     reports = int(lines[-1].split()[-1])
     assert reports >= 2, err   # repeat=True: again after twice the threshold
+    # ... and that second report of the same stuck call is shorter: the full stack is not repeated
+    first, second = episode_reports(err)[:2]
+    assert second[0].startswith(f"{thread} still has not switched greenlets, for "), err
+    assert len(second) < len(first), err
+
+
+def test_a_later_report_of_the_same_stuck_call_says_same_stack(stuck_so):
+    """Guards the shortened repeat: a call stuck where it was (a C sleep) is reported in full once, then in one line."""
+    err = run_child(WATCHED, stuck_so, seconds=1.5, args=["stuck_in_syscall"])
+    first, second = episode_reports(err)[:2]
+    assert any("] stuck_sleep+" in line for line in first) and any("in stuck_in_syscall" in line for line in first)
+    thread = first[0].split(" has not switched")[0]
+    assert second == [f"{thread} still has not switched greenlets, for {seconds(second[0], ', for ')} s now: "
+                      f"the same stack as at {seconds(first[0], 'greenlets for ')} s"], err
+
+
+PHASES = r"""
+    def phase_one():
+        while dog.reports < 1:             # until the first report is written: it was sampled in here
+            released.stuck_sleep(0.01)
+
+    def phase_two():
+        start = dog.reports
+        while dog.reports < start + 2:     # a report sampled after phase_two began (the second one counted)
+            released.stuck_sleep(0.01)
+
+    def driver():
+        phase_one()
+        phase_two()                        # the next line: the driver's frame changed too, not its callers
+
+    with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as dog:
+        greenlet.greenlet(driver).switch()   # stuck all along: never switches
+        os.write(2, b"RETURNED\n")
+        time.sleep(0.5)
+"""
+
+
+def test_a_later_report_whose_inner_stack_changed_shows_only_the_inner_frames(stuck_so):
+    """Guards the changed form: the first report sampled in phase_one, the first one in phase_two shows only
+    the frames that changed (phase_two's and the driver's, at its next line), and says how many outer frames
+    (the driver's callers, counted in the full first report) are as they were."""
+    err = run_child(PHASES, stuck_so)
+    reports = episode_reports(err)
+    first = reports[0]
+    assert any("in phase_one" in line for line in first), err
+    frames = frame_lines(first)
+    driver = line_of(frames, "in driver")
+    outer = len(frames) - driver - 1                       # the driver's callers: the part that stays
+    changed = next(i for i, report in enumerate(reports) if any("in phase_two" in line for line in report))
+    report = reports[changed]
+    # the report it is compared with: the last one that showed frames (a "same stack" one shows none)
+    shown = next(r for r in reversed(reports[:changed]) if "the same stack as at" not in r[0])
+    inner = frame_lines(report)
+    assert report[0].endswith(f"its stack changed: the inner {len(inner)} frame{'s' * (len(inner) != 1)} "
+                              f"(the outer {outer} as at {seconds(shown[0], 'for ')} s):"), err
+    # the outermost changed frames: phase_two in the driver, now one line further (the line from the report)
+    assert "in phase_two" in inner[-2] and "in driver" in inner[-1], err
+    number = int(frames[driver].split(", line ")[1].split(",")[0])
+    assert inner[-1] == frames[driver].replace(f", line {number},", f", line {number + 1},"), err
+    assert not any("in phase_one" in line for line in inner), err
+    assert len(report) < len(first), err
 
 
 def test_repeat_false_reports_once(stuck_so):

@@ -125,9 +125,9 @@ static const struct {
     {BTC_PARTIAL_CUT, "the walk stopped before the stack's end (a caller could not be recovered)"},
 };
 
-void btc_sigsample_text(const btc_sigsample *s, btc_text *t)
+void btc_sigsample_inner_text(const btc_sigsample *s, int inner, btc_text *t)
 {
-    for (int i = 0; i < s->n && i < BTC_SIGNAL_FRAMES; i++) {
+    for (int i = 0; i < inner && i < s->n && i < BTC_SIGNAL_FRAMES; i++) {
         if (s->frames[i].kind == BTC_KIND_PYTHON)
             add_python(t, &s->frames[i]);
         else
@@ -136,6 +136,11 @@ void btc_sigsample_text(const btc_sigsample *s, btc_text *t)
     for (size_t i = 0; i < sizeof partial_reasons / sizeof *partial_reasons; i++)
         if (s->partial & partial_reasons[i].bit)
             btc_text_addf(t, "  (partial: %s)\n", partial_reasons[i].why);
+}
+
+void btc_sigsample_text(const btc_sigsample *s, btc_text *t)
+{
+    btc_sigsample_inner_text(s, s->n, t);
 }
 
 int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size)

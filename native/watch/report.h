@@ -16,5 +16,9 @@ void btc_text_addf(btc_text *t, const char *fmt, ...) __attribute__((format(prin
 void btc_text_write(const btc_text *t, int fd);
 /* The sample's frames, one a line, innermost first, then its partial reasons. */
 void btc_sigsample_text(const btc_sigsample *s, btc_text *t);
+/* Its inner frames only (the first `inner`, innermost first), then its
+ * partial reasons: a later report of a stuck call whose outer frames were
+ * already shown. */
+void btc_sigsample_inner_text(const btc_sigsample *s, int inner, btc_text *t);
 
 #endif

@@ -51,6 +51,8 @@ typedef struct {
     double next;       /* report when stuck this long */
     bool stuck;        /* reported, not recovered yet */
     uint64_t thread;   /* the thread reported stuck (its slot may be empty by the time it recovers) */
+    bool shown;        /* a stack of this stuck call was reported: dog.shown[slot] holds it */
+    double shown_at;   /* stuck for how long when it was */
 } stuck_state;
 
 static watched_thread watched[BTC_WATCHED_THREADS];
@@ -67,6 +69,10 @@ static struct {
     _Atomic int reports;
     stuck_state states[BTC_WATCHED_THREADS];
     btc_sigsample sample;   /* the watchdog thread's */
+    /* Per slot, the sample last reported of the current stuck call: a later
+     * report says only what changed against it.  Apart from states so that
+     * resetting a state (every tick of a busy thread) stays small. */
+    btc_sigsample shown[BTC_WATCHED_THREADS];
 } dog = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 static double now_s(void)
@@ -161,15 +167,65 @@ static bool read_progress(int slot, uint64_t *out)
 
 static char report_buf[64 * 1024];
 
-static void report_stuck(uint64_t thread, const btc_sigsample *sample, double stuck_for)
+static int frame_count(const btc_sigsample *s)
+{
+    return s->n < 0 ? 0 : s->n < BTC_SIGNAL_FRAMES ? s->n : BTC_SIGNAL_FRAMES;
+}
+
+static bool same_frame(const btc_frame *a, const btc_frame *b)
+{
+    return a->addr == b->addr && a->lasti == b->lasti && a->kind == b->kind && a->flags == b->flags;
+}
+
+/* How many frames, counted from the outermost, two samples have in common:
+ * the stuck call's callers stay where they are while what it runs inside
+ * them changes.  Raw frames are compared (a code object by address: the
+ * running frames keep it alive; pcs exactly), so a C loop interrupted at
+ * another instruction differs in its innermost frame, as its text would. */
+static int common_outer(const btc_sigsample *a, const btc_sigsample *b)
+{
+    int na = frame_count(a), nb = frame_count(b), m = 0;
+    while (m < na && m < nb && same_frame(&a->frames[na - 1 - m], &b->frames[nb - 1 - m]))
+        m++;
+    return m;
+}
+
+/* The stack of a report of slot's stuck call: in full the first time;
+ * later, against the sample last shown, "the same stack", or only the
+ * inner frames that changed (the ~35 lines of a request handler, repeated
+ * at every doubling, hid what did change). */
+static void add_stack(btc_text *t, int slot, const btc_sigsample *sample, double stuck_for)
+{
+    stuck_state *s = &dog.states[slot];
+    btc_sigsample *shown = &dog.shown[slot];
+    if (!s->shown) {
+        btc_text_addf(t, "has not switched greenlets for %.1f s; its stack, innermost first:\n", stuck_for);
+        btc_sigsample_text(sample, t);
+    } else {
+        int n = frame_count(sample), outer = common_outer(sample, shown);
+        btc_text_addf(t, "still has not switched greenlets, for %.1f s now: ", stuck_for);
+        if (outer == n && n == frame_count(shown) && sample->partial == shown->partial) {
+            btc_text_addf(t, "the same stack as at %.1f s\n", s->shown_at);
+            return;   /* keep pointing at the report that has its frames */
+        }
+        btc_text_addf(t, "its stack changed: the inner %d frame%s (the outer %d as at %.1f s):\n", n - outer,
+                      n - outer == 1 ? "" : "s", outer, s->shown_at);
+        btc_sigsample_inner_text(sample, n - outer, t);
+    }
+    *shown = *sample;
+    s->shown = true;
+    s->shown_at = stuck_for;
+}
+
+static void report_stuck(int slot, uint64_t thread, const btc_sigsample *sample, double stuck_for)
 {
     btc_text t = {report_buf, sizeof report_buf, 0};
-    btc_text_addf(&t, "btcore watchdog: thread %llu has not switched greenlets for %.1f s; its stack, innermost first:\n",
-                  (unsigned long long)thread, stuck_for);
+    btc_text_addf(&t, "btcore watchdog: thread %llu ", (unsigned long long)thread);
     if (sample)
-        btc_sigsample_text(sample, &t);
+        add_stack(&t, slot, sample, stuck_for);
     else
-        btc_text_add(&t, "  (the thread did not answer the capture signal)\n");
+        btc_text_addf(&t, "has not switched greenlets for %.1f s; its stack, innermost first:\n"
+                          "  (the thread did not answer the capture signal)\n", stuck_for);
     btc_text_write(&t, dog.fd);
     atomic_fetch_add(&dog.reports, 1);
 }
@@ -222,7 +278,7 @@ static void check(int slot, double now)
         *s = (stuck_state){.seen = switches, .since = now, .next = dog.threshold};
         return;
     }
-    report_stuck(thread, answered ? &dog.sample : NULL, stuck_for);
+    report_stuck(slot, thread, answered ? &dog.sample : NULL, stuck_for);
     s->stuck = true;
     s->thread = thread;
     s->next = dog.repeat ? s->next * 2 : INFINITY;

@@ -110,8 +110,10 @@ def start_watchdog(threshold: float = 1.0, file=None, *, repeat: bool = True) ->
     """Watch the calling thread: when its greenlets have not switched for
     threshold seconds, write the running greenlet's merged native + Python
     stack to file (default sys.stderr) while it is still stuck, again after
-    2x, 4x, ... the threshold while it stays stuck (repeat=True), and a line
-    with how long it was stuck when it switches again.
+    2x, 4x, ... the threshold while it stays stuck (repeat=True: "the same
+    stack as at T s", or only the inner frames that changed since the last
+    stack shown), and a line with how long it was stuck when it switches
+    again.
 
     Works whatever the thread is stuck in: C code holding the GIL, a
     blocking system call, a Python loop.  A thread switched into gevent's

@@ -212,6 +212,27 @@ MUTATIONS = [
              "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
              "a unit with DW_AT_ranges and a base DW_AT_low_pc covers nothing once a miss in .debug_aranges "
              "rebuilt the unit table from the DIEs: every later lookup in it loses file:line"),
+    Mutation("native/watch/watchdog.c", "    s->shown = true;", "    s->shown = false;",
+             "tests/test_watchdog.py::test_a_later_report_of_the_same_stuck_call_says_same_stack",
+             "every report of one stuck call repeats the whole stack (the ~35 lines of a request handler)"),
+    Mutation("native/watch/watchdog.c",
+             "if (outer == n && n == frame_count(shown) && sample->partial == shown->partial) {", "if (false) {",
+             "tests/test_watchdog.py::test_a_later_report_of_the_same_stuck_call_says_same_stack",
+             "a stuck call still where it was is reported as changed, never as 'the same stack'"),
+    Mutation("native/watch/watchdog.c", "a->addr == b->addr && a->lasti == b->lasti &&", "a->addr == b->addr &&",
+             "tests/test_watchdog.py::test_a_later_report_whose_inner_stack_changed_shows_only_the_inner_frames",
+             "a Python frame now at another line of its function is taken for the one already shown: the "
+             "changed line is not shown"),
+    Mutation("native/watch/watchdog.c", "        m++;", "        break;",
+             "tests/test_watchdog.py::test_a_later_report_whose_inner_stack_changed_shows_only_the_inner_frames",
+             "no outer frame is found in common: a changed stack is shown whole again"),
+    Mutation("native/watch/watchdog.c", "        btc_sigsample_inner_text(sample, n - outer, t);",
+             "        btc_sigsample_text(sample, t);",
+             "tests/test_watchdog.py::test_a_later_report_whose_inner_stack_changed_shows_only_the_inner_frames",
+             "a changed stack's report says 'the inner N frames' but prints every frame"),
+    Mutation("native/watch/report.c", "for (int i = 0; i < inner && i < s->n", "for (int i = 0; i < s->n",
+             "tests/test_watchdog.py::test_a_later_report_whose_inner_stack_changed_shows_only_the_inner_frames",
+             "the inner frames' text runs on into the outer frames already shown"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
