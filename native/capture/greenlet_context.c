@@ -424,3 +424,21 @@ bool btc_greenlet_switching(uintptr_t pc)
             return true;
     return false;
 }
+
+/* ---- which thread a greenlet belongs to (threads.c) ---- */
+
+uintptr_t btc_greenlet_stack_mark(uintptr_t address)
+{
+    PyObject *g = (PyObject *)address;
+    if (!layout.ok || !have_api() || !PyObject_TypeCheck(g, (PyTypeObject *)greenlet_api[GREENLET_TYPE]) ||
+        !pimpl_of(g))
+        return 0;
+    stack_state s = state_at(pimpl_of(g), layout.state_off);
+    /* A started greenlet's stack_stop lies in the g_switch frame of whoever
+     * first switched into it: on its thread's stack.  A main greenlet has
+     * none (-1); once suspended, its _stack_start is the sp it stopped at
+     * (1 before that; NULL not started or dead). */
+    if (s.stop == MAIN_STACK_STOP)
+        return s.start > 1 ? s.start : 0;
+    return s.stop;
+}
