@@ -219,7 +219,8 @@ def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
     """
     found = {current_root: current_ident()}
     for root, members in roots.items():
-        if root not in found:
+        # A dead root's thread has exited: its stack may be another thread's now.
+        if root not in found and not _base_dead(root):
             ident = _thread_by_stack(members, threads) or _thread_by_hub(members, threads)
             if ident is not None:
                 found[root] = ident

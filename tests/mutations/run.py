@@ -212,6 +212,29 @@ MUTATIONS = [
              "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
              "a unit with DW_AT_ranges and a base DW_AT_low_pc covers nothing once a miss in .debug_aranges "
              "rebuilt the unit table from the DIEs: every later lookup in it loses file:line"),
+    Mutation("src/btcore/introspect.py", "        if len(owners) == 1:", "        if False:",
+             "tests/test_patched_threads.py::test_gevent_threadpool_threads_are_named_and_known",
+             "greenlets are not mapped to threads by their stack marks: two busy gevent threadpool threads "
+             "cannot be paired by elimination and their greenlets are of an unknown thread"),
+    Mutation("native/capture/greenlet_context.c", "    return s.stop;", "    return 0;",
+             "tests/test_patched_threads.py::test_gevent_threadpool_threads_are_named_and_known",
+             "a started greenlet has no stack mark: its thread is told only by a hub or by elimination"),
+    Mutation("src/btcore/introspect.py", "and id(above) not in hubs:", ":",
+             "tests/test_patched_threads.py::test_eventlet_tree_is_by_spawner_never_under_the_hub",
+             "an eventlet green thread whose spawner is unknown is drawn under the hub, which runs them all"),
+    Mutation("native/capture/spawn.c", "        r->creator = Py_NewRef((PyObject *)spawner);", "",
+             "tests/test_patched_threads.py::test_eventlet_tree_is_by_spawner_never_under_the_hub",
+             "spawn tracking forgets the creator greenlet: eventlet's tree loses its spawners"),
+    Mutation("src/btcore/introspect.py", "    found = {current_root: current_ident()}",
+             "    found = {current_root: __import__('threading').get_ident()}",
+             "tests/test_patched_threads.py::test_gevent_labels_are_the_os_threads_in_every_dump",
+             "the calling thread is labelled with the patched get_ident: the id of whichever greenlet dumps"),
+    Mutation("src/btcore/threads.py", "    if native_id == os.getpid():", "    if False:",
+             "tests/test_patched_threads.py::test_gevent_labels_are_the_os_threads_in_every_dump",
+             "the main thread is named only through threading's dict, where gevent re-keyed it: no MainThread"),
+    Mutation("src/btcore/threads.py", "    if ident in workers:", "    if False:",
+             "tests/test_patched_threads.py::test_gevent_threadpool_threads_are_named_and_known",
+             "a gevent threadpool thread (started without threading) gets no name but its kernel id"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
