@@ -121,10 +121,10 @@ typedef struct {
 /* The interpreter's threads (GIL held), at most max: how many were written,
  * or -1 if the calling thread has no thread state. */
 int btc_os_threads(btc_os_thread *out, int max);
-/* An address inside the stack of the thread greenlet g (its id) runs on:
- * its stack_stop, or for a thread's main greenlet the stack pointer it was
- * last suspended at; 0 if there is none (not started, dead, a main greenlet
- * never suspended, greenlet's layout not learned, not a greenlet). */
+/* An address inside the stack of the thread whose main greenlet is g (its
+ * id): the stack pointer g was last suspended at; 0 if there is none (not a
+ * main greenlet, never suspended, dead, greenlet's layout not learned, not
+ * a greenlet). */
 uintptr_t btc_greenlet_stack_mark(uintptr_t g);
 
 /* ---- resolution ---- */

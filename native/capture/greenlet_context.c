@@ -434,11 +434,11 @@ uintptr_t btc_greenlet_stack_mark(uintptr_t address)
         !pimpl_of(g))
         return 0;
     stack_state s = state_at(pimpl_of(g), layout.state_off);
-    /* A started greenlet's stack_stop lies in the g_switch frame of whoever
-     * first switched into it: on its thread's stack.  A main greenlet has
-     * none (-1); once suspended, its _stack_start is the sp it stopped at
-     * (1 before that; NULL not started or dead). */
-    if (s.stop == MAIN_STACK_STOP)
-        return s.start > 1 ? s.start : 0;
-    return s.stop;
+    /* A main greenlet's _stack_start is the sp it was last suspended at (it
+     * keeps it while it runs again; 1 before it first switched away, NULL
+     * once dead): on its thread's stack.  A thread with any other greenlet
+     * started has suspended its main greenlet at least once. */
+    if (s.stop != MAIN_STACK_STOP)
+        return 0;
+    return s.start > 1 ? s.start : 0;
 }

@@ -212,16 +212,16 @@ def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
 
     greenlet does not say which thread a greenlet belongs to, only that all
     greenlets of a parent chain share one, on that thread's stack.  Known:
-    the calling thread's root; a root with a member whose stack mark lies on
-    exactly one thread's stack (exact, the first rule that applies); a
-    gevent hub records its thread's ident.  A single root and a single
+    the calling thread's root; a root whose stack mark lies on exactly one
+    thread's stack (exact, the first rule that applies); a gevent hub
+    records its thread's ident.  A single root and a single
     thread left unmatched belong together.  Anything else stays unknown.
     """
     found = {current_root: current_ident()}
     for root, members in roots.items():
         # A dead root's thread has exited: its stack may be another thread's now.
         if root not in found and not _base_dead(root):
-            ident = _thread_by_stack(members, threads) or _thread_by_hub(members, threads)
+            ident = _thread_by_stack(root, threads) or _thread_by_hub(members, threads)
             if ident is not None:
                 found[root] = ident
     # A root whose thread has exited since the scan is dead now: not paired.
@@ -232,14 +232,12 @@ def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
     return found
 
 
-def _thread_by_stack(members, threads: dict):
-    """The thread whose stack holds a member's stack mark, if exactly one does."""
-    for g in members:
-        mark = lib.btc_greenlet_stack_mark(id(g))
-        owners = [ident for ident, t in threads.items() if t.owns(mark)] if mark else ()
-        if len(owners) == 1:
-            return owners[0]
-    return None
+def _thread_by_stack(root, threads: dict):
+    """The thread whose stack holds root's stack mark, if exactly one does.
+    (A thread that started any other greenlet has suspended its main one.)"""
+    mark = lib.btc_greenlet_stack_mark(id(root))
+    owners = [ident for ident, t in threads.items() if t.owns(mark)] if mark else ()
+    return owners[0] if len(owners) == 1 else None
 
 
 def _thread_by_hub(members, threads: dict):

@@ -17,7 +17,7 @@ import sys
 
 from ._native import ffi, lib
 
-MAX_THREADS = 4096          # threads listed at most (the rest are not named)
+MAX_THREADS = 1024          # threads listed at most (the rest are not named)
 THREADPOOL_WORKER = "ThreadPool worker"   # a gevent threadpool thread (started without `threading`)
 
 
