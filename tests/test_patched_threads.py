@@ -237,6 +237,7 @@ def test_eventlet_tree_is_by_spawner_never_under_the_hub(eventlet_target):
         assert not [g for g in doc["greenlets"] if g["under"] == t["hub"]], which
         text = t[f"{which}_text"]
         tree = text[text.index("\n=== thread "):]
+        assert " main>  " in tree.splitlines()[2], tree   # the thread's main greenlet first
         top_line = next(line for line in tree.splitlines() if f"0x{t['top']:x}>" in line)
         kid_lines = [line for line in tree.splitlines() if any(f"0x{k:x}>" in line for k in t["kids"])]
         indent = len(top_line) - len(top_line.lstrip("|`- "))
