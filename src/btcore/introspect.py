@@ -334,7 +334,10 @@ def snapshot() -> list[GreenletInfo]:
         if state != DEAD:
             infos.append(GreenletInfo(g, state))
             roots.setdefault(_root(g), []).append(g)
-    layout_known()   # stack marks need greenlet's layout
+    try:
+        layout_known()   # stack marks need greenlet's layout (learned once)
+    except BacktraceError:   # being learned on this thread: threads are then told without marks
+        pass
     threads = _threads([info.greenlet for info in infos])
     thread_of = _thread_of_roots(roots, current_root, threads)
     spawn_backtrace = _spawn_backtrace_reader()
