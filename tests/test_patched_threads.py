@@ -117,6 +117,9 @@ def blocked_in_tpool():
     release.release()
 
 busy = eventlet.spawn(tpool.execute, blocked_in_tpool)
+
+def never_started():
+    pass
 while not in_tpool:
     eventlet.sleep(0.01)
 
@@ -126,6 +129,7 @@ def dump(fmt):
     return out.getvalue()
 
 hub = eventlet.hubs.get_hub()
+scheduled = eventlet.spawn_after(1000, never_started)   # not started while the dumps run
 from_hub = []
 hub.schedule_call_global(0, lambda: from_hub.append((dump("json"), dump("text"))))
 while not from_hub:
@@ -140,7 +144,7 @@ print(json.dumps({
     "tpool": in_tpool[0], "os_threads": named,
     "hub_json": json.loads(from_hub[0][0]), "hub_text": from_hub[0][1],
     "greenlet_json": json.loads(from_greenlet[0]), "greenlet_text": from_greenlet[1],
-    "hub": id(hub.greenlet), "early": id(early), "top": id(top), "kids": [id(k) for k in kids],
+    "hub": id(hub.greenlet), "early": id(early), "scheduled": id(scheduled), "top": id(top), "kids": [id(k) for k in kids],
 }))
 """
 
@@ -254,6 +258,8 @@ def test_eventlet_names_carry_the_function_and_threads_are_real(eventlet_target)
         doc = t[f"{which}_json"]
         by_id = {g["id"]: g for g in doc["greenlets"]}
         assert by_id[t["top"]]["name"] == f"<eventlet.greenthread.GreenThread at 0x{t['top']:x}> (spawner)"
+        assert by_id[t["scheduled"]]["state"] == "not started"
+        assert by_id[t["scheduled"]]["name"].endswith("> (never_started)"), which   # from the hub's timer
         for kid in t["kids"] + [t["early"]]:
             assert by_id[kid]["name"].endswith("> (leaf)")
             assert by_id[kid]["thread_id"] == t["main_ident"]

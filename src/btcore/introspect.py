@@ -353,6 +353,7 @@ def snapshot() -> list[GreenletInfo]:
     mine = current_ident()
     infos.sort(key=lambda info: (info.thread_id != mine, info.thread_id is None, info.thread_id or 0))
     _place_in_tree(infos)
+    _name_scheduled_green_threads(infos)
     return infos
 
 
@@ -368,6 +369,33 @@ def _place_in_tree(infos) -> None:
             if found is not None and found.thread_id == info.thread_id and id(above) not in hubs:
                 info.under = found.greenlet
                 break
+
+
+def _name_scheduled_green_threads(infos) -> None:
+    """An eventlet GreenThread that has not started yet gets its function
+    only at its first switch: until then the function is an argument of the
+    hub's timer that will make that switch (the calling thread's hub; other
+    threads' hubs are not read while they run)."""
+    kind = getattr(sys.modules.get("eventlet.greenthread"), "GreenThread", None)
+    waiting = {id(info.greenlet): info for info in infos
+               if info.state == NOT_STARTED and kind is not None and isinstance(info.greenlet, kind)}
+    hub = getattr(getattr(sys.modules.get("eventlet.hubs"), "_threadlocal", None), "hub", None)
+    if not waiting or hub is None:
+        return
+    for entry in _optional(_eventlet_timers, hub) or ():
+        cb, args = entry
+        info = waiting.get(id(getattr(cb, "__self__", None)))
+        if info is not None and getattr(cb, "__name__", None) == "switch" and args:
+            info.name = _plain_name_of(info.greenlet, getattr(args[0], "__name__", None))
+
+
+def _eventlet_timers(hub) -> list:
+    """(callback, args) of every timer an eventlet hub holds."""
+    timers = []
+    for _, timer in list(hub.timers) + list(hub.next_timers):
+        cb, args, _ = getattr(timer, "tpl", (None, (), None))
+        timers.append((cb, args))
+    return timers
 
 
 def _eventlet_hubs(infos) -> set:

@@ -236,6 +236,11 @@ MUTATIONS = [
     Mutation("src/btcore/threads.py", "    if ident in workers:", "    if False:",
              "tests/test_patched_threads.py::test_gevent_threadpool_threads_are_named_and_known",
              "a gevent threadpool thread (started without threading) gets no name but its kernel id"),
+    Mutation("src/btcore/introspect.py",
+             "        if info is not None and getattr(cb, \"__name__\", None) == \"switch\" and args:",
+             "        if False:",
+             "tests/test_patched_threads.py::test_eventlet_names_carry_the_function_and_threads_are_real",
+             "an eventlet green thread not started yet is named without the function its hub will start"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
