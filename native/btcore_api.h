@@ -88,7 +88,7 @@ const char *btc_last_error(void);
 /* ---- spawn tracking (spawn.c) ---- */
 
 /* Remember greenlet's type (id(greenlet.greenlet)) and its original tp_new,
- * and put the builtin _spawn_node(g) into the module namespace dict at
+ * and put the builtins _spawn_chain(g, limit) and _spawn_creator(g) into the module namespace dict at
  * `namespace`.  Once, before the others.  Returns 0 or -1. */
 int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet_type);
 /* Hook greenlet creation (greenlet.greenlet's tp_new and that of every
@@ -108,6 +108,24 @@ int btc_spawn_capacity(void);
 void btc_spawn_counts(int64_t *records, int64_t *sites);
 /* A type's tp_new slot, for tests: creation restored exactly. */
 uintptr_t btc_type_new_slot(uintptr_t type);
+/* ---- OS threads (threads.c) ---- */
+
+/* The calling OS thread's ident (pthread_self(): threading's ident before
+ * any monkey-patching replaced get_ident). */
+uint64_t btc_os_thread_self(void);
+typedef struct {
+    uint64_t ident;                /* the thread state's thread_id (pthread_t) */
+    int64_t native_id;             /* the kernel's thread id */
+    uintptr_t stack_lo, stack_hi;  /* its stack, [lo, hi); 0, 0 if unknown */
+} btc_os_thread;
+/* The interpreter's threads (GIL held), at most max: how many were written,
+ * or -1 if the calling thread has no thread state. */
+int btc_os_threads(btc_os_thread *out, int max);
+/* An address inside the stack of the thread whose main greenlet is g (its
+ * id): the stack pointer g was last suspended at; 0 if there is none (not a
+ * main greenlet, never suspended, dead, greenlet's layout not learned, not
+ * a greenlet). */
+uintptr_t btc_greenlet_stack_mark(uintptr_t g);
 
 /* ---- resolution ---- */
 

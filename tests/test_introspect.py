@@ -137,7 +137,7 @@ def test_ungrouped_dump_has_one_entry_per_greenlet():
         finish(greenlets)
     text = out.getvalue()
     for g in greenlets:
-        head = re.search(rf"^=== stack (\d+): <greenlet.greenlet at 0x{id(g):x}>, suspended ===$", text, re.M)
+        head = re.search(rf"^=== stack (\d+): <greenlet.greenlet at 0x{id(g):x}> \(park_in_c\), suspended ===$", text, re.M)
         assert head and ", in park_in_c\n" in text[head.end():].split("\n===", 1)[0]
     assert "  e.g. " not in text and "\n=== thread " not in text
 
@@ -527,7 +527,7 @@ def test_json_schema():
         for f in s["frames"]:
             assert set(f) == {"kind", "function", "file", "line", "module", "ip", "offset", "inlined"}
     for entry in doc["greenlets"]:
-        assert set(entry) == {"id", "name", "type", "thread_id", "state", "parent", "spawned_by", "stack",
+        assert set(entry) == {"id", "name", "type", "thread_id", "state", "parent", "spawned_by", "under", "stack",
                               "error", "last_ran"}
         assert entry["stack"] in stack_ids
     assert sum(s["count"] for s in doc["stacks"]) == len(doc["greenlets"])

@@ -127,3 +127,69 @@ def test_greenlets_of_an_exited_thread_are_reported_dead():
     assert len(btcore.collect(main)) == 0 and len(btcore.collect(parked)) == 0
     listed = [info for info in btcore.snapshot() if info.greenlet is main or info.greenlet is parked]
     assert listed == []   # snapshot() lists live greenlets only
+
+
+def test_os_threads_are_the_interpreters_threads_named_as_threading_named_them():
+    """Guards btcore.threads.os_threads(): every thread with its real ident and
+    kernel id (oracle: the thread's own threading.get_ident() and
+    get_native_id(), unpatched here), named as threading named it; a thread
+    threading never saw (started with _thread) named from its kernel id."""
+    import _thread
+    from btcore import threads
+    release, seen = threading.Event(), {}
+    named_ready, raw_ready = threading.Event(), threading.Event()
+
+    def named():
+        seen["named"] = (threading.get_ident(), threading.get_native_id())
+        named_ready.set()
+        release.wait()
+
+    def raw():   # never calls threading.current_thread(): no _DummyThread for it
+        seen["raw"] = (_thread.get_ident(), _thread.get_native_id())
+        raw_ready.set()
+        release.wait()
+
+    t = threading.Thread(target=named, name="named-worker")
+    t.start()
+    _thread.start_new_thread(raw, ())
+    try:
+        assert named_ready.wait(60) and raw_ready.wait(60)
+        listed = {thread.ident: thread for thread in threads.os_threads()}
+        assert (listed[seen["named"][0]].native_id, listed[seen["named"][0]].name) == \
+            (seen["named"][1], "named-worker")
+        assert (listed[seen["raw"][0]].native_id, listed[seen["raw"][0]].name) == \
+            (seen["raw"][1], f"native thread {seen['raw'][1]}")
+        me = listed[threading.get_ident()]
+        assert (me.native_id, me.name) == (os.getpid(), threading.main_thread().name)
+        assert threads.current_ident() == threading.get_ident() and threads.is_main_thread()
+        # each thread's stack range is its own: no two overlap
+        ranges = sorted((t.stack_lo, t.stack_hi) for t in listed.values())
+        assert all(lo < hi for lo, hi in ranges) and all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))
+    finally:
+        release.set()
+        t.join()
+
+
+def test_after_fork_from_a_thread_the_forking_thread_is_the_main_thread():
+    """Guards the main-thread rule (kernel id == pid): in a child forked by a
+    non-main thread, that thread is the main thread, under its own name."""
+    from btcore import threads
+    out = []
+
+    def fork_here():
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.write(w, f"{threads.is_main_thread()} {threads.current_name()}".encode())
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            out.append(f.read())
+        os.waitpid(pid, 0)
+        out.append(threads.is_main_thread())
+
+    t = threading.Thread(target=fork_here, name="forker")
+    t.start()
+    t.join()
+    assert out == ["True forker", False]

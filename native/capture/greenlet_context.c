@@ -424,3 +424,21 @@ bool btc_greenlet_switching(uintptr_t pc)
             return true;
     return false;
 }
+
+/* ---- which thread a greenlet belongs to (threads.c) ---- */
+
+uintptr_t btc_greenlet_stack_mark(uintptr_t address)
+{
+    PyObject *g = (PyObject *)address;
+    if (!layout.ok || !have_api() || !PyObject_TypeCheck(g, (PyTypeObject *)greenlet_api[GREENLET_TYPE]) ||
+        !pimpl_of(g))
+        return 0;
+    stack_state s = state_at(pimpl_of(g), layout.state_off);
+    /* A main greenlet's _stack_start is the sp it was last suspended at (it
+     * keeps it while it runs again; 1 before it first switched away, NULL
+     * once dead): on its thread's stack.  A thread with any other greenlet
+     * started has suspended its main greenlet at least once. */
+    if (s.stop != MAIN_STACK_STOP)
+        return 0;
+    return s.start > 1 ? s.start : 0;
+}

@@ -53,6 +53,8 @@ typedef struct record {
     PyObject *spawner;          /* the repr of the greenlet that created it */
     PyObject *parent;           /* the spawner's node (record or tuple), NULL if untracked */
     PyObject *name;             /* this greenlet's repr, taken when it first spawns; NULL before */
+    PyObject *creator;          /* the spawner's record (a weakref to it), while this greenlet lives:
+                                 * dropped at its death, so records never chain through it */
     struct record *prev, *next; /* the live list, which owns one reference */
 } record;
 
@@ -67,6 +69,7 @@ static int record_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(r->spawner);
     Py_VISIT(r->parent);
     Py_VISIT(r->name);
+    Py_VISIT(r->creator);
     return _PyWeakref_RefType.tp_traverse(self, visit, arg);
 }
 
@@ -77,6 +80,7 @@ static int record_clear(PyObject *self)
     Py_CLEAR(r->spawner);
     Py_CLEAR(r->parent);
     Py_CLEAR(r->name);
+    Py_CLEAR(r->creator);
     return _PyWeakref_RefType.tp_clear(self);
 }
 
@@ -118,6 +122,7 @@ static PyObject *on_record_died(PyObject *self, PyObject *ref)
         r->next->prev = r->prev;
         r->prev = r->next = NULL;
         live_records--;
+        Py_CLEAR(r->creator);
         Py_DECREF(r);
     }
     Py_RETURN_NONE;
@@ -391,6 +396,7 @@ static void track(PyObject *g, const btc_regs *regs)
         r->site = intern_site(&c, codes);   /* NULL on failure: an untracked greenlet */
         r->spawner = Py_NewRef(spawner->name);
         r->parent = spawner->site ? Py_NewRef((PyObject *)spawner) : NULL;
+        r->creator = Py_NewRef((PyObject *)spawner);
     }
     Py_XDECREF(r);   /* the live list holds it */
     Py_XDECREF((PyObject *)spawner);
@@ -456,6 +462,21 @@ static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t n
     return chain;
 }
 
+/* _spawn_creator(g): the greenlet that created g while tracking was on, or
+ * None (untracked, or its creator is gone). */
+static PyObject *spawn_creator(PyObject *self, PyObject *g)
+{
+    (void)self;
+    if (!PyObject_TypeCheck(g, greenlet_type))
+        return PyErr_Format(PyExc_TypeError, "_spawn_creator() needs a greenlet, not %s", Py_TYPE(g)->tp_name);
+    record *r = record_of(g);
+    PyObject *creator = r && r->creator ? PyWeakref_GetObject(r->creator) : Py_None;
+    return Py_NewRef(creator ? creator : Py_None);
+}
+
+static PyMethodDef spawn_creator_def = {
+    "_spawn_creator", spawn_creator, METH_O,
+    "_spawn_creator(g): the greenlet that created g while tracking was on, or None."};
 static PyMethodDef spawn_chain_def = {
     "_spawn_chain", (PyCFunction)(void (*)(void))spawn_chain, METH_FASTCALL,
     "_spawn_chain(g, limit): [(site, spawner repr)] newest first, or None if g is untracked."};
@@ -483,12 +504,13 @@ static bool remember_greenlet_type(PyTypeObject *type)
 int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *ns = (PyObject *)namespace, *fn = NULL;
+    PyObject *ns = (PyObject *)namespace, *fn = NULL, *creator = NULL;
     int rc = -1;
     if (PyDict_Check(ns) && remember_greenlet_type((PyTypeObject *)greenlet) &&
-        (fn = PyCFunction_New(&spawn_chain_def, NULL)))
-        rc = PyDict_SetItemString(ns, "_spawn_chain", fn);
+        (fn = PyCFunction_New(&spawn_chain_def, NULL)) && (creator = PyCFunction_New(&spawn_creator_def, NULL)))
+        rc = PyDict_SetItemString(ns, "_spawn_chain", fn) | PyDict_SetItemString(ns, "_spawn_creator", creator);
     Py_XDECREF(fn);
+    Py_XDECREF(creator);
     if (rc < 0)
         PyErr_Clear();
     PyGILState_Release(gil);

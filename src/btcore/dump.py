@@ -128,9 +128,10 @@ def _greenlets(count: int) -> str:
 
 
 def _thread_label(info) -> str:
+    """The OS thread: its name and ident as `threading` knew them before patching."""
     if info.thread_id is None:
         return "unknown thread"
-    return f"{info.thread_name or '?'} (0x{info.thread_id:x})"
+    return f"{info.thread_name} (0x{info.thread_id:x})"
 
 
 def _group_text(group: _Group, grouped: bool, stack_text) -> str:
@@ -149,17 +150,19 @@ def _group_text(group: _Group, grouped: bool, stack_text) -> str:
 
 
 def _tree_lines(infos, stack_of: dict) -> list:
-    """One tree per thread: its main greenlet, and below each greenlet the
-    greenlets it spawned (gevent's spawning_greenlet), else those it is the
-    parent of (a gevent hub: every greenlet it runs)."""
-    by_greenlet = {id(info.greenlet): info for info in infos}
+    """One tree per thread, its main greenlet first: below each greenlet
+    those drawn under it (GreenletInfo.under: the greenlets it spawned, else
+    those it is the parent of, such as every greenlet a gevent hub runs)."""
     children, tops = {}, []
     for info in infos:
-        above = _tree_parent(info, by_greenlet)
-        if above is None:
+        if info.under is None:
             tops.append(info)
         else:
-            children.setdefault(id(above.greenlet), []).append(info)
+            children.setdefault(id(info.under), []).append(info)
+    order = {}   # threads in snapshot order (the calling thread first)
+    for info in infos:
+        order.setdefault(info.thread_id, len(order))
+    tops.sort(key=lambda info: (order[info.thread_id], info.parent is not None))
     lines, shown = [], set()
     thread = object()
     for top in tops:
@@ -173,15 +176,6 @@ def _tree_lines(infos, stack_of: dict) -> list:
         if id(info.greenlet) not in shown:
             _draw(info, children, stack_of, lines, shown)
     return lines
-
-
-def _tree_parent(info, by_greenlet):
-    for above in (info.spawned_by, info.parent):
-        if above is not None:
-            found = by_greenlet.get(id(above))
-            if found is not None and found.thread_id == info.thread_id:
-                return found
-    return None
 
 
 def _draw(top, children, stack_of, lines, shown) -> None:
@@ -277,6 +271,7 @@ def _greenlet_json(info, stack_of) -> dict:
         "state": info.state,
         "parent": id(info.parent) if info.parent is not None else None,
         "spawned_by": id(info.spawned_by) if info.spawned_by is not None else None,
+        "under": id(info.under) if info.under is not None else None,
         "stack": stack_of[id(info.greenlet)],
         "error": info.error,
         "last_ran": info.last_ran,

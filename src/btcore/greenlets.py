@@ -15,6 +15,7 @@ import greenlet
 
 from ._native import ffi, lib
 from .errors import BacktraceError
+from .threads import current_ident, current_name
 
 
 CURRENT = 0      # capture the calling thread's own stack (address 0 in btc_collect)
@@ -146,9 +147,8 @@ def describe(g) -> str:
     except Exception:   # a subclass's __repr__ must not break a backtrace
         text = object.__repr__(g)
     in_this_thread = _root(g) is _root(greenlet.getcurrent())
-    if in_this_thread:
-        thread = threading.current_thread()
-        where = f"thread {thread.name} (id {thread.ident})"
+    if in_this_thread:   # the OS thread: threading's under monkey-patching names a greenlet
+        where = f"thread {current_name()} (id {current_ident()})"
     else:
         where = "another thread"
     return f"{text}: {_state(g, in_this_thread)}, {where}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import threading
 import time
 
 import greenlet
@@ -22,6 +21,7 @@ from .backtrace import KIND_PYTHON, RECORD, Backtrace, collect
 from .errors import BacktraceError
 from .greenlets import layout_known
 from .switchclock import switched_out_at
+from .threads import current_ident, os_threads
 
 RUNNING = "running"
 SUSPENDED = "suspended"
@@ -45,12 +45,20 @@ class GreenletInfo:
     """One live greenlet, as snapshot() saw it.
 
     greenlet     the greenlet object (the snapshot keeps it alive)
-    thread_id    ident of the thread it belongs to (threading.get_ident()), or None if unknown
-    thread_name  that thread's name, or None
+    thread_id    ident of the OS thread it belongs to (threading's ident before any
+                 monkey-patching: pthread_self(), the same in every dump), or None if unknown
+    thread_name  that thread's name as `threading` knew it before patching ("ThreadPool
+                 worker" for a gevent threadpool thread, "native thread <tid>" for a thread
+                 `threading` never named), or None if the thread is unknown
     state        "running", "suspended" or "not started"
     parent       greenlet's `parent`
-    spawned_by   the greenlet that spawned it (gevent's spawning_greenlet), else None
-    name         gevent name and function ("Greenlet-3 (handler)"), else "<type at 0xADDR>"
+    spawned_by   the greenlet that spawned it (gevent's spawning_greenlet; else, with spawn
+                 tracking on, the greenlet that created it), else None
+    under        the greenlet it is drawn under in the tree: its spawner if alive and in the
+                 same thread, else its parent, but never eventlet's hub (the parent of every
+                 eventlet green thread); None for a top of its thread's tree
+    name         gevent name and function ("Greenlet-3 (handler)"), else "<type at 0xADDR>",
+                 followed by the function it runs when known ("<...GreenThread at 0x..> (handler)")
     backtrace    its merged Backtrace (raw, resolved on demand), or None (see error)
     python_only  True when backtrace holds only the Python frames the interpreter
                  reports (a greenlet running in another thread)
@@ -61,16 +69,16 @@ class GreenletInfo:
     """
 
     __slots__ = ("greenlet", "thread_id", "thread_name", "state", "parent", "spawned_by", "name",
-                 "backtrace", "python_only", "spawn_backtrace", "last_ran", "error")
+                 "backtrace", "python_only", "spawn_backtrace", "last_ran", "error", "under")
 
     def __init__(self, g, state):
         self.greenlet = g
         self.state = state
-        self.thread_id = self.thread_name = None
+        self.thread_id = self.thread_name = self.under = None
         self.parent = _base_parent(g)
         # gevent's attributes, read through the subclass: its code must not fail the snapshot
         self.spawned_by = _optional(_spawner_of, g)
-        self.name = _optional(_gevent_name_of, g) or _plain_name_of(g)
+        self.name = _optional(_gevent_name_of, g) or _plain_name_of(g, _optional(_function_of, g))
         self.backtrace = self.spawn_backtrace = self.last_ran = self.error = None
         self.python_only = False
 
@@ -132,9 +140,13 @@ def _state_of(g, current) -> str:
 
 
 def _spawner_of(g):
-    """The greenlet that spawned g (gevent keeps a weak reference), if known."""
+    """The greenlet that spawned g (gevent keeps a weak reference; else spawn
+    tracking's record of its creator), if known."""
     ref = getattr(type(g), "spawning_greenlet", None) and getattr(g, "spawning_greenlet", None)
-    return ref() if callable(ref) else None
+    if callable(ref):
+        return ref()
+    spawn = sys.modules.get("btcore.spawn")
+    return spawn._spawn_creator(g) if spawn is not None else None
 
 
 def _gevent_name_of(g) -> str | None:
@@ -146,11 +158,38 @@ def _gevent_name_of(g) -> str | None:
     return f"{name} ({function})" if isinstance(function, str) else name
 
 
-def _plain_name_of(g) -> str:
-    """"<module.Type at 0xADDR>", with " main" for a thread's main greenlet."""
+def _plain_name_of(g, function=None) -> str:
+    """"<module.Type at 0xADDR>", with " main" for a thread's main greenlet,
+    then " (function)" when the function it runs is known."""
     kind = type(g)
     main = " main" if _base_parent(g) is None else ""
-    return f"<{kind.__module__}.{kind.__qualname__} at 0x{id(g):x}{main}>"
+    runs = f" ({function})" if function else ""
+    return f"<{kind.__module__}.{kind.__qualname__} at 0x{id(g):x}{main}>{runs}"
+
+
+def _function_of(g) -> str | None:
+    """The function a plain greenlet runs: its `run` until it starts (greenlet
+    drops `run` then), afterwards its outermost Python frame's; for an
+    eventlet GreenThread, the function its `main` was given."""
+    if _base_parent(g) is None:
+        return None   # a thread's main greenlet runs the thread, not a function
+    main = _eventlet_main_code()
+    if not _base_bool(g):
+        run = getattr(g, "run", None)
+        return None if getattr(run, "__code__", None) is main else getattr(run, "__name__", None)
+    frame = sys._getframe() if g is greenlet.getcurrent() else _base_frame(g)
+    if frame is None:
+        return None   # running in another thread: its frames are not g's to read
+    while frame.f_back is not None:
+        frame = frame.f_back
+    if frame.f_code is main:
+        return getattr(frame.f_locals.get("function"), "__name__", None)
+    return frame.f_code.co_name
+
+
+def _eventlet_main_code():
+    greenthread = sys.modules.get("eventlet.greenthread")
+    return getattr(getattr(getattr(greenthread, "GreenThread", None), "main", None), "__code__", None)
 
 
 def _spawn_backtrace_reader():
@@ -163,35 +202,51 @@ def _spawn_backtrace_reader():
     return reader
 
 
-def _threads() -> dict:
-    """thread ident -> name, for every thread the interpreter knows."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    return {ident: names.get(ident) for ident in sys._current_frames()}
+def _threads(greenlets) -> dict:
+    """thread ident -> OSThread, for every thread the interpreter knows."""
+    return {t.ident: t for t in os_threads(greenlets)}
 
 
 def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
     """root (a thread's main greenlet) -> thread ident, where it can be told.
 
     greenlet does not say which thread a greenlet belongs to, only that all
-    greenlets of a parent chain share one.  Known: the calling thread's root;
-    a gevent hub records its thread's ident.  A single root and a single
+    greenlets of a parent chain share one, on that thread's stack.  Known:
+    the calling thread's root; a root whose stack mark lies on exactly one
+    thread's stack (exact, the first rule that applies); a gevent hub
+    records its thread's ident.  A single root and a single
     thread left unmatched belong together.  Anything else stays unknown.
     """
-    found = {current_root: threading.get_ident()}
+    found = {current_root: current_ident()}
     for root, members in roots.items():
-        if root in found:
-            continue
-        for g in members:
-            ident = getattr(g, "thread_ident", None) if _is_hub(g) else None
-            if ident in threads:
+        # A dead root's thread has exited: its stack may be another thread's now.
+        if root not in found and not _base_dead(root):
+            ident = _thread_by_stack(root, threads) or _thread_by_hub(members, threads)
+            if ident is not None:
                 found[root] = ident
-                break
     # A root whose thread has exited since the scan is dead now: not paired.
     left_roots = [r for r in roots if r not in found and not _base_dead(r)]
     left_threads = set(threads) - set(found.values())
     if len(left_roots) == 1 and len(left_threads) == 1:
         found[left_roots[0]] = left_threads.pop()
     return found
+
+
+def _thread_by_stack(root, threads: dict):
+    """The thread whose stack holds root's stack mark, if exactly one does.
+    (A thread that started any other greenlet has suspended its main one.)"""
+    mark = lib.btc_greenlet_stack_mark(id(root))
+    owners = [ident for ident, t in threads.items() if t.owns(mark)] if mark else ()
+    return owners[0] if len(owners) == 1 else None
+
+
+def _thread_by_hub(members, threads: dict):
+    """A gevent hub's record of its thread, if it names a live thread."""
+    for g in members:
+        ident = getattr(g, "thread_ident", None) if _is_hub(g) else None
+        if ident in threads:
+            return ident
+    return None
 
 
 def _is_hub(g) -> bool:
@@ -279,20 +334,82 @@ def snapshot() -> list[GreenletInfo]:
         if state != DEAD:
             infos.append(GreenletInfo(g, state))
             roots.setdefault(_root(g), []).append(g)
-    threads = _threads()
+    try:
+        layout_known()   # stack marks need greenlet's layout (learned once)
+    except BacktraceError:   # being learned on this thread: threads are then told without marks
+        pass
+    threads = _threads([info.greenlet for info in infos])
     thread_of = _thread_of_roots(roots, current_root, threads)
     spawn_backtrace = _spawn_backtrace_reader()
     now = time.monotonic()
     for info in infos:
         info.thread_id = thread_of.get(_root(info.greenlet))
-        info.thread_name = threads.get(info.thread_id)
+        thread = threads.get(info.thread_id)
+        info.thread_name = thread.name if thread is not None else None
         _capture(info, current)
         if spawn_backtrace is not None:
             info.spawn_backtrace = _optional(spawn_backtrace, info.greenlet)
         info.last_ran = _last_ran(info, now)
-    mine = threading.get_ident()
+    mine = current_ident()
     infos.sort(key=lambda info: (info.thread_id != mine, info.thread_id is None, info.thread_id or 0))
+    _place_in_tree(infos)
+    _name_scheduled_green_threads(infos)
     return infos
+
+
+def _place_in_tree(infos) -> None:
+    """Set each info's `under`: its spawner if alive and in its thread, else
+    its parent; never eventlet's hub (the parent of every green thread: the
+    tree would put all of them under it, whoever spawned them)."""
+    by_greenlet = {id(info.greenlet): info for info in infos}
+    hubs = _eventlet_hubs(infos)
+    for info in infos:
+        for above in (info.spawned_by, info.parent):
+            found = by_greenlet.get(id(above)) if above is not None else None
+            if found is not None and found.thread_id == info.thread_id and id(above) not in hubs:
+                info.under = found.greenlet
+                break
+
+
+def _name_scheduled_green_threads(infos) -> None:
+    """An eventlet GreenThread that has not started yet gets its function
+    only at its first switch: until then the function is an argument of the
+    hub's timer that will make that switch (the calling thread's hub; other
+    threads' hubs are not read while they run)."""
+    kind = getattr(sys.modules.get("eventlet.greenthread"), "GreenThread", None)
+    waiting = {id(info.greenlet): info for info in infos
+               if info.state == NOT_STARTED and kind is not None and isinstance(info.greenlet, kind)}
+    hub = getattr(getattr(sys.modules.get("eventlet.hubs"), "_threadlocal", None), "hub", None)
+    if not waiting or hub is None:
+        return
+    for entry in _optional(_eventlet_timers, hub) or ():
+        cb, args = entry
+        info = waiting.get(id(getattr(cb, "__self__", None)))
+        if info is not None and getattr(cb, "__name__", None) == "switch" and args:
+            info.name = _plain_name_of(info.greenlet, getattr(args[0], "__name__", None))
+
+
+def _eventlet_timers(hub) -> list:
+    """(callback, args) of every timer an eventlet hub holds."""
+    timers = []
+    for _, timer in list(hub.timers) + list(hub.next_timers):
+        cb, args, _ = getattr(timer, "tpl", (None, (), None))
+        timers.append((cb, args))
+    return timers
+
+
+def _eventlet_hubs(infos) -> set:
+    """ids of eventlet hubs' greenlets: the parent of every eventlet
+    GreenThread, and the calling thread's hub."""
+    greenthread = sys.modules.get("eventlet.greenthread")
+    kind = getattr(greenthread, "GreenThread", None)
+    if kind is None:
+        return set()
+    hubs = {id(info.parent) for info in infos if isinstance(info.greenlet, kind) and info.parent is not None}
+    hub = getattr(getattr(sys.modules.get("eventlet.hubs"), "_threadlocal", None), "hub", None)
+    if getattr(hub, "greenlet", None) is not None:
+        hubs.add(id(hub.greenlet))
+    return hubs
 
 
 def _last_ran(info, now) -> float | None:

@@ -16,7 +16,6 @@ import shutil
 import signal
 import struct
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +25,7 @@ from elftools.elf.elffile import ELFFile
 from . import debug_offsets, greenlet_offsets, py311_layout
 from ._native import ffi, lib
 from .codec import file_build_id
+from .threads import is_main_thread
 
 _MAX_STACK_COPY = 8 << 20      # bytes of a thread's stack copied, from its sp up
 _MAX_GREENLETS = 1 << 20
@@ -636,7 +636,7 @@ def signals_deferred():
     in this thread alone (pthread_sigmask) is not enough: the handlers are
     replaced for the window by one that only notes the signal.  Off the
     main thread nothing is needed: a handler never runs in this thread."""
-    if threading.current_thread() is not threading.main_thread():
+    if not is_main_thread():   # in any greenlet of it: threading's view is patched under gevent
         yield
         return
     arrived, saved = [], {}

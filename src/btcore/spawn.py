@@ -22,6 +22,9 @@ if lib.btc_spawn_install(id(globals()), id(greenlet.greenlet)) != 0:
 # _spawn_chain(g, limit) (installed above): [(site Backtrace, spawner repr)]
 # of g and its ancestors, newest first, at most limit; None if untracked.
 _spawn_chain = globals()["_spawn_chain"]
+# _spawn_creator(g): the greenlet that created g while tracking was on, or
+# None (untracked, or its creator is gone).
+_spawn_creator = globals()["_spawn_creator"]
 
 
 def enable_spawn_tracking(*, capacity: int = 32, native: bool = True) -> None:

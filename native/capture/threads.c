@@ -1,0 +1,42 @@
+/* The process's OS threads as the interpreter knows them, and which of them
+ * owns a greenlet's stack.
+ *
+ * Under monkey-patching (gevent, eventlet) threading.get_ident() is the
+ * current greenlet's id and threading.enumerate() lists patched or dummy
+ * entries: the thread states and pthread_self() are what stays true.  A
+ * greenlet never changes threads and every greenlet of a thread runs on that
+ * thread's stack, so an address inside a greenlet's stack
+ * (btc_greenlet_stack_mark) names its thread exactly: the thread whose stack
+ * range contains it.  GIL held throughout (the thread list is the
+ * interpreter's: a thread removes its state, with the GIL, before it ends).
+ */
+#include <Python.h>
+#include <pthread.h>
+
+#include "capture/context.h"
+
+uint64_t btc_os_thread_self(void)
+{
+    return (uint64_t)pthread_self();
+}
+
+int btc_os_threads(btc_os_thread *out, int max)
+{
+    PyThreadState *me = PyGILState_GetThisThreadState();
+    if (!me || max < 0)
+        return -1;
+    int n = 0;
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(me->interp); t && n < max; t = PyThreadState_Next(t)) {
+        if (!t->thread_id)
+            continue;   /* a state not bound to a thread yet */
+        btc_os_thread *o = &out[n++];
+        o->ident = t->thread_id;
+        o->native_id = (int64_t)t->native_thread_id;
+        o->stack_lo = o->stack_hi = 0;   /* unknown: that thread is then matched by other means */
+        if (t == me)
+            btc_thread_stack(&o->stack_lo, &o->stack_hi);
+        else
+            btc_pthread_stack((pthread_t)t->thread_id, &o->stack_lo, &o->stack_hi);
+    }
+    return n;
+}
