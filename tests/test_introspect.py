@@ -523,7 +523,7 @@ def test_json_schema():
     stack_ids = {s["id"] for s in doc["stacks"]}
     for s in doc["stacks"]:
         assert set(s) == {"id", "count", "state", "states", "python_only", "error", "frames", "truncated",
-                          "spawn_frames"}
+                          "spawn_frames", "spawn_sites"}
         for f in s["frames"]:
             assert set(f) == {"kind", "function", "file", "line", "module", "ip", "offset", "inlined"}
     for entry in doc["greenlets"]:

@@ -13,14 +13,14 @@ from . import resolve
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from .resolve import F_EXACT, interpreter_module_id, module_key, resolve_python
 from .greenlets import layout_known
-from .introspect import _name_of, snapshot
+from .introspect import _base_dead, _name_of, snapshot
 from .watchdog import _install_stuck_dump, _uninstall_stuck_dump
 
 JSON_VERSION = 1
 _MAX_NAMES = 3        # greenlet names listed in a group's header
 _WIDTH = 80           # columns the dump's own lines keep to
 _MAX_INDENT = 16      # tree levels drawn; deeper ones are shown with their depth
-_MAX_REPR = 60        # a gone creator is named by its repr, cut to this many characters
+_MAX_REPR = 60        # an ended creator is named by its repr, cut to this many characters
 
 
 class _Group:
@@ -97,16 +97,24 @@ class _Site:
     def add(self, chain) -> None:
         self.count += 1
         _, spawner, ref = chain.links[0]
-        creator = ref() if ref is not None else None
-        who = self.creators.get(id(ref) if ref is not None else spawner)
+        identity = id(ref) if ref is not None else spawner
+        who = self.creators.get(identity)
         if who is None:
-            name = _name_of(creator) if creator is not None else _shortened(spawner)
-            who = self.creators[id(ref) if ref is not None else spawner] = [name, 0]
+            who = self.creators[identity] = [_creator_name(ref, spawner), 0]
         who[1] += 1
 
     def creator_counts(self) -> list:
         """[(name, count)], most members first (ties: first seen)."""
         return sorted(self.creators.values(), key=lambda who: -who[1])
+
+
+def _creator_name(ref, spawner: str) -> str:
+    """A live creator as the dump names greenlets; one that has ended (its
+    gevent name no longer says what it ran) by its repr from when it spawned."""
+    creator = ref() if ref is not None else None
+    if creator is not None and not _base_dead(creator):
+        return _name_of(creator)
+    return _shortened(spawner)
 
 
 def _spawn_sites(infos, site_key) -> list:
