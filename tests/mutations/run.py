@@ -165,7 +165,7 @@ MUTATIONS = [
     Mutation("native/capture/capture.c", "    if (!active)\n        return 0;", "    if (!PyObject_IsTrue(g))\n        return 0;",
              "tests/test_greenlets.py::test_greenlet_state_is_greenlets_own_never_bool_or_len",
              "a greenlet's state is decided by bool(g), which subclasses (gevent) override"),
-    Mutation("native/capture/spawn.c", "chain_length((PyObject *)spawner, 2 * site_capacity) < 2 * site_capacity",
+    Mutation("native/capture/spawn.c", "chain_length((PyObject *)spawner, 2 * GENERATIONS) < 2 * GENERATIONS",
              "1", "tests/test_spawn.py::test_ten_thousand_generations_bounded_newest_kept",
              "spawn ancestry grows without bound"),
     Mutation("src/btcore/fold.py", "    if not module or not function:\n        return False, False",
@@ -212,6 +212,24 @@ MUTATIONS = [
              "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
              "a unit with DW_AT_ranges and a base DW_AT_low_pc covers nothing once a miss in .debug_aranges "
              "rebuilt the unit table from the DIEs: every later lookup in it loses file:line"),
+    Mutation("native/btcore_api.h", "#define BTC_SPAWN_DEFAULT_CAPACITY 1024", "#define BTC_SPAWN_DEFAULT_CAPACITY 32",
+             "tests/test_spawn.py::test_deep_three_generations_complete_by_default",
+             "the default spawn capacity is used up by one deep handler's site: every chain truncated (issue 24)"),
+    Mutation("native/capture/spawn.c", "for (int i = 0; links && i < count; i++, n = NODE_PARENT(n)) {",
+             "for (int i = 0; links && i < count; i++) {",
+             "tests/test_spawn.py::test_deep_three_generations_complete_by_default",
+             "a spawn chain is not followed to the creators' records: every generation shows the newest site"),
+    Mutation("native/capture/spawn.c", "        return Py_NewRef(Py_Ellipsis);", "        return Py_NewRef(Py_None);",
+             "tests/test_spawn.py::test_ten_thousand_generations_bounded_newest_kept",
+             "a chain cut back to its newest generations no longer says older ones were dropped"),
+    Mutation("src/btcore/dump.py", "        key = (tuple(site_key(site) for site, _, _ in chain.links), chain.cut)",
+             "        key = ()",
+             "tests/test_spawn.py::test_dump_group_lists_distinct_spawn_sites_with_counts",
+             "a dump group shows one spawn site for members spawned from different places (issue 24)"),
+    Mutation("src/btcore/dump.py", "    if creator is not None and not _base_dead(creator):",
+             "    if creator is not None:",
+             "tests/test_spawn.py::test_dump_group_lists_distinct_spawn_sites_with_counts",
+             "a creator that has ended is named by what gevent says of it now (its function gone), not by its repr"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
