@@ -449,19 +449,27 @@ static void swap_new(PyTypeObject *t, newfunc from, newfunc to)
 }
 
 /* One generation of a chain: (site, spawner repr, the spawner's record: a
- * weak reference to it; None for a copied node). */
+ * weak reference to it; None for a copied node).  The fields are held
+ * before the allocation: it may run finalizers, and with them another
+ * thread's spawns, which may cut n's parent link. */
 static PyObject *link_of(PyObject *n)
 {
     PyObject *up = NODE_PARENT(n);
-    PyObject *creator = up && Py_IS_TYPE(up, &record_type) ? up : Py_None;
-    return PyTuple_Pack(3, NODE_SITE(n), NODE_SPAWNER(n), creator);
+    PyObject *site = Py_NewRef(NODE_SITE(n)), *spawner = Py_NewRef(NODE_SPAWNER(n));
+    PyObject *creator = Py_NewRef(up && Py_IS_TYPE(up, &record_type) ? up : Py_None);
+    PyObject *link = PyTuple_Pack(3, site, spawner, creator);
+    Py_DECREF(site);
+    Py_DECREF(spawner);
+    Py_DECREF(creator);
+    return link;
 }
 
 /* _spawn_chain(g, limit): (links, cut) for g, newest generation first, at
- * most limit links; cut: older generations exist but are not in links
+ * most limit links (and 4 * GENERATIONS: a chain is shorter, but the walk
+ * does not rely on it); cut: older generations exist but are not in links
  * (beyond limit, or dropped by bounded_chain).  None if g is untracked.
- * Bounded by limit whatever the chain (it has no cycle: a parent is older
- * than its child, but the bound does not rely on it). */
+ * The node walked is held: an allocation may let another thread cut the
+ * chain under the walk, which then ends where the chain now does. */
 static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -475,20 +483,22 @@ static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyObject *n = (PyObject *)record_of(args[0]);
     if (!is_node(n))
         Py_RETURN_NONE;
-    int count = chain_length(n, limit < GENERATIONS * 4 ? (int)limit : GENERATIONS * 4);
-    PyObject *links = PyTuple_New(count);
-    for (int i = 0; links && i < count; i++, n = NODE_PARENT(n)) {
+    Py_ssize_t max = limit < GENERATIONS * 4 ? limit : GENERATIONS * 4;
+    PyObject *links = PyList_New(0);
+    Py_INCREF(n);
+    while (links && is_node(n) && PyList_GET_SIZE(links) < max) {
         PyObject *link = link_of(n);
-        if (!link)
+        if (!link || PyList_Append(links, link) < 0)
             Py_CLEAR(links);
-        else
-            PyTuple_SET_ITEM(links, i, link);
+        Py_XDECREF(link);
+        Py_SETREF(n, Py_XNewRef(NODE_PARENT(n)));   /* may be NULL: the end */
     }
-    if (!links)
-        return NULL;
     bool cut = is_node(n) || n == Py_Ellipsis;
-    PyObject *result = PyTuple_Pack(2, links, cut ? Py_True : Py_False);
-    Py_DECREF(links);
+    Py_XDECREF(n);
+    PyObject *tuple = links ? PyList_AsTuple(links) : NULL;
+    Py_XDECREF(links);
+    PyObject *result = tuple ? PyTuple_Pack(2, tuple, cut ? Py_True : Py_False) : NULL;
+    Py_XDECREF(tuple);
     return result;
 }
 
