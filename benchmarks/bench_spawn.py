@@ -36,6 +36,7 @@ Targets (issue 24):
   gunicorn + Flask: spawn + join tracked <= 1.25x untracked
 
 Usage: python benchmarks/bench_spawn.py [--rounds N] [--depth D] [--count N] [--app-depth D]
+                                        [--capacity C] [--gunicorn-only]
 Prints a report; exits 0 whatever the result (this is a report, not a test).
 """
 import argparse
@@ -212,13 +213,14 @@ def descend(depth, then):
 
 @app.route("/bench")
 def bench():
-    rounds, n, depth = (int(request.args[k]) for k in ("rounds", "n", "depth"))
+    rounds, n, depth, capacity = (int(request.args[k]) for k in ("rounds", "n", "depth", "capacity"))
+    on = lambda: btcore.enable_spawn_tracking(capacity=capacity)
     runs = {"off": [], "on": []}
     for r in range(rounds + 1):                     # round 0 warms up and is dropped
         for mode in (("off", "on") if r % 2 else ("on", "off")):
-            (btcore.enable_spawn_tracking if mode == "on" else btcore.disable_spawn_tracking)()
+            (on if mode == "on" else btcore.disable_spawn_tracking)()
             runs[mode].append(descend(depth, lambda: spawn_join(n)))
-    btcore.enable_spawn_tracking()
+    on()
     chains.clear()
     descend(depth, lambda: gevent.spawn(f).join())
     chain = chains["child"]
@@ -246,7 +248,7 @@ def wait_serving(port, proc, timeout=60):
     return False
 
 
-def report_gunicorn(rounds, n, depths):
+def report_gunicorn(rounds, n, depths, capacity):
     try:
         import flask  # noqa: F401
         import gunicorn  # noqa: F401
@@ -265,9 +267,9 @@ def report_gunicorn(rounds, n, depths):
                 print(f"gunicorn + Flask: the server did not start: {proc.stderr.read()[-500:] if proc.poll() else ''}")
                 return
             print(f"gunicorn + Flask (gevent worker): gevent.spawn(f).join() from a request handler, "
-                  f"{rounds} interleaved rounds of {n}:")
+                  f"{rounds} interleaved rounds of {n}, tracking capacity {capacity}:")
             for depth in depths:
-                url = f"http://127.0.0.1:{port}/bench?rounds={rounds}&n={n}&depth={depth}"
+                url = f"http://127.0.0.1:{port}/bench?rounds={rounds}&n={n}&depth={depth}&capacity={capacity}"
                 got = json.loads(urllib.request.urlopen(url, timeout=600).read())
                 ratios = [on / off for on, off in zip(got["on"], got["off"])]
                 where_ = "in the Flask view" if depth == 0 else f"{depth} Python frames below the view"
@@ -289,10 +291,14 @@ def main():
     ap.add_argument("--n", type=int, default=2000, help="greenlets per timed round")
     ap.add_argument("--count", type=int, default=50_000, help="live greenlets for the memory figures")
     ap.add_argument("--app-depth", type=int, default=24, help="a deeper app: Python frames below the Flask view")
+    ap.add_argument("--capacity", type=int, default=btcore.spawn.DEFAULT_CAPACITY,
+                    help="the tracking capacity in the gunicorn + Flask runs (32: the default before issue 24)")
+    ap.add_argument("--gunicorn-only", action="store_true", help="only the gunicorn + Flask runs")
     args = ap.parse_args()
-    report_time(args.rounds, args.depth, args.n)
-    report_memory(args.count)
-    report_gunicorn(args.rounds, args.n, (0, args.app_depth))
+    if not args.gunicorn_only:
+        report_time(args.rounds, args.depth, args.n)
+        report_memory(args.count)
+    report_gunicorn(args.rounds, args.n, (0, args.app_depth), args.capacity)
 
 
 if __name__ == "__main__":
