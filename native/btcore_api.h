@@ -91,18 +91,28 @@ const char *btc_last_error(void);
  * and put the builtins _spawn_chain(g, limit) and _spawn_creator(g) into the module namespace dict at
  * `namespace`.  Once, before the others.  Returns 0 or -1. */
 int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet_type);
+/* Frames of a whole spawn chain's Backtrace by default (every generation):
+ * a gunicorn + Flask handler's chain over three generations fits. */
+#define BTC_SPAWN_DEFAULT_CAPACITY 1024
+/* The most frames one spawn site records (its innermost ones). */
+#define BTC_SPAWN_SITE_FRAMES 256
 /* Hook greenlet creation (greenlet.greenlet's tp_new and that of every
  * subclass still holding it): each greenlet created from now on records its
- * creating stack (at most capacity frames; Python frames, and native ones
- * if native) and its spawner's ancestry.  Also updates the settings when
- * already on.  Returns 0, or -1 for bad arguments / not installed. */
+ * creating stack (at most min(capacity, BTC_SPAWN_SITE_FRAMES) frames;
+ * Python frames, and native ones if native) and a link to its spawner's
+ * record.  Also updates the settings when already on.  Returns 0, or -1
+ * for bad arguments / not installed. */
 int btc_spawn_enable(int capacity, int native);
 /* Stop recording and put the original tp_new back wherever the hook is.
  * Records already made stay with their greenlets. */
 void btc_spawn_disable(void);
 int btc_spawn_enabled(void);
-/* The capacity given to the last btc_spawn_enable() (32 before any). */
+/* The capacity given to the last btc_spawn_enable() (BTC_SPAWN_DEFAULT_CAPACITY
+ * before any). */
 int btc_spawn_capacity(void);
+/* The most generations a chain is read to (older ones are dropped, and a
+ * live greenlet keeps at most twice as many records alive). */
+int btc_spawn_generations(void);
 /* Live records (one per tracked greenlet, and per spawner that was not
  * tracked itself) and interned sites, for tests and benchmarks. */
 void btc_spawn_counts(int64_t *records, int64_t *sites);

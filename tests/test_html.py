@@ -208,6 +208,25 @@ return {name: node.textContent,
     assert 0 <= top <= driver.execute_script("return window.innerHeight")     # scrolled into view
 
 
+def test_expanded_group_lists_its_spawn_site_and_spawners(driver, program):
+    """Guards a group's spawn sites on the page (issue 24): the 4 in_sorted greenlets
+    come from one site, 2 from each spawner (oracle: gevent's own spawning_greenlet)."""
+    _open(driver, program["debug"])
+    stack = _shape_groups(driver)["in_sorted"]["stack"]
+    _expand(driver, stack)
+    shown = driver.execute_script("""
+const card = document.querySelector('#groups .group[data-stack="' + arguments[0] + '"]');
+return {sites: [...card.querySelectorAll('.spawn-site')].map(e => e.textContent),
+        by: [...card.querySelectorAll('.spawn-by')].map(e => e.textContent),
+        frames: card.querySelectorAll('.frames').length,
+        spawners: DOC.greenlets.filter(g => g.stack === arguments[0]).map(g => byId.get(g.spawned_by).name)};
+""", stack)
+    first, second = sorted(set(shown["spawners"]))
+    assert shown["spawners"].count(first) == shown["spawners"].count(second) == 2
+    assert shown["sites"] == ["Spawned at"] and shown["frames"] == 2      # the stack, the site
+    assert shown["by"] in ([f"by 2 greenlets: {first} ×2, {second} ×2"], [f"by 2 greenlets: {second} ×2, {first} ×2"])
+
+
 def test_filter_narrows_groups(driver, program):
     """Guards the filter box: by function, by C function and by greenlet name."""
     _open(driver, program["debug"])

@@ -159,6 +159,31 @@ def test_group_members_have_the_interpreters_frames():
         finish(greenlets)
 
 
+def test_snapshot_takes_the_raw_spawn_chain_and_builds_the_spawn_backtrace_on_use():
+    """Guards GreenletInfo's spawn fields: the snapshot holds each greenlet's
+    raw chain (its interned site, not a copy), the Backtrace is built only
+    when read, and equals spawn_backtrace()'s."""
+    btcore.enable_spawn_tracking()
+    try:
+        gs = [greenlet.greenlet(park_in_a) for _ in range(30)][-3:]   # warm: one native path (3.15)
+        for g in gs:
+            g.switch()
+        infos = mine(btcore.snapshot(), gs)
+    finally:
+        btcore.disable_spawn_tracking()
+    try:
+        assert len(infos) == 3
+        sites = {id(info.spawn_chain.links[0][0]) for info in infos}
+        assert sites == {id(btcore.spawn_chain(gs[0]).links[0][0])}   # one interned site, shared
+        for info in infos:
+            assert info._spawn_backtrace is None                       # nothing built by the snapshot
+            built = info.spawn_backtrace
+            assert built is info.spawn_backtrace                       # built once
+            assert built.format() == btcore.spawn_backtrace(info.greenlet).format()
+    finally:
+        finish(gs)
+
+
 def test_states_come_from_greenlets_own_state_not_bool():
     """Guards the state rule: gevent's __bool__ (true once scheduled) and `dead` overrides are ignored."""
     scheduled = gevent.spawn(gevent.sleep, 0)            # bool() True, not started at greenlet level
@@ -523,7 +548,7 @@ def test_json_schema():
     stack_ids = {s["id"] for s in doc["stacks"]}
     for s in doc["stacks"]:
         assert set(s) == {"id", "count", "state", "states", "python_only", "error", "frames", "truncated",
-                          "spawn_frames"}
+                          "spawn_frames", "spawn_sites"}
         for f in s["frames"]:
             assert set(f) == {"kind", "function", "file", "line", "module", "ip", "offset", "inlined"}
     for entry in doc["greenlets"]:

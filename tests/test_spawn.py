@@ -20,7 +20,7 @@ from greenlet import greenlet as EarlyGreenlet   # imported before tracking is e
 
 import btcore
 from btcore._native import lib
-from btcore.spawn import _counts, _spawn_chain
+from btcore.spawn import GENERATIONS, _counts, _spawn_chain
 
 from conftest import in_interpreter
 from oracles import short
@@ -112,6 +112,135 @@ def test_gevent_three_generations_in_order(tracking):
                    for f in bt.frames()), "btcore's own frames leaked into a spawn site"
 
 
+DEEP = 40   # Python frames of a handler's stack (a gunicorn + Flask one is ~30-40)
+
+
+def descend(depth, then):
+    """`depth` Python frames, every 4th one entered from C (sorted()'s key
+    function): a deep handler's stack of Python and native frames."""
+    if depth == 0:
+        return then()
+    if depth % 4:
+        return descend(depth - 1, then)
+    out = []
+    sorted([0], key=lambda _: out.append(descend(depth - 1, then)))
+    return out[0]
+
+
+def spawn_here(fn, oracle):
+    """gevent.spawn(fn), noting the interpreter's own Python frames here
+    (innermost first, down to this greenlet's first one): the oracle."""
+    names, frame = [], sys._getframe()
+    while frame is not None:
+        names.append(short(frame.f_code.co_qualname))
+        frame = frame.f_back
+    oracle.append(names)
+    return gevent.spawn(fn)
+
+
+def test_deep_three_generations_complete_by_default():
+    """Issue 24: with the default settings, a chain of three generations of
+    real gevent spawns, each made 40 Python frames deep through C, is
+    complete: every Python frame at each spawn point, in order, nothing
+    truncated (capacity 32 kept 32 frames of the newest site only)."""
+    oracle, seen = [], {}
+    gevent.sleep(0)   # earlier tests' greenlets let go by gevent
+    gc.collect()
+    records_before = _counts()[0]
+
+    def grandchild():
+        seen["leaf"] = gevent.getcurrent()
+
+    def child():
+        descend(DEEP, lambda: spawn_here(grandchild, oracle)).join()
+
+    def handler():
+        descend(DEEP, lambda: spawn_here(child, oracle)).join()
+
+    def acceptor():   # created before tracking is on: the chain ends at it
+        btcore.enable_spawn_tracking()
+        try:
+            descend(DEEP, lambda: spawn_here(handler, oracle)).join()
+        finally:
+            btcore.disable_spawn_tracking()
+
+    gevent.spawn(acceptor).join()
+    chain = btcore.spawn_chain(seen["leaf"])
+    assert len(chain.links) == 3 and not chain.cut
+    for site, _, _ in chain.links:
+        assert len(site) > 2 * DEEP and not site.truncated
+    bt = btcore.spawn_backtrace(seen["leaf"])
+    assert not bt.truncated and bt.capacity == btcore.spawn.DEFAULT_CAPACITY
+    got = parts(bt)
+    assert [python_names(frames) for _, frames in got] == oracle[::-1]
+    assert all(sum(f.kind == "native" for f in frames) >= DEEP // 4 for _, frames in got)   # sorted()'s C frames
+    assert got[-1][0].startswith("spawned by <Greenlet at 0x") and "acceptor" in got[-1][0]
+    del seen["leaf"], chain, bt, got
+    gevent.sleep(0)   # gevent lets go of the acceptor in its next loop run
+    gc.collect()
+    assert _counts()[0] == records_before   # every record freed with its greenlet
+
+
+def make_parked(event):
+    return gevent.spawn(event.wait)
+
+
+def spawn_at_one(event):
+    return make_parked(event)
+
+
+def spawn_at_two(event):
+    return make_parked(event)
+
+
+def test_dump_group_lists_distinct_spawn_sites_with_counts(tracking):
+    """Issue 24: greenlets with one stack, spawned from two places by two
+    creators: the group lists both sites, most greenlets first, with counts
+    and the creators' names with counts (text and JSON); a creator that has
+    ended is named by its repr taken when it spawned."""
+    import io
+    import json
+    event, made = gevent.event.Event(), {}
+
+    def creator(key, plan):   # one function: a site is the same whichever creator runs it
+        made[key + "_repr"] = repr(gevent.getcurrent())   # what the hook takes when it first spawns
+        made[key] = [spawn_at(event) for spawn_at in plan]
+        if key != "c":   # c ends before the dump
+            event.wait()
+
+    plans = {"a": [spawn_at_one, spawn_at_one, spawn_at_two], "b": [spawn_at_one] * 3, "c": [spawn_at_two]}
+    a, b, c = [gevent.spawn(creator, key, plan) for key, plan in plans.items()]   # one site for the three
+    gevent.sleep(0)   # the creators run, then the seven they made start and park in event.wait()
+    gevent.sleep(0)
+    try:
+        text, doc = io.StringIO(), io.StringIO()
+        btcore.dump_all(text, tree=False)
+        btcore.dump_all(doc, format="json")
+    finally:
+        event.set()
+        gevent.joinall(made["a"] + made["b"] + made["c"] + [a, b])
+    name_a, name_b = f"{a.name} (creator)", f"{b.name} (creator)"
+    name_c = made["c_repr"] if len(made["c_repr"]) <= 60 else made["c_repr"][:57] + "..."
+    group = next(g for g in text.getvalue().split("\n=== stack ")[1:] if g.split(":")[1].startswith(" 7 greenlets"))
+    lines = group.splitlines()
+    first = lines.index("Spawned at (site 1 of 2, 5 greenlets):")
+    second = lines.index("Spawned at (site 2 of 2, 2 greenlets):")
+    assert lines[first + 1] == f"  by 2 greenlets: {name_b} x3, {name_a} x2"
+    # a tie, in snapshot order; the text keeps to 80 columns ("(+1 more)"), the JSON has both
+    assert lines[second + 1] in (f"  by 2 greenlets: {name_a} (+1 more)", f"  by 2 greenlets: {name_c} (+1 more)")
+    one, two = "\n".join(lines[first:second]), "\n".join(lines[second:])
+    assert ", in spawn_at_one" in one and ", in spawn_at_two" not in one
+    assert ", in spawn_at_two" in two and ", in spawn_at_one" not in two
+    assert sum(line.startswith("Spawned at") for line in lines) == 2
+    stack = next(s for s in json.loads(doc.getvalue())["stacks"] if s["count"] == 7)
+    sites = [(site["count"], sorted((w["name"], w["count"]) for w in site["spawners"]))
+             for site in stack["spawn_sites"]]
+    assert sites == [(5, sorted([(name_b, 3), (name_a, 2)])), (2, sorted([(name_a, 1), (name_c, 1)]))]
+    assert [short(f["function"]) for f in stack["spawn_sites"][1]["frames"] if f["kind"] == "python"][:2] == [
+        "make_parked", "spawn_at_two"]
+    assert stack["spawn_frames"] == stack["spawn_sites"][0]["frames"]
+
+
 def test_site_created_in_a_c_callback_has_the_c_frames(chain, chain_symbols, tracking):
     """A greenlet created inside a C extension's callback: its spawn site
     holds the extension's frames, address for address as glibc's backtrace()
@@ -145,10 +274,10 @@ class Numbered(greenlet.greenlet):
 
 
 def test_ten_thousand_generations_bounded_newest_kept():
-    """Each generation creates the next and dies: the leaf keeps the newest
-    generations, and what it keeps alive stays bounded."""
-    capacity = 8
-    btcore.enable_spawn_tracking(capacity=capacity, native=False)
+    """Each generation creates the next and dies: with the default settings
+    the leaf keeps the newest GENERATIONS generations, says older ones were
+    dropped, and what it keeps alive stays bounded."""
+    btcore.enable_spawn_tracking(native=False)
     try:
         main = greenlet.getcurrent()
 
@@ -160,15 +289,24 @@ def test_ten_thousand_generations_bounded_newest_kept():
         g = Numbered(step)
         g.n = 0
         records_before = _counts()[0]
-        for _ in range(10_000):
-            g = g.switch(g.n)     # g runs, creates its successor and dies
+        for n in range(10_000):
+            spawner, g = g, g.switch(g.n)     # g runs, creates its successor and dies
+            # the spawner is n + 1 generations below main: all of them, or the newest kept
+            chain = btcore.spawn_chain(spawner)
+            assert (len(chain.links), chain.cut) == (min(n + 1, GENERATIONS), n + 1 > GENERATIONS), n
+        del spawner
         leaf = g
-        assert len(_spawn_chain(leaf, 1 << 30)) <= 2 * capacity   # generations kept alive
+        assert len(_spawn_chain(leaf, 1 << 30)[0]) <= 2 * GENERATIONS   # generations kept alive
         assert _counts()[0] - records_before <= 2   # the leaf's (and main's) record, not 10 000
         bt = btcore.spawn_backtrace(leaf)
-        assert len(bt) == capacity and bt.truncated
+        assert len(bt) == GENERATIONS and bt.truncated   # one Python frame per site
         headers = [h for h, _ in parts(bt)]
-        assert headers == [f"spawned by <gen {9_999 - i}> at:" for i in range(capacity)]
+        expected = [f"spawned by <gen {9_999 - i}> at:" for i in range(GENERATIONS)]
+        expected[-1] = expected[-1][:-1] + f" (older generations not kept: {GENERATIONS} at most):"
+        assert headers == expected
+        # a capacity smaller than the chain keeps the newest frames
+        small = btcore.chain_backtrace(btcore.spawn_chain(leaf), capacity=8)
+        assert len(small) == 8 and small.truncated and [h for h, _ in parts(small)] == headers[:8]
     finally:
         btcore.disable_spawn_tracking()
 
@@ -316,8 +454,8 @@ def test_a_site_dies_with_its_last_greenlet(tracking):
     # interpreter specialises the call after a few runs: 3.15 does): the
     # same line then gives two sites.  Once warm, one.
     gs = make()[-20:]
-    site = _spawn_chain(gs[0], 1)[0][0]
-    assert all(_spawn_chain(g, 1)[0][0] is site for g in gs)   # interned: one site
+    site = btcore.spawn_chain(gs[0]).links[0][0]
+    assert all(btcore.spawn_chain(g).links[0][0] is site for g in gs)   # interned: one site
     ref = weakref.ref(site)
     del site, gs
     for _ in range(16):                                  # push it out of the reuse ring

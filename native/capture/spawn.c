@@ -18,12 +18,15 @@
  * through the greenlet's weakref list), held by a live list and dropped by
  * the weakref's callback when the greenlet dies.  The record is also the
  * greenlet's ancestry node: (its site, its spawner's repr, its spawner's
- * node), so descendants share their ancestors' records, never copies.  A
- * live chain is bounded: when a spawner's chain reaches 2 * capacity
- * generations, its parent link is replaced by a copy of its newest
- * capacity - 1 ancestors (tuples of the same three fields), so older nodes
- * can be freed (amortised: one copied node per generation).  Records,
- * nodes and sites are ordinary objects: what nobody references is freed.
+ * record), so descendants share their ancestors' records, never copies:
+ * the chain over generations is followed when it is read, each site stored
+ * once (copying ancestors' frames into each child is what truncated them).
+ * A live chain is bounded in generations, not frames: when a spawner's
+ * chain reaches 2 * GENERATIONS, its parent link is replaced by a copy of
+ * its newest GENERATIONS - 1 ancestors (tuples (site, spawner repr, parent))
+ * ending in Ellipsis (older ones dropped), so older nodes can be freed
+ * (amortised: one copied node per generation).  Records, nodes and sites
+ * are ordinary objects: what nobody references is freed.
  *
  * Concurrency: everything runs with the GIL held, there is no lock (nothing
  * to reset after fork).  The hook may run Python code (the spawner's repr,
@@ -41,7 +44,7 @@
 static PyTypeObject *greenlet_type;
 static newfunc original_new;
 static bool enabled;
-static int site_capacity = 32;
+static int capacity = BTC_SPAWN_DEFAULT_CAPACITY;   /* frames of a whole chain's Backtrace */
 static int site_want = BTC_WANT_PYTHON | BTC_WANT_NATIVE;
 static __thread bool in_hook;   /* greenlets created by the hook's own work are not tracked */
 
@@ -51,7 +54,9 @@ typedef struct record {
     PyWeakReference ref;        /* to the greenlet; the callback unlinks the record */
     PyObject *site;             /* where the greenlet was created; NULL: an untracked spawner */
     PyObject *spawner;          /* the repr of the greenlet that created it */
-    PyObject *parent;           /* the spawner's node (record or tuple), NULL if untracked */
+    PyObject *parent;           /* the spawner's node: its record (a site-less one if the spawner
+                                 * was not tracked: it holds the spawner's repr and a weak
+                                 * reference to it) or a tuple copy; NULL: none */
     PyObject *name;             /* this greenlet's repr, taken when it first spawns; NULL before */
     PyObject *creator;          /* the spawner's record (a weakref to it), while this greenlet lives:
                                  * dropped at its death, so records never chain through it */
@@ -286,7 +291,7 @@ static PyObject *intern_site(const btc_raw_capture *c, PyObject **codes)
     PyObject *site = find_site(c, hash);
     if (site)
         return Py_NewRef(site);
-    PyObject *fresh = btc_backtrace_from_site(c, codes, site_capacity);
+    PyObject *fresh = btc_backtrace_from_site(c, codes, c->max);
     PyObject *args = fresh ? PyTuple_Pack(2, fresh, site_died) : NULL;
     site_ref *ref = args ? (site_ref *)_PyWeakref_RefType.tp_new(&site_ref_type, args, NULL) : NULL;
     Py_XDECREF(args);
@@ -307,28 +312,42 @@ static PyObject *intern_site(const btc_raw_capture *c, PyObject **codes)
     return fresh;
 }
 
-/* ---- ancestry nodes: a record, or a tuple (site, spawner repr, parent or None) ---- */
+/* ---- ancestry nodes ----
+ *
+ * A node is a record with a site, or a tuple (site, spawner repr, parent)
+ * copied by bounded_chain().  A parent is a node, a site-less record (the
+ * untracked spawner: the chain ends there), NULL or None (the chain ends)
+ * or Ellipsis (it ends because older generations were dropped). */
 
-static PyObject *node_field(PyObject *node, int i)
+#define GENERATIONS 64
+
+static bool is_node(PyObject *n)
 {
-    if (!Py_IS_TYPE(node, &record_type)) {
-        PyObject *v = PyTuple_GET_ITEM(node, i);
-        return v == Py_None ? NULL : v;
-    }
-    record *r = (record *)node;
+    return n && (PyTuple_CheckExact(n) || (Py_IS_TYPE(n, &record_type) && ((record *)n)->site));
+}
+
+/* Field i (0 site, 1 spawner repr, 2 parent) of node n, borrowed. */
+static PyObject *node_field(PyObject *n, int i)
+{
+    if (PyTuple_CheckExact(n))
+        return PyTuple_GET_ITEM(n, i);
+    record *r = (record *)n;
     return i == 0 ? r->site : i == 1 ? r->spawner : r->parent;
 }
 
 #define NODE_SITE(n) node_field(n, 0)
 #define NODE_SPAWNER(n) node_field(n, 1)
-#define NODE_PARENT(n) node_field(n, 2)
+#define NODE_PARENT(n) node_field(n, 2)   /* may be NULL */
 
-/* The newest `keep` nodes of chain (NULL: none), copied as tuples (a new
- * reference; None when nothing is kept). */
+/* The newest `keep` nodes of chain, copied as tuples (a new reference):
+ * None or the site-less record where the chain ends, Ellipsis where older
+ * nodes are left out. */
 static PyObject *copy_newest(PyObject *chain, int keep)
 {
-    if (!chain || keep == 0)
-        return Py_NewRef(Py_None);
+    if (!is_node(chain))
+        return Py_NewRef(chain ? chain : Py_None);   /* an end (a site-less record holds no chain) */
+    if (keep == 0)
+        return Py_NewRef(Py_Ellipsis);
     PyObject *rest = copy_newest(NODE_PARENT(chain), keep - 1);
     PyObject *copy = rest ? PyTuple_Pack(3, NODE_SITE(chain), NODE_SPAWNER(chain), rest) : NULL;
     Py_XDECREF(rest);
@@ -338,25 +357,23 @@ static PyObject *copy_newest(PyObject *chain, int keep)
 static int chain_length(PyObject *chain, int stop_at)
 {
     int n = 0;
-    for (; chain && n < stop_at; chain = NODE_PARENT(chain))
+    for (; is_node(chain) && n < stop_at; chain = NODE_PARENT(chain))
         n++;
     return n;
 }
 
-/* The spawner's chain, its parent link cut back to its newest capacity - 1
- * ancestors once the chain reaches 2 * capacity: a live greenlet keeps at
- * most 2 * capacity nodes.  Its children already made see the same cut:
- * still capacity generations, all spawn_backtrace() can show. */
+/* The spawner's chain, its parent link cut back to its newest
+ * GENERATIONS - 1 ancestors once the chain reaches 2 * GENERATIONS: a live
+ * greenlet keeps at most 2 * GENERATIONS nodes.  Its children already made
+ * see the same cut: still the GENERATIONS generations a chain is read to. */
 static bool bounded_chain(record *spawner)
 {
-    if (!spawner->site || chain_length((PyObject *)spawner, 2 * site_capacity) < 2 * site_capacity)
+    if (chain_length((PyObject *)spawner, 2 * GENERATIONS) < 2 * GENERATIONS)
         return true;
-    PyObject *cut = copy_newest(spawner->parent, site_capacity - 1);
+    PyObject *cut = copy_newest(spawner->parent, GENERATIONS - 1);
     if (!cut)
         return false;
-    Py_SETREF(spawner->parent, cut == Py_None ? NULL : cut);
-    if (cut == Py_None)
-        Py_DECREF(cut);
+    Py_SETREF(spawner->parent, cut);
     return true;
 }
 
@@ -378,14 +395,12 @@ static record *spawner_record(PyObject *current)
 
 /* ---- the hook ---- */
 
-#define MAX_SITE_FRAMES 256
-
 static void track(PyObject *g, const btc_regs *regs)
 {
-    btc_frame frames[MAX_SITE_FRAMES];
-    PyObject *codes[MAX_SITE_FRAMES];
+    btc_frame frames[BTC_SPAWN_SITE_FRAMES];
+    PyObject *codes[BTC_SPAWN_SITE_FRAMES];
     btc_raw_capture c = {.frames = frames,
-                         .max = site_capacity < MAX_SITE_FRAMES ? site_capacity : MAX_SITE_FRAMES};
+                         .max = capacity < BTC_SPAWN_SITE_FRAMES ? capacity : BTC_SPAWN_SITE_FRAMES};
     PyObject *current = btc_current_greenlet();
     record *spawner = current ? spawner_record(current) : NULL;
     record *r = NULL;
@@ -393,9 +408,11 @@ static void track(PyObject *g, const btc_regs *regs)
         Py_INCREF(spawner);
     if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want, regs) == 0 &&
         (r = new_record(g))) {
-        r->site = intern_site(&c, codes);   /* NULL on failure: an untracked greenlet */
         r->spawner = Py_NewRef(spawner->name);
-        r->parent = spawner->site ? Py_NewRef((PyObject *)spawner) : NULL;
+        /* NULL on failure: an untracked greenlet, and then no parent (a
+         * site-less record ends every chain, holding none). */
+        if ((r->site = intern_site(&c, codes)))
+            r->parent = Py_NewRef((PyObject *)spawner);
         r->creator = Py_NewRef((PyObject *)spawner);
     }
     Py_XDECREF(r);   /* the live list holds it */
@@ -437,29 +454,58 @@ static void swap_new(PyTypeObject *t, newfunc from, newfunc to)
     PyErr_Clear();
 }
 
-/* _spawn_chain(g, limit): [(site, spawner repr)] of g and its ancestors,
- * newest first, at most limit generations; None if g is untracked. */
+/* One generation of a chain: (site, spawner repr, the spawner's record: a
+ * weak reference to it; None for a copied node).  The fields are held
+ * before the allocation: it may run finalizers, and with them another
+ * thread's spawns, which may cut n's parent link. */
+static PyObject *link_of(PyObject *n)
+{
+    PyObject *up = NODE_PARENT(n);
+    PyObject *site = Py_NewRef(NODE_SITE(n)), *spawner = Py_NewRef(NODE_SPAWNER(n));
+    PyObject *creator = Py_NewRef(up && Py_IS_TYPE(up, &record_type) ? up : Py_None);
+    PyObject *link = PyTuple_Pack(3, site, spawner, creator);
+    Py_DECREF(site);
+    Py_DECREF(spawner);
+    Py_DECREF(creator);
+    return link;
+}
+
+/* _spawn_chain(g, limit): (links, cut) for g, newest generation first, at
+ * most limit links (and 4 * GENERATIONS: a chain is shorter, but the walk
+ * does not rely on it); cut: older generations exist but are not in links
+ * (beyond limit, or dropped by bounded_chain).  None if g is untracked.
+ * The node walked is held: an allocation may let another thread cut the
+ * chain under the walk, which then ends where the chain now does. */
 static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     long limit = nargs == 2 ? PyLong_AsLong(args[1]) : -1;
     if (nargs != 2 || limit < 0 || !PyObject_TypeCheck(args[0], greenlet_type)) {
         if (!PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "spawn_backtrace() needs a greenlet, not %s",
+            PyErr_Format(PyExc_TypeError, "spawn_chain() needs a greenlet, not %s",
                          nargs ? Py_TYPE(args[0])->tp_name : "nothing");
         return NULL;
     }
-    record *r = record_of(args[0]);
-    if (!r || !r->site)
+    PyObject *n = (PyObject *)record_of(args[0]);
+    if (!is_node(n))
         Py_RETURN_NONE;
-    PyObject *chain = PyList_New(0);
-    for (PyObject *n = (PyObject *)r; chain && n && limit-- > 0; n = NODE_PARENT(n)) {
-        PyObject *pair = PyTuple_Pack(2, NODE_SITE(n), NODE_SPAWNER(n));
-        if (!pair || PyList_Append(chain, pair) < 0)
-            Py_CLEAR(chain);
-        Py_XDECREF(pair);
+    Py_ssize_t max = limit < GENERATIONS * 4 ? limit : GENERATIONS * 4;
+    PyObject *links = PyList_New(0);
+    Py_INCREF(n);
+    while (links && is_node(n) && PyList_GET_SIZE(links) < max) {
+        PyObject *link = link_of(n);
+        if (!link || PyList_Append(links, link) < 0)
+            Py_CLEAR(links);
+        Py_XDECREF(link);
+        Py_SETREF(n, Py_XNewRef(NODE_PARENT(n)));   /* may be NULL: the end */
     }
-    return chain;
+    bool cut = is_node(n) || n == Py_Ellipsis;
+    Py_XDECREF(n);
+    PyObject *tuple = links ? PyList_AsTuple(links) : NULL;
+    Py_XDECREF(links);
+    PyObject *result = tuple ? PyTuple_Pack(2, tuple, cut ? Py_True : Py_False) : NULL;
+    Py_XDECREF(tuple);
+    return result;
 }
 
 /* _spawn_creator(g): the greenlet that created g while tracking was on, or
@@ -479,7 +525,8 @@ static PyMethodDef spawn_creator_def = {
     "_spawn_creator(g): the greenlet that created g while tracking was on, or None."};
 static PyMethodDef spawn_chain_def = {
     "_spawn_chain", (PyCFunction)(void (*)(void))spawn_chain, METH_FASTCALL,
-    "_spawn_chain(g, limit): [(site, spawner repr)] newest first, or None if g is untracked."};
+    "_spawn_chain(g, limit): ((site, spawner repr, spawner record), ...) newest first and whether "
+    "older generations were left out; None if g is untracked."};
 static PyMethodDef record_died_def = {"_spawn_record_died", on_record_died, METH_O, NULL};
 static PyMethodDef site_died_def = {"_spawn_site_died", on_site_died, METH_O, NULL};
 
@@ -517,12 +564,12 @@ int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
     return rc;
 }
 
-int btc_spawn_enable(int capacity, int native)
+int btc_spawn_enable(int frames, int native)
 {
-    if (!greenlet_type || capacity < 1 || capacity > BTC_MAX_CAPACITY)
+    if (!greenlet_type || frames < 1 || frames > BTC_MAX_CAPACITY)
         return -1;
     PyGILState_STATE gil = PyGILState_Ensure();
-    site_capacity = capacity;
+    capacity = frames;
     site_want = BTC_WANT_PYTHON | (native ? BTC_WANT_NATIVE : 0);
     swap_new(greenlet_type, original_new, tracked_new);
     enabled = true;
@@ -542,7 +589,9 @@ void btc_spawn_disable(void)
 
 int btc_spawn_enabled(void) { return enabled; }
 
-int btc_spawn_capacity(void) { return site_capacity; }
+int btc_spawn_capacity(void) { return capacity; }
+
+int btc_spawn_generations(void) { return GENERATIONS; }
 
 void btc_spawn_counts(int64_t *records, int64_t *sites)
 {

@@ -13,22 +13,24 @@ from . import resolve
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from .resolve import F_EXACT, interpreter_module_id, module_key, resolve_python
 from .greenlets import layout_known
-from .introspect import snapshot
+from .introspect import _base_dead, _name_of, snapshot
 from .watchdog import _install_stuck_dump, _uninstall_stuck_dump
 
 JSON_VERSION = 1
 _MAX_NAMES = 3        # greenlet names listed in a group's header
 _WIDTH = 80           # columns the dump's own lines keep to
 _MAX_INDENT = 16      # tree levels drawn; deeper ones are shown with their depth
+_MAX_REPR = 60        # an ended creator is named by its repr, cut to this many characters
 
 
 class _Group:
-    """Greenlets with identical stacks (and spawn sites): shown once, with a count."""
+    """Greenlets with identical stacks: shown once, with a count, and with
+    each distinct spawn chain of its members (`sites`, most members first)."""
 
-    __slots__ = ("number", "infos", "states")
+    __slots__ = ("number", "infos", "states", "sites")
 
     def __init__(self, number):
-        self.number, self.infos, self.states = number, [], Counter()
+        self.number, self.infos, self.states, self.sites = number, [], Counter(), []
 
     def add(self, info) -> None:
         self.infos.append(info)
@@ -70,16 +72,78 @@ def _group(infos, group: bool) -> list:
     groups = {}
     interpreter, memo = interpreter_module_id(), {}
     for info in infos:
-        key = ((_stack_key(info.backtrace, interpreter, memo), info.python_only, info.error,
-                _stack_key(info.spawn_backtrace, interpreter, memo))
+        key = ((_stack_key(info.backtrace, interpreter, memo), info.python_only, info.error)
                if group else id(info))
         if key not in groups:
             groups[key] = _Group(len(groups))
         groups[key].add(info)
     ordered = sorted(groups.values(), key=lambda g: (-len(g.infos), g.number))
+    site_keys = {}
     for number, g in enumerate(ordered, 1):
         g.number = number
+        g.sites = _spawn_sites(g.infos, lambda site: _site_key(site, site_keys, interpreter, memo))
     return ordered
+
+
+class _Site:
+    """Members of a group spawned through one chain of sites: how many, the
+    first of them (whose chain is shown) and their creators."""
+
+    __slots__ = ("first", "count", "creators")
+
+    def __init__(self, first):
+        self.first, self.count, self.creators = first, 0, {}   # creator identity -> [name, count]
+
+    def add(self, chain) -> None:
+        self.count += 1
+        _, spawner, ref = chain.links[0]
+        identity = id(ref) if ref is not None else spawner
+        who = self.creators.get(identity)
+        if who is None:
+            who = self.creators[identity] = [_creator_name(ref, spawner), 0]
+        who[1] += 1
+
+    def creator_counts(self) -> list:
+        """[(name, count)], most members first (ties: first seen)."""
+        return sorted(self.creators.values(), key=lambda who: -who[1])
+
+
+def _creator_name(ref, spawner: str) -> str:
+    """A live creator as the dump names greenlets; one that has ended (its
+    gevent name no longer says what it ran) by its repr from when it spawned."""
+    creator = ref() if ref is not None else None
+    if creator is not None and not _base_dead(creator):
+        return _name_of(creator)
+    return _shortened(spawner)
+
+
+def _spawn_sites(infos, site_key) -> list:
+    """The distinct spawn chains of infos (keyed site by site, as stacks are
+    keyed: see _stack_key), most members first (ties: first seen); members
+    with no chain (created while tracking was off) are in none."""
+    sites = {}
+    for info in infos:
+        chain = info.spawn_chain
+        if chain is None:
+            continue
+        key = (tuple(site_key(site) for site, _, _ in chain.links), chain.cut)
+        if key not in sites:
+            sites[key] = _Site(info)
+        sites[key].add(chain)
+    return sorted(sites.values(), key=lambda site: -site.count)
+
+
+def _site_key(site, site_keys: dict, interpreter: int, memo: dict):
+    """_stack_key of an interned site, once per site object (the chains of a
+    dump share their sites; a snapshot keeps them alive, so ids are stable)."""
+    key = site_keys.get(id(site))
+    if key is None:
+        key = site_keys[id(site)] = _stack_key(site, interpreter, memo)
+    return key
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR - 3] + "..."
 
 
 def _stack_text(bt) -> str:
@@ -143,10 +207,24 @@ def _group_text(group: _Group, grouped: bool, stack_text) -> str:
         parts.append(f"  no stack: {first.error}")
     if first.backtrace is not None:
         parts.append(stack_text(first.backtrace))
-    if first.spawn_backtrace is not None:
-        parts.append("Spawned at:")
-        parts.append(stack_text(first.spawn_backtrace))
+    parts.extend(_spawn_text(group, stack_text))
     return "\n".join(parts)
+
+
+def _spawn_text(group: _Group, stack_text) -> list:
+    """Each distinct spawn chain of the group: its count (when there are
+    several), its creators with counts, the chain of its first member."""
+    lines, sites = [], group.sites
+    for k, site in enumerate(sites, 1):
+        lines.append(f"Spawned at (site {k} of {len(sites)}, {_greenlets(site.count)}):" if len(sites) > 1
+                     else "Spawned at:")
+        names = [f"{name} x{n}" if n > 1 else name for name, n in site.creator_counts()]
+        lines.append(_fitting(f"  by {len(names)} greenlets: " if len(names) > 1 else "  by ", names, len(names)))
+        lines.append(stack_text(site.first.spawn_backtrace))
+    unrecorded = len(group.infos) - sum(site.count for site in sites)
+    if sites and unrecorded:
+        lines.append(f"  (and {_greenlets(unrecorded)} with no spawn site: created while tracking was off)")
+    return lines
 
 
 def _tree_lines(infos, stack_of: dict) -> list:
@@ -247,7 +325,7 @@ def _json_doc(infos, group: bool, frames_json=_frames_json) -> dict:
 
 def _stack_json(group: _Group, frames_json) -> dict:
     first = group.first
-    bt, spawn = first.backtrace, first.spawn_backtrace
+    bt, sites = first.backtrace, [_site_json(site, frames_json) for site in group.sites]
     return {
         "id": group.number,
         "count": len(group.infos),
@@ -257,8 +335,16 @@ def _stack_json(group: _Group, frames_json) -> dict:
         "error": first.error,
         "frames": frames_json(bt) if bt is not None else [],
         "truncated": bt.truncated if bt is not None else False,
-        "spawn_frames": frames_json(spawn) if spawn is not None else None,
+        "spawn_frames": sites[0]["frames"] if sites else None,
+        "spawn_sites": sites,
     }
+
+
+def _site_json(site: _Site, frames_json) -> dict:
+    spawn = site.first.spawn_backtrace
+    return {"count": site.count,
+            "spawners": [{"name": name, "count": n} for name, n in site.creator_counts()],
+            "frames": frames_json(spawn), "truncated": spawn.truncated}
 
 
 def _greenlet_json(info, stack_of) -> dict:

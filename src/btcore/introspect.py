@@ -62,14 +62,18 @@ class GreenletInfo:
     backtrace    its merged Backtrace (raw, resolved on demand), or None (see error)
     python_only  True when backtrace holds only the Python frames the interpreter
                  reports (a greenlet running in another thread)
-    spawn_backtrace  where it was spawned, when spawn tracking is on, else None
+    spawn_chain  its raw spawn chain (btcore.SpawnChain: interned sites, creators),
+                 when spawn tracking is on and it was tracked, else None
+    spawn_backtrace  where it was spawned (btcore.chain_backtrace of spawn_chain),
+                 built on first use, or None
     last_ran     seconds since it last ran (0.0 while running), when switch timing
                  (enable_switch_timing) saw it switch out; else None
     error        None, or why there is no backtrace ("<gone>", an error message)
     """
 
     __slots__ = ("greenlet", "thread_id", "thread_name", "state", "parent", "spawned_by", "name",
-                 "backtrace", "python_only", "spawn_backtrace", "last_ran", "error", "under")
+                 "backtrace", "python_only", "spawn_chain", "_spawn_backtrace", "last_ran", "error",
+                 "under")
 
     def __init__(self, g, state):
         self.greenlet = g
@@ -78,9 +82,17 @@ class GreenletInfo:
         self.parent = _base_parent(g)
         # gevent's attributes, read through the subclass: its code must not fail the snapshot
         self.spawned_by = _optional(_spawner_of, g)
-        self.name = _optional(_gevent_name_of, g) or _plain_name_of(g, _optional(_function_of, g))
-        self.backtrace = self.spawn_backtrace = self.last_ran = self.error = None
+        self.name = _name_of(g)
+        self.backtrace = self.spawn_chain = self._spawn_backtrace = self.last_ran = self.error = None
         self.python_only = False
+
+    @property
+    def spawn_backtrace(self):
+        # Built on first use: the snapshot itself only takes the chain (cheap).
+        if self._spawn_backtrace is None and self.spawn_chain is not None:
+            from .spawn import chain_backtrace
+            self._spawn_backtrace = chain_backtrace(self.spawn_chain)
+        return self._spawn_backtrace
 
     def __repr__(self) -> str:
         return f"<GreenletInfo {self.name} {self.state} thread={self.thread_name}>"
@@ -158,6 +170,12 @@ def _gevent_name_of(g) -> str | None:
     return f"{name} ({function})" if isinstance(function, str) else name
 
 
+def _name_of(g) -> str:
+    """What a dump calls g: gevent's name and function, else its type and
+    address and the function it runs."""
+    return _optional(_gevent_name_of, g) or _plain_name_of(g, _optional(_function_of, g))
+
+
 def _plain_name_of(g, function=None) -> str:
     """"<module.Type at 0xADDR>", with " main" for a thread's main greenlet,
     then " (function)" when the function it runs is known."""
@@ -192,10 +210,10 @@ def _eventlet_main_code():
     return getattr(getattr(getattr(greenthread, "GreenThread", None), "main", None), "__code__", None)
 
 
-def _spawn_backtrace_reader():
-    """btcore.spawn_backtrace when spawn ancestry is available and on, else None."""
+def _spawn_chain_reader():
+    """btcore.spawn_chain when spawn ancestry is available and on, else None."""
     import btcore
-    reader = getattr(btcore, "spawn_backtrace", None)
+    reader = getattr(btcore, "spawn_chain", None)
     enabled = getattr(btcore, "spawn_tracking_enabled", None)
     if reader is None or (enabled is not None and not enabled()):
         return None
@@ -340,15 +358,15 @@ def snapshot() -> list[GreenletInfo]:
         pass
     threads = _threads([info.greenlet for info in infos])
     thread_of = _thread_of_roots(roots, current_root, threads)
-    spawn_backtrace = _spawn_backtrace_reader()
+    spawn_chain = _spawn_chain_reader()
     now = time.monotonic()
     for info in infos:
         info.thread_id = thread_of.get(_root(info.greenlet))
         thread = threads.get(info.thread_id)
         info.thread_name = thread.name if thread is not None else None
         _capture(info, current)
-        if spawn_backtrace is not None:
-            info.spawn_backtrace = _optional(spawn_backtrace, info.greenlet)
+        if spawn_chain is not None:
+            info.spawn_chain = _optional(spawn_chain, info.greenlet)
         info.last_ran = _last_ran(info, now)
     mine = current_ident()
     infos.sort(key=lambda info: (info.thread_id != mine, info.thread_id is None, info.thread_id or 0))

@@ -2,12 +2,16 @@
 all generations back, bounded.
 
 enable_spawn_tracking() hooks greenlet creation in the native core
-(native/spawn.c): each greenlet created afterwards records the raw frames of
-the stack that created it (no names: those are looked up only when somebody
-asks) and a reference to its spawner's ancestry.  spawn_backtrace(g) joins
-them into a Backtrace, newest generation first.
+(native/capture/spawn.c): each greenlet created afterwards records the raw
+frames of the stack that created it (no names: those are looked up only
+when somebody asks), interned, and a link to its spawner's record.  The
+chain over generations is followed when it is read: spawn_chain(g) is the
+cheap raw chain (site handles, no frames copied), chain_backtrace() joins a
+chain into a Backtrace, newest generation first; spawn_backtrace(g) does both.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import greenlet
 
@@ -19,21 +23,41 @@ from .greenlets import layout_known
 if lib.btc_spawn_install(id(globals()), id(greenlet.greenlet)) != 0:
     raise ImportError("btcore: cannot install spawn tracking")
 
-# _spawn_chain(g, limit) (installed above): [(site Backtrace, spawner repr)]
-# of g and its ancestors, newest first, at most limit; None if untracked.
+# _spawn_chain(g, limit) (installed above): (links, cut), links newest first,
+# at most limit, each (site Backtrace, spawner repr, spawner's weak reference
+# or None); cut: older generations were left out.  None if g is untracked.
 _spawn_chain = globals()["_spawn_chain"]
 # _spawn_creator(g): the greenlet that created g while tracking was on, or
 # None (untracked, or its creator is gone).
 _spawn_creator = globals()["_spawn_creator"]
 
+DEFAULT_CAPACITY = lib.BTC_SPAWN_DEFAULT_CAPACITY   # frames of a whole chain's Backtrace
+SITE_FRAMES = lib.BTC_SPAWN_SITE_FRAMES             # the most frames one site records
+GENERATIONS = lib.btc_spawn_generations()           # the most generations a chain is read to
 
-def enable_spawn_tracking(*, capacity: int = 32, native: bool = True) -> None:
+
+class SpawnChain(NamedTuple):
+    """Where a greenlet was created, and its creator, and so on: raw and cheap
+    (no frame copied, nothing resolved).
+
+    links  ((site, spawner, creator), ...), newest generation first, at most
+           GENERATIONS: site is the interned raw Backtrace of the creating
+           stack (one object for every greenlet created there), spawner the
+           creator's repr taken when it first created a greenlet, creator a
+           weak reference to the creating greenlet (None when not kept)
+    cut    older generations existed and are not in links
+    """
+    links: tuple
+    cut: bool
+
+
+def enable_spawn_tracking(*, capacity: int = DEFAULT_CAPACITY, native: bool = True) -> None:
     """Record the spawn site of every greenlet created from now on.
 
-    capacity: the most frames a spawn_backtrace() holds (and a single spawn
-    site captures).  native: record native frames too, not only Python ones.
-    Calling it again while on changes the settings for greenlets created
-    afterwards.
+    capacity: the most frames a spawn_backtrace() holds, all generations
+    together (a single spawn site records at most min(capacity, SITE_FRAMES)).
+    native: record native frames too, not only Python ones.  Calling it
+    again while on changes the settings for greenlets created afterwards.
     """
     _check_capacity(capacity)
     if type(native) is not bool:
@@ -57,22 +81,41 @@ def spawn_tracking_enabled() -> bool:
     return bool(lib.btc_spawn_enabled())
 
 
-def spawn_backtrace(g) -> Backtrace | None:
-    """Where greenlet g was created, then where its creator was, and so on:
-    a Backtrace of the tracking capacity, newest generation first, each
-    generation a join headed "spawned by <spawner> at:".  None if g was not
-    created while tracking was on."""
-    capacity = lib.btc_spawn_capacity()
-    chain = _spawn_chain(g, capacity + 1)   # each site holds >= 1 frame, or adds nothing
-    if chain is None:
-        return None
+def spawn_chain(g) -> SpawnChain | None:
+    """g's spawn chain (see SpawnChain), or None if g was not created while
+    tracking was on.  Costs a tuple per generation: cheap enough to take for
+    every greenlet of a snapshot."""
+    chain = _spawn_chain(g, GENERATIONS)
+    return None if chain is None else SpawnChain(*chain)
+
+
+def chain_backtrace(chain: SpawnChain, capacity: int | None = None) -> Backtrace:
+    """A chain's sites joined into one Backtrace of `capacity` frames (default:
+    the tracking capacity), newest generation first, each generation a join
+    headed "spawned by <spawner> at:".  Truncated when the capacity or the
+    generation bound is reached (the oldest generation's header says so),
+    or when a site recorded only its innermost SITE_FRAMES (its header says so)."""
+    capacity = lib.btc_spawn_capacity() if capacity is None else _check_capacity(capacity)
     bt = Backtrace(capacity)
-    for site, spawner in chain:
+    links = chain.links
+    for i, (site, spawner, _) in enumerate(links):
         if len(bt) == capacity:
             bt.truncated = True   # older generations dropped
             break
-        append_labelled(bt, site, f"spawned by {spawner} at:")
+        notes = ["its outer frames not recorded"] if site.truncated else []
+        if chain.cut and i == len(links) - 1:
+            bt.truncated = True
+            notes.append(f"older generations not kept: {GENERATIONS} at most")
+        append_labelled(bt, site, f"spawned by {spawner} at{' (' + '; '.join(notes) + ')' if notes else ''}:")
     return bt
+
+
+def spawn_backtrace(g) -> Backtrace | None:
+    """Where greenlet g was created, then where its creator was, and so on:
+    chain_backtrace(spawn_chain(g)).  None if g was not created while
+    tracking was on."""
+    chain = spawn_chain(g)
+    return None if chain is None else chain_backtrace(chain)
 
 
 def _counts() -> tuple[int, int]:
