@@ -109,7 +109,7 @@ class _Renders:
             job.set_exception(error)
             raise
         finally:
-            del self._jobs[fmt]
+            self._jobs.pop(fmt)
         return job.get()
 
 
