@@ -215,6 +215,8 @@ def serve(host: str = LOOPBACK, port: int = 0, *, token: str | bool = True, allo
         token = secrets.token_urlsafe(18)
     if token is not False and not (isinstance(token, str) and token):
         raise ValueError("token must be True, False or a non-empty string")
+    if max_connections < 1 or not timeout > 0:
+        raise ValueError("max_connections must be at least 1 and timeout above 0")
     return Server(runtime, host, port, token or None, allowed_hosts, max_connections, timeout)
 
 
