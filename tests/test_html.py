@@ -295,6 +295,7 @@ def test_wsgi_endpoint_while_the_program_serves_its_own_traffic(driver, program)
         _open(driver, program["debug"])
         with urllib.request.urlopen(program["debug"] + "&format=json", timeout=TIMEOUT) as r:
             assert r.headers["Content-Type"] == "application/json"
+            assert r.headers["Referrer-Policy"] == "no-referrer"     # the URL holds the token
             doc = json.load(r)
         with urllib.request.urlopen(program["debug"] + "&format=text", timeout=TIMEOUT) as r:
             text = r.read().decode()

@@ -44,9 +44,11 @@ _CONTENT_TYPES = {
     "json": "application/json",
     "text": "text/plain; charset=utf-8",
 }
-# Sent with every response: never cached, never sniffed, no fetch from the page.
+# Sent with every response: never cached, never sniffed, no fetch from the page,
+# and no Referer carrying serve()'s token anywhere.
 _HEADERS = [
     ("Cache-Control", "no-store"),
+    ("Referrer-Policy", "no-referrer"),
     ("X-Content-Type-Options", "nosniff"),
     ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"),
 ]
@@ -314,10 +316,9 @@ class Server:
         self._connections.add(conn)
         try:
             self._runtime.spawn(self._handle, conn)
-        except BaseException:
+        except Exception:      # no thread to be had (RuntimeError, MemoryError): refuse, keep accepting
             self._connections.discard(conn)
             _refuse(conn)
-            raise
 
     def _handle(self, conn):
         # Nothing may escape: gevent would print it to the program's stderr.
