@@ -268,7 +268,7 @@ def test_the_loop_ticks_while_the_page_is_rendered(start, mode):
     target = start(mode, "--greenlets", "3000")
     status, body = _exchange(target.port, _head(target))
     assert status == 200
-    (before, after, in_main_thread), = target.ask("pages")
+    (before, after, in_main_thread, _, _), = target.ask("pages")
     gaps = target.ask("ticks")["gaps"]
     print(f"{mode}: {after - before} ticks during the render; the ticker's largest gaps (s): "
           f"{[round(gap, 4) for gap in gaps[:5]]}")
