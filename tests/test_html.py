@@ -86,7 +86,8 @@ def _open(driver, url):
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
-    """The running program: {"debug": url, "own": url, "html": written page, "proc": Popen}."""
+    """The running program: {"debug": url (with serve()'s token, so more parameters go after "&"),
+    "own": url, "html": written page, "proc": Popen}."""
     out = tmp_path_factory.mktemp("html_program")
     page = out / "written.html"
     proc = subprocess.Popen([sys.executable, "-P", PROGRAM, str(page)], stdout=subprocess.PIPE, text=True)
@@ -94,7 +95,8 @@ def program(tmp_path_factory):
         ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
         assert ready, "the program did not start serving"
         addresses = json.loads(proc.stdout.readline())
-        yield {"debug": "http://%s:%d/" % tuple(addresses["debug"]), "own": "http://%s:%d/" % tuple(addresses["own"]),
+        assert addresses["debug_url"].startswith("http://%s:%d/?token=" % tuple(addresses["debug"]))
+        yield {"debug": addresses["debug_url"], "own": "http://%s:%d/" % tuple(addresses["own"]),
                "debug_host": addresses["debug"][0], "html": str(page), "proc": proc}
         urllib.request.urlopen(f"http://127.0.0.1:{addresses['own'][1]}/quit", timeout=TIMEOUT).read()
         assert proc.wait(timeout=TIMEOUT) == 0
@@ -297,8 +299,10 @@ def test_wsgi_endpoint_while_the_program_serves_its_own_traffic(driver, program)
     assert program["debug_host"] == "127.0.0.1"
     answers, stop = [], threading.Event()
 
-    def own_traffic():     # bounded: at most 500 requests
-        for _ in range(500):
+    # bounded, and more than a browser's page load takes: the debug view no longer holds the
+    # program's loop, so 500 requests could all be served before the page was up
+    def own_traffic():
+        for _ in range(50_000):
             if stop.is_set():
                 return
             with urllib.request.urlopen(program["own"], timeout=TIMEOUT) as r:
@@ -308,10 +312,11 @@ def test_wsgi_endpoint_while_the_program_serves_its_own_traffic(driver, program)
     traffic.start()
     try:
         _open(driver, program["debug"])
-        with urllib.request.urlopen(program["debug"] + "?format=json", timeout=TIMEOUT) as r:
+        with urllib.request.urlopen(program["debug"] + "&format=json", timeout=TIMEOUT) as r:
             assert r.headers["Content-Type"] == "application/json"
+            assert r.headers["Referrer-Policy"] == "no-referrer"     # the URL holds the token
             doc = json.load(r)
-        with urllib.request.urlopen(program["debug"] + "?format=text", timeout=TIMEOUT) as r:
+        with urllib.request.urlopen(program["debug"] + "&format=text", timeout=TIMEOUT) as r:
             text = r.read().decode()
         served_meanwhile = len(answers)
         deadline = time.monotonic() + TIMEOUT     # and it still serves afterwards
@@ -329,7 +334,7 @@ def test_wsgi_endpoint_while_the_program_serves_its_own_traffic(driver, program)
     assert text.startswith("Greenlet dump, pid ") and "=== stack 1: 4 greenlets, suspended ===" in text
     assert served_meanwhile > 0 and all(answer == (200, b"hello") for answer in answers)
     with pytest.raises(urllib.error.HTTPError) as bad:
-        urllib.request.urlopen(program["debug"] + "?format=xml", timeout=TIMEOUT)
+        urllib.request.urlopen(program["debug"] + "&format=xml", timeout=TIMEOUT)
     assert bad.value.code == 400
 
 
@@ -400,9 +405,10 @@ def test_serve_without_gevent_uses_a_thread(tmp_path):
 import sys, urllib.request, btcore.web
 server = btcore.web.serve()
 assert server.address[0] == "127.0.0.1" and "gevent" not in sys.modules
-text = urllib.request.urlopen("http://127.0.0.1:%d/?format=text" % server.address[1], timeout=60).read().decode()
+assert server.url.startswith("http://127.0.0.1:%d/?token=" % server.address[1])
+text = urllib.request.urlopen(server.url + "&format=text", timeout=60).read().decode()
 assert text.startswith("Greenlet dump"), text
-page = urllib.request.urlopen("http://127.0.0.1:%d/" % server.address[1], timeout=60).read().decode()
+page = urllib.request.urlopen(server.url, timeout=60).read().decode()
 assert 'id="btcore-data"' in page
 server.stop()
 """

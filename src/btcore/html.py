@@ -24,7 +24,7 @@ from .introspect import _is_hub, snapshot
 
 _DATA_MARK = "{{BTCORE_DATA}}"
 # JSON's own escapes for the characters that could end or confuse the script element
-_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+_SCRIPT_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
 
 
 def page(infos=None) -> str:
@@ -33,7 +33,12 @@ def page(infos=None) -> str:
         infos = snapshot()
     doc = _as_rows(_json_doc(infos, True, _page_frames_json))
     doc["hubs"] = [id(info.greenlet) for info in infos if _is_hub(info.greenlet)]
-    data = json.dumps(doc, separators=(",", ":")).translate(_SCRIPT_SAFE)
+    data = json.dumps(doc, separators=(",", ":"))
+    # str.replace, not str.translate with a dict: translate took 76 ms on a 1.5 MB
+    # document, all of it in one C call holding the GIL (a render in a worker
+    # thread must leave the event loop's thread its turns); replace takes ~1 ms.
+    for char, escape in _SCRIPT_SAFE:
+        data = data.replace(char, escape)
     return _template().replace(_DATA_MARK, data, 1)
 
 
