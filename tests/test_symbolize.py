@@ -17,7 +17,6 @@ import os
 import random
 import re
 import shutil
-import struct
 import subprocess
 
 import pytest
@@ -269,10 +268,8 @@ def test_libpython_eval_loop_inline_chains_match_addr2line(interpreter):
     assert_agrees(interpreter, addrs)
 
 
-def test_real_trace_in_libpython_matches_addr2line(interpreter):
-    """Return addresses of a live stack (glibc backtrace), minus one: in a
-    stripped module most of them lie in static functions, which addr2line
-    and btcore both name by the nearest preceding .dynsym function."""
+def bench_resolve():
+    """benchmarks/bench_resolve.py as a module (its trace and address finders)."""
     import importlib.util
     import sys
     benchmarks = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
@@ -283,7 +280,14 @@ def test_real_trace_in_libpython_matches_addr2line(interpreter):
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove(benchmarks)
-    addrs = [int(a, 16) for a in bench.trace_addresses(6)]
+    return bench
+
+
+def test_real_trace_in_libpython_matches_addr2line(interpreter):
+    """Return addresses of a live stack (glibc backtrace), minus one: in a
+    stripped module most of them lie in static functions, which addr2line
+    and btcore both name by the nearest preceding .dynsym function."""
+    addrs = [int(a, 16) for a in bench_resolve().trace_addresses(6)]
     assert len(addrs) >= 30
     assert_agrees(interpreter, addrs)
 
@@ -340,68 +344,18 @@ def test_unit_with_ranges_found_after_a_miss(tmp_path, clean_cache, dwarf):
     assert_agrees(so, all_addresses(so, {"outer"}))
 
 
-def libc_and_debug_file():
-    """The loaded libc and its separate debug file (skip without libc6-dbg)."""
-    import ctypes.util
-    with open("/proc/self/maps") as maps:
-        libc = next(line.split()[-1] for line in maps if "/libc.so" in line or "/libc-" in line)
-    with open(libc, "rb") as f:
-        note = next(ELFFile(f).get_section_by_name(".note.gnu.build-id").iter_notes())["n_desc"]
-    debug = f"/usr/lib/debug/.build-id/{note[:2]}/{note[2:]}.debug"
-    if not os.path.exists(debug):
-        pytest.skip("no separate debug file for libc here (libc6-dbg)")
-    return libc, debug
-
-
-def aranges_units(data):
-    """The .debug_info offsets .debug_aranges has a set for, empty sets too
-    (pyelftools lists only entries): set headers of 32-bit DWARF."""
-    listed, at = set(), 0
-    while at + 10 <= len(data):
-        length, _version, offset = struct.unpack_from("<IHI", data, at)
-        listed.add(offset)
-        at += 4 + length
-    return listed
-
-
-def symbolless_address(libc, debug):
-    """An address in libc's .text that no function symbol (libc's or its
-    debug file's) and no .debug_aranges range covers: padding between
-    functions, as pyelftools reads both files."""
-    covered = []
-    for path in (libc, debug):
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            for name in (".symtab", ".dynsym"):
-                table = elf.get_section_by_name(name)
-                if table is not None and hasattr(table, "iter_symbols"):
-                    covered += [(s["st_value"], s["st_value"] + max(s["st_size"], 1)) for s in table.iter_symbols()
-                                if s["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and s["st_value"]]
-            if path == debug:
-                aranges = elf.get_dwarf_info().get_aranges()
-                covered += [(e.begin_addr, e.begin_addr + e.length) for e in aranges.entries]
-                units = {cu.cu_offset for cu in elf.get_dwarf_info().iter_CUs()}
-                listed = aranges_units(elf.get_section_by_name(".debug_aranges").data())
-            else:
-                text = elf.get_section_by_name(".text")
-                lo, hi = text["sh_addr"], text["sh_addr"] + text["sh_size"]
-    covered.sort()
-    end = lo
-    for a, b in covered:
-        if a > end + 1 and lo <= end:
-            return end + 1, len(units - listed)
-        end = max(end, b)
-    pytest.skip("no uncovered address in libc's .text")
-
-
 def test_first_symbolless_libc_address_reads_no_unit(clean_cache):
     """Guards: the first libc address that no symbol and no .debug_aranges
     range covers (it cost 1-4.5 s in a fresh process: every one of the debug
     file's 2,063 compressed units was read for its top DIE) reads only the
     units the table does not list (none in libc's); no DWARF covers it (nor
     addr2line's); a covered address then reads its one unit."""
-    libc, debug = libc_and_debug_file()
-    address, unlisted = symbolless_address(libc, debug)
+    bench = bench_resolve()
+    files = bench.libc_files()
+    found = bench.symbolless_address(*files) if files else None
+    if found is None:
+        pytest.skip("no separate debug file for libc here (libc6-dbg), or no symbol-less address in it")
+    (libc, debug), (address, unlisted) = files, found
     assert resolve(libc, address) == []
     assert [line for _, _, line in addr2line(libc, [address])[address]] == [0]   # no line program row either
     assert lib.btc_symbolize_units_read(libc.encode()) == unlisted

@@ -164,6 +164,26 @@ def test_a_file_swapped_after_decode_is_not_read(files):
     assert [f.function for f in good.frames()] == ["codec_leaf"]
 
 
+def test_names_are_read_through_the_descriptor_checked(files, monkeypatch):
+    """Guards: the frames' names come from the very file whose build-id was
+    checked (its descriptor), not from the path opened again: the link is
+    swapped to another build right after the check, and the names are still
+    the right file's."""
+    link = os.path.join(files["dir"], "link.so")
+    point(link, files["good"])
+    decoded = btcore.decode(token_with_module(link, files["build_id"], files["vaddr"]))
+    checked = codec._fd_build_id
+
+    def check_then_swap(fd):
+        found = checked(fd)
+        point(link, files["wrong"])
+        return found
+
+    monkeypatch.setattr(codec, "_fd_build_id", check_then_swap)
+    [frame] = decoded.frames()
+    assert (frame.function, os.path.basename(frame.file)) == ("codec_leaf", "codec_lib.c")
+
+
 RACE = r"""
 import sys
 import btcore

@@ -212,6 +212,27 @@ MUTATIONS = [
              "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
              "a unit with DW_AT_ranges and a base DW_AT_low_pc covers nothing once a miss in .debug_aranges "
              "rebuilt the unit table from the DIEs: every later lookup in it loses file:line"),
+    Mutation("native/symbols/elf.c", "        if (S_ISREG(st.st_mode))", "        if (1)",
+             "tests/test_token_files.py::test_a_fifo_named_in_a_token_is_never_opened",
+             "a FIFO (or a device) named in a token is opened through /proc/self/fd: its blocked writer wakes up"),
+    Mutation("native/symbols/elf.c", "    int at = open(path, O_PATH | O_CLOEXEC);",
+             "    int at = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);",
+             "tests/test_token_files.py::test_a_fifo_named_in_a_token_is_never_opened",
+             "a path is opened to be checked: a FIFO's writer wakes up, a device's driver runs"),
+    Mutation("native/symbols/elf.c", "    int fd = btc_open_regular(path, NULL);", "    int fd = open(path, O_RDONLY | O_CLOEXEC);",
+             "tests/test_token_files.py::test_a_fifo_as_the_debug_link_target_is_never_opened",
+             "the native reader opens the files it finds itself (debug links) blocking: a FIFO there hangs decode"),
+    Mutation("src/btcore/codec.py", '        if (_fd_build_id(fd) or b"")[:len(want)] != want:', "        if False:",
+             "tests/test_token_files.py::test_a_file_swapped_after_decode_is_not_read",
+             "a token's file swapped for another build after decode() names the frames from that build"),
+    Mutation("src/btcore/codec.py", "        symbol, start = file_symbol(module.path, lookup, fd)",
+             "        symbol, start = file_symbol(module.path, lookup); fd = -1",
+             "tests/test_token_files.py::test_names_are_read_through_the_descriptor_checked",
+             "names are read from the path opened again, not from the file whose build-id was checked"),
+    Mutation("native/symbols/dwarf_units.c", "        if (u->in_aranges || !dwarf_prepare_unit(d, u) ||",
+             "        if (!dwarf_prepare_unit(d, u) ||",
+             "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
+             "a miss in .debug_aranges reads every unit's DIEs (libc's first symbol-less address: seconds)"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
