@@ -13,6 +13,7 @@ other functions where the right one's are (padding_fn_*), so a name read
 from it shows.
 """
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -182,6 +183,41 @@ def test_names_are_read_through_the_descriptor_checked(files, monkeypatch):
     monkeypatch.setattr(codec, "_fd_build_id", check_then_swap)
     [frame] = decoded.frames()
     assert (frame.function, os.path.basename(frame.file)) == ("codec_leaf", "codec_lib.c")
+
+
+TARGET = r"""
+import ctypes, sys, time
+ctypes.CDLL(sys.argv[1])
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def can_bind_mount():
+    """Whether this process may make a mount namespace (root; not in every container)."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def test_a_dumped_process_whose_library_became_a_fifo(files):
+    """Guards the outside dump: a path in the target's maps (a library it
+    loaded, which a FIFO now covers, bind-mounted over it in the dumper's
+    mount namespace) is not opened: the dump finishes, the FIFO's writer
+    stays blocked."""
+    if not shutil.which("unshare") or not can_bind_mount():
+        pytest.skip("no mount namespace here (unshare -m needs root)")
+    target = subprocess.Popen([sys.executable, "-c", TARGET, files["good"]], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline() == "ready\n"
+        writer = BlockedWriter(files["fifo"])
+        dumper = f"mount --bind {files['fifo']} {files['good']} && exec {sys.executable} -c " \
+                 f"'import btcore; btcore.dump_process({target.pid})'"
+        dump = subprocess.run(["unshare", "-m", "sh", "-c", dumper], capture_output=True, text=True, timeout=TIMEOUT)
+        assert writer.still_blocked(), "the dumper opened the FIFO"
+        assert dump.returncode == 0 and "sleep" in dump.stdout, dump.stderr[-4000:]
+    finally:
+        target.kill()
+        target.wait()
 
 
 RACE = r"""

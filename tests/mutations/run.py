@@ -233,6 +233,10 @@ MUTATIONS = [
              "        if (!dwarf_prepare_unit(d, u) ||",
              "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
              "a miss in .debug_aranges reads every unit's DIEs (libc's first symbol-less address: seconds)"),
+    Mutation("native/remote/rmodules.c", "    int fd = btc_open_regular(path, NULL);   /* the target's maps name it: never a FIFO or a device */",
+             "    int fd = open(path, O_RDONLY | O_CLOEXEC);",
+             "tests/test_token_files.py::test_a_dumped_process_whose_library_became_a_fifo",
+             "the outside dump opens a path of the target's maps blocking: a FIFO there hangs the dumper"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
