@@ -220,6 +220,23 @@ def test_a_dumped_process_whose_library_became_a_fifo(files):
         target.wait()
 
 
+def test_without_proc_regular_files_are_still_read_and_fifos_refused(files):
+    """Guards the fallback where /proc is not mounted (no /proc/self/fd to
+    reopen through): the library is still named, opened by its path again
+    and kept because it is the object checked; a FIFO is still refused
+    before any open (its writer stays blocked)."""
+    if not shutil.which("unshare") or not can_bind_mount():
+        pytest.skip("no mount namespace here (unshare -m needs root)")
+    writer = BlockedWriter(files["fifo"])
+    tokens = [token_with_module(path, files["build_id"], files["vaddr"]) for path in (files["good"], files["fifo"])]
+    decoder = f"mount -t tmpfs none /proc && exec {sys.executable} -m btcore decode"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", decoder], input="\n".join(tokens) + "\n",
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert writer.still_blocked(), "the FIFO was opened"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "codec_leaf" in proc.stdout and "not a regular file: a FIFO" in proc.stdout, proc.stdout
+
+
 RACE = r"""
 import sys
 import btcore
