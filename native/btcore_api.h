@@ -227,7 +227,8 @@ int btc_symbolize_fd(int fd, const char *path, uintptr_t vaddr, btc_srcframe *ou
                      char *buf, size_t size);
 
 /* A descriptor open for reading (O_CLOEXEC) on the regular file path names
- * (symlinks followed), or -1 with errno set (EINVAL: not a regular file).
+ * (symlinks followed), or -1 with errno set (EINVAL: not a regular file;
+ * ENOEXEC: smaller than an ELF header, like procfs files, which say 0).
  * Nothing else is ever opened: path is resolved with O_PATH, the object is
  * checked with fstat() on that descriptor, and a regular file is opened
  * through it (/proc/self/fd/N), never through path again.  *mode (may be

@@ -133,6 +133,20 @@ def test_device_nodes_in_tokens_are_rejected_clearly(device):
         in out, out
 
 
+@pytest.mark.parametrize("path", ["/proc/self/status", "/proc/kmsg", "empty"])
+def test_files_smaller_than_an_elf_header_are_not_read(tmp_path, path):
+    """Guards: a regular file smaller than an ELF header is refused before
+    it is opened: procfs says size 0 for files whose reads have side effects
+    (/proc/kmsg consumes the kernel's messages)."""
+    if path == "empty":
+        path = str(tmp_path / "empty.so")
+        open(path, "w").close()
+    elif not os.path.exists(path):
+        pytest.skip(f"no {path} here")
+    out = decode_in_child(token_with_module(path))
+    assert "cannot be read here (not an ELF file: smaller than its header)" in out, out
+
+
 def test_a_symlink_to_another_build_is_a_mismatch(files):
     """Guards: the build-id is checked on the file the path reaches, not on
     the name: a symlink to another build is reported, its names unused."""

@@ -633,7 +633,10 @@ fail:
  * names the object already checked, not the path, so a swap after the
  * check changes nothing.  Symlinks are followed (libraries are named
  * through them: libstdc++.so.6 -> libstdc++.so.6.0.30): what is checked is
- * the object reached, and every caller checks its build-id after. */
+ * the object reached, and every caller checks its build-id after.  A file
+ * smaller than an ELF header is not opened either: procfs reports size 0
+ * for files whose reads have side effects (/proc/kmsg consumes messages,
+ * tracefs' trace_pipe consumes events). */
 
 /* A read descriptor on the object `at` (O_PATH) refers to, whose fstat()
  * is st; -1 if it cannot be had. */
@@ -669,10 +672,12 @@ int btc_open_regular(const char *path, uint32_t *mode)
     if (fstat(at, &st) == 0) {
         if (mode)
             *mode = (uint32_t)st.st_mode;
-        if (S_ISREG(st.st_mode))
-            fd = reopen_checked(at, path, &st);
-        else
+        if (!S_ISREG(st.st_mode))
             errno = EINVAL;
+        else if (st.st_size < (off_t)sizeof(Elf64_Ehdr))   /* procfs files say 0: /proc/kmsg's reads consume */
+            errno = ENOEXEC;
+        else
+            fd = reopen_checked(at, path, &st);
     }
     int saved = errno;
     close(at);

@@ -6,6 +6,7 @@ seen, and kept: a second resolution of the same address reads no ELF data.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -126,8 +127,9 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
 def open_regular(path: str) -> int:
     """A read descriptor (the caller closes it) on the regular file path
     names; OSError for anything else, which is never opened: a FIFO's
-    writer stays blocked, a device's driver is not called
-    (btc_open_regular: O_PATH, fstat, then a reopen of that very object)."""
+    writer stays blocked, a device's driver is not called, a procfs file
+    (size 0: smaller than an ELF header) is not read (btc_open_regular:
+    O_PATH, fstat, then a reopen of that very object)."""
     if "\0" in path:
         raise OSError(0, "a NUL character in the path", path)
     mode = ffi.new("uint32_t *")
@@ -135,6 +137,8 @@ def open_regular(path: str) -> int:
     if fd >= 0:
         return fd
     err = ffi.errno
+    if err == errno.ENOEXEC:
+        raise OSError(err, "not an ELF file: smaller than its header", path)
     if mode[0] and not stat.S_ISREG(mode[0]):
         kind = next((name for test, name in _KINDS if test(mode[0])), "a special file")
         raise OSError(err, f"not a regular file: {kind}", path)

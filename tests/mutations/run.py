@@ -240,6 +240,9 @@ MUTATIONS = [
     Mutation("native/symbols/elf.c", "    if (fd < 0 && errno == ENOENT)", "    if (0)",
              "tests/test_token_files.py::test_without_proc_regular_files_are_still_read_and_fifos_refused",
              "without /proc mounted no file can be read: every frame loses its name"),
+    Mutation("native/symbols/elf.c", "        else if (st.st_size < (off_t)sizeof(Elf64_Ehdr))", "        else if (0)",
+             "tests/test_token_files.py::test_files_smaller_than_an_elf_header_are_not_read",
+             "a procfs file named in a token is opened and read (/proc/kmsg: a kernel message consumed)"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
