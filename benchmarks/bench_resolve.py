@@ -24,6 +24,20 @@ every frame resolved cold: RSS (VmRSS) before and after the resolution,
 the time it took, and what the DWARF caches hold (their bound:
 BTC_SYMBOLIZE_DEFAULT_BUDGET).  Target: <= 8 MiB RSS added.
 
+The first libc address without a symbol (issue 25 item 7): an address in
+libc's .text that no symbol and no .debug_aranges range covers (padding
+between functions), resolved cold in a fresh process, with libc's separate
+debug file installed (libc6-dbg).  A miss in .debug_aranges used to read the
+top DIE of every compile unit of the debug file (2,063 compressed units):
+in-process, ~1,250 ms here idle and ~2,140 ms at load 6.5 on 2 cores
+before the fix (4.5 s reported), every later address 0 ms; after it, 26 ms
+idle and ~41 ms at that load, 0 units read (the file's open, its symbol
+tables and the walk of the unit headers remain; addr2line, whole process:
+~78 ms at that load).  Printed: the in-process cold lookup, the units it read, and
+whole processes (python start + import + lookup) against
+`addr2line -f -i -C` on the same address.  Target: the in-process lookup
+<= 100 ms.
+
 Runs against the installed btcore (pip install .), from any directory; needs
 binutils.  Usage: python benchmarks/bench_resolve.py [--rounds N]
 """
@@ -31,7 +45,9 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -215,6 +231,99 @@ def warm_frames_ns(depth=30, total=10_000):
     return best, calls * per_call
 
 
+def libc_files():
+    """(the loaded libc, its separate debug file found by build-id), or None
+    without one (Debian: libc6-dbg)."""
+    from elftools.elf.elffile import ELFFile
+    with open("/proc/self/maps") as maps:
+        libc = next(line.split()[-1] for line in maps if re.search(r"/libc[.-][^/]*$", line.strip()))
+    with open(libc, "rb") as f:
+        build_id = next(ELFFile(f).get_section_by_name(".note.gnu.build-id").iter_notes())["n_desc"]
+    debug = f"/usr/lib/debug/.build-id/{build_id[:2]}/{build_id[2:]}.debug"
+    return (libc, debug) if os.path.exists(debug) else None
+
+
+def aranges_units(data):
+    """The .debug_info offsets .debug_aranges has a set for, empty sets too
+    (pyelftools lists only entries): set headers of 32-bit DWARF."""
+    listed, at = set(), 0
+    while at + 10 <= len(data):
+        length, _version, offset = struct.unpack_from("<IHI", data, at)
+        listed.add(offset)
+        at += 4 + length
+    return listed
+
+
+def _covered_ranges(elf, with_aranges):
+    """[lo, hi) of every function symbol (and .debug_aranges range)."""
+    covered = []
+    for name in (".symtab", ".dynsym"):
+        table = elf.get_section_by_name(name)
+        if table is not None and hasattr(table, "iter_symbols"):
+            covered += [(s["st_value"], s["st_value"] + max(s["st_size"], 1)) for s in table.iter_symbols()
+                        if s["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and s["st_value"]]
+    if with_aranges:
+        covered += [(e.begin_addr, e.begin_addr + e.length) for e in elf.get_dwarf_info().get_aranges().entries]
+    return covered
+
+
+def symbolless_address(libc, debug):
+    """(an address of libc's .text that no function symbol of libc or its
+    debug file and no .debug_aranges range covers, how many units
+    .debug_aranges does not list), as pyelftools reads the files; None if
+    there is no such address."""
+    from elftools.elf.elffile import ELFFile
+    with open(libc, "rb") as f:
+        elf = ELFFile(f)
+        text = elf.get_section_by_name(".text")
+        lo, hi = text["sh_addr"], text["sh_addr"] + text["sh_size"]
+        covered = _covered_ranges(elf, False)
+    with open(debug, "rb") as f:
+        elf = ELFFile(f)
+        covered += _covered_ranges(elf, True)
+        units = {cu.cu_offset for cu in elf.get_dwarf_info().iter_CUs()}
+        unlisted = len(units - aranges_units(elf.get_section_by_name(".debug_aranges").data()))
+    end = lo
+    for a, b in sorted(covered):
+        if a > end + 1 and lo <= end < hi:
+            return end + 1, unlisted
+        end = max(end, b)
+    return None
+
+
+COLD_LIBC = r"""
+import json, sys, time
+from btcore._native import ffi, lib
+out, buf = ffi.new("btc_srcframe[64]"), ffi.new("char[65536]")
+t0 = time.perf_counter()
+n = lib.btc_symbolize_file(sys.argv[1].encode(), int(sys.argv[2], 16), out, 64, buf, len(buf))
+print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3, "levels": n,
+                  "units_read": lib.btc_symbolize_units_read(sys.argv[1].encode())}))
+"""
+
+
+def cold_libc_report(rounds):
+    """Lines on the first symbol-less libc address in a fresh process."""
+    files = libc_files()
+    found = symbolless_address(*files) if files else None
+    if found is None:
+        return ["first symbol-less libc address: NOT RUN (no libc debug file, or no such address)"]
+    (libc, _), (address, _) = files, found
+    inside = [json.loads(subprocess.run([sys.executable, "-P", "-c", COLD_LIBC, libc, "%x" % address],
+                                        capture_output=True, text=True, check=True).stdout) for _ in range(5)]
+    runs = interleaved_processes({
+        "btcore": [sys.executable, "-P", "-c", COLD_LIBC, libc, "%x" % address],
+        "addr2line": ["addr2line", "-f", "-i", "-C", "-e", libc, "%#x" % address],
+    }, rounds)
+    cold = statistics.median(r["ms"] for r in inside)
+    return [f"first symbol-less libc address ({libc} {address:#x}), cold in a fresh process, median of 5: "
+            f"{cold:.1f} ms in-process, {inside[0]['units_read']} units read (was ~1,250 ms idle, 2,063 units) "
+            f"(target <= 100) {'PASS' if cold <= 100 else 'MISS'}",
+            f"  whole processes, {rounds} interleaved rounds, ms median (min-max): btcore (start, import, lookup) "
+            f"{ms(runs['btcore'])}, addr2line -f -i -C {ms(runs['addr2line'])}; "
+            f"btcore / addr2line: {ratio(runs['btcore'], runs['addr2line']).text()}"]
+
+
 def ms(values):
     return spread([v * 1e3 for v in values]).text(1)
 
@@ -252,6 +361,8 @@ def main():
     ns, n = warm_frames_ns()
     print(f"warm, Backtrace.frames() through the frame cache: {ns:6.0f} ns per frame over {n} frames "
           f"(target <= 1000) {'PASS' if ns <= 1000 else 'MISS'}")
+    for line in cold_libc_report(args.rounds):
+        print(line)
     server = [gevent_server_run() for _ in range(3)]
     added = statistics.median(r["rss_added_kib"] for r in server) / 1024
     print(f"resolution memory, gevent server ({server[0]['greenlets']} greenlets, {server[0]['frames']} frames, "

@@ -248,6 +248,20 @@ typedef struct {
  * Thread-safe; call it without the GIL (it may read and decode for ms). */
 int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int max,
                        char *buf, size_t size);
+/* The same for the file open as fd (from btc_open_regular(); path: its
+ * name, where its .gnu_debuglink target is looked for): what is read is
+ * the file fd is open on, whatever path names now.  fd -1: path itself. */
+int btc_symbolize_fd(int fd, const char *path, uintptr_t vaddr, btc_srcframe *out, int max,
+                     char *buf, size_t size);
+
+/* A descriptor open for reading (O_CLOEXEC) on the regular file path names
+ * (symlinks followed), or -1 with errno set (EINVAL: not a regular file;
+ * ENOEXEC: smaller than an ELF header, like procfs files, which say 0).
+ * Nothing else is ever opened: path is resolved with O_PATH, the object is
+ * checked with fstat() on that descriptor, and a regular file is opened
+ * through it (/proc/self/fd/N), never through path again.  *mode (may be
+ * NULL): the st_mode of what path names, 0 if it could not be stat'ed. */
+int btc_open_regular(const char *path, uint32_t *mode);
 
 typedef struct {
     const char *module;     /* path of the ELF object containing the pc */
@@ -272,6 +286,10 @@ int btc_resolve_native(uintptr_t pc, int flags, btc_native_info *out, btc_srcfra
 /* Test-only: how many btc_elf (symbol tables, section headers) are open for
  * the file at path: 1 when the module list and the DWARF cache both use it. */
 int btc_elf_instances(const char *path);
+/* Test-only: how many times the DWARF cache's entry for path read a compile
+ * unit's DIE bytes (its top DIE and every later decode of the unit); -1
+ * when path has no entry. */
+long btc_symbolize_units_read(const char *path);
 
 /* Bytes held by the per-file DWARF caches. */
 size_t btc_symbolize_memory(void);
@@ -319,6 +337,8 @@ int btc_loaded_modules(btc_modinfo *out, int max, char *buf, size_t size);
  * or -1 when no symbol covers vaddr or the file cannot be read.  The last
  * few files are kept open (keyed by path, device, inode, size and mtime). */
 int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr);
+/* The same for the file open as fd (see btc_symbolize_fd()); fd -1: path. */
+int btc_file_symbol_fd(int fd, const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr);
 
 /* ---- codec: the token encoder (codec/encode.c) ---- */
 

@@ -268,10 +268,8 @@ def test_libpython_eval_loop_inline_chains_match_addr2line(interpreter):
     assert_agrees(interpreter, addrs)
 
 
-def test_real_trace_in_libpython_matches_addr2line(interpreter):
-    """Return addresses of a live stack (glibc backtrace), minus one: in a
-    stripped module most of them lie in static functions, which addr2line
-    and btcore both name by the nearest preceding .dynsym function."""
+def bench_resolve():
+    """benchmarks/bench_resolve.py as a module (its trace and address finders)."""
     import importlib.util
     import sys
     benchmarks = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
@@ -282,7 +280,14 @@ def test_real_trace_in_libpython_matches_addr2line(interpreter):
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove(benchmarks)
-    addrs = [int(a, 16) for a in bench.trace_addresses(6)]
+    return bench
+
+
+def test_real_trace_in_libpython_matches_addr2line(interpreter):
+    """Return addresses of a live stack (glibc backtrace), minus one: in a
+    stripped module most of them lie in static functions, which addr2line
+    and btcore both name by the nearest preceding .dynsym function."""
+    addrs = [int(a, 16) for a in bench_resolve().trace_addresses(6)]
     assert len(addrs) >= 30
     assert_agrees(interpreter, addrs)
 
@@ -310,13 +315,53 @@ def test_dwarf_versions_and_range_lists_match_addr2line(tmp_path, flags):
     assert_agrees(so, all_addresses(so))
 
 
+def mixed_library(tmp_path, dwarf):
+    """A C++ unit that .debug_aranges leaves out (its object's table removed,
+    as a compiler without one would) linked with a C unit that it lists."""
+    objects = []
+    for name, source, compiler in (("listed", C_SOURCE, "gcc"), ("unlisted", CPP_SOURCE, "g++")):
+        src = tmp_path / f"{name}.{'cpp' if compiler == 'g++' else 'c'}"
+        src.write_text(source)
+        obj = str(tmp_path / f"{name}.o")
+        subprocess.run([compiler, "-O2", "-g", "-fPIC", dwarf, "-ffunction-sections", "-c", "-o", obj, str(src)],
+                       check=True)
+        objects.append(obj)
+    subprocess.run(["objcopy", "--remove-section=.debug_aranges", objects[1]], check=True)
+    so = str(tmp_path / "mixed.so")
+    subprocess.run(["g++", "-shared", "-Wl,--build-id", "-o", so, *objects], check=True)
+    return so
+
+
 @pytest.mark.parametrize("dwarf", ["-gdwarf-4", "-gdwarf-5"])
 def test_unit_with_ranges_found_after_a_miss(tmp_path, clean_cache, dwarf):
-    """Guards: a miss in .debug_aranges (here _init, from crti.o: no DWARF) rebuilds the unit table
-    from the units' top DIEs, where DW_AT_ranges beside DW_AT_low_pc (the base, 0) must win."""
-    so = compile_library(tmp_path, CPP_SOURCE, "cpp", compiler="g++", extra=(dwarf, "-ffunction-sections"))
+    """Guards: a miss in .debug_aranges (here _init, from crti.o: no DWARF) asks the one unit the
+    table leaves out for its ranges, and only that one (the listed unit's DIEs are not read); its
+    top DIE's DW_AT_ranges beside DW_AT_low_pc (the base, 0) must win."""
+    so = mixed_library(tmp_path, dwarf)
     assert resolve(so, symbol_address(so, "_init"))[-1][1] is None
+    assert lib.btc_symbolize_units_read(so.encode()) == 1
     assert_agrees(so, all_addresses(so, {"entry"}))
+    assert_agrees(so, all_addresses(so, {"outer"}))
+
+
+def test_first_symbolless_libc_address_reads_no_unit(clean_cache):
+    """Guards: the first libc address that no symbol and no .debug_aranges
+    range covers (it cost 1-4.5 s in a fresh process: every one of the debug
+    file's 2,063 compressed units was read for its top DIE) reads only the
+    units the table does not list (none in libc's); no DWARF covers it (nor
+    addr2line's); a covered address then reads its one unit."""
+    bench = bench_resolve()
+    files = bench.libc_files()
+    found = bench.symbolless_address(*files) if files else None
+    if found is None:
+        pytest.skip("no separate debug file for libc here (libc6-dbg), or no symbol-less address in it")
+    (libc, debug), (address, unlisted) = files, found
+    assert resolve(libc, address) == []
+    assert [line for _, _, line in addr2line(libc, [address])[address]] == [0]   # no line program row either
+    assert lib.btc_symbolize_units_read(libc.encode()) == unlisted
+    qsort = next(lo for name, lo, size in function_symbols(debug) if name == "qsort_r")
+    assert resolve(libc, qsort + 1)[-1][2] > 0   # a line: its unit decoded
+    assert lib.btc_symbolize_units_read(libc.encode()) == unlisted + 1
 
 
 def test_static_function_resolves(clib):

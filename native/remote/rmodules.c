@@ -181,7 +181,7 @@ int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t
                      uint64_t map_offset, uintptr_t *bias)
 {
     rmodule *m = calloc(1, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = btc_open_regular(path, NULL);   /* the target's maps name it: never a FIFO or a device */
     int rc = -1;
     uint8_t want[BTC_BUILD_ID_MAX], have[BTC_BUILD_ID_MAX];
     if (!m || fd < 0 || !read_phdrs(fd, m))
@@ -222,7 +222,7 @@ static bool load_image(rmodule *m)
     }
     if (lo >= hi || hi - lo > MAX_IMAGE)
         return false;
-    int fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    int fd = btc_open_regular(m->path, NULL);
     uint8_t *image = fd >= 0 ? calloc(1, hi - lo) : NULL;
     bool ok = image != NULL;
     for (int i = 0; ok && i < m->nphdrs; i++) {

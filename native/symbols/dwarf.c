@@ -25,12 +25,12 @@
 
 /* ---- the engine's interface ---- */
 
-btc_dwarf *btc_dwarf_open(const char *path, const char *debug_root)
+btc_dwarf *btc_dwarf_open(int fd, const char *path, const char *debug_root)
 {
     btc_dwarf *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
-    d->elf = btc_elf_open(path);
+    d->elf = btc_elf_open_fd(fd);
     if (!d->elf) {
         free(d);
         return NULL;
@@ -114,6 +114,8 @@ static uint64_t lookup_clock;
 uint64_t dwarf_decoded;
 
 uint64_t btc_dwarf_decodes(void) { return dwarf_decoded; }
+
+uint64_t btc_dwarf_units_read(const btc_dwarf *d) { return d ? d->units_read : 0; }
 
 int btc_dwarf_lookup(btc_dwarf *d, uint64_t vaddr, btc_srcframe *out, int max)
 {

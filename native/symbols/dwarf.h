@@ -7,9 +7,10 @@
 
 typedef struct btc_dwarf btc_dwarf;
 
-/* NULL if path is not a readable ELF file.  A file without DWARF still
+/* The ELF file open as fd (path: its name, where its debug link is looked
+ * for); NULL if it is not a readable ELF file.  A file without DWARF still
  * opens: lookups then answer 0. */
-btc_dwarf *btc_dwarf_open(const char *path, const char *debug_root);
+btc_dwarf *btc_dwarf_open(int fd, const char *path, const char *debug_root);
 void btc_dwarf_close(btc_dwarf *d);
 /* addr2line -f -i for module-relative vaddr: innermost inlined call first.
  * Without DWARF for vaddr, one level named from the symbol table with a
@@ -32,5 +33,7 @@ uint64_t btc_dwarf_oldest_use(const btc_dwarf *d);
  * bytes held can only have grown when it has changed. */
 uint64_t btc_dwarf_decodes(void);
 size_t btc_dwarf_forget_oldest(btc_dwarf *d);
+/* How many times d read a unit's DIE bytes (tests: what a lookup decoded). */
+uint64_t btc_dwarf_units_read(const btc_dwarf *d);
 
 #endif

@@ -93,6 +93,7 @@ typedef struct {
 typedef struct {
     uint64_t offset, end, die_offset, abbrev_offset;
     uint8_t version, addr_size, offset_size, unit_type;
+    bool in_aranges;           /* .debug_aranges has a set for it: its ranges, complete */
 
     /* Everything below is decoded on demand and dropped together
      * (dwarf_forget_unit) when the file cache is over its byte budget. */
@@ -134,6 +135,7 @@ struct btc_dwarf {
     pc_range *unit_ranges;     /* address -> unit index (in .scope), sorted by lo */
     size_t nunit_ranges;
     bool unit_ranges_from_dies;
+    uint64_t units_read;       /* DIE byte reads of units (btc_dwarf_units_read) */
 };
 
 /* A unit or table header's length; sets *offset_size to 4 or 8 (64-bit DWARF). */

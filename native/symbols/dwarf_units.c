@@ -80,6 +80,7 @@ bool dwarf_unit_reader(btc_dwarf *d, unit *u, uint64_t offset, reader *r)
 {
     if (!u->info.data) {
         dwarf_decoded++;
+        d->units_read++;
         if (!btc_elf_read_section_part(d->debug, ".debug_info", d->info_index, u->offset, u->end - u->offset,
                                        &u->info))
             return false;
@@ -285,7 +286,8 @@ static void unit_ranges_from_aranges(btc_dwarf *d, range_list *l)
         int offset_size;
         reader h = sub_reader(&r, read_initial_length(&r, &offset_size));
         uint16_t version = (uint16_t)read_uint(&h, 2);
-        unit *u = dwarf_unit_containing(d, read_uint(&h, offset_size));
+        uint64_t info_offset = read_uint(&h, offset_size);
+        unit *u = dwarf_unit_containing(d, info_offset);
         uint8_t addr_size = read_u8(&h), seg_size = read_u8(&h);
         if (h.bad || version != 2 || !u || (addr_size != 4 && addr_size != 8) || seg_size != 0)
             continue;
@@ -293,6 +295,7 @@ static void unit_ranges_from_aranges(btc_dwarf *d, range_list *l)
         uint64_t used = (uint64_t)(h.p - set_start), align = 2u * addr_size;
         skip(&h, (align - used % align) % align);
         l->scope = (uint32_t)(u - d->units);
+        u->in_aranges |= u->offset == info_offset;   /* a set naming a unit's start, not garbage inside it */
         while (!h.bad) {
             uint64_t lo = read_uint(&h, addr_size), len = read_uint(&h, addr_size);
             if (h.bad || (lo == 0 && len == 0))
@@ -302,14 +305,19 @@ static void unit_ranges_from_aranges(btc_dwarf *d, range_list *l)
     }
 }
 
-/* Without .debug_aranges: each unit's top DIE says what it covers. */
+/* Units .debug_aranges does not list (all of them without the section):
+ * each one's top DIE says what it covers.  A unit it lists is not asked:
+ * its set is the producer's own statement of the unit's code, and asking
+ * every unit reads every unit's DIEs (libc's debug file: 2,063 units,
+ * compressed, ~1-4 s) for an address no unit covers (padding between
+ * functions, code without DWARF). */
 static void unit_ranges_from_dies(btc_dwarf *d, range_list *l)
 {
     for (size_t i = 0; i < d->nunits; i++) {
         unit *u = &d->units[i];
         die top;
         reader r;
-        if (!dwarf_prepare_unit(d, u) || !dwarf_unit_reader(d, u, u->die_offset, &r) ||
+        if (u->in_aranges || !dwarf_prepare_unit(d, u) || !dwarf_unit_reader(d, u, u->die_offset, &r) ||
             !dwarf_read_die(d, u, &r, &top) || !top.ab)
             continue;
         l->scope = (uint32_t)i;
@@ -317,19 +325,20 @@ static void unit_ranges_from_dies(btc_dwarf *d, range_list *l)
     }
 }
 
-static void build_unit_ranges(btc_dwarf *d, bool from_dies)
+/* The address -> unit table: .debug_aranges, plus (ask_units) the ranges
+ * of the units it leaves out. */
+static void build_unit_ranges(btc_dwarf *d, bool ask_units)
 {
     range_list l = {0};
-    if (from_dies)
+    unit_ranges_from_aranges(d, &l);
+    if (ask_units)
         unit_ranges_from_dies(d, &l);
-    else
-        unit_ranges_from_aranges(d, &l);
     if (l.count > 1)
         qsort(l.items, l.count, sizeof *l.items, dwarf_compare_ranges);
     free(d->unit_ranges);
     d->unit_ranges = l.items;
     d->nunit_ranges = l.count;
-    d->unit_ranges_from_dies = from_dies;
+    d->unit_ranges_from_dies = ask_units;
 }
 
 /* How many ranges before the last one starting at or below addr may still
@@ -354,8 +363,8 @@ unit *dwarf_unit_for_address(btc_dwarf *d, uint64_t addr)
         build_unit_ranges(d, dwarf_section(d, SEC_ARANGES)->size == 0);
     }
     const pc_range *r = dwarf_range_covering(d->unit_ranges, d->nunit_ranges, addr);
-    /* Some producers leave units out of .debug_aranges: on a miss, ask the
-     * units themselves (once). */
+    /* Some producers leave units out of .debug_aranges (objects from
+     * another compiler linked in): on a miss, ask those units (once). */
     if (!r && !d->unit_ranges_from_dies) {
         build_unit_ranges(d, true);
         dwarf_decoded++;

@@ -592,20 +592,21 @@ static int compare_syms(const void *pa, const void *pb)
 
 static void elf_free(btc_elf *e);
 
-static btc_elf *elf_read(const char *path)
+/* The file open as fd (owned from now on: closed on failure too), whose
+ * fstat() is st. */
+static btc_elf *elf_read(int fd, const struct stat *st)
 {
     btc_elf *e = calloc(1, sizeof *e);
-    if (!e)
+    if (!e) {
+        close(fd);
         return NULL;
-    e->fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
+    }
+    e->fd = fd;
+    e->file_size = (uint64_t)st->st_size;
+    e->dev = st->st_dev;
+    e->ino = st->st_ino;
+    e->mtime = st->st_mtim;
     Elf64_Ehdr h;
-    if (e->fd < 0 || fstat(e->fd, &st) != 0 || !S_ISREG(st.st_mode))
-        goto fail;
-    e->file_size = (uint64_t)st.st_size;
-    e->dev = st.st_dev;
-    e->ino = st.st_ino;
-    e->mtime = st.st_mtim;
     if (!range_in_file(e, 0, sizeof h) || !read_exact(e->fd, 0, &h, sizeof h) || !valid_ehdr(&h) ||
         !read_section_headers(e, &h))
         goto fail;
@@ -617,6 +618,71 @@ static btc_elf *elf_read(const char *path)
 fail:
     elf_free(e);
     return NULL;
+}
+
+/* ---- opening a file someone else named ----
+ *
+ * Paths reach this reader from tokens (untrusted), another process's maps,
+ * debug links and build-id directories; any may name a FIFO or a device,
+ * and the object a path names may be swapped between a check and a use.
+ * Opening is what has side effects (a FIFO's blocked writer wakes up, a
+ * device's driver runs; a blocking open of a FIFO never returns), so the
+ * path is first resolved without opening anything (O_PATH: no driver, no
+ * FIFO semantics), the object is checked on that descriptor, and only a
+ * regular file is opened, through the descriptor itself: /proc/self/fd/N
+ * names the object already checked, not the path, so a swap after the
+ * check changes nothing.  Symlinks are followed (libraries are named
+ * through them: libstdc++.so.6 -> libstdc++.so.6.0.30): what is checked is
+ * the object reached, and every caller checks its build-id after.  A file
+ * smaller than an ELF header is not opened either: procfs reports size 0
+ * for files whose reads have side effects (/proc/kmsg consumes messages,
+ * tracefs' trace_pipe consumes events). */
+
+/* A read descriptor on the object `at` (O_PATH) refers to, whose fstat()
+ * is st; -1 if it cannot be had. */
+static int reopen_checked(int at, const char *path, const struct stat *st)
+{
+    char self[40];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", at);
+    int fd = open(self, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    /* No /proc mounted: the path once more, never blocking, and kept only
+     * if it still names the object checked. */
+    if (fd < 0 && errno == ENOENT)
+        fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    struct stat now;
+    if (fd >= 0 && (fstat(fd, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino)) {
+        close(fd);
+        errno = ESTALE;
+        return -1;
+    }
+    return fd;
+}
+
+int btc_open_regular(const char *path, uint32_t *mode)
+{
+    if (mode)
+        *mode = 0;
+    if (!path)
+        return -1;
+    int at = open(path, O_PATH | O_CLOEXEC);
+    if (at < 0)
+        return -1;
+    struct stat st;
+    int fd = -1;
+    if (fstat(at, &st) == 0) {
+        if (mode)
+            *mode = (uint32_t)st.st_mode;
+        if (!S_ISREG(st.st_mode))
+            errno = EINVAL;
+        else if (st.st_size < (off_t)sizeof(Elf64_Ehdr))   /* procfs files say 0: /proc/kmsg's reads consume */
+            errno = ENOEXEC;
+        else
+            fd = reopen_checked(at, path, &st);
+    }
+    int saved = errno;
+    close(at);
+    errno = saved;
+    return fd;
 }
 
 /* ---- one btc_elf per file ----
@@ -669,20 +735,21 @@ static btc_elf *take_shared(const struct stat *st)
 
 /* ---- public interface ---- */
 
-btc_elf *btc_elf_open(const char *path)
+btc_elf *btc_elf_open_fd(int fd)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         return NULL;
     pthread_mutex_lock(&shared_lock);
     btc_elf *e = take_shared(&st);
     pthread_mutex_unlock(&shared_lock);
-    if (e || !(e = elf_read(path)))
+    if (e)
         return e;
-    struct stat read_st = {.st_dev = e->dev, .st_ino = e->ino, .st_size = (off_t)e->file_size,
-                           .st_mtim = e->mtime};
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0 || !(e = elf_read(own, &st)))
+        return NULL;
     pthread_mutex_lock(&shared_lock);
-    btc_elf *other = take_shared(&read_st);   /* opened by another thread meanwhile */
+    btc_elf *other = take_shared(&st);   /* opened by another thread meanwhile */
     if (!other) {
         e->refs = 1;
         e->next_shared = shared;
@@ -692,6 +759,16 @@ btc_elf *btc_elf_open(const char *path)
     if (other)
         elf_free(e);
     return other ? other : e;
+}
+
+btc_elf *btc_elf_open(const char *path)
+{
+    int fd = btc_open_regular(path, NULL);
+    if (fd < 0)
+        return NULL;
+    btc_elf *e = btc_elf_open_fd(fd);
+    close(fd);
+    return e;
 }
 
 void btc_elf_close(btc_elf *e)

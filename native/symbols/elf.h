@@ -12,6 +12,11 @@ typedef struct btc_elf btc_elf;
  * the last close frees it.  Immutable once open: usable by any thread
  * without a lock. */
 btc_elf *btc_elf_open(const char *path);
+/* The same for the file open as fd (a regular file; the caller keeps fd:
+ * the btc_elf reads through its own duplicate).  btc_elf_open(path) opens
+ * path with btc_open_regular() first: nothing but a regular file is ever
+ * opened, whoever named the path. */
+btc_elf *btc_elf_open_fd(int fd);
 void btc_elf_close(btc_elf *e);
 /* The symbol covering the virtual address vaddr (module-relative). */
 const char *btc_elf_symbolize(btc_elf *e, uintptr_t vaddr, uintptr_t *sym_vaddr);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "capture/evalloop.h"
 #include "capture/modules.h"
@@ -98,20 +99,29 @@ static cached_file *free_slot(void)
     return victim;
 }
 
-/* The cache entry of the file at path (made on first use); NULL if it
- * cannot be stat'ed or remembered.  cache_lock held. */
-static cached_file *cached(const char *path)
+/* The entry of the file path names, if it is cached as the file st
+ * describes; an entry of path for another file (rebuilt, swapped) is
+ * dropped.  cache_lock held. */
+static cached_file *find_entry(const char *path, const struct stat *st)
+{
+    for (int i = 0; i < cache_limit; i++)
+        if (cache[i].path && strcmp(cache[i].path, path) == 0) {
+            if (same_file(&cache[i], path, st))
+                return &cache[i];
+            drop(&cache[i]);
+        }
+    return NULL;
+}
+
+/* The cache entry of the file open as fd, named path (made on first use);
+ * NULL if it cannot be stat'ed or remembered.  cache_lock held. */
+static cached_file *cached_fd(int fd, const char *path)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
+    if (fstat(fd, &st) != 0)
         return NULL;
-    cached_file *c = NULL;
-    for (int i = 0; i < cache_limit && !c; i++)
-        if (cache[i].path && strcmp(cache[i].path, path) == 0)
-            c = &cache[i];
-    if (c && !same_file(c, path, &st))
-        drop(c);
-    if (!c || !c->path) {
+    cached_file *c = find_entry(path, &st);
+    if (!c) {
         c = free_slot();
         c->path = strdup(path);
         if (!c->path)
@@ -120,9 +130,30 @@ static cached_file *cached(const char *path)
         c->ino = st.st_ino;
         c->size = st.st_size;
         c->mtime = st.st_mtim;
-        c->dwarf = btc_dwarf_open(path, debug_root);
+        c->dwarf = btc_dwarf_open(fd, path, debug_root);
     }
     c->last_use = ++use_clock;
+    return c;
+}
+
+/* The cache entry of the file at path: found by stat() (no open) when it
+ * is cached, else opened as a regular file only (btc_open_regular) and
+ * read through that descriptor.  cache_lock held. */
+static cached_file *cached(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return NULL;
+    cached_file *c = find_entry(path, &st);
+    if (c) {
+        c->last_use = ++use_clock;
+        return c;
+    }
+    int fd = btc_open_regular(path, NULL);
+    if (fd < 0)
+        return NULL;
+    c = cached_fd(fd, path);
+    close(fd);
     return c;
 }
 
@@ -179,9 +210,10 @@ static void keep_within_budget(void)
     }
 }
 
-static btc_dwarf *cached_dwarf(const char *path)
+/* fd -1: the file at path, else the file open as fd. */
+static btc_dwarf *cached_dwarf(int fd, const char *path)
 {
-    cached_file *c = cached(path);
+    cached_file *c = fd < 0 ? cached(path) : cached_fd(fd, path);
     return c ? c->dwarf : NULL;
 }
 
@@ -202,11 +234,17 @@ static bool copy_string(const char **s, char **cursor, const char *end)
 int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int max, char *buf,
                        size_t size)
 {
+    return btc_symbolize_fd(-1, path, vaddr, out, max, buf, size);
+}
+
+int btc_symbolize_fd(int fd, const char *path, uintptr_t vaddr, btc_srcframe *out, int max, char *buf,
+                     size_t size)
+{
     if (!path || !out || max < 1 || !buf)
         return 0;
     PyThreadState *gil = btc_gil_release();
     pthread_mutex_lock(&cache_lock);
-    int n = btc_dwarf_lookup(cached_dwarf(path), vaddr, out, max);
+    int n = btc_dwarf_lookup(cached_dwarf(fd, path), vaddr, out, max);
     char *cursor = buf;
     for (int i = 0; i < n; i++)
         if (!copy_string(&out[i].function, &cursor, buf + size) || !copy_string(&out[i].file, &cursor, buf + size))
@@ -219,11 +257,16 @@ int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int
 
 int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr)
 {
+    return btc_file_symbol_fd(-1, path, vaddr, buf, size, sym_vaddr);
+}
+
+int btc_file_symbol_fd(int fd, const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr)
+{
     if (!path || !buf || size == 0)
         return -1;
     PyThreadState *gil = btc_gil_release();   /* the first call per file reads its symbols */
     pthread_mutex_lock(&cache_lock);
-    const char *name = btc_dwarf_symbol(cached_dwarf(path), vaddr, sym_vaddr);
+    const char *name = btc_dwarf_symbol(cached_dwarf(fd, path), vaddr, sym_vaddr);
     int rc = -1;
     if (name && strlen(name) < size) {
         memcpy(buf, name, strlen(name) + 1);
@@ -232,6 +275,17 @@ int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, u
     pthread_mutex_unlock(&cache_lock);
     btc_gil_restore(gil);
     return rc;
+}
+
+long btc_symbolize_units_read(const char *path)
+{
+    long n = -1;
+    pthread_mutex_lock(&cache_lock);
+    for (int i = 0; i < cache_limit; i++)
+        if (cache[i].path && strcmp(cache[i].path, path) == 0)
+            n = (long)btc_dwarf_units_read(cache[i].dwarf);
+    pthread_mutex_unlock(&cache_lock);
+    return n;
 }
 
 size_t btc_symbolize_memory(void)
@@ -325,7 +379,7 @@ static bool locate(uintptr_t pc, located_pc *at)
 static int symbolize_located(const located_pc *at, uintptr_t pc, btc_native_info *out, btc_srcframe *levels,
                              int max, char *buf, size_t size)
 {
-    btc_dwarf *d = cached_dwarf(at->path);
+    btc_dwarf *d = cached_dwarf(-1, at->path);
     uintptr_t vaddr = pc - at->bias, start = 0;
     const char *symbol = btc_dwarf_symbol(d, vaddr, &start);
     out->symbol_addr = symbol ? start + at->bias : at->part_lo;

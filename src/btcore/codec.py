@@ -25,7 +25,6 @@ import bisect
 import os
 import re
 import site
-import stat
 import struct
 import sys
 import sysconfig
@@ -35,7 +34,7 @@ from ._native import ffi, lib
 from .backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace, _new
 from .frame import NATIVE, PYTHON, Frame
 from .resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modules_generation, native_frames,
-                      resolve_python)
+                      open_regular, resolve_python)
 
 VERSION = lib.BTC_TOKEN_VERSION
 PREFIX = f"btc{VERSION}."
@@ -500,19 +499,43 @@ class DecodedNative(NamedTuple):
 
     def frames(self) -> tuple:
         if self.module is None or not self.module.usable:
-            path = self.module.path or None if self.module else None
-            offset = self.vaddr if self.module else None
-            return (Frame(NATIVE, self.vaddr, path, None, offset, None, None),)
+            return self._unnamed()
         key = ("decoded", self.module.path, self.module.build_id, -self.vaddr if self.exact else self.vaddr)
-        return cache.get(key) or cache.put(key, _frames_from_file(self.module.path, self.vaddr, self.exact))
+        hit = cache.get(key)
+        if hit:
+            return hit
+        named = _frames_from_file(self.module, self.vaddr, self.exact)
+        # Not cached unnamed: the file may be back with its build-id later.
+        return cache.put(key, named) if named else self._unnamed()
+
+    def _unnamed(self) -> tuple:
+        path = self.module.path or None if self.module else None
+        offset = self.vaddr if self.module else None
+        return (Frame(NATIVE, self.vaddr, path, None, offset, None, None),)
 
 
-def _frames_from_file(path: str, vaddr: int, exact: bool) -> tuple:
-    """What resolve.py makes of a loaded module's pc, from the file alone;
-    ip is the module-relative pc (there is no load address here)."""
+def _frames_from_file(module: DecodedModule, vaddr: int, exact: bool) -> tuple | None:
+    """What resolve.py makes of a loaded module's pc, from the file alone
+    (ip is the module-relative pc: there is no load address here); None if
+    the file at module.path no longer has the module's build-id.  The file
+    is opened once (a regular file only), its build-id checked on that
+    descriptor, and read through it: what decode() checked may have been
+    swapped since, and what is read is what is checked now."""
     lookup = vaddr if exact else vaddr - 1
-    symbol, start = file_symbol(path, lookup)
-    return native_frames(vaddr, path, symbol, vaddr - start if symbol else vaddr, lookup)
+    try:
+        fd = open_regular(module.path)
+    except (OSError, UnicodeEncodeError):
+        return None
+    try:
+        want = bytes.fromhex(module.build_id)
+        if (_fd_build_id(fd) or b"")[:len(want)] != want:
+            return None
+        symbol, start = file_symbol(module.path, lookup, fd)
+        return native_frames(vaddr, module.path, symbol, vaddr - start if symbol else vaddr, lookup, fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class DecodedModule(NamedTuple):
@@ -1020,28 +1043,32 @@ _ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
 PT_NOTE = 4
 MAX_NOTES = 1 << 16
-_file_ids = FrameCache(256)   # (path, device, inode, mtime, size) -> build-id
+_file_ids = FrameCache(256)   # (device, inode, mtime, size) -> build-id
 
 
 def file_build_id(path: str) -> bytes | None:
     """The NT_GNU_BUILD_ID of the ELF file at path (64-bit little-endian),
     None if it has none.  The path comes from untrusted input: only a
-    regular file is read (opened non-blocking, so a FIFO cannot hang us),
-    and at most its header, program headers and notes."""
+    regular file is opened (open_regular: a FIFO or a device is never
+    opened), and at most its header, program headers and notes are read."""
     if not path.startswith("/"):
         raise OSError(0, "not an absolute path")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    fd = open_regular(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(0, "not a regular file")
-        key = (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-        hit = _file_ids.get(key)
-        if hit is None:
-            hit = _file_ids.put(key, (_read_build_id(fd),))
-        return hit[0]
+        return _fd_build_id(fd)
     finally:
         os.close(fd)
+
+
+def _fd_build_id(fd: int) -> bytes | None:
+    """file_build_id() of the regular file open as fd, cached by the file's
+    identity (device, inode, mtime, size)."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    hit = _file_ids.get(key)
+    if hit is None:
+        hit = _file_ids.put(key, (_read_build_id(fd),))
+    return hit[0]
 
 
 def _read_build_id(fd: int) -> bytes | None:

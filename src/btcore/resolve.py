@@ -6,6 +6,9 @@ seen, and kept: a second resolution of the same address reads no ELF data.
 """
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import threading
 from collections import OrderedDict
 
@@ -109,11 +112,37 @@ def demangle(name: str | None) -> str | None:
 _MAX_INLINE_LEVELS = 32
 
 
-def source_levels(module: str, vaddr: int) -> list:
-    """(function, file, line) per level from DWARF, innermost inlined call first."""
+def source_levels(module: str, vaddr: int, fd: int = -1) -> list:
+    """(function, file, line) per level from DWARF, innermost inlined call
+    first; read from the file open as fd (named module), else from module."""
     out = ffi.new("btc_srcframe[]", _MAX_INLINE_LEVELS)
-    n = lib.btc_symbolize_file(module.encode(), vaddr, out, _MAX_INLINE_LEVELS, _buffer(), _NAME_BUFFER)
+    n = lib.btc_symbolize_fd(fd, module.encode(), vaddr, out, _MAX_INLINE_LEVELS, _buffer(), _NAME_BUFFER)
     return [(_text(f.function), _text(f.file), f.line or None) for f in out[0:max(n, 0)]]
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path: str) -> int:
+    """A read descriptor (the caller closes it) on the regular file path
+    names; OSError for anything else, which is never opened: a FIFO's
+    writer stays blocked, a device's driver is not called, a procfs file
+    (size 0: smaller than an ELF header) is not read (btc_open_regular:
+    O_PATH, fstat, then a reopen of that very object)."""
+    if "\0" in path:
+        raise OSError(0, "a NUL character in the path", path)
+    mode = ffi.new("uint32_t *")
+    fd = lib.btc_open_regular(path.encode(), mode)
+    if fd >= 0:
+        return fd
+    err = ffi.errno
+    if err == errno.ENOEXEC:
+        raise OSError(err, "not an ELF file: smaller than its header", path)
+    if mode[0] and not stat.S_ISREG(mode[0]):
+        kind = next((name for test, name in _KINDS if test(mode[0])), "a special file")
+        raise OSError(err, f"not a regular file: {kind}", path)
+    raise OSError(err, os.strerror(err), path)
 
 
 def _resolve_native(pc: int, flags: int) -> tuple:
@@ -133,12 +162,13 @@ def _resolve_native(pc: int, flags: int) -> tuple:
                                    [(_text(f.function), _text(f.file), f.line or None) for f in levels[0:n]])
 
 
-def native_frames(pc: int, module: str | None, symbol: str | None, offset: int, vaddr: int) -> tuple:
+def native_frames(pc: int, module: str | None, symbol: str | None, offset: int, vaddr: int, fd: int = -1) -> tuple:
     """The Frames of the native pc found in module at module-relative vaddr
     (pc - 1 for return addresses): symbol (raw) names the physical frame, and
     offset is pc minus its start (minus the module's load address without
-    one); DWARF adds the inlined calls and file:line."""
-    levels = source_levels(module, vaddr) if module else []
+    one); DWARF adds the inlined calls and file:line, read from the file
+    open as fd when one is given."""
+    levels = source_levels(module, vaddr, fd) if module else []
     return _frames(pc, module, demangle(symbol), offset, [(demangle(f), fl, ln) for f, fl, ln in levels])
 
 
@@ -155,11 +185,12 @@ def _frames(pc: int, module: str | None, symbol: str | None, offset: int, levels
     return tuple(frames)
 
 
-def file_symbol(path: str, vaddr: int) -> tuple:
+def file_symbol(path: str, vaddr: int, fd: int = -1) -> tuple:
     """(raw symbol name, its start) covering module-relative vaddr in the
-    ELF file at path (a module that need not be loaded), or (None, None)."""
+    ELF file at path (a module that need not be loaded), or in the file
+    open as fd (named path), or (None, None)."""
     start = ffi.new("uintptr_t *")
-    if lib.btc_file_symbol(path.encode(), vaddr, _buffer(), _NAME_BUFFER, start) != 0:
+    if lib.btc_file_symbol_fd(fd, path.encode(), vaddr, _buffer(), _NAME_BUFFER, start) != 0:
         return None, None
     return _text(_buffer()), start[0]
 
