@@ -7,6 +7,8 @@ checkout to a scratch directory, apply the change, build and install the
 mutant into a scratch target directory (put first on PYTHONPATH, so the
 environment running this script is never modified), then run the test
 named as its killer, and if that passes, the whole suite (pytest -x).
+A mutant of a file installed as it is (a module of src/btcore/) is not
+built: it replaces that file in the installed baseline, for its run only.
 A failing run = killed.
 
 Exit status 1 if any mutation survives, if its original text is not found
@@ -391,12 +393,32 @@ def pytest_fails(copy: str, target: str, args: list, timeout: float) -> bool:
     return done.returncode != 0
 
 
+PACKAGE = "src/btcore/"
+
+
+def installed_as_is(m: Mutation) -> bool:
+    """A file the build copies unchanged into the package (its .py modules
+    and page.html; not _build.py, which builds the core): its mutant needs
+    no build, only the file put into the installed baseline."""
+    return m.path.startswith(PACKAGE) and not m.path.endswith("_build.py")
+
+
+def install_file(copy: str, target: str, path: str) -> None:
+    shutil.copyfile(os.path.join(copy, path), os.path.join(target, "btcore", path[len(PACKAGE):]))
+    # A cached .pyc is trusted on (mtime in seconds, size): a mutant and its
+    # restore within one second, of one size, would run the stale bytecode.
+    shutil.rmtree(os.path.join(target, "btcore", "__pycache__"), ignore_errors=True)
+
+
 def run_one(copy: str, target: str, m: Mutation, timeout: float) -> str:
     problem = apply(copy, m)
     if problem:
         return "ERROR: " + problem
     try:
-        problem = build(copy, target)
+        if installed_as_is(m):
+            install_file(copy, target, m.path)
+        else:
+            problem = build(copy, target)
         if problem:
             return "ERROR: mutant does not build:\n" + problem
         if pytest_fails(copy, target, [m.killer], timeout):
@@ -406,6 +428,8 @@ def run_one(copy: str, target: str, m: Mutation, timeout: float) -> str:
         return "SURVIVED"
     finally:
         restore(copy, m)
+        if installed_as_is(m):
+            install_file(copy, target, m.path)
 
 
 def baseline_problem(copy: str, target: str, chosen: list, timeout: float) -> str | None:
@@ -426,6 +450,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per pytest run")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if args.only in m.path or args.only in m.original]
+    # Those installed as they are first: they run against the baseline build,
+    # which the first mutant of the native core replaces (each one builds).
+    chosen.sort(key=lambda m: not installed_as_is(m))
     if not chosen:   # (the baseline would run the whole suite for nothing)
         print(f"ERROR: no mutation's file or text contains {args.only!r}")
         return 2
