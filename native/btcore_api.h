@@ -294,7 +294,7 @@ int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, u
 
 /* ---- codec: the token encoder (codec/encode.c) ---- */
 
-#define BTC_TOKEN_VERSION 3          /* tokens are "btc3." + base64url (btcore/codec.py also reads "btc2.") */
+#define BTC_TOKEN_VERSION 4          /* tokens are "btc4." + base64url (btcore/codec.py also reads "btc2." and "btc3.") */
 #define BTC_TOKEN_BUILD_ID_BYTES 4   /* the build-id prefix a token keeps per module */
 
 #define BTC_ENCODE_NEED_MODULE  -2   /* teach need->module_id[0..count) with btc_encode_module(), call again */

@@ -39,7 +39,7 @@ from .resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modul
 
 VERSION = lib.BTC_TOKEN_VERSION
 PREFIX = f"btc{VERSION}."
-READ_VERSIONS = (2, 3)   # format 2: the same stream with class-coded pcs and module entries (design.md)
+READ_VERSIONS = (2, 3, 4)   # formats 2 and 3: the same stream without copies (design.md)
 # Any version, so that a token of another format is recognised and refused clearly.
 TOKEN = re.compile(r"btc(\d+)\.([A-Za-z0-9_-]*)")
 # A token inside text: not the tail of a longer word.
@@ -73,7 +73,18 @@ def length_bits(length: int, base: int) -> int:
 # Frame codes, read bit by bit (written here as (value, width), LSB first).
 REPEAT, DELTA, LITERAL = (0b00, 2), (0b10, 2), (0b01, 2)     # bits 0 0 / 0 1 / 1 0
 PYTHON_FRAME = (0b011, 3)                                    # 1 1 0
-EXACT_NEXT, JOIN_NEXT = (0b0111, 4), (0b1111, 4)             # 1 1 1 0 / 1 1 1 1
+EXACT_NEXT, JOIN_NEXT = (0b0111, 4), (0b1111, 4)             # 1 1 1 0 / 1 1 1 1 (formats 2, 3)
+JOIN_NEXT_4, COPY = (0b01111, 5), (0b11111, 5)               # 1 1 1 1 0 / 1 1 1 1 1 (format 4)
+
+# COPY (format 4): `ulen(COPY_BASE)` L, `ulen(COPY_BASE)` D: the next L
+# frames are those D frames back.  L >= MIN_COPY, D <= the frames decoded
+# so far, L <= D (a copy never reads frames it writes: each costs one
+# record copy, and a run repeated k times takes log2(k) copies of doubling
+# length).  Encoders look for a copy among the MAX_CHAIN nearest earlier
+# frames equal to the next one.
+COPY_BASE = 0
+MIN_COPY = 2
+MAX_CHAIN = 16
 
 # Strings: 6-bit symbols; 62 = one raw byte follows, 63 = end.
 ALPHABET = "/._-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
@@ -642,6 +653,41 @@ def _write(truncated: bool, items: list, version: int = VERSION) -> str:
     return f"btc{version}." + w.token()[len(PREFIX):]
 
 
+def _copy_key(item: tuple) -> tuple:
+    """What a copy must reproduce of an item: what its frame code writes."""
+    if len(item) == 3:
+        flags, key, vaddr = item
+        return flags & (F_JOIN | F_EXACT), key, vaddr
+    flags, name, file, line = item
+    return flags & F_JOIN, name, file, 0 if line is None else line + 1
+
+
+class _Copies:
+    """The longest earlier run of frames equal to the frames at i (format 4
+    COPY), searched among the MAX_CHAIN nearest earlier frames equal to
+    frame i: the first longest, nearest first; a run does not reach i."""
+
+    def __init__(self, keys: list):
+        self.keys = keys
+        self.earlier = {}   # key -> its positions so far, each appended as longest() passes it
+        self.done = 0
+
+    def longest(self, i: int) -> tuple:
+        keys, earlier = self.keys, self.earlier
+        for at in range(self.done, i):
+            earlier.setdefault(keys[at], []).append(at)
+        self.done = i
+        best = (0, 0)
+        for j in reversed(earlier.get(keys[i], ())[-MAX_CHAIN:]):
+            most = min(i - j, len(keys) - i)
+            n = 1
+            while n < most and keys[j + n] == keys[i + n]:
+                n += 1
+            if n > best[0]:
+                best = (n, i - j)
+        return best
+
+
 class _FrameWriter:
     def __init__(self, w: _Writer, modules: dict, version: int):
         self.w = w
@@ -655,24 +701,40 @@ class _FrameWriter:
 
     def frames(self, items: list) -> None:
         w = self.w
-        for item in items:
+        copies = _Copies([_copy_key(item) for item in items]) if self.version >= 4 else None
+        i = 0
+        while i < len(items):
+            length, distance = copies.longest(i) if copies else (0, 0)
+            if length >= MIN_COPY:
+                w.code(COPY)
+                w.ulen(length, COPY_BASE)
+                w.ulen(distance, COPY_BASE)
+                for item in items[i:i + length]:   # the copied native frames are the latest ones
+                    if len(item) == 3:
+                        self._remember(item)
+                i += length
+                continue
+            item = items[i]
             if item[0] & F_JOIN:
-                w.code(JOIN_NEXT)
+                w.code(JOIN_NEXT if self.version < 4 else JOIN_NEXT_4)
             if len(item) == 3:
                 self.native(item)
             else:
                 self.python(item)
+            i += 1
+
+    def _remember(self, item: tuple) -> None:
+        _, key, vaddr = item
+        self.history.insert(0, (len(self.modules) if key is None else self.modules[key], vaddr))
+        del self.history[HISTORY:]
 
     def native(self, item: tuple) -> None:
         flags, key, vaddr = item
         w = self.w
         if flags & F_EXACT:
             w.code(EXACT_NEXT)
-        index = len(self.modules) if key is None else self.modules[key]
-        here = (index, vaddr)
-        self._address(index, vaddr)
-        self.history.insert(0, here)
-        del self.history[HISTORY:]
+        self._address(len(self.modules) if key is None else self.modules[key], vaddr)
+        self._remember(item)
 
     def _address(self, index: int, vaddr: int) -> None:
         if self.version == 2:
@@ -913,7 +975,8 @@ class _FrameReader:
 
     def frames(self, count: int) -> tuple:
         records, refs = bytearray(), []
-        for _ in range(count):
+        self.decoded = []   # per frame: (its ref or None, its (module index, vaddr) if native)
+        while len(self.decoded) < count:
             flags = 0
             while True:   # modifiers, then the frame
                 code = self._code()
@@ -925,12 +988,17 @@ class _FrameReader:
                     raise ValueError("corrupted token: a frame modifier repeated")
                 else:
                     break
-            if code is PYTHON_FRAME:
+            if code is COPY:
+                if flags:
+                    raise ValueError("corrupted token: a frame modifier before a copy")
+                self.copy(count, records, refs)
+            elif code is PYTHON_FRAME:
                 if flags & F_EXACT:
                     raise ValueError("corrupted token: a Python frame marked exact")
                 ref = self.python()
                 records += RECORD.pack(id(ref), -1, KIND_DECODED, flags, 0)
                 refs.append(ref)
+                self.decoded.append((ref, None))
             else:
                 self.native(code, flags, records, refs)
         return records, refs
@@ -943,23 +1011,55 @@ class _FrameReader:
             return LITERAL
         if not get(1):
             return PYTHON_FRAME
-        return JOIN_NEXT if get(1) else EXACT_NEXT
+        if not get(1):
+            return EXACT_NEXT
+        if self.version < 4:
+            return JOIN_NEXT
+        return COPY if get(1) else JOIN_NEXT
+
+    def copy(self, count: int, records: bytearray, refs: list) -> None:
+        """A COPY: its frames again, each as it was decoded (records, refs,
+        the history of native frames).  Bounded: it reads only frames
+        decoded before it and writes no more than the frame count."""
+        done = len(self.decoded)
+        length = self.r.ulen(COPY_BASE)
+        if not MIN_COPY <= length <= count - done:
+            raise ValueError(f"corrupted token: a copy of {length} frames after {done} of {count}")
+        distance = self.r.ulen(COPY_BASE)
+        if distance > done:
+            raise ValueError(f"corrupted token: a copy from {distance} frames back, after {done} frames")
+        if distance < length:
+            raise ValueError(f"corrupted token: a copy of {length} frames from {distance} back overlaps itself")
+        start = done - distance
+        size = RECORD.size
+        records += records[start * size:(start + length) * size]
+        for ref, place in self.decoded[start:start + length]:
+            if ref is not None:
+                refs.append(ref)
+            if place is not None:
+                self._remember(place)
+        self.decoded += self.decoded[start:start + length]
+
+    def _remember(self, place: tuple) -> None:
+        self.history.insert(0, place)
+        del self.history[HISTORY:]
 
     def native(self, code: tuple, flags: int, records: bytearray, refs: list) -> None:
         index, vaddr = self._address(code)
-        self.history.insert(0, (index, vaddr))
-        del self.history[HISTORY:]
+        self._remember((index, vaddr))
         if index == len(self.modules):
             ref = DecodedNative(None, vaddr, bool(flags & F_EXACT))
         else:
             module, bias = self.modules[index]
             if bias is not None:   # loaded here: an ordinary native frame, re-based
                 records += RECORD.pack(_pc(bias + vaddr, flags), -1, KIND_NATIVE, flags, 0)
+                self.decoded.append((None, (index, vaddr)))
                 return
             _pc(vaddr, flags)
             ref = DecodedNative(module, vaddr, bool(flags & F_EXACT))
         records += RECORD.pack(id(ref), -1, KIND_DECODED, flags, 0)
         refs.append(ref)
+        self.decoded.append((ref, (index, vaddr)))
 
     def _address(self, code: tuple) -> tuple:
         r = self.r
