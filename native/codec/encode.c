@@ -252,6 +252,12 @@ typedef struct {
     uint64_t module_id;   /* 0: no module contains the pc */
     uint64_t vaddr;       /* pc - load bias (the pc itself without a module) */
     int index;            /* in the token's module table (collect_modules()) */
+    /* What a COPY must reproduce of the frame (codec.py's _copy_key()):
+     * native: flags, module index, vaddr; Python: flags, name and file
+     * (indices in their tables), line + 1 (0: none). */
+    uint64_t key[2];
+    int name, file;       /* Python: string table indices */
+    int earlier;          /* the previous frame with the same key, -1: none */
 } place;
 
 typedef struct {
@@ -263,6 +269,7 @@ typedef struct {
 typedef struct {
     text items[MAX_STRINGS];   /* distinct strings, in order: the table and the reference list */
     int count;
+    int written;               /* how many of them the token holds so far */
 } string_table;
 
 typedef struct {
@@ -385,55 +392,57 @@ static int utf8_of(PyObject *str, text *out)
     return 0;
 }
 
-static void put_reference(bit_writer *w, const string_table *t, int i)
-{
-    put(w, 0, 1);
-    put(w, (uint64_t)i, bit_length((uint64_t)t->count - 1));
-}
-
-/* A table reference (bit 0 + index) or a new string (bit 1 + the string
- * against the earlier one it shares the most with, the first on a tie). */
-static int put_string(bit_writer *w, string_table *t, PyObject *str)
+/* str's index in the table, added if new (the same object, else the same
+ * bytes: the same string); -1 if it cannot be written here. */
+static int intern_string(string_table *t, PyObject *str)
 {
     for (int i = 0; i < t->count; i++)
-        if (t->items[i].object == str) {   /* the same object: the same string */
-            put_reference(w, t, i);
-            return 0;
-        }
-    text utf8, *s = &utf8;
-    if (utf8_of(str, s) < 0)
+        if (t->items[i].object == str)
+            return i;
+    text utf8;
+    if (utf8_of(str, &utf8) < 0)
         return -1;
-    for (int i = 0; i < t->count; i++) {
-        if (t->items[i].len == s->len && memcmp(t->items[i].data, s->data, s->len) == 0) {
-            put_reference(w, t, i);
-            return 0;
-        }
-    }
+    for (int i = 0; i < t->count; i++)
+        if (t->items[i].len == utf8.len && memcmp(t->items[i].data, utf8.data, utf8.len) == 0)
+            return i;
     if (t->count == MAX_STRINGS)
         return -1;
+    t->items[t->count] = utf8;
+    return t->count++;
+}
+
+/* String i of the table: a reference (bit 0 + index) to one the token
+ * holds, or the next new one (bit 1 + the string against the earlier one
+ * it shares the most with, the first on a tie). */
+static void put_string(bit_writer *w, string_table *t, int i)
+{
+    if (i < t->written) {
+        put(w, 0, 1);
+        put(w, (uint64_t)i, bit_length((uint64_t)t->written - 1));
+        return;
+    }
+    const text *s = &t->items[i];   /* i == t->written: strings are interned in frame order */
     put(w, 1, 1);
     size_t prefix = 0, suffix = 0;
-    if (t->count) {
+    if (t->written) {
         int best = 0;
         size_t best_shared = sharing(s, &t->items[0], &prefix, &suffix);
-        for (int i = 1; i < t->count; i++) {
-            size_t p, q, shared = sharing(s, &t->items[i], &p, &q);
+        for (int k = 1; k < t->written; k++) {
+            size_t p, q, shared = sharing(s, &t->items[k], &p, &q);
             if (shared > best_shared) {
-                best = i;
+                best = k;
                 best_shared = shared;
                 prefix = p;
                 suffix = q;
             }
         }
-        put(w, (uint64_t)best, bit_length((uint64_t)t->count - 1));
+        put(w, (uint64_t)best, bit_length((uint64_t)t->written - 1));
     }
     put_varint(w, prefix);
     put_varint(w, suffix);
     put_symbols(w, s->data + prefix, s->len - prefix - suffix);
-    t->items[t->count++] = *s;
-    return 0;
+    t->written++;
 }
-
 
 /* Lines per (code object, instruction offset): PyCode_Addr2Line() walks
  * the line table from its start every time.  Direct-mapped, bounded; an
@@ -485,18 +494,31 @@ void btc_encode_forget(int modules, int lines)
         Py_CLEAR(line_cache[i].code);
 }
 
-static int put_python(bit_writer *w, encoder *e, const btc_frame *f)
+#define KEY_PYTHON 0x80   /* above the flags a key keeps */
+
+/* A Python frame's copy key: its strings interned, its line looked up. */
+static int python_key(encoder *e, const btc_frame *f, place *p)
 {
     PyObject *obj = (PyObject *)f->addr;
     if (!PyCode_Check(obj))
         return -1;
     PyCodeObject *code = (PyCodeObject *)obj;
-    put(w, 0b011, 3);
-    if (put_string(w, &e->names, code->co_qualname) < 0 || put_string(w, &e->files, code->co_filename) < 0)
+    p->name = intern_string(&e->names, code->co_qualname);
+    p->file = p->name < 0 ? -1 : intern_string(&e->files, code->co_filename);
+    if (p->file < 0)
         return -1;
     int line = line_of(code, f->lasti);
-    put_uint(w, line < 0 ? 0 : (uint64_t)line + 1);
+    p->key[0] = (uint64_t)p->name << 34 | (uint64_t)p->file << 8 | (f->flags & BTC_F_JOIN) | KEY_PYTHON;
+    p->key[1] = line < 0 ? 0 : (uint64_t)line + 1;
     return 0;
+}
+
+static void put_python(bit_writer *w, encoder *e, const place *p)
+{
+    put(w, 0b011, 3);
+    put_string(w, &e->names, p->name);
+    put_string(w, &e->files, p->file);
+    put_uint(w, p->key[1]);
 }
 
 /* ---- the entry point ---- */
@@ -583,22 +605,86 @@ static int collect_modules(encoder *e, const btc_frame *frames, int n, place *pl
     return need->count;
 }
 
-static int put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n, const place *places)
+/* COPY (design.md, format 4): the next L >= MIN_COPY frames are those D >= L
+ * frames back; the run is searched among the MAX_CHAIN nearest earlier
+ * frames with the same key as the next one (codec.py's _Copies). */
+#define MIN_COPY 2
+#define MAX_CHAIN 16
+#define COPY_BASE 0
+
+static bool same_key(const place *a, const place *b)
 {
+    return a->key[0] == b->key[0] && a->key[1] == b->key[1];
+}
+
+/* Every frame's key, and the previous frame with the same key: an open
+ * addressing table of nslots (a power of two > n) frame numbers. */
+static int link_keys(encoder *e, const btc_frame *frames, int n, place *places, int *slots, unsigned slot_bits)
+{
+    size_t mask = ((size_t)1 << slot_bits) - 1;
+    memset(slots, -1, sizeof *slots * (mask + 1));
     for (int i = 0; i < n; i++) {
-        const btc_frame *f = &frames[i];
-        if (f->flags & BTC_F_JOIN)
-            put(w, 0b1111, 4);
-        if (f->kind == BTC_KIND_PYTHON) {
-            if (put_python(w, e, f) < 0)
+        place *p = &places[i];
+        if (frames[i].kind == BTC_KIND_PYTHON) {
+            if (python_key(e, &frames[i], p) < 0)
                 return -1;
-            continue;
+        } else {
+            p->key[0] = (uint64_t)p->index << 8 | (frames[i].flags & (BTC_F_JOIN | BTC_F_EXACT));
+            p->key[1] = p->vaddr;
         }
-        if (f->flags & BTC_F_EXACT)
-            put(w, 0b0111, 4);
-        put_native(w, e, places[i].index, places[i].vaddr);
+        uint64_t mixed = p->key[0] * UINT64_C(0x9E3779B97F4A7C15) ^ p->key[1] * UINT64_C(0xC2B2AE3D27D4EB4F);
+        size_t h = (size_t)(mixed >> (64 - slot_bits));
+        while (slots[h] >= 0 && !same_key(&places[slots[h]], p))
+            h = (h + 1) & mask;
+        p->earlier = slots[h];
+        slots[h] = i;
     }
     return 0;
+}
+
+/* The length of the longest earlier run equal to the frames from i (the
+ * first found, nearest first), *distance how far back it starts. */
+static int longest_copy(const place *places, int n, int i, int *distance)
+{
+    int best = 0, chain = 0;
+    for (int j = places[i].earlier; j >= 0 && chain < MAX_CHAIN; j = places[j].earlier, chain++) {
+        int most = i - j < n - i ? i - j : n - i, length = 1;
+        while (length < most && same_key(&places[j + length], &places[i + length]))
+            length++;
+        if (length > best) {
+            best = length;
+            *distance = i - j;
+        }
+    }
+    return best;
+}
+
+static void put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n, const place *places)
+{
+    for (int i = 0; i < n;) {
+        int distance = 0, length = longest_copy(places, n, i, &distance);
+        if (length >= MIN_COPY) {
+            put(w, 0b11111, 5);   /* COPY */
+            put_ulen(w, (uint64_t)length, COPY_BASE);
+            put_ulen(w, (uint64_t)distance, COPY_BASE);
+            for (int k = i; k < i + length; k++)   /* the copied native frames are the latest ones */
+                if (frames[k].kind == BTC_KIND_NATIVE)
+                    remember(e, places[k].index, places[k].vaddr);
+            i += length;
+            continue;
+        }
+        const btc_frame *f = &frames[i];
+        if (f->flags & BTC_F_JOIN)
+            put(w, 0b01111, 5);
+        if (f->kind == BTC_KIND_PYTHON) {
+            put_python(w, e, &places[i]);
+        } else {
+            if (f->flags & BTC_F_EXACT)
+                put(w, 0b0111, 4);
+            put_native(w, e, places[i].index, places[i].vaddr);
+        }
+        i++;
+    }
 }
 
 /* Reused from call to call (GIL-held): the encoder's state, the places of
@@ -606,7 +692,15 @@ static int put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n,
 static encoder enc;
 static place *places;
 static size_t places_bytes;
+static int *slots;        /* link_keys()'s table */
+static size_t slots_bytes;
 static bit_writer scratch;   /* its buffer, kept from call to call */
+
+/* link_keys()'s table: more than twice as many slots as frames. */
+static unsigned slot_bits(int n)
+{
+    return bit_length((uint64_t)n) + 1;
+}
 
 static bool reserve(void **buf, size_t *cap, size_t want)
 {
@@ -639,10 +733,13 @@ static PyObject *token_of(const bit_writer *w)
 static int encode_into(const btc_frame *frames, int n, int truncated, PyObject *into, btc_encode_need *need)
 {
     encoder *e = &enc;
-    e->nmodules = e->seen = e->nhistory = e->names.count = e->files.count = 0;
+    e->nmodules = e->seen = e->nhistory = 0;
+    e->names.count = e->names.written = e->files.count = e->files.written = 0;
     map_places(frames, n, places);
     if (collect_modules(e, frames, n, places, need))
         return BTC_ENCODE_NEED_MODULE;
+    if (link_keys(e, frames, n, places, slots, slot_bits(n)) < 0)
+        return BTC_ENCODE_ELSEWHERE;
     bit_writer *w = &scratch;
     w->len = w->acc = w->nacc = 0;
     w->failed = false;
@@ -652,8 +749,7 @@ static int encode_into(const btc_frame *frames, int n, int truncated, PyObject *
     for (int i = 0; i < e->nmodules; i++)
         put_entry(w, e->modules[i]);
     put_varint(w, (uint64_t)n);
-    if (put_frames(w, e, frames, n, places) < 0)
-        return BTC_ENCODE_ELSEWHERE;
+    put_frames(w, e, frames, n, places);
     size_t nbits = bit_count(w);
     flush_word(w);   /* the pending bits, zero-padded */
     w->len = (nbits + 7) / 8;
@@ -707,7 +803,8 @@ int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need)
         if (frames[i].kind != BTC_KIND_NATIVE && frames[i].kind != BTC_KIND_PYTHON)
             return BTC_ENCODE_ELSEWHERE;   /* decoded frames: the reference encoder */
     init_symbols();
-    if (!reserve((void **)&places, &places_bytes, sizeof *places * (size_t)(n ? n : 1)))
+    if (!reserve((void **)&places, &places_bytes, sizeof *places * (size_t)(n ? n : 1)) ||
+        !reserve((void **)&slots, &slots_bytes, sizeof *slots << slot_bits(n)))
         return BTC_ENCODE_ELSEWHERE;
     int rc = encode_into(frames, n, truncated, (PyObject *)into, need);
     release_evicted();

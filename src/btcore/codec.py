@@ -875,7 +875,7 @@ def _body(token: str) -> tuple:
     version = int(m.group(1))
     if version not in READ_VERSIONS:
         earlier = " (an earlier format, no longer read)" if 0 < version < min(READ_VERSIONS) else ""
-        known = " and ".join(map(str, READ_VERSIONS))
+        known = ", ".join(map(str, READ_VERSIONS[:-1])) + f" and {READ_VERSIONS[-1]}"
         raise ValueError(f"unknown btcore token version {m.group(1)}{earlier}: this btcore reads versions {known}")
     body = m.group(2)
     if len(body) % 4 == 1:
