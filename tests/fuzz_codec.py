@@ -58,9 +58,13 @@ def seeds() -> list:
 
 def repetitive(**kw):
     """A backtrace 12 levels deep in Python -> sorted() (C) -> Python."""
+    got = []
+
     def level(n):
-        return sorted([n], key=lambda item: level(n - 1) if n else btcore.collect(capacity=256, **kw))[0]
-    return level(12)
+        return sorted([n], key=lambda item: level(n - 1) if n else got.append(btcore.collect(capacity=256, **kw)))
+
+    level(12)
+    return got[0]
 
 
 def token_from_a_file(path: bool) -> str:
