@@ -124,6 +124,46 @@ def test_format_2_tokens_still_decode(chain):
 FORMAT_3_TOKEN = "btc3.KBwgMEAAbNwmlRYYSlsIZNZDcZsUgNx_OjQigV7_BQABAADwLwDTHwCgBJyuCzrzF_whiAg"
 
 
+def long_names_token(frames, length):
+    """A hostile token: a Python frame named by `length` bytes, then frames
+    whose new names each take that name whole and add one letter (a few
+    bits per frame for `length` bytes of string)."""
+    w = codec._Writer()
+    w.put(0, 1)
+    w.put(codec.BUILD_ID_BYTES, 4)
+    w.varint(0)
+    w.varint(frames)
+    for i in range(frames):
+        w.code(codec.PYTHON_FRAME)
+        w.put(1, 1)   # a new name
+        if i:
+            w.put(0, (i - 1).bit_length())   # made from the first one
+        w.varint(length if i else 0)
+        w.varint(0)
+        w.symbols(b"a" * (0 if i else length) + b"b")
+        if i:
+            w.put(0, 1)   # the file: a reference to the first one
+        else:
+            w.put(1, 1)
+            w.varint(0)
+            w.varint(0)
+            w.symbols(b"f")
+        w.uint(1)
+    return w.token()
+
+
+def test_strings_taken_whole_from_earlier_ones_are_bounded():
+    """Guards the decoder's bound on strings: a token of 100 k characters whose names
+    copy a 100 kB name 200 times (20 MB) is refused, not decoded into
+    memory; below the bound the same construction decodes."""
+    token = long_names_token(200, 100_000)
+    assert len(token) < 140_000
+    with pytest.raises(ValueError, match="strings are longer than"):
+        btcore.decode(token)
+    fine = btcore.decode(long_names_token(20, 100_000))
+    assert [len(r.function) for r in fine._refs] == [100_001] * 20
+
+
 def test_format_3_tokens_still_decode():
     """Guards: tokens of format 3 (in logs before format 4) decode, their
     append modifier (1 1 1 1, a copy's prefix in format 4) included."""

@@ -46,6 +46,7 @@ TOKEN = re.compile(r"btc(\d+)\.([A-Za-z0-9_-]*)")
 TOKEN_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])btc\d+\.[A-Za-z0-9_-]*")
 MAX_TOKEN_CHARS = 1 << 20
 MAX_MODULES = 4096
+MAX_STRING_BYTES = 1 << 24  # the new strings of one token, together (names and files)
 BUILD_ID_BYTES = lib.BTC_TOKEN_BUILD_ID_BYTES   # the build-id prefix encoders write (decoders: 4 to 15)
 MIN_BUILD_ID_BYTES = 4      # 2^-32: the chance that another build matches by accident
 HISTORY = 4                 # native frames a repeat or delta may refer back to
@@ -233,14 +234,20 @@ class _Reader:
             if not group & 16:
                 return value
 
-    def string(self, earlier: list) -> bytes:
-        """A new string of a table (see _Writer.string); appended to earlier."""
+    def string(self, earlier: list, budget: int) -> bytes:
+        """A new string of a table (see _Writer.string); appended to earlier.
+        At most budget bytes: a string taken whole from an earlier one costs
+        a few bits, so without a bound on their sum a short token could
+        decode to gigabytes (each string is at most the bytes of the token's
+        bits, and the sum of the strings at most budget)."""
         ref = self.get((len(earlier) - 1).bit_length()) if earlier else 0
         if earlier and ref >= len(earlier):
             raise ValueError(f"corrupted token: string {ref} of {len(earlier)}")
         base = earlier[ref] if earlier else b""
         prefix = self.varint(len(base), "shared prefix length")
         suffix = self.varint(len(base) - prefix, "shared suffix length")
+        if prefix + suffix > budget:
+            raise ValueError(f"corrupted token: its strings are longer than {MAX_STRING_BYTES} bytes")
         earlier.append(base[:prefix] + self.symbols() + base[len(base) - suffix:])
         return earlier[-1]
 
@@ -972,6 +979,7 @@ class _FrameReader:
         self.history = []
         self.names, self.files = [], []                 # decoded strings, in order
         self.name_bytes, self.file_bytes = [], []       # reference lists of new strings
+        self.string_budget = MAX_STRING_BYTES
 
     def frames(self, count: int) -> tuple:
         records, refs = bytearray(), []
@@ -1104,7 +1112,11 @@ class _FrameReader:
         """A table reference (bit 0 + index) or a new string (bit 1 + text)."""
         r = self.r
         if r.get(1):
-            table.append(_text(r.string(earlier)))
+            data = r.string(earlier, self.string_budget)
+            self.string_budget -= len(data)
+            if self.string_budget < 0:
+                raise ValueError(f"corrupted token: its strings are longer than {MAX_STRING_BYTES} bytes")
+            table.append(_text(data))
             return table[-1]
         if not table:
             raise ValueError("corrupted token: a string reference before any string")
