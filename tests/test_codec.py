@@ -317,6 +317,33 @@ def test_c_encoder_writes_the_reference_token_cold_and_warm(chain):
         assert cold == bt.encode() == codec._encode(bt)
 
 
+def every_utf8_byte() -> str:
+    """A str whose UTF-8 holds every byte value valid UTF-8 can hold (all
+    but 0xC0, 0xC1, 0xF5-0xFF), and every word of the string code."""
+    chars = [chr(c) for c in range(1, 0x80)] + [chr(c) for c in range(0x80, 0xC0)]   # continuation bytes
+    chars += [chr((lead & 0x1F) << 6) for lead in range(0xC2, 0xE0)]
+    chars += [chr(0x800 if lead == 0xE0 else (lead & 0x0F) << 12) for lead in range(0xE0, 0xF0)]
+    chars += [chr(0x10000 if lead == 0xF0 else (lead & 0x07) << 18) for lead in range(0xF0, 0xF5)]
+    return "".join(chars) + "".join(codec.WORDS) + "x".join(codec.WORDS)
+
+
+def test_c_encoder_codes_every_byte_and_word_as_the_reference():
+    """Guards the C encoder's copy of the string code: a name and a file
+    holding every byte value and every word are written as the reference
+    writes them (the same code lengths, the same canonical codes, the same
+    cutting into words) and decode to themselves."""
+    text = every_utf8_byte()
+    assert {b for b in text.encode()} == set(range(1, 0xC0)) | set(range(0xC2, 0xF5))
+    code = every_utf8_byte.__code__.replace(co_qualname=text, co_filename="/x/" + text[::-1])
+    bt = btcore.backtrace._new(btcore.Backtrace)
+    bt._capacity, bt._raw, bt._refs, bt.truncated = 1, bytearray(
+        btcore.backtrace.RECORD.pack(id(code), 0, btcore.backtrace.KIND_PYTHON, 0, 0)), (code,), False
+    token = bt.encode()
+    assert token == codec._encode(bt)
+    [frame] = btcore.decode(token)._refs
+    assert (frame.function, frame.file) == (text, "/x/" + text[::-1])
+
+
 def test_module_paths_are_kept_only_outside_the_searched_places(chain):
     """Guards: a module in a place the decoder searches by build-id (libc,
     libpython) is named by build-id alone; the fixture, built in a

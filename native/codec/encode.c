@@ -148,41 +148,98 @@ static void put_varint(bit_writer *w, uint64_t v)
     }
 }
 
-/* 6-bit symbols: ALPHABET[s] for s < 62, 62 = a raw byte follows, 63 = end */
-#define SYMBOL_ESCAPE 62
-#define SYMBOL_END 63
-static const char ALPHABET[] = "/._-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV";
-static int8_t symbol_of[256];
+/* Strings (format 4): codec.py's static canonical Huffman code over the
+ * 256 byte values, STRING_END and the WORDS, a string cut greedily into
+ * words (the longest that starts here) and bytes.  The same numbers as
+ * codec.py's CODE_LENGTHS (tests/test_codec.py writes every byte value a
+ * Python string can hold, and every word, through both encoders). */
+#define STRING_END 256
+#define NWORDS 10
+#define NSYMBOLS (STRING_END + 1 + NWORDS)
+#define MAX_CODE_LENGTH 21
+static const char *const WORDS[NWORDS] = {"<locals>", "<lambda>", "<module>", "<listcomp>", "<genexpr>", "__init__", ".py", "site-packages/", "/lib/python3.", "dist-packages/"};
+static const uint8_t CODE_LENGTHS[NSYMBOLS] = {
+    21, 21, 21, 21, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 12, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 17, 20, 10, 6, 4,
+    12, 7, 9, 9, 11, 14, 10, 12, 11, 16, 20, 20, 12, 20, 12, 20, 20, 9, 9, 8, 9, 9, 9, 11, 10, 9,
+    14, 13, 9, 9, 10, 10, 8, 13, 9, 8, 8, 10, 11, 10, 15, 16, 13, 20, 20, 20, 20, 5, 20, 4, 7, 5,
+    6, 4, 7, 6, 6, 4, 8, 7, 5, 6, 5, 4, 5, 10, 4, 4, 4, 5, 6, 8, 8, 7, 9, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 5, 7, 7, 7, 7, 7, 7, 6, 7, 7, 7};
+static uint32_t reversed_code[NSYMBOLS];   /* the stream's first bit is the code's most significant */
+static uint8_t word_length[NWORDS];
+static uint8_t word_order[NWORDS];         /* longest first, then in WORDS order */
+static bool word_start[256];
 static bool symbols_ready;
 
+static uint32_t reverse_bits(uint32_t code, unsigned length)
+{
+    uint32_t out = 0;
+    for (unsigned i = 0; i < length; i++)
+        out |= ((code >> i) & 1) << (length - 1 - i);
+    return out;
+}
+
+/* Canonical codes: by length, then by symbol value (codec.py's _canonical()). */
 static void init_symbols(void)
 {
     if (symbols_ready)
         return;
-    memset(symbol_of, -1, sizeof symbol_of);
-    for (int i = 0; ALPHABET[i]; i++)
-        symbol_of[(uint8_t)ALPHABET[i]] = (int8_t)i;
+    uint32_t code = 0;
+    for (unsigned length = 1; length <= MAX_CODE_LENGTH; length++, code <<= 1)
+        for (int s = 0; s < NSYMBOLS; s++)
+            if (CODE_LENGTHS[s] == length)
+                reversed_code[s] = reverse_bits(code++, length);
+    for (int w = 0; w < NWORDS; w++) {
+        word_length[w] = (uint8_t)strlen(WORDS[w]);
+        word_start[(uint8_t)WORDS[w][0]] = true;
+        int at = w;   /* insertion: longer first, ties in WORDS order */
+        while (at > 0 && word_length[word_order[at - 1]] < word_length[w]) {
+            word_order[at] = word_order[at - 1];
+            at--;
+        }
+        word_order[at] = (uint8_t)w;
+    }
     symbols_ready = true;
 }
 
-/* Symbols gathered into one put() per 50 bits or so: strings are most of
- * a merged token's bits. */
+/* The symbol at data[*at] (a word, else the byte); *at moves past it. */
+static int next_symbol(const uint8_t *data, size_t len, size_t *at)
+{
+    uint8_t byte = data[*at];
+    if (word_start[byte])
+        for (int k = 0; k < NWORDS; k++) {
+            int w = word_order[k];
+            if (len - *at >= word_length[w] && memcmp(data + *at, WORDS[w], word_length[w]) == 0) {
+                *at += word_length[w];
+                return STRING_END + 1 + w;
+            }
+        }
+    (*at)++;
+    return byte;
+}
+
+/* Codes gathered into one put() per 40 bits or so: strings are most of a
+ * merged token's bits. */
 static void put_symbols(bit_writer *w, const uint8_t *data, size_t len)
 {
     uint64_t batch = 0;
     unsigned width = 0;
-    for (size_t i = 0; i < len; i++) {
-        int s = symbol_of[data[i]];
-        uint64_t symbol = s < 0 ? SYMBOL_ESCAPE | (uint64_t)data[i] << 6 : (uint64_t)s;
-        batch |= symbol << width;
-        width += s < 0 ? 14 : 6;
-        if (width > 50) {   /* room for the next symbol, escaped or not, is gone */
+    for (size_t at = 0; at < len;) {
+        int s = next_symbol(data, len, &at);
+        batch |= (uint64_t)reversed_code[s] << width;
+        width += CODE_LENGTHS[s];
+        if (width > 64 - MAX_CODE_LENGTH) {   /* room for the next code is gone */
             put(w, batch, width);
             batch = 0;
             width = 0;
         }
     }
-    put(w, batch | (uint64_t)SYMBOL_END << width, width + 6);
+    put(w, batch | (uint64_t)reversed_code[STRING_END] << width, width + CODE_LENGTHS[STRING_END]);
 }
 
 /* ---- modules: table entries taught by Python, kept by module id ---- */

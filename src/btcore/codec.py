@@ -94,19 +94,84 @@ _SYMBOL_OF = {ord(c): i for i, c in enumerate(ALPHABET)}
 _LETTERS = ALPHABET.encode()
 ESCAPE, END = 62, 63
 
+# Strings, format 4: a static canonical Huffman code (design.md) over the
+# 256 byte values, STRING_END and the WORDS, which a string is cut into
+# greedily (the longest word that starts here, else the byte).  Code
+# lengths per byte value in base 32 (then STRING_END's and the words'),
+# from the frequencies in the qualified names and files of the functions
+# of CPython's standard library and a few packages (file paths under
+# several usual prefixes), each words' raised to a lowercase letter's: a
+# name or path letter costs 4-7 bits instead of 6, '<' and '>' 12 instead
+# of 14, a word 6-7.  Every code length is at most 21; the code is
+# complete, so any bits decode to symbols.
+WORDS = ('<locals>', '<lambda>', '<module>', '<listcomp>', '<genexpr>', '__init__', '.py', 'site-packages/', '/lib/python3.', 'dist-packages/')
+_BYTE_CODE_LENGTHS = (
+    "LLLLKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
+    "CKKKKKKKKKKHKA64C799BEACBGKKCKCK"
+    "K998999BA9ED99AA8D988ABAFGDKKKK5"
+    "K4756476648756545A444568879KKKKK"
+    "KKKKKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
+    "KKKKKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
+    "KKKKKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
+    "KKKKKKKKKKKKKKKKKKKKKKKKKKKKKKKK")
+CODE_LENGTHS = tuple(int(c, 32) for c in "".join(_BYTE_CODE_LENGTHS)) + (5, 7, 7, 7, 7, 7, 7, 6, 7, 7, 7)
+STRING_END = 256
+MAX_CODE_LENGTH = max(CODE_LENGTHS)
+_WORD_ORDER = tuple(sorted(range(len(WORDS)), key=lambda w: (-len(WORDS[w]), w)))   # longest first
+_WORD_STARTS = {ord(w[0]) for w in WORDS}
+
+
+def _canonical(lengths: tuple) -> tuple:
+    """(symbols sorted by code length then value, count of codes per length,
+    each symbol's code with its bits reversed: the stream's first bit is the
+    code's most significant)."""
+    order = sorted(range(len(lengths)), key=lambda s: (lengths[s], s))
+    counts = [0] * (MAX_CODE_LENGTH + 1)
+    reversed_codes = [0] * len(lengths)
+    code = previous = 0
+    for s in order:
+        code <<= lengths[s] - previous
+        previous = lengths[s]
+        counts[previous] += 1
+        reversed_codes[s] = int(format(code, f"0{previous}b")[::-1], 2)
+        code += 1
+    return tuple(order), tuple(counts), tuple(reversed_codes)
+
+
+_CODE_ORDER, _CODE_COUNTS, _REVERSED_CODES = _canonical(CODE_LENGTHS)
+_EXPANSIONS = tuple(bytes([b]) for b in range(256)) + (b"",) + tuple(w.encode() for w in WORDS)
+
+
+def _string_symbols(data: bytes):
+    """data cut into symbols (a word where one starts, else a byte), then STRING_END."""
+    at = 0
+    while at < len(data):
+        byte = data[at]
+        if byte in _WORD_STARTS:
+            word = next((w for w in _WORD_ORDER if data.startswith(_EXPANSIONS[STRING_END + 1 + w], at)), None)
+            if word is not None:
+                yield STRING_END + 1 + word
+                at += len(WORDS[word])
+                continue
+        yield byte
+        at += 1
+    yield STRING_END
+
 
 # ---- bits ----
 
 class _Writer:
     """Bits LSB first: a small int of fewer than 64 pending bits, flushed to
-    bytes 8 at a time (one growing int would make every write copy it)."""
+    bytes 8 at a time (one growing int would make every write copy it);
+    strings as the format `version` codes them."""
 
-    __slots__ = ("out", "acc", "nbits")
+    __slots__ = ("out", "acc", "nbits", "version")
 
-    def __init__(self):
+    def __init__(self, version: int = VERSION):
         self.out = bytearray()
         self.acc = 0
         self.nbits = 0
+        self.version = version
 
     def put(self, value: int, width: int) -> None:
         self.acc |= value << self.nbits
@@ -157,7 +222,12 @@ class _Writer:
         earlier.append(data)
 
     def symbols(self, data: bytes) -> None:
-        """data as 6-bit symbols (14 bits for a byte outside ALPHABET), then END."""
+        """data as 6-bit symbols (14 bits for a byte outside ALPHABET), then
+        END; format 4: as Huffman codes of its symbols, then STRING_END's."""
+        if self.version >= 4:
+            for symbol in _string_symbols(data):
+                self.put(_REVERSED_CODES[symbol], CODE_LENGTHS[symbol])
+            return
         symbols = width = 0   # packed here, written with one put()
         for byte in data:
             symbol = _SYMBOL_OF.get(byte)
@@ -192,11 +262,12 @@ class _Reader:
     """Bits LSB first, through a window of WINDOW bytes as one int: a read
     costs a shift of a small int, whatever the token's length."""
 
-    __slots__ = ("data", "pos", "end", "window", "window_pos", "window_end")
+    __slots__ = ("data", "pos", "end", "window", "window_pos", "window_end", "version")
     WINDOW = 128
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, version: int = VERSION):
         self.data = data
+        self.version = version
         self.pos = 0
         self.end = len(data) * 8
         self.window, self.window_pos, self.window_end = 0, 0, 0
@@ -253,6 +324,8 @@ class _Reader:
 
     def symbols(self) -> bytes:
         """Symbols up to END (see _Writer.symbols)."""
+        if self.version >= 4:
+            return self.huffman()
         out = bytearray()
         get, letters = self.get, _LETTERS
         while True:
@@ -260,6 +333,27 @@ class _Reader:
             if symbol == END:
                 return bytes(out)
             out.append(get(8) if symbol == ESCAPE else letters[symbol])
+
+    def huffman(self) -> bytes:
+        """Huffman-coded symbols up to STRING_END, read a bit at a time
+        (canonical decoding, as zlib's puff.c): every code ends within
+        MAX_CODE_LENGTH bits."""
+        out = bytearray()
+        get, counts, order, expansions = self.get, _CODE_COUNTS, _CODE_ORDER, _EXPANSIONS
+        while True:
+            code = first = index = 0
+            for length in range(1, MAX_CODE_LENGTH + 1):
+                code |= get(1)
+                count = counts[length]
+                if code - first < count:
+                    symbol = order[index + code - first]
+                    break
+                index += count
+                first = (first + count) << 1
+                code <<= 1
+            if symbol == STRING_END:
+                return bytes(out)
+            out += expansions[symbol]
 
     def finish(self) -> None:
         left = self.end - self.pos
@@ -311,7 +405,7 @@ def module_entry_key(mod: _Module) -> tuple:
 def module_identity(key: tuple, version: int = VERSION) -> tuple:
     """A module table entry, (value, width) in bits (design.md)."""
     build_id, path = key
-    w = _Writer()
+    w = _Writer(version)
     if version == 2:
         w.put(bool(build_id), 1)
     else:   # the common entry, a build-id alone, costs one flag
@@ -649,7 +743,7 @@ def _write(truncated: bool, items: list, version: int = VERSION) -> str:
     for item in items:
         if len(item) == 3 and item[1] is not None:
             modules.setdefault(item[1], len(modules))
-    w = _Writer()
+    w = _Writer(version)
     w.put(truncated, 1)
     w.put(BUILD_ID_BYTES, 4)
     w.varint(len(modules))
@@ -858,7 +952,7 @@ def decode(token: str, search=None) -> DecodedBacktrace:
     if search is None:
         search = os.environ.get(SEARCH_PATH_VARIABLE, "").split(os.pathsep)
     version, data = _body(token)
-    r = _Reader(data)
+    r = _Reader(data, version)
     truncated = bool(r.get(1))
     modules = _read_modules(r, tuple(search), version)
     count = r.varint(MAX_CAPACITY, "frame count")
