@@ -172,8 +172,9 @@ static const uint8_t CODE_LENGTHS[NSYMBOLS] = {
     20, 20, 20, 20, 20, 20, 20, 5, 7, 7, 7, 7, 7, 7, 6, 7, 7, 7};
 static uint32_t reversed_code[NSYMBOLS];   /* the stream's first bit is the code's most significant */
 static uint8_t word_length[NWORDS];
-static uint8_t word_order[NWORDS];         /* longest first, then in WORDS order */
-static bool word_start[256];
+/* Per first byte, the words that start with it, longest first (then in
+ * WORDS order), ended by -1: most bytes start none, '/' and 's' one. */
+static int8_t words_at[256][NWORDS + 1];
 static bool symbols_ready;
 
 static uint32_t reverse_bits(uint32_t code, unsigned length)
@@ -194,15 +195,18 @@ static void init_symbols(void)
         for (int s = 0; s < NSYMBOLS; s++)
             if (CODE_LENGTHS[s] == length)
                 reversed_code[s] = reverse_bits(code++, length);
+    memset(words_at, -1, sizeof words_at);
     for (int w = 0; w < NWORDS; w++) {
         word_length[w] = (uint8_t)strlen(WORDS[w]);
-        word_start[(uint8_t)WORDS[w][0]] = true;
-        int at = w;   /* insertion: longer first, ties in WORDS order */
-        while (at > 0 && word_length[word_order[at - 1]] < word_length[w]) {
-            word_order[at] = word_order[at - 1];
+        int8_t *list = words_at[(uint8_t)WORDS[w][0]];
+        int at = 0;
+        while (list[at] >= 0)
+            at++;
+        while (at > 0 && word_length[list[at - 1]] < word_length[w]) {   /* insertion: longer first */
+            list[at] = list[at - 1];
             at--;
         }
-        word_order[at] = (uint8_t)w;
+        list[at] = (int8_t)w;
     }
     symbols_ready = true;
 }
@@ -211,14 +215,17 @@ static void init_symbols(void)
 static int next_symbol(const uint8_t *data, size_t len, size_t *at)
 {
     uint8_t byte = data[*at];
-    if (word_start[byte])
-        for (int k = 0; k < NWORDS; k++) {
-            int w = word_order[k];
-            if (len - *at >= word_length[w] && memcmp(data + *at, WORDS[w], word_length[w]) == 0) {
-                *at += word_length[w];
-                return STRING_END + 1 + w;
-            }
+    for (const int8_t *w = words_at[byte]; *w >= 0; w++) {
+        size_t n = word_length[*w], i = 1;
+        if (len - *at < n)
+            continue;
+        while (i < n && data[*at + i] == (uint8_t)WORDS[*w][i])
+            i++;
+        if (i == n) {
+            *at += n;
+            return STRING_END + 1 + *w;
         }
+    }
     (*at)++;
     return byte;
 }
