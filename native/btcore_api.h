@@ -320,6 +320,10 @@ int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);
  * (lines != 0): tests and benchmarks of a cold encoder.  Runs with the GIL
  * held. */
 void btc_encode_forget(int modules, int lines);
+/* Make Backtrace.encode() (of backtrace_type) a builtin method doing what
+ * btc_encode() does and handing every other call to python_impl(bt)
+ * (codec.encode()); doc is its __doc__ (copied).  Returns 0 or -1. */
+int btc_install_encode(uintptr_t backtrace_type, uintptr_t python_impl, const char *doc);
 
 /* ---- signal-context capture and the watchdog (capture/signal_capture.c, watch/) ---- */
 

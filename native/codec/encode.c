@@ -364,7 +364,8 @@ static int module_index(encoder *e, uint64_t id)
 
 static void remember(encoder *e, int index, uint64_t vaddr)
 {
-    memmove(&e->history[1], &e->history[0], sizeof e->history[0] * (HISTORY - 1));
+    for (int k = HISTORY - 1; k > 0; k--)   /* not memmove(): a call per native frame showed in profiles */
+        e->history[k] = e->history[k - 1];
     e->history[0].index = index;
     e->history[0].vaddr = vaddr;
     if (e->nhistory < HISTORY)
@@ -723,6 +724,18 @@ static int longest_copy(const place *places, int n, int i, int *distance)
     return best;
 }
 
+/* The native frames of frames [from, to) are the latest ones: the last
+ * HISTORY of them (all a long run needs) remembered in order. */
+static void remember_run(encoder *e, const btc_frame *frames, const place *places, int from, int to)
+{
+    int start = to, natives = 0;
+    while (start > from && natives < HISTORY)
+        natives += frames[--start].kind == BTC_KIND_NATIVE;
+    for (int k = start; k < to; k++)
+        if (frames[k].kind == BTC_KIND_NATIVE)
+            remember(e, places[k].index, places[k].vaddr);
+}
+
 static void put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n, const place *places)
 {
     for (int i = 0; i < n;) {
@@ -731,9 +744,7 @@ static void put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n
             put(w, 0b11111, 5);   /* COPY */
             put_ulen(w, (uint64_t)length, COPY_BASE);
             put_ulen(w, (uint64_t)distance, COPY_BASE);
-            for (int k = i; k < i + length; k++)   /* the copied native frames are the latest ones */
-                if (frames[k].kind == BTC_KIND_NATIVE)
-                    remember(e, places[k].index, places[k].vaddr);
+            remember_run(e, frames, places, i, i + length);
             i += length;
             continue;
         }
@@ -794,7 +805,8 @@ static PyObject *token_of(const bit_writer *w)
     return token;
 }
 
-static int encode_into(const btc_frame *frames, int n, int truncated, PyObject *into, btc_encode_need *need)
+/* The token as a new str in *token, or a BTC_ENCODE_* code. */
+static int encode_into(const btc_frame *frames, int n, int truncated, btc_encode_need *need, PyObject **token)
 {
     encoder *e = &enc;
     e->nmodules = e->seen = e->nhistory = 0;
@@ -817,16 +829,8 @@ static int encode_into(const btc_frame *frames, int n, int truncated, PyObject *
     size_t nbits = bit_count(w);
     flush_word(w);   /* the pending bits, zero-padded */
     w->len = (nbits + 7) / 8;
-    PyObject *token = w->failed ? NULL : token_of(w);
-    if (!token)
-        return BTC_ENCODE_ELSEWHERE;
-    int length = (int)PyUnicode_GET_LENGTH(token);
-    if (PyList_Append(into, token) < 0) {
-        PyErr_Clear();
-        length = BTC_ENCODE_ELSEWHERE;
-    }
-    Py_DECREF(token);
-    return length;
+    *token = w->failed ? NULL : token_of(w);
+    return *token ? (int)PyUnicode_GET_LENGTH(*token) : BTC_ENCODE_ELSEWHERE;
 }
 
 /* The records and truncation of the btcore.Backtrace at address backtrace
@@ -856,12 +860,11 @@ static int read_backtrace(PyObject *bt, const btc_frame **frames, int *n, int *t
     return 0;
 }
 
-int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need)
+static int encode_backtrace(PyObject *bt, btc_encode_need *need, PyObject **token)
 {
     const btc_frame *frames;
     int n, truncated;
-    if (!PyGILState_Check() || !PyList_Check((PyObject *)into) ||
-        read_backtrace((PyObject *)backtrace, &frames, &n, &truncated) < 0)
+    if (read_backtrace(bt, &frames, &n, &truncated) < 0)
         return BTC_ENCODE_ELSEWHERE;
     for (int i = 0; i < n; i++)
         if (frames[i].kind != BTC_KIND_NATIVE && frames[i].kind != BTC_KIND_PYTHON)
@@ -870,7 +873,65 @@ int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need)
     if (!reserve((void **)&places, &places_bytes, sizeof *places * (size_t)(n ? n : 1)) ||
         !reserve((void **)&slots, &slots_bytes, sizeof *slots << slot_bits(n)))
         return BTC_ENCODE_ELSEWHERE;
-    int rc = encode_into(frames, n, truncated, (PyObject *)into, need);
+    int rc = encode_into(frames, n, truncated, need, token);
     release_evicted();
+    return rc;
+}
+
+int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need)
+{
+    PyObject *token;
+    if (!PyGILState_Check() || !PyList_Check((PyObject *)into))
+        return BTC_ENCODE_ELSEWHERE;
+    int rc = encode_backtrace((PyObject *)backtrace, need, &token);
+    if (rc < 0)
+        return rc;
+    if (PyList_Append((PyObject *)into, token) < 0) {
+        PyErr_Clear();
+        rc = BTC_ENCODE_ELSEWHERE;
+    }
+    Py_DECREF(token);
+    return rc;
+}
+
+/* Backtrace.encode() as a builtin method: a Python method calling
+ * codec.encode(), which calls btc_encode() through cffi, cost about as much
+ * as the encoding (the calls, the argument conversions, the list).  Every
+ * call it does not finish (a module to teach, decoded records, a string
+ * that is not UTF-8) is handed to codec.encode(), which does them all. */
+static PyObject *python_encode;
+static btc_encode_need builtin_need;   /* written, never read: python_encode asks again */
+
+static PyObject *encode_method(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *token;
+    if (encode_backtrace(self, &builtin_need, &token) >= 0)
+        return token;
+    return PyObject_CallOneArg(python_encode, self);
+}
+
+static PyMethodDef encode_def = {"encode", encode_method, METH_NOARGS, NULL};
+
+int btc_install_encode(uintptr_t backtrace_type, uintptr_t python_impl, const char *doc)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyTypeObject *type = (PyTypeObject *)backtrace_type;
+    PyObject *method = NULL;
+    int rc = -1;
+    static char *owned_doc;   /* lives as long as the process, as the method */
+    if (!owned_doc && !(owned_doc = strdup(doc)))
+        goto out;
+    encode_def.ml_doc = owned_doc;
+    if (!PyType_Check((PyObject *)type) || !PyCallable_Check((PyObject *)python_impl) ||
+        !(method = PyDescr_NewMethod(type, &encode_def)))
+        goto out;
+    Py_XSETREF(python_encode, Py_NewRef((PyObject *)python_impl));
+    rc = PyObject_SetAttrString((PyObject *)type, "encode", method);
+out:
+    Py_XDECREF(method);
+    if (rc < 0)
+        PyErr_Clear();
+    PyGILState_Release(gil);
     return rc;
 }

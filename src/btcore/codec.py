@@ -678,6 +678,12 @@ def encode(bt: Backtrace) -> str:
 # What the fast path's calls need to be taught: written, never read there.
 _need = ffi.new("btc_encode_need *")
 
+# Backtrace.encode() becomes a builtin method (native/codec/encode.c) doing
+# what the first line of encode() does, and calling encode() for the rest.
+_ENCODE_DOC = "encode($self, /)\n--\n\n" + Backtrace.encode.__doc__   # the text signature, then the docstring
+if lib.btc_install_encode(id(Backtrace), id(encode), _ENCODE_DOC.encode()) != 0:
+    raise ImportError("btcore: cannot install the builtin Backtrace.encode()")
+
 
 def _encode_teaching(bt: Backtrace, into: list) -> str:
     """encode() when the C encoder must first be taught modules (up to 16
