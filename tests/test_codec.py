@@ -171,7 +171,8 @@ def test_format_3_tokens_still_decode():
     assert [(m.path, m.build_id) for m in old.modules] == [("/nonexistent/libgone.so", "01020304")]
     natives = [(r.vaddr, r.exact) for r in old._refs if isinstance(r, codec.DecodedNative)]
     assert natives == [(0x1234, False), (0x1200, False), (0x7f0000001000, True), (0x1234, False), (0x1200, False)]
-    assert [r for r in old._refs if isinstance(r, codec.DecodedPython)] == [codec.DecodedPython("f", "/x/app.py", 7)] * 2
+    pythons = [r for r in old._refs if isinstance(r, codec.DecodedPython)]
+    assert pythons == [codec.DecodedPython("f", "/x/app.py", 7)] * 2
     assert old.joins() == [4] and len(old) == 7
     again = btcore.decode(old.encode())
     assert old.encode().startswith(codec.PREFIX) and again.format() == old.format() and again.joins() == [4]

@@ -157,7 +157,8 @@ static void put_varint(bit_writer *w, uint64_t v)
 #define NWORDS 10
 #define NSYMBOLS (STRING_END + 1 + NWORDS)
 #define MAX_CODE_LENGTH 21
-static const char *const WORDS[NWORDS] = {"<locals>", "<lambda>", "<module>", "<listcomp>", "<genexpr>", "__init__", ".py", "site-packages/", "/lib/python3.", "dist-packages/"};
+static const char *const WORDS[NWORDS] = {"<locals>", "<lambda>", "<module>", "<listcomp>", "<genexpr>", "__init__",
+                                          ".py", "site-packages/", "/lib/python3.", "dist-packages/"};
 static const uint8_t CODE_LENGTHS[NSYMBOLS] = {
     21, 21, 21, 21, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
     20, 20, 20, 20, 20, 20, 20, 20, 12, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 17, 20, 10, 6, 4,

@@ -104,7 +104,8 @@ ESCAPE, END = 62, 63
 # name or path letter costs 4-7 bits instead of 6, '<' and '>' 12 instead
 # of 14, a word 6-7.  Every code length is at most 21; the code is
 # complete, so any bits decode to symbols.
-WORDS = ('<locals>', '<lambda>', '<module>', '<listcomp>', '<genexpr>', '__init__', '.py', 'site-packages/', '/lib/python3.', 'dist-packages/')
+WORDS = ("<locals>", "<lambda>", "<module>", "<listcomp>", "<genexpr>", "__init__", ".py", "site-packages/",
+         "/lib/python3.", "dist-packages/")
 _BYTE_CODE_LENGTHS = (
     "LLLLKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
     "CKKKKKKKKKKHKA64C799BEACBGKKCKCK"
@@ -305,20 +306,14 @@ class _Reader:
             if not group & 16:
                 return value
 
-    def string(self, earlier: list, budget: int) -> bytes:
-        """A new string of a table (see _Writer.string); appended to earlier.
-        At most budget bytes: a string taken whole from an earlier one costs
-        a few bits, so without a bound on their sum a short token could
-        decode to gigabytes (each string is at most the bytes of the token's
-        bits, and the sum of the strings at most budget)."""
+    def string(self, earlier: list) -> bytes:
+        """A new string of a table (see _Writer.string); appended to earlier."""
         ref = self.get((len(earlier) - 1).bit_length()) if earlier else 0
         if earlier and ref >= len(earlier):
             raise ValueError(f"corrupted token: string {ref} of {len(earlier)}")
         base = earlier[ref] if earlier else b""
         prefix = self.varint(len(base), "shared prefix length")
         suffix = self.varint(len(base) - prefix, "shared suffix length")
-        if prefix + suffix > budget:
-            raise ValueError(f"corrupted token: its strings are longer than {MAX_STRING_BYTES} bytes")
         earlier.append(base[:prefix] + self.symbols() + base[len(base) - suffix:])
         return earlier[-1]
 
@@ -1211,8 +1206,8 @@ class _FrameReader:
     def _string(self, table: list, earlier: list) -> str:
         """A table reference (bit 0 + index) or a new string (bit 1 + text)."""
         r = self.r
-        if r.get(1):
-            data = r.string(earlier, self.string_budget)
+        if r.get(1):   # a string taken whole from an earlier one costs a few bits: their sum is bounded
+            data = r.string(earlier)
             self.string_budget -= len(data)
             if self.string_budget < 0:
                 raise ValueError(f"corrupted token: its strings are longer than {MAX_STRING_BYTES} bytes")
