@@ -544,6 +544,32 @@ def token_with_module(path, build_id=b"\x01\x02\x03\x04", vaddr=0x1234):
     return codec._write(False, [(0, (build_id, path), vaddr)])
 
 
+def test_a_build_id_prefix_too_short_to_tell_builds_apart_is_refused():
+    """Guards the minimum prefix (4 bytes): a token whose module is named
+    by the first 2 bytes of libc's build-id (which another build shares
+    once in 65,536) is a ValueError, not frames named from libc; its first
+    4 bytes are accepted (and name libc, loaded here)."""
+    libc = next(m for m in codec.loaded_modules() if os.path.basename(m.path).startswith("libc.so"))
+    prefix = libc.build_id[:4]
+
+    def token(length):
+        w = codec._Writer()
+        w.put(0, 1)
+        w.put(length, 4)
+        w.varint(1)
+        w.put(*codec.module_identity((prefix[:length], None), length=length))
+        w.varint(1)
+        w.code(codec.LITERAL)
+        w.put(1, 1)   # the module not named yet
+        w.ulen(0x1234, codec.ADDRESS_BASE)
+        return w.token()
+
+    assert btcore.decode(token(4)).modules[0].status == "loaded"
+    for length in (2, 3):
+        with pytest.raises(ValueError, match=f"build-id prefixes of {length} bytes [(]at least 4[)]"):
+            btcore.decode(token(length))
+
+
 def test_module_paths_in_tokens_are_untrusted(tmp_path):
     """Guards: a path from a token is only read if it is a regular ELF file
     with the token's build-id: a FIFO (whose open would block), a device,

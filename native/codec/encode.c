@@ -1,5 +1,5 @@
-/* The token encoder: a Backtrace's raw records -> "btc3." + base64url of the
- * bit stream docs/design.md ("Compact tokens", format 3) specifies.
+/* The token encoder: a Backtrace's raw records -> "btc4." + base64url of the
+ * bit stream docs/design.md ("Compact tokens", format 4) specifies.
  * btcore/codec.py holds the reference encoder this one must equal bit for
  * bit (tests/test_codec.py, tests/fuzz_codec.py compare them).
  *

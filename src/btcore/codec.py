@@ -1,21 +1,24 @@
 """Compact backtraces for logs: Backtrace.encode() and decode().
 
-A token is one printable word, "btc3." followed by base64url (no padding) of
+A token is one printable word, "btc4." followed by base64url (no padding) of
 a bit stream: the module table (a build-id prefix per module, its path only
 when a decoder would not find the file by build-id in the places it
 searches), then the frames, native pcs relative to their module and
 delta-coded against the previous few native frames, Python frames as
-(qualified name, file, line) with the strings de-duplicated.
-docs/design.md ("Compact tokens") is the byte-level specification; format 2
-("btc2.") tokens are still decoded (and the reference encoder can write
-them, for tests).  The
-encoder runs in C (native/codec/encode.c); this file holds the reference
-implementation it is tested against (and that encodes backtraces built by
-decode()), and the decoder.
+(qualified name, file, line) with the strings de-duplicated and Huffman
+coded, and runs of frames seen earlier in the token as copies of them.
+docs/design.md ("Compact tokens") is the byte-level specification; tokens
+of formats 2 and 3 ("btc2.", "btc3.") are still decoded (and the reference
+encoder can write them, for tests).  The encoder runs in C
+(native/codec/encode.c, also Backtrace.encode() itself, a builtin method);
+this file holds the reference implementation it is tested against (and
+that encodes backtraces built by decode()), and the decoder.
 
 A token is untrusted input: decoding it reads at most the ELF header and
 notes of the files it names or that the search finds, and uses a file for
-names only when its build-id is the one in the token.
+names only when its build-id is the one in the token; what it decodes to
+is bounded (frames by the largest capacity, copies by the frames decoded
+before them, strings together by MAX_STRING_BYTES).
 """
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ KIND_DECODED = lib.BTC_KIND_DECODED
 WIDTHS = (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 28, 32, 64)
 _CLASS_OF = [next(c for c, w in enumerate(WIDTHS) if w >= bits) for bits in range(65)]
 
-# Native pcs and deltas (format 3): bits(4) c, the bit length L = base + c
+# Native pcs and deltas (formats 3, 4): bits(4) c, the bit length L = base + c
 # (c = 15: L in the next LENGTH_ESCAPE_BITS bits), then L's bits below its
 # top bit.  The bases centre the 15 direct lengths where return addresses
 # fall: a pc in a module of 64 KiB-16 MiB, a delta of 32 bytes-1 MiB.
@@ -397,8 +400,9 @@ def module_entry_key(mod: _Module) -> tuple:
     return build_id, None if build_id and searched(mod.path) else mod.path
 
 
-def module_identity(key: tuple, version: int = VERSION) -> tuple:
-    """A module table entry, (value, width) in bits (design.md)."""
+def module_identity(key: tuple, version: int = VERSION, length: int = BUILD_ID_BYTES) -> tuple:
+    """A module table entry, (value, width) in bits (design.md), with a
+    build-id prefix of `length` bytes (the key's build-id is that long)."""
     build_id, path = key
     w = _Writer(version)
     if version == 2:
@@ -408,7 +412,7 @@ def module_identity(key: tuple, version: int = VERSION) -> tuple:
         if path is not None:
             w.put(bool(build_id), 1)
     if build_id:
-        w.put(int.from_bytes(build_id, "little"), 8 * BUILD_ID_BYTES)
+        w.put(int.from_bytes(build_id, "little"), 8 * length)
     if version == 2:
         w.put(path is not None, 1)
     if path is not None:
@@ -796,7 +800,7 @@ class _FrameWriter:
         self.modules = modules
         self.version = version
         self.module_bits = len(modules).bit_length()   # index len(modules): no module
-        self.seen = 0                                   # modules named by a frame so far (format 3)
+        self.seen = 0                                   # modules named by a frame so far (formats 3, 4)
         self.history = []                               # (module index, vaddr), newest first
         self.names, self.files = {}, {}                 # string -> index
         self.name_bytes, self.file_bytes = [], []       # reference lists of new strings
@@ -1070,7 +1074,7 @@ class _FrameReader:
         self.modules = modules
         self.version = version
         self.module_bits = len(modules).bit_length()
-        self.seen = 0   # modules named by a literal so far (format 3)
+        self.seen = 0   # modules named by a literal so far (formats 3, 4)
         self.history = []
         self.names, self.files = [], []                 # decoded strings, in order
         self.name_bytes, self.file_bytes = [], []       # reference lists of new strings

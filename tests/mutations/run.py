@@ -235,6 +235,9 @@ MUTATIONS = [
     Mutation("native/codec/encode.c", "    uint32_t code = 0;", "    uint32_t code = 1;",
              "tests/test_codec.py::test_c_encoder_codes_every_byte_and_word_as_the_reference",
              "the C encoder's canonical Huffman codes are shifted: its strings decode to other bytes"),
+    Mutation("src/btcore/codec.py", "    if count and length < MIN_BUILD_ID_BYTES:", "    if False:",
+             "tests/test_codec.py::test_a_build_id_prefix_too_short_to_tell_builds_apart_is_refused",
+             "a token's 2-byte build-id prefixes are trusted: frames named from whatever build shares them"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
