@@ -103,7 +103,7 @@ ESCAPE, END = 62, 63
 # lengths per byte value in base 32 (then STRING_END's and the words'),
 # from the frequencies in the qualified names and files of the functions
 # of CPython's standard library and a few packages (file paths under
-# several usual prefixes), each words' raised to a lowercase letter's: a
+# several usual prefixes), each word's raised to a lowercase letter's: a
 # name or path letter costs 4-7 bits instead of 6, '<' and '>' 12 instead
 # of 14, a word 6-7.  Every code length is at most 21; the code is
 # complete, so any bits decode to symbols.
