@@ -1,13 +1,21 @@
 """Compact tokens: size per frame and the cost of encode().
 
 Sizes (characters of the whole token, prefix and module table included,
-divided by the raw frames it holds; targets: native-only <= 6, merged <= 16):
+divided by the raw frames it holds; targets: native-only <= 5, merged <= 12,
+repetitive (deep) traces <= 1.5x zlib):
   shallow     the stack a small script has inside json's object_hook
               (Python -> C -> Python), merged and native-only
+  ffi         inside a ctypes callback that libc's qsort() calls (Python ->
+              _ctypes -> libffi -> libc -> libffi -> Python): a short stack
+              over more modules, as foreign-function stacks are
   deep        the bottom of a 30-deep recursion that goes through C at every
               level (map -> lambda -> ...), merged and native-only
   showcase    every distinct stack of the gevent showcase's snapshot
               (btcore/showcase.py: what dump_all() prints), each encoded
+The same for format 3 (the reference encoder's, for comparison), and for
+zlib: characters of base64url(zlib.compress(raw records, 9)) per frame, a
+general compressor of the raw list (which holds no module identity and no
+names: it cannot be decoded elsewhere), and the token's size over it.
 
 Time, in interleaved rounds (benchmarks/timing.py), on a 40-frame merged
 trace (collect(limit=40) at the bottom of the deep recursion):
@@ -28,17 +36,20 @@ trace (collect(limit=40) at the bottom of the deep recursion):
   first in a process the first encode() of a fresh interpreter (a child
                      process per run): that also lists the loaded modules
                      and the places decoders search (sysconfig)
-Target: encode() <= 2 us; its ratio to collect() is printed.
+Target: encode() <= 1.0x collect(); the ratio is printed.
 
 Runs against the installed btcore (pip install .), from any directory; the
 showcase needs gevent.  Usage: python benchmarks/bench_codec.py [--rounds N]
 """
 import argparse
+import base64
+import ctypes
 import json
 import os
 import statistics
 import subprocess
 import sys
+import zlib
 
 import btcore
 from btcore import codec
@@ -63,16 +74,35 @@ def traces():
     return {
         "shallow merged": leaf(),
         "shallow native-only": leaf(python=False),
+        "ffi merged": in_qsort(),
+        "ffi native-only": in_qsort(python=False),
         "deep merged": through_c(DEPTH, lambda: btcore.collect(capacity=256)),
         "deep native-only": through_c(DEPTH, lambda: btcore.collect(capacity=256, python=False)),
     }
 
 
+def in_qsort(**kw):
+    """A backtrace taken in a ctypes comparison function libc's qsort() calls."""
+    got = []
+    compare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+        lambda a, b: got.append(btcore.collect(**kw)) or 0)
+    items = (ctypes.c_int * 2)(2, 1)
+    ctypes.CDLL(None).qsort(items, 2, ctypes.sizeof(ctypes.c_int), compare)
+    return got[0]
+
+
+def zlib_chars(bt) -> int:
+    return len(base64.urlsafe_b64encode(zlib.compress(bytes(bt._raw), 9)).rstrip(b"="))
+
+
 def size_row(name, backtraces):
     chars = sum(len(bt.encode()) for bt in backtraces)
+    format_3 = sum(len(codec._encode(bt, version=3)) for bt in backtraces)
+    squeezed = sum(zlib_chars(bt) for bt in backtraces)
     frames = sum(len(bt) for bt in backtraces)
     modules = statistics.mean(len(btcore.decode(bt.encode()).modules) for bt in backtraces)
-    print(f"{name:<34} {len(backtraces):>6} {frames:>7} {chars:>7} {modules:>8.1f} {chars / frames:>11.2f}")
+    print(f"{name:<34} {len(backtraces):>6} {frames:>7} {chars:>7} {modules:>8.1f} {chars / frames:>11.2f}"
+          f" {format_3 / frames:>9.2f} {squeezed / frames:>6.2f} {chars / squeezed:>7.2f}")
 
 
 def showcase_stacks():
@@ -101,7 +131,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
 
-    print(f"{'trace':<34} {'tokens':>6} {'frames':>7} {'chars':>7} {'modules':>8} {'chars/frame':>11}")
+    print(f"{'trace':<34} {'tokens':>6} {'frames':>7} {'chars':>7} {'modules':>8} {'chars/frame':>11}"
+          f" {'format 3':>9} {'zlib':>6} {'/ zlib':>7}")
     for name, bt in traces().items():
         size_row(name, [bt])
     merged, native, release = showcase_stacks()

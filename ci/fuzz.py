@@ -10,7 +10,7 @@ Targets, each fed through the core's cffi entry points:
             info/abbrev/lines/ranges, compressed sections (btc_symbolize_file
             at addresses of the seeds' functions)
   demangle  a symbol name -> the Itanium/Rust demanglers (btc_demangle)
-  codec     "d" (format 3) or "2" (format 2) + bytes -> a token of that body -> btcore.decode() and the
+  codec     "d" (format 4), "3" or "2" (formats 3, 2) + bytes -> a token of that body -> btcore.decode() and the
             frames; other bytes -> a backtrace (a record per 4 bytes: real
             pcs, code objects, flags) -> the C encoder, checked against the
             reference encoder and decoded back (tests/fuzz_codec.py)
@@ -83,7 +83,7 @@ def write_seeds(work):
 
 
 def write_codec_seeds(folder):
-    """Real tokens' bodies ("d" + bytes, "2" + bytes for format 2) and
+    """Real tokens' bodies ("d" + bytes; "3", "2" + bytes for formats 3, 2) and
     backtraces of a few records."""
     import base64
     import random
@@ -92,7 +92,7 @@ def write_codec_seeds(folder):
     for i, token in enumerate(fuzz_codec.seeds()):
         prefix, body = token.split(".", 1)
         with open(os.path.join(folder, "token%d" % i), "wb") as f:
-            f.write(b"2" if prefix == "btc2" else b"d")
+            f.write({"btc2": b"2", "btc3": b"3"}.get(prefix, b"d"))
             f.write(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     rng = random.Random(1)
     for i in range(8):
@@ -175,8 +175,8 @@ def target_codec():
     pcs, codes = fuzz_codec.encoder_pools()
 
     def one(data):
-        if data[:1] in (b"d", b"2"):   # a token body: format 3 ("d"), format 2 ("2")
-            prefix = codec.PREFIX if data[:1] == b"d" else "btc2."
+        if data[:1] in (b"d", b"3", b"2"):   # a token body: format 4 ("d"), 3 or 2
+            prefix = codec.PREFIX if data[:1] == b"d" else f"btc{data[:1].decode()}."
             token = prefix + base64.urlsafe_b64encode(data[1:]).rstrip(b"=").decode()
             try:
                 btcore.decode(token).frames()

@@ -342,7 +342,7 @@ int btc_file_symbol_fd(int fd, const char *path, uintptr_t vaddr, char *buf, siz
 
 /* ---- codec: the token encoder (codec/encode.c) ---- */
 
-#define BTC_TOKEN_VERSION 3          /* tokens are "btc3." + base64url (btcore/codec.py also reads "btc2.") */
+#define BTC_TOKEN_VERSION 4          /* tokens are "btc4." + base64url (btcore/codec.py also reads "btc2." and "btc3.") */
 #define BTC_TOKEN_BUILD_ID_BYTES 4   /* the build-id prefix a token keeps per module */
 
 #define BTC_ENCODE_NEED_MODULE  -2   /* teach need->module_id[0..count) with btc_encode_module(), call again */
@@ -368,6 +368,10 @@ int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);
  * (lines != 0): tests and benchmarks of a cold encoder.  Runs with the GIL
  * held. */
 void btc_encode_forget(int modules, int lines);
+/* Make Backtrace.encode() (of backtrace_type) a builtin method doing what
+ * btc_encode() does and handing every other call to python_impl(bt)
+ * (codec.encode()); doc is its __doc__ (copied).  Returns 0 or -1. */
+int btc_install_encode(uintptr_t backtrace_type, uintptr_t python_impl, const char *doc);
 
 /* ---- signal-context capture and the watchdog (capture/signal_capture.c, watch/) ---- */
 

@@ -8,8 +8,9 @@ to the same frames.
     python tests/fuzz_codec.py [COUNT] [--seed N] [--encoder COUNT]
 
 Decoder seeds are real tokens (merged, native-only, Python-only, with an
-append join, of a library not loaded here; format 2 tokens of the first
-two, the format still read) taken here; each input is a seed
+append join, of a library not loaded here, deep repetitive ones that hold
+copies; format 2 and 3 tokens of the first two, the formats still read)
+taken here; each input is a seed
 with random bit flips, byte insertions/deletions, truncation, a splice of
 two seeds, or random bytes, re-encoded as a token (so the body is valid
 base64 and the decoder itself is exercised), plus some raw text mutations
@@ -51,7 +52,19 @@ def seeds() -> list:
     btcore.append(joined, btcore.collect(native=False))
     backtraces = (merged, btcore.collect(python=False), btcore.collect(native=False), joined)
     tokens = [bt.encode() for bt in backtraces] + [token_from_a_file(path=True), token_from_a_file(path=False)]
-    return tokens + [codec._encode(bt, version=2) for bt in backtraces[:2]]   # format 2 is still read
+    tokens += [repetitive().encode(), repetitive(python=False).encode()]   # copies
+    return tokens + [codec._encode(bt, version=v) for v in (2, 3) for bt in backtraces[:2]]   # formats still read
+
+
+def repetitive(**kw):
+    """A backtrace 12 levels deep in Python -> sorted() (C) -> Python."""
+    got = []
+
+    def level(n):
+        return sorted([n], key=lambda item: level(n - 1) if n else got.append(btcore.collect(capacity=256, **kw)))
+
+    level(12)
+    return got[0]
 
 
 def token_from_a_file(path: bool) -> str:

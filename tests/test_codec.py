@@ -110,18 +110,199 @@ def test_format_2_tokens_still_decode(chain):
     assert [(m.path, m.build_id) for m in old.modules] == [("/nonexistent/libgone.so", "01020304")]
     assert [(r.vaddr, r.exact) for r in old._refs[:3]] == [(0x1234, False), (0x1200, False), (0x7f0000001000, True)]
     assert old._refs[3] == codec.DecodedPython("f", "/x/app.py", 7)
-    assert old.encode().startswith("btc3.") and btcore.decode(old.encode()).format() == old.format()
+    assert old.encode().startswith(codec.PREFIX) and btcore.decode(old.encode()).format() == old.format()
     for bt in (capture_in_chain(chain), capture_in_chain(chain, python=False)):
         token = codec._encode(bt, version=2)
         assert token.startswith("btc2.") and len(token) > len(bt.encode())
         assert btcore.decode(token).frames() == bt.frames()
 
 
+# A format 3 token written by btcore before format 4 (its reference
+# encoder, the same bits as its C encoder): the frames of FORMAT_2_TOKEN, then
+# the Python frame again beginning an append()ed backtrace, then the first
+# two native frames again (format 4 would copy them).
+FORMAT_3_TOKEN = "btc3.KBwgMEAAbNwmlRYYSlsIZNZDcZsUgNx_OjQigV7_BQABAADwLwDTHwCgBJyuCzrzF_whiAg"
+
+
+def long_names_token(frames, length):
+    """A hostile token: a Python frame named by `length` bytes, then frames
+    whose new names each take that name whole and add one letter (a few
+    bits per frame for `length` bytes of string)."""
+    w = codec._Writer()
+    w.put(0, 1)
+    w.put(codec.BUILD_ID_BYTES, 4)
+    w.varint(0)
+    w.varint(frames)
+    for i in range(frames):
+        w.code(codec.PYTHON_FRAME)
+        w.put(1, 1)   # a new name
+        if i:
+            w.put(0, (i - 1).bit_length())   # made from the first one
+        w.varint(length if i else 0)
+        w.varint(0)
+        w.symbols(b"a" * (0 if i else length) + b"b")
+        if i:
+            w.put(0, 1)   # the file: a reference to the first one
+        else:
+            w.put(1, 1)
+            w.varint(0)
+            w.varint(0)
+            w.symbols(b"f")
+        w.uint(1)
+    return w.token()
+
+
+def test_strings_taken_whole_from_earlier_ones_are_bounded():
+    """Guards the decoder's bound on strings: a token of 100 k characters whose names
+    copy a 100 kB name 200 times (20 MB) is refused, not decoded into
+    memory; below the bound the same construction decodes."""
+    token = long_names_token(200, 100_000)
+    assert len(token) < 140_000
+    with pytest.raises(ValueError, match="strings are longer than"):
+        btcore.decode(token)
+    fine = btcore.decode(long_names_token(20, 100_000))
+    assert [len(r.function) for r in fine._refs] == [100_001] * 20
+
+
+def test_format_3_tokens_still_decode():
+    """Guards: tokens of format 3 (in logs before format 4) decode, their
+    append modifier (1 1 1 1, a copy's prefix in format 4) included."""
+    old = btcore.decode(FORMAT_3_TOKEN)
+    assert [(m.path, m.build_id) for m in old.modules] == [("/nonexistent/libgone.so", "01020304")]
+    natives = [(r.vaddr, r.exact) for r in old._refs if isinstance(r, codec.DecodedNative)]
+    assert natives == [(0x1234, False), (0x1200, False), (0x7f0000001000, True), (0x1234, False), (0x1200, False)]
+    pythons = [r for r in old._refs if isinstance(r, codec.DecodedPython)]
+    assert pythons == [codec.DecodedPython("f", "/x/app.py", 7)] * 2
+    assert old.joins() == [4] and len(old) == 7
+    again = btcore.decode(old.encode())
+    assert old.encode().startswith(codec.PREFIX) and again.format() == old.format() and again.joins() == [4]
+
+
+# ---- copies (format 4): runs of frames seen earlier in the token ----
+
+def through_fixture(chain, depth, **kw):
+    """A backtrace taken depth times deep in Python -> the C++ fixture ->
+    Python: every level the same frames."""
+    got = {"left": depth}
+
+    def callback(tag):
+        if got["left"]:
+            got["left"] -= 1
+            return chain.lib.chain_entry(1)
+        got["bt"] = btcore.collect(capacity=1024, **kw)
+        return 0
+
+    chain.call(chain.lib.chain_entry, 1, callback)
+    return got["bt"]
+
+
+def parked_in_recursion(depth):
+    """A greenlet parked depth levels deep in sorted() -> key -> sorted() ..."""
+    import greenlet
+
+    def level(n):
+        return sorted([n], key=lambda item: level(n - 1) if n else greenlet.getcurrent().parent.switch())
+
+    g = greenlet.greenlet(lambda: level(depth))
+    g.switch()
+    return g
+
+
+def test_repetitive_traces_round_trip_through_copies(chain):
+    """Guards COPY: deep recursions through a compiled C extension and
+    greenlets parked at the bottom of a recursion (merged and native-only)
+    decode to the frames they were taken from, written by the C encoder as
+    by the reference; 8 more levels of recursion cost format 3 their frames
+    again, and format 4 a copy or two (under a tenth of that)."""
+    import greenlet
+    parked = {depth: parked_in_recursion(depth) for depth in (4, 12)}
+    makers = [lambda depth: through_fixture(chain, depth),
+              lambda depth: through_fixture(chain, depth, python=False),
+              lambda depth: btcore.collect(parked[depth], capacity=1024),
+              lambda depth: btcore.collect(parked[depth], python=False, capacity=1024)]
+    for make in makers:
+        sizes = {}
+        for depth in (4, 12):
+            bt = make(depth)
+            token = bt.encode()
+            assert token == codec._encode(bt)
+            decoded = btcore.decode(token)
+            assert decoded.frames() == bt.frames() and len(decoded) == len(bt)
+            sizes[depth] = (len(bt), len(token), len(codec._encode(bt, version=3)))
+        (frames4, v4_4, v3_4), (frames12, v4_12, v3_12) = sizes[4], sizes[12]
+        assert frames12 >= frames4 + 40 and v3_12 - v3_4 > 10 * (v4_12 - v4_4), sizes
+    for g in parked.values():
+        g.throw(greenlet.GreenletExit)
+
+
+def test_copies_of_frames_named_from_a_file_decode_in_another_process(chain):
+    """Guards: a copy repeats frames of a module that is not loaded where
+    the token is decoded (DecodedNative references, not re-based records):
+    the other process names every frame as this one does."""
+    bt = through_fixture(chain, 8)
+    decoded = json.loads(run_python(DECODER, bt.encode()))
+    assert dict(decoded["modules"])[chain.so_path] == "file"
+    assert [tuple(f[:5]) for f in decoded["frames"]] == view(bt.frames())
+
+
+def frames_token(count, *frames):
+    """A token of no modules and count frames, written by frames (callables
+    of a _Writer): hostile tokens, exactly as written."""
+    w = codec._Writer()
+    w.put(0, 1)
+    w.put(codec.BUILD_ID_BYTES, 4)
+    w.varint(0)
+    w.varint(count)
+    for write in frames:
+        write(w)
+    return w.token()
+
+
+def literal(pc):
+    return lambda w: (w.code(codec.LITERAL), w.ulen(pc, codec.ADDRESS_BASE))
+
+
+def copy_of(length, distance):
+    return lambda w: (w.code(codec.COPY), w.ulen(length, codec.COPY_BASE), w.ulen(distance, codec.COPY_BASE))
+
+
+def test_copies_outside_the_decoded_frames_overlapping_or_past_the_count_are_refused():
+    """Guards the decoder's bounds on COPY: a copy reads only frames decoded
+    before it, never the frames it writes, and writes no more than the
+    token's frame count; a valid copy decodes to the frames it names."""
+    three = [literal(0x1000), literal(0x2000), literal(0x3000)]
+    good = btcore.decode(frames_token(5, *three, copy_of(2, 3)))
+    assert [r.vaddr for r in good._refs] == [0x1000, 0x2000, 0x3000, 0x1000, 0x2000]
+    bad = {"frames back": (5, *three, copy_of(2, 4)),
+           "overlaps itself": (6, *three, copy_of(3, 2)),
+           "a copy of 3 frames after 3 of 5": (5, *three, copy_of(3, 3)),
+           "a copy of 1 frames": (4, *three, copy_of(1, 1)),
+           f"a copy of {1 << 40} frames": (5, *three, copy_of(1 << 40, 3)),
+           "a frame modifier before a copy": (5, *three, lambda w: w.code(codec.EXACT_NEXT), copy_of(2, 3))}
+    for message, (count, *frames) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            btcore.decode(frames_token(count, *frames))
+
+
+def test_copies_double_up_to_the_largest_capacity_in_linear_time():
+    """Guards: copies cannot blow up: a token of 16 copies, each of all the
+    frames before it, holds the largest capacity's frames (and one frame
+    more is refused, not decoded)."""
+    doubling = [copy_of(1 << k, 1 << k) for k in range(1, 16)]
+    token = frames_token(btcore.backtrace.MAX_CAPACITY, literal(0x1000), literal(0x2000), *doubling)
+    assert len(token) < 120
+    decoded = btcore.decode(token)
+    assert len(decoded) == btcore.backtrace.MAX_CAPACITY
+    assert {r.vaddr for r in decoded._refs} == {0x1000, 0x2000}
+    with pytest.raises(ValueError, match="frame count"):
+        btcore.decode(frames_token(btcore.backtrace.MAX_CAPACITY + 1, literal(0x1000)))
+
+
 def test_token_is_one_printable_word(chain):
     """Guards: a token survives log pipelines: one word of URL-safe
     characters after the versioned prefix, nothing a formatter escapes."""
     token = capture_in_chain(chain).encode()
-    assert re.fullmatch(r"btc3\.[A-Za-z0-9_-]+", token)
+    assert re.fullmatch(r"btc4\.[A-Za-z0-9_-]+", token) and token.startswith(codec.PREFIX)
     assert codec.TOKEN_IN_TEXT.findall(f'msg="x {token}" {token}.') == [token, token]
 
 
@@ -135,6 +316,33 @@ def test_c_encoder_writes_the_reference_token_cold_and_warm(chain):
         codec.lib.btc_encode_forget(1, 1)
         cold = bt.encode()
         assert cold == bt.encode() == codec._encode(bt)
+
+
+def every_utf8_byte() -> str:
+    """A str whose UTF-8 holds every byte value valid UTF-8 can hold (all
+    but 0xC0, 0xC1, 0xF5-0xFF), and every word of the string code."""
+    chars = [chr(c) for c in range(0, 0x80)] + [chr(c) for c in range(0x80, 0xC0)]   # continuation bytes
+    chars += [chr((lead & 0x1F) << 6) for lead in range(0xC2, 0xE0)]
+    chars += [chr(0x800 if lead == 0xE0 else (lead & 0x0F) << 12) for lead in range(0xE0, 0xF0)]
+    chars += [chr(0x10000 if lead == 0xF0 else (lead & 0x07) << 18) for lead in range(0xF0, 0xF5)]
+    return "".join(chars) + "".join(codec.WORDS) + "x".join(codec.WORDS)
+
+
+def test_c_encoder_codes_every_byte_and_word_as_the_reference():
+    """Guards the C encoder's copy of the string code: a name and a file
+    holding every byte value and every word are written as the reference
+    writes them (the same code lengths, the same canonical codes, the same
+    cutting into words) and decode to themselves."""
+    text = every_utf8_byte()
+    assert {b for b in text.encode()} == set(range(0, 0xC0)) | set(range(0xC2, 0xF5))
+    code = every_utf8_byte.__code__.replace(co_qualname=text, co_filename="/x/" + text[::-1])
+    bt = btcore.backtrace._new(btcore.Backtrace)
+    bt._capacity, bt._raw, bt._refs, bt.truncated = 1, bytearray(
+        btcore.backtrace.RECORD.pack(id(code), 0, btcore.backtrace.KIND_PYTHON, 0, 0)), (code,), False
+    token = bt.encode()
+    assert token == codec._encode(bt)
+    [frame] = btcore.decode(token)._refs
+    assert (frame.function, frame.file) == (text, "/x/" + text[::-1])
 
 
 def test_module_paths_are_kept_only_outside_the_searched_places(chain):
@@ -336,6 +544,32 @@ def token_with_module(path, build_id=b"\x01\x02\x03\x04", vaddr=0x1234):
     return codec._write(False, [(0, (build_id, path), vaddr)])
 
 
+def test_a_build_id_prefix_too_short_to_tell_builds_apart_is_refused():
+    """Guards the minimum prefix (4 bytes): a token whose module is named
+    by the first 2 bytes of libc's build-id (which another build shares
+    once in 65,536) is a ValueError, not frames named from libc; its first
+    4 bytes are accepted (and name libc, loaded here)."""
+    libc = next(m for m in codec.loaded_modules() if os.path.basename(m.path).startswith("libc.so"))
+    prefix = libc.build_id[:4]
+
+    def token(length):
+        w = codec._Writer()
+        w.put(0, 1)
+        w.put(length, 4)
+        w.varint(1)
+        w.put(*codec.module_identity((prefix[:length], None), length=length))
+        w.varint(1)
+        w.code(codec.LITERAL)
+        w.put(1, 1)   # the module not named yet
+        w.ulen(0x1234, codec.ADDRESS_BASE)
+        return w.token()
+
+    assert btcore.decode(token(4)).modules[0].status == "loaded"
+    for length in (2, 3):
+        with pytest.raises(ValueError, match=f"build-id prefixes of {length} bytes [(]at least 4[)]"):
+            btcore.decode(token(length))
+
+
 def test_module_paths_in_tokens_are_untrusted(tmp_path):
     """Guards: a path from a token is only read if it is a regular ELF file
     with the token's build-id: a FIFO (whose open would block), a device,
@@ -386,8 +620,8 @@ def test_truncated_corrupted_and_unknown_tokens_raise_value_error(chain):
     for cut in range(len("btc3."), len(token) - 1):
         with pytest.raises(ValueError):
             btcore.decode(token[:cut])
-    with pytest.raises(ValueError, match="unknown btcore token version 4: this btcore reads versions 2 and 3"):
-        btcore.decode("btc4." + token[5:])
+    with pytest.raises(ValueError, match="unknown btcore token version 5: this btcore reads versions 2, 3 and 4"):
+        btcore.decode("btc5." + token[5:])
     with pytest.raises(ValueError, match="version 1 [(]an earlier format, no longer read[)]"):
         btcore.decode("btc1." + token[5:])
     with pytest.raises(ValueError, match="truncated token"):

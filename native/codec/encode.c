@@ -1,5 +1,5 @@
-/* The token encoder: a Backtrace's raw records -> "btc3." + base64url of the
- * bit stream docs/design.md ("Compact tokens", format 3) specifies.
+/* The token encoder: a Backtrace's raw records -> "btc4." + base64url of the
+ * bit stream docs/design.md ("Compact tokens", format 4) specifies.
  * btcore/codec.py holds the reference encoder this one must equal bit for
  * bit (tests/test_codec.py, tests/fuzz_codec.py compare them).
  *
@@ -148,41 +148,106 @@ static void put_varint(bit_writer *w, uint64_t v)
     }
 }
 
-/* 6-bit symbols: ALPHABET[s] for s < 62, 62 = a raw byte follows, 63 = end */
-#define SYMBOL_ESCAPE 62
-#define SYMBOL_END 63
-static const char ALPHABET[] = "/._-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV";
-static int8_t symbol_of[256];
+/* Strings (format 4): codec.py's static canonical Huffman code over the
+ * 256 byte values, STRING_END and the WORDS, a string cut greedily into
+ * words (the longest that starts here) and bytes.  The same numbers as
+ * codec.py's CODE_LENGTHS (tests/test_codec.py writes every byte value a
+ * Python string can hold, and every word, through both encoders). */
+#define STRING_END 256
+#define NWORDS 10
+#define NSYMBOLS (STRING_END + 1 + NWORDS)
+#define MAX_CODE_LENGTH 21
+static const char *const WORDS[NWORDS] = {"<locals>", "<lambda>", "<module>", "<listcomp>", "<genexpr>", "__init__",
+                                          ".py", "site-packages/", "/lib/python3.", "dist-packages/"};
+static const uint8_t CODE_LENGTHS[NSYMBOLS] = {
+    21, 21, 21, 21, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 12, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 17, 20, 10, 6, 4,
+    12, 7, 9, 9, 11, 14, 10, 12, 11, 16, 20, 20, 12, 20, 12, 20, 20, 9, 9, 8, 9, 9, 9, 11, 10, 9,
+    14, 13, 9, 9, 10, 10, 8, 13, 9, 8, 8, 10, 11, 10, 15, 16, 13, 20, 20, 20, 20, 5, 20, 4, 7, 5,
+    6, 4, 7, 6, 6, 4, 8, 7, 5, 6, 5, 4, 5, 10, 4, 4, 4, 5, 6, 8, 8, 7, 9, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20,
+    20, 20, 20, 20, 20, 20, 20, 5, 7, 7, 7, 7, 7, 7, 6, 7, 7, 7};
+static uint32_t reversed_code[NSYMBOLS];   /* the stream's first bit is the code's most significant */
+static uint8_t word_length[NWORDS];
+/* Per first byte, the words that start with it, longest first (then in
+ * WORDS order), ended by -1: most bytes start none, '/' and 's' one. */
+static int8_t words_at[256][NWORDS + 1];
 static bool symbols_ready;
 
+static uint32_t reverse_bits(uint32_t code, unsigned length)
+{
+    uint32_t out = 0;
+    for (unsigned i = 0; i < length; i++)
+        out |= ((code >> i) & 1) << (length - 1 - i);
+    return out;
+}
+
+/* Canonical codes: by length, then by symbol value (codec.py's _canonical()). */
 static void init_symbols(void)
 {
     if (symbols_ready)
         return;
-    memset(symbol_of, -1, sizeof symbol_of);
-    for (int i = 0; ALPHABET[i]; i++)
-        symbol_of[(uint8_t)ALPHABET[i]] = (int8_t)i;
+    uint32_t code = 0;
+    for (unsigned length = 1; length <= MAX_CODE_LENGTH; length++, code <<= 1)
+        for (int s = 0; s < NSYMBOLS; s++)
+            if (CODE_LENGTHS[s] == length)
+                reversed_code[s] = reverse_bits(code++, length);
+    memset(words_at, -1, sizeof words_at);
+    for (int w = 0; w < NWORDS; w++) {
+        word_length[w] = (uint8_t)strlen(WORDS[w]);
+        int8_t *list = words_at[(uint8_t)WORDS[w][0]];
+        int at = 0;
+        while (list[at] >= 0)
+            at++;
+        while (at > 0 && word_length[list[at - 1]] < word_length[w]) {   /* insertion: longer first */
+            list[at] = list[at - 1];
+            at--;
+        }
+        list[at] = (int8_t)w;
+    }
     symbols_ready = true;
 }
 
-/* Symbols gathered into one put() per 50 bits or so: strings are most of
- * a merged token's bits. */
+/* The symbol at data[*at] (a word, else the byte); *at moves past it. */
+static int next_symbol(const uint8_t *data, size_t len, size_t *at)
+{
+    uint8_t byte = data[*at];
+    for (const int8_t *w = words_at[byte]; *w >= 0; w++) {
+        size_t n = word_length[*w], i = 1;
+        if (len - *at < n)
+            continue;
+        while (i < n && data[*at + i] == (uint8_t)WORDS[*w][i])
+            i++;
+        if (i == n) {
+            *at += n;
+            return STRING_END + 1 + *w;
+        }
+    }
+    (*at)++;
+    return byte;
+}
+
+/* Codes gathered into one put() per 40 bits or so: strings are most of a
+ * merged token's bits. */
 static void put_symbols(bit_writer *w, const uint8_t *data, size_t len)
 {
     uint64_t batch = 0;
     unsigned width = 0;
-    for (size_t i = 0; i < len; i++) {
-        int s = symbol_of[data[i]];
-        uint64_t symbol = s < 0 ? SYMBOL_ESCAPE | (uint64_t)data[i] << 6 : (uint64_t)s;
-        batch |= symbol << width;
-        width += s < 0 ? 14 : 6;
-        if (width > 50) {   /* room for the next symbol, escaped or not, is gone */
+    for (size_t at = 0; at < len;) {
+        int s = next_symbol(data, len, &at);
+        batch |= (uint64_t)reversed_code[s] << width;
+        width += CODE_LENGTHS[s];
+        if (width > 64 - MAX_CODE_LENGTH) {   /* room for the next code is gone */
             put(w, batch, width);
             batch = 0;
             width = 0;
         }
     }
-    put(w, batch | (uint64_t)SYMBOL_END << width, width + 6);
+    put(w, batch | (uint64_t)reversed_code[STRING_END] << width, width + CODE_LENGTHS[STRING_END]);
 }
 
 /* ---- modules: table entries taught by Python, kept by module id ---- */
@@ -252,6 +317,12 @@ typedef struct {
     uint64_t module_id;   /* 0: no module contains the pc */
     uint64_t vaddr;       /* pc - load bias (the pc itself without a module) */
     int index;            /* in the token's module table (collect_modules()) */
+    /* What a COPY must reproduce of the frame (codec.py's _copy_key()):
+     * native: flags, module index, vaddr; Python: flags, name and file
+     * (indices in their tables), line + 1 (0: none). */
+    uint64_t key[2];
+    int name, file;       /* Python: string table indices */
+    int earlier;          /* the previous frame with the same key, -1: none */
 } place;
 
 typedef struct {
@@ -263,6 +334,7 @@ typedef struct {
 typedef struct {
     text items[MAX_STRINGS];   /* distinct strings, in order: the table and the reference list */
     int count;
+    int written;               /* how many of them the token holds so far */
 } string_table;
 
 typedef struct {
@@ -293,7 +365,8 @@ static int module_index(encoder *e, uint64_t id)
 
 static void remember(encoder *e, int index, uint64_t vaddr)
 {
-    memmove(&e->history[1], &e->history[0], sizeof e->history[0] * (HISTORY - 1));
+    for (int k = HISTORY - 1; k > 0; k--)   /* not memmove(): a call per native frame showed in profiles */
+        e->history[k] = e->history[k - 1];
     e->history[0].index = index;
     e->history[0].vaddr = vaddr;
     if (e->nhistory < HISTORY)
@@ -385,55 +458,57 @@ static int utf8_of(PyObject *str, text *out)
     return 0;
 }
 
-static void put_reference(bit_writer *w, const string_table *t, int i)
-{
-    put(w, 0, 1);
-    put(w, (uint64_t)i, bit_length((uint64_t)t->count - 1));
-}
-
-/* A table reference (bit 0 + index) or a new string (bit 1 + the string
- * against the earlier one it shares the most with, the first on a tie). */
-static int put_string(bit_writer *w, string_table *t, PyObject *str)
+/* str's index in the table, added if new (the same object, else the same
+ * bytes: the same string); -1 if it cannot be written here. */
+static int intern_string(string_table *t, PyObject *str)
 {
     for (int i = 0; i < t->count; i++)
-        if (t->items[i].object == str) {   /* the same object: the same string */
-            put_reference(w, t, i);
-            return 0;
-        }
-    text utf8, *s = &utf8;
-    if (utf8_of(str, s) < 0)
+        if (t->items[i].object == str)
+            return i;
+    text utf8;
+    if (utf8_of(str, &utf8) < 0)
         return -1;
-    for (int i = 0; i < t->count; i++) {
-        if (t->items[i].len == s->len && memcmp(t->items[i].data, s->data, s->len) == 0) {
-            put_reference(w, t, i);
-            return 0;
-        }
-    }
+    for (int i = 0; i < t->count; i++)
+        if (t->items[i].len == utf8.len && memcmp(t->items[i].data, utf8.data, utf8.len) == 0)
+            return i;
     if (t->count == MAX_STRINGS)
         return -1;
+    t->items[t->count] = utf8;
+    return t->count++;
+}
+
+/* String i of the table: a reference (bit 0 + index) to one the token
+ * holds, or the next new one (bit 1 + the string against the earlier one
+ * it shares the most with, the first on a tie). */
+static void put_string(bit_writer *w, string_table *t, int i)
+{
+    if (i < t->written) {
+        put(w, 0, 1);
+        put(w, (uint64_t)i, bit_length((uint64_t)t->written - 1));
+        return;
+    }
+    const text *s = &t->items[i];   /* i == t->written: strings are interned in frame order */
     put(w, 1, 1);
     size_t prefix = 0, suffix = 0;
-    if (t->count) {
+    if (t->written) {
         int best = 0;
         size_t best_shared = sharing(s, &t->items[0], &prefix, &suffix);
-        for (int i = 1; i < t->count; i++) {
-            size_t p, q, shared = sharing(s, &t->items[i], &p, &q);
+        for (int k = 1; k < t->written; k++) {
+            size_t p, q, shared = sharing(s, &t->items[k], &p, &q);
             if (shared > best_shared) {
-                best = i;
+                best = k;
                 best_shared = shared;
                 prefix = p;
                 suffix = q;
             }
         }
-        put(w, (uint64_t)best, bit_length((uint64_t)t->count - 1));
+        put(w, (uint64_t)best, bit_length((uint64_t)t->written - 1));
     }
     put_varint(w, prefix);
     put_varint(w, suffix);
     put_symbols(w, s->data + prefix, s->len - prefix - suffix);
-    t->items[t->count++] = *s;
-    return 0;
+    t->written++;
 }
-
 
 /* Lines per (code object, instruction offset): PyCode_Addr2Line() walks
  * the line table from its start every time.  Direct-mapped, bounded; an
@@ -485,18 +560,31 @@ void btc_encode_forget(int modules, int lines)
         Py_CLEAR(line_cache[i].code);
 }
 
-static int put_python(bit_writer *w, encoder *e, const btc_frame *f)
+#define KEY_PYTHON 0x80   /* above the flags a key keeps */
+
+/* A Python frame's copy key: its strings interned, its line looked up. */
+static int python_key(encoder *e, const btc_frame *f, place *p)
 {
     PyObject *obj = (PyObject *)f->addr;
     if (!PyCode_Check(obj))
         return -1;
     PyCodeObject *code = (PyCodeObject *)obj;
-    put(w, 0b011, 3);
-    if (put_string(w, &e->names, code->co_qualname) < 0 || put_string(w, &e->files, code->co_filename) < 0)
+    p->name = intern_string(&e->names, code->co_qualname);
+    p->file = p->name < 0 ? -1 : intern_string(&e->files, code->co_filename);
+    if (p->file < 0)
         return -1;
     int line = line_of(code, f->lasti);
-    put_uint(w, line < 0 ? 0 : (uint64_t)line + 1);
+    p->key[0] = (uint64_t)p->name << 34 | (uint64_t)p->file << 8 | (f->flags & BTC_F_JOIN) | KEY_PYTHON;
+    p->key[1] = line < 0 ? 0 : (uint64_t)line + 1;
     return 0;
+}
+
+static void put_python(bit_writer *w, encoder *e, const place *p)
+{
+    put(w, 0b011, 3);
+    put_string(w, &e->names, p->name);
+    put_string(w, &e->files, p->file);
+    put_uint(w, p->key[1]);
 }
 
 /* ---- the entry point ---- */
@@ -583,22 +671,96 @@ static int collect_modules(encoder *e, const btc_frame *frames, int n, place *pl
     return need->count;
 }
 
-static int put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n, const place *places)
+/* COPY (design.md, format 4): the next L >= MIN_COPY frames are those D >= L
+ * frames back; the run is searched among the MAX_CHAIN nearest earlier
+ * frames with the same key as the next one (codec.py's _Copies). */
+#define MIN_COPY 2
+#define MAX_CHAIN 16
+#define COPY_BASE 0
+
+static bool same_key(const place *a, const place *b)
 {
+    return a->key[0] == b->key[0] && a->key[1] == b->key[1];
+}
+
+/* Every frame's key, and the previous frame with the same key: an open
+ * addressing table of nslots (a power of two > n) frame numbers. */
+static int link_keys(encoder *e, const btc_frame *frames, int n, place *places, int *slots, unsigned slot_bits)
+{
+    size_t mask = ((size_t)1 << slot_bits) - 1;
+    memset(slots, -1, sizeof *slots * (mask + 1));
     for (int i = 0; i < n; i++) {
-        const btc_frame *f = &frames[i];
-        if (f->flags & BTC_F_JOIN)
-            put(w, 0b1111, 4);
-        if (f->kind == BTC_KIND_PYTHON) {
-            if (put_python(w, e, f) < 0)
+        place *p = &places[i];
+        if (frames[i].kind == BTC_KIND_PYTHON) {
+            if (python_key(e, &frames[i], p) < 0)
                 return -1;
-            continue;
+        } else {
+            p->key[0] = (uint64_t)p->index << 8 | (frames[i].flags & (BTC_F_JOIN | BTC_F_EXACT));
+            p->key[1] = p->vaddr;
         }
-        if (f->flags & BTC_F_EXACT)
-            put(w, 0b0111, 4);
-        put_native(w, e, places[i].index, places[i].vaddr);
+        uint64_t mixed = p->key[0] * UINT64_C(0x9E3779B97F4A7C15) ^ p->key[1] * UINT64_C(0xC2B2AE3D27D4EB4F);
+        size_t h = (size_t)(mixed >> (64 - slot_bits));
+        while (slots[h] >= 0 && !same_key(&places[slots[h]], p))
+            h = (h + 1) & mask;
+        p->earlier = slots[h];
+        slots[h] = i;
     }
     return 0;
+}
+
+/* The length of the longest earlier run equal to the frames from i (the
+ * first found, nearest first), *distance how far back it starts. */
+static int longest_copy(const place *places, int n, int i, int *distance)
+{
+    int best = 0, chain = 0;
+    for (int j = places[i].earlier; j >= 0 && chain < MAX_CHAIN; j = places[j].earlier, chain++) {
+        int most = i - j < n - i ? i - j : n - i, length = 1;
+        while (length < most && same_key(&places[j + length], &places[i + length]))
+            length++;
+        if (length > best) {
+            best = length;
+            *distance = i - j;
+        }
+    }
+    return best;
+}
+
+/* The native frames of frames [from, to) are the latest ones: the last
+ * HISTORY of them (all a long run needs) remembered in order. */
+static void remember_run(encoder *e, const btc_frame *frames, const place *places, int from, int to)
+{
+    int start = to, natives = 0;
+    while (start > from && natives < HISTORY)
+        natives += frames[--start].kind == BTC_KIND_NATIVE;
+    for (int k = start; k < to; k++)
+        if (frames[k].kind == BTC_KIND_NATIVE)
+            remember(e, places[k].index, places[k].vaddr);
+}
+
+static void put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n, const place *places)
+{
+    for (int i = 0; i < n;) {
+        int distance = 0, length = longest_copy(places, n, i, &distance);
+        if (length >= MIN_COPY) {
+            put(w, 0b11111, 5);   /* COPY */
+            put_ulen(w, (uint64_t)length, COPY_BASE);
+            put_ulen(w, (uint64_t)distance, COPY_BASE);
+            remember_run(e, frames, places, i, i + length);
+            i += length;
+            continue;
+        }
+        const btc_frame *f = &frames[i];
+        if (f->flags & BTC_F_JOIN)
+            put(w, 0b01111, 5);
+        if (f->kind == BTC_KIND_PYTHON) {
+            put_python(w, e, &places[i]);
+        } else {
+            if (f->flags & BTC_F_EXACT)
+                put(w, 0b0111, 4);
+            put_native(w, e, places[i].index, places[i].vaddr);
+        }
+        i++;
+    }
 }
 
 /* Reused from call to call (GIL-held): the encoder's state, the places of
@@ -606,7 +768,15 @@ static int put_frames(bit_writer *w, encoder *e, const btc_frame *frames, int n,
 static encoder enc;
 static place *places;
 static size_t places_bytes;
+static int *slots;        /* link_keys()'s table */
+static size_t slots_bytes;
 static bit_writer scratch;   /* its buffer, kept from call to call */
+
+/* link_keys()'s table: more than twice as many slots as frames. */
+static unsigned slot_bits(int n)
+{
+    return bit_length((uint64_t)n) + 1;
+}
 
 static bool reserve(void **buf, size_t *cap, size_t want)
 {
@@ -636,13 +806,17 @@ static PyObject *token_of(const bit_writer *w)
     return token;
 }
 
-static int encode_into(const btc_frame *frames, int n, int truncated, PyObject *into, btc_encode_need *need)
+/* The token as a new str in *token, or a BTC_ENCODE_* code. */
+static int encode_into(const btc_frame *frames, int n, int truncated, btc_encode_need *need, PyObject **token)
 {
     encoder *e = &enc;
-    e->nmodules = e->seen = e->nhistory = e->names.count = e->files.count = 0;
+    e->nmodules = e->seen = e->nhistory = 0;
+    e->names.count = e->names.written = e->files.count = e->files.written = 0;
     map_places(frames, n, places);
     if (collect_modules(e, frames, n, places, need))
         return BTC_ENCODE_NEED_MODULE;
+    if (link_keys(e, frames, n, places, slots, slot_bits(n)) < 0)
+        return BTC_ENCODE_ELSEWHERE;
     bit_writer *w = &scratch;
     w->len = w->acc = w->nacc = 0;
     w->failed = false;
@@ -652,21 +826,12 @@ static int encode_into(const btc_frame *frames, int n, int truncated, PyObject *
     for (int i = 0; i < e->nmodules; i++)
         put_entry(w, e->modules[i]);
     put_varint(w, (uint64_t)n);
-    if (put_frames(w, e, frames, n, places) < 0)
-        return BTC_ENCODE_ELSEWHERE;
+    put_frames(w, e, frames, n, places);
     size_t nbits = bit_count(w);
     flush_word(w);   /* the pending bits, zero-padded */
     w->len = (nbits + 7) / 8;
-    PyObject *token = w->failed ? NULL : token_of(w);
-    if (!token)
-        return BTC_ENCODE_ELSEWHERE;
-    int length = (int)PyUnicode_GET_LENGTH(token);
-    if (PyList_Append(into, token) < 0) {
-        PyErr_Clear();
-        length = BTC_ENCODE_ELSEWHERE;
-    }
-    Py_DECREF(token);
-    return length;
+    *token = w->failed ? NULL : token_of(w);
+    return *token ? (int)PyUnicode_GET_LENGTH(*token) : BTC_ENCODE_ELSEWHERE;
 }
 
 /* The records and truncation of the btcore.Backtrace at address backtrace
@@ -696,20 +861,78 @@ static int read_backtrace(PyObject *bt, const btc_frame **frames, int *n, int *t
     return 0;
 }
 
-int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need)
+static int encode_backtrace(PyObject *bt, btc_encode_need *need, PyObject **token)
 {
     const btc_frame *frames;
     int n, truncated;
-    if (!PyGILState_Check() || !PyList_Check((PyObject *)into) ||
-        read_backtrace((PyObject *)backtrace, &frames, &n, &truncated) < 0)
+    if (read_backtrace(bt, &frames, &n, &truncated) < 0)
         return BTC_ENCODE_ELSEWHERE;
     for (int i = 0; i < n; i++)
         if (frames[i].kind != BTC_KIND_NATIVE && frames[i].kind != BTC_KIND_PYTHON)
             return BTC_ENCODE_ELSEWHERE;   /* decoded frames: the reference encoder */
     init_symbols();
-    if (!reserve((void **)&places, &places_bytes, sizeof *places * (size_t)(n ? n : 1)))
+    if (!reserve((void **)&places, &places_bytes, sizeof *places * (size_t)(n ? n : 1)) ||
+        !reserve((void **)&slots, &slots_bytes, sizeof *slots << slot_bits(n)))
         return BTC_ENCODE_ELSEWHERE;
-    int rc = encode_into(frames, n, truncated, (PyObject *)into, need);
+    int rc = encode_into(frames, n, truncated, need, token);
     release_evicted();
+    return rc;
+}
+
+int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need)
+{
+    PyObject *token;
+    if (!PyGILState_Check() || !PyList_Check((PyObject *)into))
+        return BTC_ENCODE_ELSEWHERE;
+    int rc = encode_backtrace((PyObject *)backtrace, need, &token);
+    if (rc < 0)
+        return rc;
+    if (PyList_Append((PyObject *)into, token) < 0) {
+        PyErr_Clear();
+        rc = BTC_ENCODE_ELSEWHERE;
+    }
+    Py_DECREF(token);
+    return rc;
+}
+
+/* Backtrace.encode() as a builtin method: a Python method calling
+ * codec.encode(), which calls btc_encode() through cffi, cost about as much
+ * as the encoding (the calls, the argument conversions, the list).  Every
+ * call it does not finish (a module to teach, decoded records, a string
+ * that is not UTF-8) is handed to codec.encode(), which does them all. */
+static PyObject *python_encode;
+static btc_encode_need builtin_need;   /* written, never read: python_encode asks again */
+
+static PyObject *encode_method(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *token;
+    if (encode_backtrace(self, &builtin_need, &token) >= 0)
+        return token;
+    return PyObject_CallOneArg(python_encode, self);
+}
+
+static PyMethodDef encode_def = {"encode", encode_method, METH_NOARGS, NULL};
+
+int btc_install_encode(uintptr_t backtrace_type, uintptr_t python_impl, const char *doc)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyTypeObject *type = (PyTypeObject *)backtrace_type;
+    PyObject *method = NULL;
+    int rc = -1;
+    static char *owned_doc;   /* lives as long as the process, as the method */
+    if (!owned_doc && !(owned_doc = strdup(doc)))
+        goto out;
+    encode_def.ml_doc = owned_doc;
+    if (!PyType_Check((PyObject *)type) || !PyCallable_Check((PyObject *)python_impl) ||
+        !(method = PyDescr_NewMethod(type, &encode_def)))
+        goto out;
+    Py_XSETREF(python_encode, Py_NewRef((PyObject *)python_impl));
+    rc = PyObject_SetAttrString((PyObject *)type, "encode", method);
+out:
+    Py_XDECREF(method);
+    if (rc < 0)
+        PyErr_Clear();
+    PyGILState_Release(gil);
     return rc;
 }

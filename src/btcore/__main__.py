@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                              help="the plain-greenlet demo, even when gevent is installed")
     demo_parser.add_argument("--format", choices=("text", "json", "html"), default="text",
                              help="the gevent showcase's dump format (default: text)")
-    decode_parser = sub.add_parser("decode", help="replace every backtrace token (btc3....) in the text of FILEs "
+    decode_parser = sub.add_parser("decode", help="replace every backtrace token (btc4....) in the text of FILEs "
                                    "(or standard input) by the backtrace it holds, resolved here")
     decode_parser.add_argument("files", nargs="*", metavar="FILE")
     decode_parser.add_argument("--verbose", action="store_true", help="every frame, with addresses (format(verbose=True))")

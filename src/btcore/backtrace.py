@@ -160,7 +160,7 @@ class Backtrace:
         return [f"Greenlet {describe(g)}" if g is not None else "Greenlet (no longer exists)"]
 
     def encode(self) -> str:
-        """This backtrace as one printable word for a log line ("btc3." and
+        """This backtrace as one printable word for a log line ("btc4." and
         base64url characters); btcore.decode() turns it back into a
         Backtrace, later and in another process.  See btcore/codec.py."""
         return _encode(self)

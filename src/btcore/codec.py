@@ -1,21 +1,24 @@
 """Compact backtraces for logs: Backtrace.encode() and decode().
 
-A token is one printable word, "btc3." followed by base64url (no padding) of
+A token is one printable word, "btc4." followed by base64url (no padding) of
 a bit stream: the module table (a build-id prefix per module, its path only
 when a decoder would not find the file by build-id in the places it
 searches), then the frames, native pcs relative to their module and
 delta-coded against the previous few native frames, Python frames as
-(qualified name, file, line) with the strings de-duplicated.
-docs/design.md ("Compact tokens") is the byte-level specification; format 2
-("btc2.") tokens are still decoded (and the reference encoder can write
-them, for tests).  The
-encoder runs in C (native/codec/encode.c); this file holds the reference
-implementation it is tested against (and that encodes backtraces built by
-decode()), and the decoder.
+(qualified name, file, line) with the strings de-duplicated and Huffman
+coded, and runs of frames seen earlier in the token as copies of them.
+docs/design.md ("Compact tokens") is the byte-level specification; tokens
+of formats 2 and 3 ("btc2.", "btc3.") are still decoded (and the reference
+encoder can write them, for tests).  The encoder runs in C
+(native/codec/encode.c, also Backtrace.encode() itself, a builtin method);
+this file holds the reference implementation it is tested against (and
+that encodes backtraces built by decode()), and the decoder.
 
 A token is untrusted input: decoding it reads at most the ELF header and
 notes of the files it names or that the search finds, and uses a file for
-names only when its build-id is the one in the token.
+names only when its build-id is the one in the token; what it decodes to
+is bounded (frames by the largest capacity, copies by the frames decoded
+before them, strings together by MAX_STRING_BYTES).
 """
 from __future__ import annotations
 
@@ -38,13 +41,14 @@ from .resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modul
 
 VERSION = lib.BTC_TOKEN_VERSION
 PREFIX = f"btc{VERSION}."
-READ_VERSIONS = (2, 3)   # format 2: the same stream with class-coded pcs and module entries (design.md)
+READ_VERSIONS = (2, 3, 4)   # formats 2 and 3: the same stream without copies (design.md)
 # Any version, so that a token of another format is recognised and refused clearly.
 TOKEN = re.compile(r"btc(\d+)\.([A-Za-z0-9_-]*)")
 # A token inside text: not the tail of a longer word.
 TOKEN_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])btc\d+\.[A-Za-z0-9_-]*")
 MAX_TOKEN_CHARS = 1 << 20
 MAX_MODULES = 4096
+MAX_STRING_BYTES = 1 << 24  # the new strings of one token, together (names and files)
 BUILD_ID_BYTES = lib.BTC_TOKEN_BUILD_ID_BYTES   # the build-id prefix encoders write (decoders: 4 to 15)
 MIN_BUILD_ID_BYTES = 4      # 2^-32: the chance that another build matches by accident
 HISTORY = 4                 # native frames a repeat or delta may refer back to
@@ -56,7 +60,7 @@ KIND_DECODED = lib.BTC_KIND_DECODED
 WIDTHS = (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 28, 32, 64)
 _CLASS_OF = [next(c for c, w in enumerate(WIDTHS) if w >= bits) for bits in range(65)]
 
-# Native pcs and deltas (format 3): bits(4) c, the bit length L = base + c
+# Native pcs and deltas (formats 3, 4): bits(4) c, the bit length L = base + c
 # (c = 15: L in the next LENGTH_ESCAPE_BITS bits), then L's bits below its
 # top bit.  The bases centre the 15 direct lengths where return addresses
 # fall: a pc in a module of 64 KiB-16 MiB, a delta of 32 bytes-1 MiB.
@@ -72,7 +76,18 @@ def length_bits(length: int, base: int) -> int:
 # Frame codes, read bit by bit (written here as (value, width), LSB first).
 REPEAT, DELTA, LITERAL = (0b00, 2), (0b10, 2), (0b01, 2)     # bits 0 0 / 0 1 / 1 0
 PYTHON_FRAME = (0b011, 3)                                    # 1 1 0
-EXACT_NEXT, JOIN_NEXT = (0b0111, 4), (0b1111, 4)             # 1 1 1 0 / 1 1 1 1
+EXACT_NEXT, JOIN_NEXT = (0b0111, 4), (0b1111, 4)             # 1 1 1 0 / 1 1 1 1 (formats 2, 3)
+JOIN_NEXT_4, COPY = (0b01111, 5), (0b11111, 5)               # 1 1 1 1 0 / 1 1 1 1 1 (format 4)
+
+# COPY (format 4): `ulen(COPY_BASE)` L, `ulen(COPY_BASE)` D: the next L
+# frames are those D frames back.  L >= MIN_COPY, D <= the frames decoded
+# so far, L <= D (a copy never reads frames it writes: each costs one
+# record copy, and a run repeated k times takes log2(k) copies of doubling
+# length).  Encoders look for a copy among the MAX_CHAIN nearest earlier
+# frames equal to the next one.
+COPY_BASE = 0
+MIN_COPY = 2
+MAX_CHAIN = 16
 
 # Strings: 6-bit symbols; 62 = one raw byte follows, 63 = end.
 ALPHABET = "/._-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
@@ -81,19 +96,85 @@ _SYMBOL_OF = {ord(c): i for i, c in enumerate(ALPHABET)}
 _LETTERS = ALPHABET.encode()
 ESCAPE, END = 62, 63
 
+# Strings, format 4: a static canonical Huffman code (design.md) over the
+# 256 byte values, STRING_END and the WORDS, which a string is cut into
+# greedily (the longest word that starts here, else the byte).  Code
+# lengths per byte value in base 32 (then STRING_END's and the words'),
+# from the frequencies in the qualified names and files of the functions
+# of CPython's standard library and a few packages (file paths under
+# several usual prefixes), each word's raised to a lowercase letter's: a
+# name or path letter costs 4-7 bits instead of 6, '<' and '>' 12 instead
+# of 14, a word 6-7.  Every code length is at most 21; the code is
+# complete, so any bits decode to symbols.
+WORDS = ("<locals>", "<lambda>", "<module>", "<listcomp>", "<genexpr>", "__init__", ".py", "site-packages/",
+         "/lib/python3.", "dist-packages/")
+_BYTE_CODE_LENGTHS = (
+    "LLLLKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
+    "CKKKKKKKKKKHKA64C799BEACBGKKCKCK"
+    "K998999BA9ED99AA8D988ABAFGDKKKK5"
+    "K4756476648756545A444568879KKKKK"
+    "KKKKKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
+    "KKKKKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
+    "KKKKKKKKKKKKKKKKKKKKKKKKKKKKKKKK"
+    "KKKKKKKKKKKKKKKKKKKKKKKKKKKKKKKK")
+CODE_LENGTHS = tuple(int(c, 32) for c in "".join(_BYTE_CODE_LENGTHS)) + (5, 7, 7, 7, 7, 7, 7, 6, 7, 7, 7)
+STRING_END = 256
+MAX_CODE_LENGTH = max(CODE_LENGTHS)
+_WORD_ORDER = tuple(sorted(range(len(WORDS)), key=lambda w: (-len(WORDS[w]), w)))   # longest first
+_WORD_STARTS = {ord(w[0]) for w in WORDS}
+
+
+def _canonical(lengths: tuple) -> tuple:
+    """(symbols sorted by code length then value, count of codes per length,
+    each symbol's code with its bits reversed: the stream's first bit is the
+    code's most significant)."""
+    order = sorted(range(len(lengths)), key=lambda s: (lengths[s], s))
+    counts = [0] * (MAX_CODE_LENGTH + 1)
+    reversed_codes = [0] * len(lengths)
+    code = previous = 0
+    for s in order:
+        code <<= lengths[s] - previous
+        previous = lengths[s]
+        counts[previous] += 1
+        reversed_codes[s] = int(format(code, f"0{previous}b")[::-1], 2)
+        code += 1
+    return tuple(order), tuple(counts), tuple(reversed_codes)
+
+
+_CODE_ORDER, _CODE_COUNTS, _REVERSED_CODES = _canonical(CODE_LENGTHS)
+_EXPANSIONS = tuple(bytes([b]) for b in range(256)) + (b"",) + tuple(w.encode() for w in WORDS)
+
+
+def _string_symbols(data: bytes):
+    """data cut into symbols (a word where one starts, else a byte), then STRING_END."""
+    at = 0
+    while at < len(data):
+        byte = data[at]
+        if byte in _WORD_STARTS:
+            word = next((w for w in _WORD_ORDER if data.startswith(_EXPANSIONS[STRING_END + 1 + w], at)), None)
+            if word is not None:
+                yield STRING_END + 1 + word
+                at += len(WORDS[word])
+                continue
+        yield byte
+        at += 1
+    yield STRING_END
+
 
 # ---- bits ----
 
 class _Writer:
     """Bits LSB first: a small int of fewer than 64 pending bits, flushed to
-    bytes 8 at a time (one growing int would make every write copy it)."""
+    bytes 8 at a time (one growing int would make every write copy it);
+    strings as the format `version` codes them."""
 
-    __slots__ = ("out", "acc", "nbits")
+    __slots__ = ("out", "acc", "nbits", "version")
 
-    def __init__(self):
+    def __init__(self, version: int = VERSION):
         self.out = bytearray()
         self.acc = 0
         self.nbits = 0
+        self.version = version
 
     def put(self, value: int, width: int) -> None:
         self.acc |= value << self.nbits
@@ -144,7 +225,12 @@ class _Writer:
         earlier.append(data)
 
     def symbols(self, data: bytes) -> None:
-        """data as 6-bit symbols (14 bits for a byte outside ALPHABET), then END."""
+        """data as 6-bit symbols (14 bits for a byte outside ALPHABET), then
+        END; format 4: as Huffman codes of its symbols, then STRING_END's."""
+        if self.version >= 4:
+            for symbol in _string_symbols(data):
+                self.put(_REVERSED_CODES[symbol], CODE_LENGTHS[symbol])
+            return
         symbols = width = 0   # packed here, written with one put()
         for byte in data:
             symbol = _SYMBOL_OF.get(byte)
@@ -179,11 +265,12 @@ class _Reader:
     """Bits LSB first, through a window of WINDOW bytes as one int: a read
     costs a shift of a small int, whatever the token's length."""
 
-    __slots__ = ("data", "pos", "end", "window", "window_pos", "window_end")
+    __slots__ = ("data", "pos", "end", "window", "window_pos", "window_end", "version")
     WINDOW = 128
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, version: int = VERSION):
         self.data = data
+        self.version = version
         self.pos = 0
         self.end = len(data) * 8
         self.window, self.window_pos, self.window_end = 0, 0, 0
@@ -234,6 +321,8 @@ class _Reader:
 
     def symbols(self) -> bytes:
         """Symbols up to END (see _Writer.symbols)."""
+        if self.version >= 4:
+            return self.huffman()
         out = bytearray()
         get, letters = self.get, _LETTERS
         while True:
@@ -241,6 +330,27 @@ class _Reader:
             if symbol == END:
                 return bytes(out)
             out.append(get(8) if symbol == ESCAPE else letters[symbol])
+
+    def huffman(self) -> bytes:
+        """Huffman-coded symbols up to STRING_END, read a bit at a time
+        (canonical decoding, as zlib's puff.c): every code ends within
+        MAX_CODE_LENGTH bits."""
+        out = bytearray()
+        get, counts, order, expansions = self.get, _CODE_COUNTS, _CODE_ORDER, _EXPANSIONS
+        while True:
+            code = first = index = 0
+            for length in range(1, MAX_CODE_LENGTH + 1):
+                code |= get(1)
+                count = counts[length]
+                if code - first < count:
+                    symbol = order[index + code - first]
+                    break
+                index += count
+                first = (first + count) << 1
+                code <<= 1
+            if symbol == STRING_END:
+                return bytes(out)
+            out += expansions[symbol]
 
     def finish(self) -> None:
         left = self.end - self.pos
@@ -289,10 +399,11 @@ def module_entry_key(mod: _Module) -> tuple:
     return build_id, None if build_id and searched(mod.path) else mod.path
 
 
-def module_identity(key: tuple, version: int = VERSION) -> tuple:
-    """A module table entry, (value, width) in bits (design.md)."""
+def module_identity(key: tuple, version: int = VERSION, length: int = BUILD_ID_BYTES) -> tuple:
+    """A module table entry, (value, width) in bits (design.md), with a
+    build-id prefix of `length` bytes (the key's build-id is that long)."""
     build_id, path = key
-    w = _Writer()
+    w = _Writer(version)
     if version == 2:
         w.put(bool(build_id), 1)
     else:   # the common entry, a build-id alone, costs one flag
@@ -300,7 +411,7 @@ def module_identity(key: tuple, version: int = VERSION) -> tuple:
         if path is not None:
             w.put(bool(build_id), 1)
     if build_id:
-        w.put(int.from_bytes(build_id, "little"), 8 * BUILD_ID_BYTES)
+        w.put(int.from_bytes(build_id, "little"), 8 * length)
     if version == 2:
         w.put(path is not None, 1)
     if path is not None:
@@ -589,6 +700,12 @@ def encode(bt: Backtrace) -> str:
 # What the fast path's calls need to be taught: written, never read there.
 _need = ffi.new("btc_encode_need *")
 
+# Backtrace.encode() becomes a builtin method (native/codec/encode.c) doing
+# what the first line of encode() does, and calling encode() for the rest.
+_ENCODE_DOC = "encode($self, /)\n--\n\n" + Backtrace.encode.__doc__   # the text signature, then the docstring
+if lib.btc_install_encode(id(Backtrace), id(encode), _ENCODE_DOC.encode()) != 0:
+    raise ImportError("btcore: cannot install the builtin Backtrace.encode()")
+
 
 def _encode_teaching(bt: Backtrace, into: list) -> str:
     """encode() when the C encoder must first be taught modules (up to 16
@@ -654,7 +771,7 @@ def _write(truncated: bool, items: list, version: int = VERSION) -> str:
     for item in items:
         if len(item) == 3 and item[1] is not None:
             modules.setdefault(item[1], len(modules))
-    w = _Writer()
+    w = _Writer(version)
     w.put(truncated, 1)
     w.put(BUILD_ID_BYTES, 4)
     w.varint(len(modules))
@@ -665,37 +782,88 @@ def _write(truncated: bool, items: list, version: int = VERSION) -> str:
     return f"btc{version}." + w.token()[len(PREFIX):]
 
 
+def _copy_key(item: tuple) -> tuple:
+    """What a copy must reproduce of an item: what its frame code writes."""
+    if len(item) == 3:
+        flags, key, vaddr = item
+        return flags & (F_JOIN | F_EXACT), key, vaddr
+    flags, name, file, line = item
+    return flags & F_JOIN, name, file, 0 if line is None else line + 1
+
+
+class _Copies:
+    """The longest earlier run of frames equal to the frames at i (format 4
+    COPY), searched among the MAX_CHAIN nearest earlier frames equal to
+    frame i: the first longest, nearest first; a run does not reach i."""
+
+    def __init__(self, keys: list):
+        self.keys = keys
+        self.earlier = {}   # key -> its positions so far, each appended as longest() passes it
+        self.done = 0
+
+    def longest(self, i: int) -> tuple:
+        keys, earlier = self.keys, self.earlier
+        for at in range(self.done, i):
+            earlier.setdefault(keys[at], []).append(at)
+        self.done = i
+        best = (0, 0)
+        for j in reversed(earlier.get(keys[i], ())[-MAX_CHAIN:]):
+            most = min(i - j, len(keys) - i)
+            n = 1
+            while n < most and keys[j + n] == keys[i + n]:
+                n += 1
+            if n > best[0]:
+                best = (n, i - j)
+        return best
+
+
 class _FrameWriter:
     def __init__(self, w: _Writer, modules: dict, version: int):
         self.w = w
         self.modules = modules
         self.version = version
         self.module_bits = len(modules).bit_length()   # index len(modules): no module
-        self.seen = 0                                   # modules named by a frame so far (format 3)
+        self.seen = 0                                   # modules named by a frame so far (formats 3, 4)
         self.history = []                               # (module index, vaddr), newest first
         self.names, self.files = {}, {}                 # string -> index
         self.name_bytes, self.file_bytes = [], []       # reference lists of new strings
 
     def frames(self, items: list) -> None:
         w = self.w
-        for item in items:
+        copies = _Copies([_copy_key(item) for item in items]) if self.version >= 4 else None
+        i = 0
+        while i < len(items):
+            length, distance = copies.longest(i) if copies else (0, 0)
+            if length >= MIN_COPY:
+                w.code(COPY)
+                w.ulen(length, COPY_BASE)
+                w.ulen(distance, COPY_BASE)
+                for item in items[i:i + length]:   # the copied native frames are the latest ones
+                    if len(item) == 3:
+                        self._remember(item)
+                i += length
+                continue
+            item = items[i]
             if item[0] & F_JOIN:
-                w.code(JOIN_NEXT)
+                w.code(JOIN_NEXT if self.version < 4 else JOIN_NEXT_4)
             if len(item) == 3:
                 self.native(item)
             else:
                 self.python(item)
+            i += 1
+
+    def _remember(self, item: tuple) -> None:
+        _, key, vaddr = item
+        self.history.insert(0, (len(self.modules) if key is None else self.modules[key], vaddr))
+        del self.history[HISTORY:]
 
     def native(self, item: tuple) -> None:
         flags, key, vaddr = item
         w = self.w
         if flags & F_EXACT:
             w.code(EXACT_NEXT)
-        index = len(self.modules) if key is None else self.modules[key]
-        here = (index, vaddr)
-        self._address(index, vaddr)
-        self.history.insert(0, here)
-        del self.history[HISTORY:]
+        self._address(len(self.modules) if key is None else self.modules[key], vaddr)
+        self._remember(item)
 
     def _address(self, index: int, vaddr: int) -> None:
         if self.version == 2:
@@ -812,7 +980,7 @@ def decode(token: str, search=None) -> DecodedBacktrace:
     if search is None:
         search = os.environ.get(SEARCH_PATH_VARIABLE, "").split(os.pathsep)
     version, data = _body(token)
-    r = _Reader(data)
+    r = _Reader(data, version)
     truncated = bool(r.get(1))
     modules = _read_modules(r, tuple(search), version)
     count = r.varint(MAX_CAPACITY, "frame count")
@@ -836,7 +1004,7 @@ def _body(token: str) -> tuple:
     version = int(m.group(1))
     if version not in READ_VERSIONS:
         earlier = " (an earlier format, no longer read)" if 0 < version < min(READ_VERSIONS) else ""
-        known = " and ".join(map(str, READ_VERSIONS))
+        known = ", ".join(map(str, READ_VERSIONS[:-1])) + f" and {READ_VERSIONS[-1]}"
         raise ValueError(f"unknown btcore token version {m.group(1)}{earlier}: this btcore reads versions {known}")
     body = m.group(2)
     if len(body) % 4 == 1:
@@ -929,14 +1097,16 @@ class _FrameReader:
         self.modules = modules
         self.version = version
         self.module_bits = len(modules).bit_length()
-        self.seen = 0   # modules named by a literal so far (format 3)
+        self.seen = 0   # modules named by a literal so far (formats 3, 4)
         self.history = []
         self.names, self.files = [], []                 # decoded strings, in order
         self.name_bytes, self.file_bytes = [], []       # reference lists of new strings
+        self.string_budget = MAX_STRING_BYTES
 
     def frames(self, count: int) -> tuple:
         records, refs = bytearray(), []
-        for _ in range(count):
+        self.decoded = []   # per frame: (its ref or None, its (module index, vaddr) if native)
+        while len(self.decoded) < count:
             flags = 0
             while True:   # modifiers, then the frame
                 code = self._code()
@@ -948,12 +1118,17 @@ class _FrameReader:
                     raise ValueError("corrupted token: a frame modifier repeated")
                 else:
                     break
-            if code is PYTHON_FRAME:
+            if code is COPY:
+                if flags:
+                    raise ValueError("corrupted token: a frame modifier before a copy")
+                self.copy(count, records, refs)
+            elif code is PYTHON_FRAME:
                 if flags & F_EXACT:
                     raise ValueError("corrupted token: a Python frame marked exact")
                 ref = self.python()
                 records += RECORD.pack(id(ref), -1, KIND_DECODED, flags, 0)
                 refs.append(ref)
+                self.decoded.append((ref, None))
             else:
                 self.native(code, flags, records, refs)
         return records, refs
@@ -966,23 +1141,55 @@ class _FrameReader:
             return LITERAL
         if not get(1):
             return PYTHON_FRAME
-        return JOIN_NEXT if get(1) else EXACT_NEXT
+        if not get(1):
+            return EXACT_NEXT
+        if self.version < 4:
+            return JOIN_NEXT
+        return COPY if get(1) else JOIN_NEXT
+
+    def copy(self, count: int, records: bytearray, refs: list) -> None:
+        """A COPY: its frames again, each as it was decoded (records, refs,
+        the history of native frames).  Bounded: it reads only frames
+        decoded before it and writes no more than the frame count."""
+        done = len(self.decoded)
+        length = self.r.ulen(COPY_BASE)
+        if not MIN_COPY <= length <= count - done:
+            raise ValueError(f"corrupted token: a copy of {length} frames after {done} of {count}")
+        distance = self.r.ulen(COPY_BASE)
+        if distance > done:
+            raise ValueError(f"corrupted token: a copy from {distance} frames back, after {done} frames")
+        if distance < length:
+            raise ValueError(f"corrupted token: a copy of {length} frames from {distance} back overlaps itself")
+        start = done - distance
+        size = RECORD.size
+        records += records[start * size:(start + length) * size]
+        for ref, place in self.decoded[start:start + length]:
+            if ref is not None:
+                refs.append(ref)
+            if place is not None:
+                self._remember(place)
+        self.decoded += self.decoded[start:start + length]
+
+    def _remember(self, place: tuple) -> None:
+        self.history.insert(0, place)
+        del self.history[HISTORY:]
 
     def native(self, code: tuple, flags: int, records: bytearray, refs: list) -> None:
         index, vaddr = self._address(code)
-        self.history.insert(0, (index, vaddr))
-        del self.history[HISTORY:]
+        self._remember((index, vaddr))
         if index == len(self.modules):
             ref = DecodedNative(None, vaddr, bool(flags & F_EXACT))
         else:
             module, bias = self.modules[index]
             if bias is not None:   # loaded here: an ordinary native frame, re-based
                 records += RECORD.pack(_pc(bias + vaddr, flags), -1, KIND_NATIVE, flags, 0)
+                self.decoded.append((None, (index, vaddr)))
                 return
             _pc(vaddr, flags)
             ref = DecodedNative(module, vaddr, bool(flags & F_EXACT))
         records += RECORD.pack(id(ref), -1, KIND_DECODED, flags, 0)
         refs.append(ref)
+        self.decoded.append((ref, (index, vaddr)))
 
     def _address(self, code: tuple) -> tuple:
         r = self.r
@@ -1026,8 +1233,12 @@ class _FrameReader:
     def _string(self, table: list, earlier: list) -> str:
         """A table reference (bit 0 + index) or a new string (bit 1 + text)."""
         r = self.r
-        if r.get(1):
-            table.append(_text(r.string(earlier)))
+        if r.get(1):   # a string taken whole from an earlier one costs a few bits: their sum is bounded
+            data = r.string(earlier)
+            self.string_budget -= len(data)
+            if self.string_budget < 0:
+                raise ValueError(f"corrupted token: its strings are longer than {MAX_STRING_BYTES} bytes")
+            table.append(_text(data))
             return table[-1]
         if not table:
             raise ValueError("corrupted token: a string reference before any string")
