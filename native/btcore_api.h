@@ -505,7 +505,11 @@ typedef struct {
     uint8_t entry;    /* first frame of its eval-loop call */
 } btc_remote_pyframe;
 /* Python frames, innermost first: of a thread state, or from a frame object
- * (a suspended greenlet's top frame).  Returns how many (at most max). */
+ * (a suspended greenlet's top frame).  Returns how many (at most max).  A
+ * chain cut short by garbage ends in a frame whose code is 0 and whose
+ * lasti says why: */
+#define BTC_REMOTE_CUT_UNREADABLE 1   /* a frame unreadable, misaligned or without code */
+#define BTC_REMOTE_CUT_LOOP 2         /* the chain comes back to a frame it passed */
 int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max);
 int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max);
 
@@ -530,8 +534,12 @@ typedef struct {
     size_t spill_at;     /* btc_remote_greenlet_copies(): where its heap copy went */
     int32_t frames_at, nframes;   /* ... and its Python frames */
     int32_t copied;      /* its heap copy was read */
-    int32_t reserved;
+    int32_t bad;         /* its state is garbage (BTC_REMOTE_BAD_*): nothing of it is read */
 } btc_remote_greenlet;
+#define BTC_REMOTE_BAD_UNREADABLE 1     /* greenlet's C++ object or its StackState */
+#define BTC_REMOTE_BAD_INCONSISTENT 2   /* a StackState greenlet never writes (or a misaligned frame) */
+#define BTC_REMOTE_BAD_SKIPPED 3        /* set by the caller: its saved stack is not to be copied */
+#define BTC_REMOTE_MAX_GREENLET_STACK 1073741824   /* 1 GiB: larger than any thread stack */
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
                                btc_remote_greenlet *out);
 /* Copy each greenlet's heap copy of its stack into spill (packed, in
