@@ -35,8 +35,9 @@ BAD_LASTI = -(1 << 31)        # an instruction offset that fits no frame record:
 
 # Why a frame chain was cut (a frame with code 0 ends it: native/btcore_api.h BTC_REMOTE_CUT_*).
 CUT_UNREADABLE, CUT_LOOP = 1, 2
+CUT_SKIPPED = 3   # the Python walk (debug_offsets.py) only: a frame without a code object was left out
 _CUT = {CUT_UNREADABLE: "a frame of its chain is unreadable or has no code",
-        CUT_LOOP: "its frame chain loops"}
+        CUT_LOOP: "its frame chain loops", CUT_SKIPPED: "a frame of its chain has no code object: left out"}
 
 _OB_TYPE = 8    # PyObject.ob_type, PyVarObject.ob_size: one place in every default build (3.8-3.15)
 _OB_SIZE = 16
@@ -126,9 +127,14 @@ class Names:
             return Code(None, None, None, None, 0, "names not read: the dump's name budget is spent")
         units = m.word(addr + _OB_SIZE)
         first = m.read(addr + lay.code_firstlineno, 4)
-        return Code(self.string(m.word(addr + lay.code_qualname)), self.string(m.word(addr + lay.code_filename)),
+        code = Code(self.string(m.word(addr + lay.code_qualname)), self.string(m.word(addr + lay.code_filename)),
                     struct.unpack("<i", first)[0] if first else None, self._linetable(m.word(addr + lay.code_linetable)),
                     units if units is not None and 0 < units <= MAX_CODE_UNITS else 0)
+        wrong = [what for what, value in (("name", code.qualname), ("file name", code.filename),
+                                          ("line table", code.linetable), ("size", code.units or None))
+                 if value is None]
+        code.error = wrong and f"its {', '.join(wrong)} unreadable or out of bounds" or None
+        return code
 
     def string(self, obj: int | None) -> str | None:
         """A compact str object's text (None: unreadable, not compact, or longer than MAX_STRING)."""
@@ -138,7 +144,7 @@ class Names:
         if state is None or length is None or length > MAX_STRING:
             return None
         kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
-        if not compact or kind not in (1, 2, 4):
+        if not compact or kind not in (1, 2, 4) or ascii_ and kind != 1:
             return None
         raw = m.read(obj + (lay.ascii_data if ascii_ else lay.compact_data), length * kind)
         if raw is None:
@@ -157,10 +163,15 @@ class Names:
         return table
 
 
+def lasti_ok(code: Code, lasti: int) -> bool:
+    """Is lasti an instruction of code (2 bytes each; -2: a frame that has not started)?"""
+    return -2 <= lasti < 2 * code.units and not lasti & 1
+
+
 def line(code: Code, lasti: int) -> int | None:
     """The line of instruction offset lasti in code (None: unknown, or
     lasti outside the code: -2 is a frame that has not started)."""
-    if code.firstlineno is None or code.linetable is None or not -2 <= lasti < 2 * code.units:
+    if code.firstlineno is None or code.linetable is None or not lasti_ok(code, lasti):
         return None
     try:
         probe = _LINE_PROBE.replace(co_firstlineno=code.firstlineno, co_linetable=code.linetable,

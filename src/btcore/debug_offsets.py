@@ -203,8 +203,9 @@ def frame_chain(memory, lay: PortableLayout, frame: int | None, most: int, expos
     frames are not Python frames: the frame below one (called first by that
     C call of the eval loop) is its entry frame, as is the last frame.  A
     chain that meets garbage (an unreadable or misaligned frame, a loop)
-    ends in a frame of code 0 saying why (bounds.CUT_*), as the native walk's does."""
-    out, seen, why = [], set(), None
+    ends in a frame of code 0 saying why (bounds.CUT_*), as the native walk's
+    does; so does one that left out a frame without code."""
+    out, seen, why, skipped = [], set(), None, False
     for _ in range(2 * most):   # shims take steps too
         if not frame or len(out) >= most:
             break
@@ -222,9 +223,12 @@ def frame_chain(memory, lay: PortableLayout, frame: int | None, most: int, expos
             if code and instr:
                 out.append((code, bounds.lasti_field(instr - code - lay.code_adaptive),
                             _entry(memory, lay, frame, previous, exposed)))
+            else:
+                skipped = True
         frame = previous
     if out:
         out[-1] = out[-1][:2] + (True,)
+    why = why or (bounds.CUT_SKIPPED if skipped else None)
     return out + [(0, why, False)] if why else out
 
 

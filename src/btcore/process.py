@@ -145,7 +145,7 @@ class _Walker:
         code = self._names.code(address)
         number = bounds.line(code, lasti)
         wrong = code.error and f"a frame's code at {address:#x}: {code.error}" or (
-            number is None and code.units and not -2 <= lasti < 2 * code.units
+            code.units and not bounds.lasti_ok(code, lasti)
             and f"a frame's instruction offset {lasti} lies outside its code ({code.qualname})")
         return (Frame(PYTHON, None, code.filename, code.qualname, None, code.filename, number),), wrong or None
 
