@@ -542,6 +542,13 @@ typedef struct {
 #define BTC_REMOTE_MAX_GREENLET_STACK 1073741824   /* 1 GiB: larger than any thread stack */
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
                                btc_remote_greenlet *out);
+/* Mark BTC_REMOTE_BAD_SKIPPED the greenlets whose saved stack is not to
+ * be copied: its stack ([start, stop), or from start what it saved for a
+ * main greenlet) not inside one of the nmaps sorted mappings [lo[i], hi[i]),
+ * or past budget bytes for all of them, in order.  Returns the bytes of
+ * those to copy (the spill size btc_remote_greenlet_copies() then needs). */
+size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *lo, const uintptr_t *hi, int nmaps,
+                               size_t budget);
 /* Copy each greenlet's heap copy of its stack into spill (packed, in
  * order) and its Python frames into frames; returns the frames written.
  * max_frames 0: the caller walks them (a target of another CPython

@@ -46,10 +46,12 @@ GREENLET_FIELDS = ["greenlet.pimpl", "state.start", "state.stop", "state.copy", 
 MAY_PASS_UNNOTED = {"frame.flags", "code.firstlineno", "state.frame", "state.start", "state.stop",
                     "state.copy", "state.saved", "frame.previous", "caller.previous", "frameobj.f_frame"}
 # ... and values that are valid as read: an empty name or line table, a count 3 higher, a pointer's tag bits
-# (the portable walk masks them: 3.14's tagged frame references), a string's bits no reader uses.
+# (the portable walk masks them: 3.14's tagged frame references), a string's bits no reader uses (an address
+# as state may hold valid ones).
 MAY_PASS_UNNOTED_AS = {("qualname.length", "0"), ("linetable.size", "0"), ("code.size", "unaligned"),
                        ("qualname.length", "unaligned"), ("frame.code", "unaligned"), ("caller.code", "unaligned"),
-                       ("qualname.state", "unaligned"), ("qualname.state", "huge"), ("qualname.state", "2^63")}
+                       ("qualname.state", "unaligned"), ("qualname.state", "huge"), ("qualname.state", "2^63"),
+                       ("qualname.state", "self")}
 SHARED_FIELDS = ["greenlet.gc_next", "greenlet.gc_prev", "gchead.next", "tstate.next", "tstate.thread_id",
                  "tstate.native_thread_id", "tstate.cframe", "cframe.current_frame"]
 

@@ -286,6 +286,42 @@ int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, c
     return kept;
 }
 
+/* The mapping of the sorted [lo, hi) that holds addr, or -1. */
+static int mapping_of(const uintptr_t *lo, const uintptr_t *hi, int nmaps, uintptr_t addr)
+{
+    int a = 0, b = nmaps;   /* the first mapping with lo > addr, by bisection */
+    while (a < b) {
+        int mid = a + (b - a) / 2;
+        if (lo[mid] <= addr)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    return a > 0 && addr < hi[a - 1] ? a - 1 : -1;
+}
+
+size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *lo, const uintptr_t *hi, int nmaps,
+                               size_t budget)
+{
+    size_t total = 0;
+    int last = -1;   /* most greenlets lie on one thread's stack */
+    for (int i = 0; i < n; i++) {
+        btc_remote_greenlet *g = &gs[i];
+        if (g->bad || g->saved <= 0)
+            continue;
+        size_t size = (size_t)g->saved;
+        uintptr_t end = g->stop == MAIN_STACK_STOP ? g->start + size : g->stop;
+        if (last < 0 || g->start < lo[last] || g->start >= hi[last])
+            last = mapping_of(lo, hi, nmaps, g->start);
+        if (last < 0 || end < g->start || end > hi[last] || size > budget - total) {
+            g->bad = BTC_REMOTE_BAD_SKIPPED;
+            continue;
+        }
+        total += size;
+    }
+    return total;
+}
+
 int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
                                btc_remote_pyframe *frames, int max_frames)
 {

@@ -13,7 +13,8 @@ What the dumper holds of a target, whatever it holds (the figure
 docs/safety.md documents, measured by benchmarks/bench_hostile_dump.py):
   the chunk cache of its memory        <= 128 MiB (native/remote/rmem.c)
   each thread's stack copy             <= MAX_READ
-  greenlets' saved stacks, in all      <= SPILL_BUDGET
+  greenlets' saved stacks, in all      <= SPILL_BUDGET (btc_remote_greenlet_fit: each
+                                          on one stack of the target, then in order)
   names and line tables, in all        <= NAME_BUDGET
   Python frames                        <= MAX_FRAMES per stack
 """
@@ -28,7 +29,7 @@ MAX_FRAMES = 4096             # Python frames of one stack
 MAX_STRING = 4096             # characters of a name (a qualname, a file name)
 MAX_LINETABLE = 1 << 18       # bytes of a code object's line table
 MAX_CODE_UNITS = 1 << 20      # instructions of a code object
-SPILL_BUDGET = 64 << 20       # greenlets' saved stacks copied by one dump
+SPILL_BUDGET = 256 << 20      # greenlets' saved stacks copied by one dump (gevent's: ~3.6 KiB each)
 NAME_BUDGET = 16 << 20        # names and line tables read by one dump
 MAX_TYPE_NAME = 128           # bytes of a type's name
 BAD_LASTI = -(1 << 31)        # an instruction offset that fits no frame record: refused by line()
@@ -56,17 +57,6 @@ def lasti_field(value: int) -> int:
 
 def cut_reason(lasti: int) -> str:
     return _CUT.get(lasti, "its frame chain is cut")
-
-
-def spill_sizes(saved: list, budget: int = SPILL_BUDGET) -> list:
-    """Which saved stacks (their sizes) a dump copies: in order, while they
-    fit the budget; 0 for the ones left out (their native frames are not walked)."""
-    out, left = [], budget
-    for size in saved:
-        take = 0 < size <= left
-        out.append(size if take else 0)
-        left -= size if take else 0
-    return out
 
 
 def linetable_ok(table: bytes) -> bool:

@@ -384,6 +384,12 @@ class Target:
         heads = [interp + lay.interp_gc_generations + i * lay.gc_generation_size for i in range(lay.gc_ngenerations)]
         return heads + [interp + lay.interp_gc_permanent]
 
+    @functools.cached_property
+    def map_ranges(self) -> tuple:
+        """(lo[], hi[], n) of its mappings, sorted, as C arrays."""
+        spans = sorted((m.lo, m.hi) for m in self.mappings)
+        return ffi.new("uintptr_t[]", [lo for lo, _ in spans]), ffi.new("uintptr_t[]", [hi for _, hi in spans]), len(spans)
+
     def stack_mapping(self, sp: int) -> Mapping | None:
         return next((m for m in self.mappings if m.lo <= sp < m.hi), None)
 
@@ -492,7 +498,7 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     offsets = ffi.new("size_t[3]", target.greenlet_offsets)
     c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
-    spilled = _spill_plan(target, states, n)
+    spilled = lib.btc_remote_greenlet_fit(c_states, n, *target.map_ranges, bounds.SPILL_BUDGET)
     spill = room.get((interp, "spill"), max(1, spilled))
     most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
     frames = room.get((interp, "frames"), most * _PYFRAME.size)
@@ -503,27 +509,6 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     if target.portable:
         nframes = _walk_greenlet_frames(target, states, n, spill, frames, most)
     return memoryview(states)[:n * _GREENLET.size], spill, memoryview(frames)[:nframes * _PYFRAME.size]
-
-
-def _spill_plan(target: Target, states: bytearray, n: int) -> int:
-    """The bytes of saved stacks to copy: those on a stack of the target
-    (a mapping holds the greenlet's [start, stop)), within the dump's
-    budget (bounds.SPILL_BUDGET); the others are marked not to be copied."""
-    saved, last = [], None
-    for g in _GREENLET.iter_unpack(memoryview(states)[:n * _GREENLET.size]):
-        start, stop, size = g[2], g[3], g[5]
-        hi = start + 1 if stop == _MAIN_STACK_STOP else stop   # a main greenlet: from start, its thread's stack
-        if size > 0 and not (last and last.lo <= start and hi <= last.hi):
-            last = target.stack_mapping(start)   # most share one thread's stack: the last one found
-        inside = last is not None and last.lo <= start and hi <= last.hi
-        saved.append(size if inside or size <= 0 else -1)
-    total = 0
-    for i, (size, take) in enumerate(zip(saved, bounds.spill_sizes(saved))):
-        total += take
-        if size and not take:
-            _GREENLET.pack_into(states, i * _GREENLET.size,
-                                *_GREENLET.unpack_from(states, i * _GREENLET.size)[:11], lib.BTC_REMOTE_BAD_SKIPPED)
-    return total
 
 
 def _walk_greenlet_frames(target: Target, states: bytearray, n: int, spill: bytearray, frames: bytearray,
