@@ -516,10 +516,11 @@ int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyf
 /* Objects of type `wanted` or a subtype, in the gc lists at heads (the
  * addresses of their PyGC_Head list heads).  Returns how many (written to
  * out), -1 if more than max; *visited: objects walked (at most
- * BTC_REMOTE_MAX_OBJECTS). */
+ * BTC_REMOTE_MAX_OBJECTS); *broken: lists that end before their head (an
+ * unreadable or misaligned link, a loop, a link into another list). */
 #define BTC_REMOTE_MAX_OBJECTS 50000000
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
-                            uintptr_t *out, int max, uint64_t *visited);
+                            uintptr_t *out, int max, uint64_t *visited, int *broken);
 
 /* The suspended greenlets among greenlet objects, with their saved state
  * (offsets: PyGreenlet.pimpl, StackState and the top frame in greenlet's C++

@@ -113,9 +113,10 @@ static int frame_chain(btc_rmem *m, uintptr_t f, btc_remote_pyframe *out, int ma
 int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max)
 {
     uintptr_t cframe, frame;
-    if (!btc_rmem_word(m, tstate + offsetof(PyThreadState, cframe), &cframe) || !cframe ||
-        !btc_rmem_word(m, cframe + offsetof(_PyCFrame, current_frame), &frame))
-        return 0;
+    if (!btc_rmem_word(m, tstate + offsetof(PyThreadState, cframe), &cframe) || !cframe)
+        return 0;   /* a thread state being made or torn down */
+    if (!btc_rmem_word(m, cframe + offsetof(_PyCFrame, current_frame), &frame))
+        return cut(out, 0, max, BTC_REMOTE_CUT_UNREADABLE);
     return frame_chain(m, frame, out, max);
 }
 
@@ -186,16 +187,19 @@ static bool is_head(const uintptr_t *heads, int nheads, uintptr_t at)
 }
 
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
-                            uintptr_t *out, int max, uint64_t *visited)
+                            uintptr_t *out, int max, uint64_t *visited, int *broken)
 {
     static type_memo memo;
     memset(&memo, 0, sizeof memo);
     int n = 0;
     *visited = 0;
+    *broken = 0;
     for (int h = 0; h < nheads; h++) {
         uintptr_t at;
-        if (!btc_rmem_word(m, heads[h], &at))
+        if (!btc_rmem_word(m, heads[h], &at)) {
+            (*broken)++;
             continue;
+        }
         /* _gc_next holds a clean pointer outside a collection (bit 0 is
          * only set while one runs); a list that does not come back to its
          * head within the bound is garbage, and so is a misaligned link. */
@@ -204,8 +208,10 @@ int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uin
             uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
             /* a loop that misses the head, or a link into another list
              * (whose objects that list gives): garbage, the list ends */
-            if ((at & 7) || loops(&watch, at) || is_head(heads, nheads, at) || btc_rmem_read(m, at, w, sizeof w) != 0)
+            if ((at & 7) || loops(&watch, at) || is_head(heads, nheads, at) || btc_rmem_read(m, at, w, sizeof w) != 0) {
+                (*broken)++;
                 break;
+            }
             if (w[3] && is_subtype(m, &memo, w[3], wanted)) {
                 if (n >= max)
                     return -1;   /* more than the caller has room for */

@@ -182,7 +182,10 @@ def thread_frames(memory, lay: PortableLayout, tstate: int, most: int) -> list:
     """[(code, instruction offset, entry)] of a thread state, innermost
     first, at most `most`."""
     holder = memory.word(tstate + lay.tstate_cframe) if lay.tstate_cframe >= 0 else tstate
-    return frame_chain(memory, lay, memory.word(holder + lay.tstate_current_frame) if holder else None, most)
+    if not holder:
+        return []   # a thread state being made or torn down
+    frame = memory.word(holder + lay.tstate_current_frame)
+    return frame_chain(memory, lay, frame, most) if frame is not None else [(0, bounds.CUT_UNREADABLE, False)]
 
 
 def greenlet_frames(stack, lay: PortableLayout, frame_object: int, most: int) -> list:

@@ -368,7 +368,7 @@ class Target:
         heads = self.gc_heads(interp)
         out, visited = ffi.new("uintptr_t[]", greenlet_offsets.SAMPLE), ffi.new("uint64_t *")
         n = lib.btc_remote_gc_instances(self.memory.handle, heads, len(heads), greenlet_type, out,
-                                        greenlet_offsets.SAMPLE, visited)
+                                        greenlet_offsets.SAMPLE, visited, ffi.new("int *"))
         return list(out[0:greenlet_offsets.SAMPLE if n < 0 else n])
 
     def interpreters(self):
@@ -485,12 +485,16 @@ def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
 
 def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     heads = target.gc_heads(interp)
-    visited, most, n = ffi.new("uint64_t *"), max(1 << 12, room.size((interp, "found")) // 8), -1
+    visited, broken = ffi.new("uint64_t *"), ffi.new("int *")
+    most, n = max(1 << 12, room.size((interp, "found")) // 8), -1
     while n < 0 and most <= _MAX_GREENLETS:
         out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get((interp, "found"), most * 8)))
         n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), target.greenlet_type,
-                                        out, most, visited)
+                                        out, most, visited, broken)
         most *= 2
+    if broken[0] and not room.rehearsal:
+        target.notes.append(f"{broken[0]} of the interpreter's gc lists end before their head (a corrupt "
+                            "target?): greenlets after the break are not listed")
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
         n = _MAX_GREENLETS
