@@ -232,3 +232,65 @@ def test_a_self_linked_frame_chain_is_cut_with_a_note(chain_so, clean, tmp_path)
     finally:
         proc.kill()
         proc.wait(timeout=WAIT)
+
+
+# ---- the bounds themselves, on values made here ----
+
+def test_reads_past_the_address_space_or_the_size_bound_are_refused():
+    # guards: Memory.read asks nothing of the target outside bounds.readable (an address past 2**64, a size
+    # past MAX_READ: cffi's OverflowError, a buffer of any size), and reads what lies inside.
+    from btcore import bounds
+    from btcore.remote import Memory
+    here = ffi.new("char[]", b"hostile")
+    memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
+    try:
+        at = int(ffi.cast("uintptr_t", here))
+        assert memory.read(at, 7) == b"hostile"
+        assert memory.read((1 << 64) - 16, 64) is None
+        assert memory.read(at, bounds.MAX_READ + 1) is None
+        assert memory.read(-8, 8) is None
+    finally:
+        memory.close()
+
+
+def test_line_tables_whose_last_entry_runs_past_their_end_are_refused():
+    # guards: bounds.linetable_ok: CPython's co_lines trusts a table; a cut inside an entry must be refused,
+    # a cut between entries (where the next byte starts one: bit 7, as only entry heads have it) accepted.
+    import email.message
+    from btcore import bounds
+    with open(email.message.__file__) as f:
+        codes = [compile(f.read(), email.message.__file__, "exec")]
+    for code in codes:   # and the code objects inside it
+        codes.extend(c for c in code.co_consts if hasattr(c, "co_linetable"))
+    tables = [code.co_linetable for code in codes]
+    assert len(tables) > 50
+    checked = 0
+    for table in tables:
+        assert bounds.linetable_ok(table)
+        for cut in range(1, len(table)):
+            assert bounds.linetable_ok(table[:cut]) == bool(table[cut] & 0x80), (table, cut)
+            checked += 1
+    assert checked > 500
+    assert not bounds.linetable_ok(b"\x01")   # no entry head
+
+
+def test_saved_stacks_are_copied_only_on_one_stack_and_within_the_budget():
+    # guards: btc_remote_greenlet_fit: a saved stack is copied when the greenlet's stack lies in one mapping
+    # (a thread's stack: a corrupt range or size claims more) and, in order, while the budget lasts.
+    MAIN = (1 << 64) - 1
+    lo, hi = ffi.new("uintptr_t[]", [0x10000, 0x40000]), ffi.new("uintptr_t[]", [0x20000, 0x50000])
+    states = [  # (start, stop, saved): the bytes it should be given, or 0
+        (0x11000, 0x12000, 100, 100),     # on the first stack
+        (0x11000, 0x30000, 100, 0),       # its stop past that stack
+        (0x30000, 0x31000, 100, 0),       # on no stack
+        (0x4f000, MAIN, 0x2000, 0),       # a main greenlet whose saved part runs past its stack
+        (0x4f000, MAIN, 0x800, 0x800),    # one whose saved part is on it
+        (0x41000, 0x48000, 0x5000, 0),    # on the second stack, past the budget left
+        (0x41000, 0x48000, 0x100, 0x100),  # fits what is left
+    ]
+    gs = ffi.new("btc_remote_greenlet[]", len(states))
+    for g, (start, stop, saved, _) in zip(gs, states):
+        g.start, g.stop, g.saved = start, stop, saved
+    total = lib.btc_remote_greenlet_fit(gs, len(states), lo, hi, 2, 0x1000)
+    assert total == sum(take for *_, take in states)
+    assert [g.bad == lib.BTC_REMOTE_BAD_SKIPPED for g in gs] == [take == 0 for *_, take in states]

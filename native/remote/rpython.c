@@ -236,7 +236,9 @@ int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uin
  * that last case is taken for a running one. */
 static bool suspended(const btc_remote_greenlet *g)
 {
-    return g->start > 1 && (g->frame || g->saved > 0);
+    if (g->start <= 1)
+        return false;
+    return g->frame || g->saved > 0;
 }
 
 /* A started greenlet's state that greenlet never writes: its stack not

@@ -212,6 +212,25 @@ MUTATIONS = [
              "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
              "a unit with DW_AT_ranges and a base DW_AT_low_pc covers nothing once a miss in .debug_aranges "
              "rebuilt the unit table from the DIEs: every later lookup in it loses file:line"),
+    Mutation("src/btcore/bounds.py", "    return -2 <= lasti < 2 * code.units and not lasti & 1",
+             "    return True",
+             "tests/test_hostile_dump.py::test_a_huge_instruction_offset_is_refused_not_allocated",
+             "a corrupt frame's instruction offset past its code is taken as is: no note, a line from garbage"),
+    Mutation("src/btcore/remote.py", "        if not bounds.readable(addr, n):", "        if addr <= 0:",
+             "tests/test_hostile_dump.py::test_a_code_pointer_past_the_address_space_is_noted",
+             "an address read from a corrupt target past 2**64 reaches cffi: OverflowError, exit 1, no dump at all"),
+    Mutation("native/remote/rpython.c", "        if (f && loops(&watch, f))", "        if (0)",
+             "tests/test_hostile_dump.py::test_a_self_linked_frame_chain_is_cut_with_a_note",
+             "a frame chain that loops is walked to the frame bound: thousands of copies of one frame, no note"),
+    Mutation("native/remote/rpython.c", "if ((at & 7) || loops(&watch, at) || is_head(", "if ((at & 7) || is_head(",
+             "tests/test_hostile_dump.py::test_corrupt_thread_states_and_gc_lists_leave_a_dump[self]",
+             "a gc list that loops (a self-linked object) is walked 50 million times and not noted"),
+    Mutation("native/remote/rpython.c", "end < g->start || end > hi[last] ||", "end < g->start ||",
+             "tests/test_hostile_dump.py::test_saved_stacks_are_copied_only_on_one_stack_and_within_the_budget",
+             "a corrupt greenlet's saved stack is copied at whatever size it claims, off any stack of the target"),
+    Mutation("src/btcore/bounds.py", "        if at > n:\n            return False", "        pass",
+             "tests/test_hostile_dump.py::test_line_tables_whose_last_entry_runs_past_their_end_are_refused",
+             "a line table whose last entry runs past its end reaches CPython's co_lines, which reads past it"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
