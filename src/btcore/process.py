@@ -142,12 +142,13 @@ class _Walker:
         return native_frames(pc, mod.path, name, offset, lookup - mod.bias)
 
     def _python(self, address: int, lasti: int) -> tuple:
-        code = self._names.code(address)
-        number = bounds.line(code, lasti)
-        wrong = code.error and f"a frame's code at {address:#x}: {code.error}" or (
-            code.units and not bounds.lasti_ok(code, lasti)
-            and f"a frame's instruction offset {lasti} lies outside its code ({code.qualname})")
-        return (Frame(PYTHON, None, code.filename, code.qualname, None, code.filename, number),), wrong or None
+        code, wrong = self._names.code(address), None
+        if code.error:
+            wrong = f"a frame's code at {address:#x}: {code.error}"
+        elif not bounds.lasti_ok(code, lasti):
+            wrong = f"a frame's instruction offset {lasti} lies outside its code ({code.qualname})"
+        frame = Frame(PYTHON, None, code.filename, code.qualname, None, code.filename, bounds.line(code, lasti))
+        return (frame,), wrong
 
 
 _MAX_EVAL_RANGES = 16

@@ -255,7 +255,8 @@ class GreenletCopy:
     start: int
     stop: int
     saved: int
-    spill: bytes | None         # [start, start + saved), from greenlet's heap copy (None: unreadable)
+    spill: memoryview | None    # [start, start + saved), from greenlet's heap copy (None: unreadable or not
+                                # copied): a view of the dump's one buffer
     pyframes: list
     main: bool
     error: str | None = None    # why its state could not be used (a corrupt target)
