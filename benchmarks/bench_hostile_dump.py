@@ -33,7 +33,7 @@ GREENLET_FIELDS = ["greenlet.type", "greenlet.pimpl", "state.start", "state.stop
                    "frame.flags", "caller.code", "caller.previous", "caller.prev_instr", "code.type", "code.size",
                    "code.filename", "code.qualname", "code.firstlineno", "code.linetable", "qualname.length",
                    "qualname.state", "linetable.size"]
-SHARED_FIELDS = ["greenlet.gc_next", "greenlet.gc_prev", "gchead.next", "tstate.next", "tstate.thread_id",
+SHARED_FIELDS = ["gc.next", "gc.prev", "gchead.next", "tstate.next", "tstate.thread_id",
                  "tstate.native_thread_id", "tstate.cframe", "cframe.current_frame"]
 DUMPER = """
 import sys

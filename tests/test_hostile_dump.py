@@ -52,7 +52,7 @@ MAY_PASS_UNNOTED_AS = {("qualname.length", "0"), ("linetable.size", "0"), ("code
                        ("qualname.length", "unaligned"), ("frame.code", "unaligned"), ("caller.code", "unaligned"),
                        ("qualname.state", "unaligned"), ("qualname.state", "huge"), ("qualname.state", "2^63"),
                        ("qualname.state", "self")}
-SHARED_FIELDS = ["greenlet.gc_next", "greenlet.gc_prev", "gchead.next", "tstate.next", "tstate.thread_id",
+SHARED_FIELDS = ["gc.next", "gc.prev", "gchead.next", "tstate.next", "tstate.thread_id",
                  "tstate.native_thread_id", "tstate.cframe", "cframe.current_frame"]
 
 # The dumper: python -m btcore dump, then its peak RSS on stderr's last line.
