@@ -60,14 +60,15 @@ def start(folder, spec):
 
 
 def dump(pid):
-    """(peak RSS in MiB, wall seconds, notes of stacks, exit status)."""
+    """(peak RSS in MiB, wall seconds, notes (the dump's and its stacks'), exit status)."""
     began = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", DUMPER, "dump", "--json", str(pid)], capture_output=True,
                           text=True, timeout=600, cwd="/")
     wall = time.perf_counter() - began
     if done.returncode:
         return None, wall, 0, done.returncode
-    notes = sum(1 for s in json.loads(done.stdout)["stacks"] if s["error"])
+    doc = json.loads(done.stdout)
+    notes = len(doc["notes"]) + sum(1 for s in doc["stacks"] if s["error"])   # the dump's and its stacks
     return int(done.stderr.split()[-1]) / 1024, wall, notes, 0
 
 
