@@ -39,19 +39,17 @@ GREENLET_FIELDS = ["greenlet.pimpl", "state.start", "state.stop", "state.copy", 
                    "caller.code", "caller.previous", "caller.prev_instr", "code.type", "code.size", "code.filename",
                    "code.qualname", "code.firstlineno", "code.linetable", "qualname.length", "qualname.state",
                    "linetable.size"]
-# Fields whose corruption can leave a state that is valid as read: the victim may show no note.
-#   greenlet.type: no longer a greenlet (not listed); frame.flags: the entry mark, any byte is valid;
-#   code.firstlineno: any line is a line; a top frame or StackState value that greenlet also writes
-#   (0: dead or no frame, a self-cycle of a field onto its own object, an offset the stack still holds).
-MAY_PASS_UNNOTED = {"frame.flags", "code.firstlineno", "state.frame", "state.start", "state.stop",
-                    "state.copy", "state.saved", "frame.previous", "caller.previous", "frameobj.f_frame"}
-# ... and values that are valid as read: an empty name or line table, a count 3 higher, a pointer's tag bits
-# (the portable walk masks them: 3.14's tagged frame references), a string's bits no reader uses (an address
-# as state may hold valid ones).
-MAY_PASS_UNNOTED_AS = {("qualname.length", "0"), ("linetable.size", "0"), ("code.size", "unaligned"),
-                       ("qualname.length", "unaligned"), ("frame.code", "unaligned"), ("caller.code", "unaligned"),
-                       ("qualname.state", "unaligned"), ("qualname.state", "huge"), ("qualname.state", "2^63"),
-                       ("qualname.state", "self")}
+# What a corruption may leave valid as read, so that the victim shows no note: any entry flag and first line
+# (frame.flags, code.firstlineno); 0 where greenlet or CPython write 0 too (no top frame, no interpreter frame,
+# the end of a chain, an empty name or line table); a count 3 higher; a pointer's tag bits (the portable walk
+# masks them: 3.14's tagged frame references); a string's state bits no reader uses (an address as state may
+# hold valid ones).
+MAY_PASS_UNNOTED = {"frame.flags", "code.firstlineno"}
+MAY_PASS_UNNOTED_AS = {("state.frame", "0"), ("frameobj.f_frame", "0"), ("frame.previous", "0"),
+                       ("caller.previous", "0"), ("qualname.length", "0"), ("linetable.size", "0"),
+                       ("code.size", "unaligned"), ("qualname.length", "unaligned"), ("frame.code", "unaligned"),
+                       ("caller.code", "unaligned"), ("qualname.state", "unaligned"), ("qualname.state", "huge"),
+                       ("qualname.state", "2^63"), ("qualname.state", "self")}
 SHARED_FIELDS = ["gc.next", "gc.prev", "gchead.next", "tstate.next", "tstate.thread_id",
                  "tstate.native_thread_id", "tstate.cframe", "cframe.current_frame"]
 

@@ -242,14 +242,15 @@ static bool suspended(const btc_remote_greenlet *g)
 }
 
 /* A started greenlet's state that greenlet never writes: its stack not
- * below its stop, larger than any thread's, or more of it saved than it
- * has (a corrupt target: kept, marked, so the dump says so). */
+ * below its stop, larger than any thread's, more of it saved than it has,
+ * a misaligned frame object or heap copy (a corrupt target: kept, marked,
+ * so the dump says so). */
 static bool inconsistent(const btc_remote_greenlet *g)
 {
     bool main = g->stop == MAIN_STACK_STOP;
     uintptr_t room = main ? (uintptr_t)BTC_REMOTE_MAX_GREENLET_STACK : g->stop - g->start;
     return g->start > 1 && (g->start >= g->stop || room > BTC_REMOTE_MAX_GREENLET_STACK || g->saved < 0 ||
-                            (uintptr_t)g->saved > room || (g->frame & 7));
+                            (uintptr_t)g->saved > room || (g->frame & 7) || (g->copy & 7));
 }
 
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
