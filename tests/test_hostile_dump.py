@@ -302,3 +302,31 @@ def test_garbage_target_images_through_the_remote_readers():
                           capture_output=True, text=True, timeout=WAIT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3000 images" in done.stdout
+
+
+def test_code_objects_are_read_within_their_bounds_and_the_dumps_budget():
+    # guards: bounds.Names over this process's own memory: a code object is read only when its type is the code
+    # type, a name past MAX_STRING is refused with a note, and once the dump's name budget is spent codes are
+    # left unnamed with a note (never more read).
+    import types
+    from btcore import bounds, py311_layout
+    from btcore.remote import Memory
+    long_name = "f" * (bounds.MAX_STRING + 1)
+    scope = {}
+    exec(f"def {long_name}(): pass\ndef short(): pass\ndef other(): pass", scope)
+    memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
+    try:
+        long_code, short_code = scope[long_name].__code__, scope["short"].__code__
+        budget = (len("<string>") + len(long_code.co_linetable)   # the long name is refused unread
+                  + len("short") + len("<string>") + len(short_code.co_linetable))
+        names = bounds.Names(memory, py311_layout.layout(sys.hexversion), id(types.CodeType), budget=budget)
+        assert names.code(id(scope)).error == "not a code object"
+        long_read = names.code(id(long_code))
+        assert long_read.qualname is None and "name" in long_read.error and long_read.filename == "<string>"
+        short = names.code(id(short_code))
+        assert (short.qualname, short.error, short.units) == ("short", None, len(short_code.co_code) // 2)
+        assert names.left == 0
+        spent = names.code(id(scope["other"].__code__))
+        assert spent.qualname is None and "budget" in spent.error
+    finally:
+        memory.close()

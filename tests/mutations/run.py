@@ -76,6 +76,10 @@ MUTATIONS = [
     Mutation("src/btcore/bounds.py", "        if at > n:\n            return False", "        pass",
              "tests/test_hostile_dump.py::test_line_tables_whose_last_entry_runs_past_their_end_are_refused",
              "a line table whose last entry runs past its end reaches CPython's co_lines, which reads past it"),
+    Mutation("src/btcore/bounds.py", "        if self.left <= 0:", "        if False:",
+             "tests/test_hostile_dump.py::test_code_objects_are_read_within_their_bounds_and_the_dumps_budget",
+             "names and line tables are read past the dump's budget: a target of many codes with maximal names "
+             "grows the dumper without bound"),
     Mutation("native/remote/rpython.c", "return g->frame || g->saved > 0;", "return g->frame != 0;",
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
              "a greenlet parked in Cython code (no Python frame) is taken for a running one and not dumped"),
