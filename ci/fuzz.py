@@ -14,12 +14,17 @@ Targets, each fed through the core's cffi entry points:
             frames; other bytes -> a backtrace (a record per 4 bytes: real
             pcs, code objects, flags) -> the C encoder, checked against the
             reference encoder and decoded back (tests/fuzz_codec.py)
+  remote    bytes -> a target's memory (a segment at a fixed address) walked
+            as a dump walks it: gc lists, greenlets' states, the saved-stack
+            plan, both frame walkers, code objects, names, line tables; every
+            result within its bound (tests/fuzz_remote.py's check)
 Seeds come from the machine's real libraries (and a small library compiled
 with DWARF 4, DWARF 5 and zlib-compressed sections).
 
     python ci/fuzz.py SECONDS_PER_TARGET WORKDIR     run every target, print the figures
     python ci/fuzz.py --target NAME CORPUS... [-- libFuzzer options]   one target (internal)
     python ci/fuzz.py --codec-seeds DIR                                  the codec seeds (internal)
+    python ci/fuzz.py --remote-seeds DIR                                 the remote seeds (internal)
 """
 import os
 import subprocess
@@ -39,7 +44,7 @@ int outer(int x) { int r = helper(x + 1); return r + hidden(r); }
 NAMES = [b"_ZNSt6vectorIiSaIiEE9push_backERKi", b"_ZN3std2rt10lang_start17h9a1b2c3d4e5f6a7bE",
          b"_RNvXCs1234_5helloNtB2_3FooNtNtCsk_4core3fmt5Debug3fmt", b"_RINvCs1_1a1fTRShmEE",
          b"_ZZN1A1fEvE1x", b"_ZN9__gnu_cxx13new_allocatorIcED2Ev", b"_ZTVN10__cxxabiv117__class_type_infoE"]
-MAX_LEN = {"cfi": 1 << 20, "elf": 1 << 16, "demangle": 256, "codec": 4096}
+MAX_LEN = {"cfi": 1 << 20, "elf": 1 << 16, "demangle": 256, "codec": 4096, "remote": 1 << 16}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -79,6 +84,8 @@ def write_seeds(work):
     # tokens are made by btcore itself: in a process that can load the fuzzing build
     subprocess.run([sys.executable, os.path.abspath(__file__), "--codec-seeds", dirs["codec"]],
                    env=fuzzer_env(), check=True, timeout=600)
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--remote-seeds", dirs["remote"]],
+                   env=fuzzer_env(), check=True, timeout=600)
     return dirs
 
 
@@ -98,6 +105,15 @@ def write_codec_seeds(folder):
     for i in range(8):
         with open(os.path.join(folder, "records%d" % i), "wb") as f:
             f.write(b"x" + rng.randbytes(4 * rng.choice((1, 5, 20, 60))))
+
+
+def write_remote_seeds(folder):
+    """Well-formed target images (tests/fuzz_remote.py's seed())."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import fuzz_remote
+    for i, (greenlets, depth) in enumerate([(3, 2), (1, 1), (6, 4)]):
+        with open(os.path.join(folder, "image%d" % i), "wb") as f:
+            f.write(fuzz_remote.seed(greenlets, depth))
 
 
 def seed_addresses(corpus):
@@ -187,10 +203,16 @@ def target_codec():
     return one
 
 
+def target_remote():
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import fuzz_remote
+    return fuzz_remote.check
+
+
 def run_target(name, argv):
     import atheris
     corpora = [a for a in argv if not a.startswith("-")]
-    one = {"cfi": target_cfi, "demangle": target_demangle, "codec": target_codec}.get(name)
+    one = {"cfi": target_cfi, "demangle": target_demangle, "codec": target_codec, "remote": target_remote}.get(name)
     one = one() if one else target_elf(corpora[0])
     atheris.Setup([sys.argv[0], *argv], one)
     atheris.Fuzz()
@@ -229,6 +251,9 @@ def fuzz(target, corpus, seconds, work):
 def main():
     if sys.argv[1] == "--codec-seeds":
         write_codec_seeds(sys.argv[2])
+        return 0
+    if sys.argv[1] == "--remote-seeds":
+        write_remote_seeds(sys.argv[2])
         return 0
     if sys.argv[1] == "--target":
         run_target(sys.argv[2], [a for a in sys.argv[3:] if a != "--"])

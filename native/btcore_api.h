@@ -557,17 +557,22 @@ typedef struct {
     uint8_t entry;    /* first frame of its eval-loop call */
 } btc_remote_pyframe;
 /* Python frames, innermost first: of a thread state, or from a frame object
- * (a suspended greenlet's top frame).  Returns how many (at most max). */
+ * (a suspended greenlet's top frame).  Returns how many (at most max).  A
+ * chain cut short by garbage ends in a frame whose code is 0 and whose
+ * lasti says why: */
+#define BTC_REMOTE_CUT_UNREADABLE 1   /* a frame unreadable, misaligned or without code */
+#define BTC_REMOTE_CUT_LOOP 2         /* the chain comes back to a frame it passed */
 int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max);
 int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max);
 
 /* Objects of type `wanted` or a subtype, in the gc lists at heads (the
  * addresses of their PyGC_Head list heads).  Returns how many (written to
  * out), -1 if more than max; *visited: objects walked (at most
- * BTC_REMOTE_MAX_OBJECTS). */
+ * BTC_REMOTE_MAX_OBJECTS); *broken: lists that end before their head (an
+ * unreadable or misaligned link, a loop, a link into another list). */
 #define BTC_REMOTE_MAX_OBJECTS 50000000
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
-                            uintptr_t *out, int max, uint64_t *visited);
+                            uintptr_t *out, int max, uint64_t *visited, int *broken);
 
 /* The suspended greenlets among greenlet objects, with their saved state
  * (offsets: PyGreenlet.pimpl, StackState and the top frame in greenlet's C++
@@ -582,10 +587,21 @@ typedef struct {
     size_t spill_at;     /* btc_remote_greenlet_copies(): where its heap copy went */
     int32_t frames_at, nframes;   /* ... and its Python frames */
     int32_t copied;      /* its heap copy was read */
-    int32_t reserved;
+    int32_t bad;         /* its state is garbage (BTC_REMOTE_BAD_*): nothing of it is read */
 } btc_remote_greenlet;
+#define BTC_REMOTE_BAD_UNREADABLE 1     /* greenlet's C++ object or its StackState */
+#define BTC_REMOTE_BAD_INCONSISTENT 2   /* a StackState greenlet never writes (or a misaligned frame, copy) */
+#define BTC_REMOTE_BAD_SKIPPED 3        /* set by the caller: its saved stack is not to be copied */
+#define BTC_REMOTE_MAX_GREENLET_STACK 1073741824   /* 1 GiB: larger than any thread stack */
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
                                btc_remote_greenlet *out);
+/* Mark BTC_REMOTE_BAD_SKIPPED the greenlets whose saved stack is not to
+ * be copied: its stack ([start, stop), or from start what it saved for a
+ * main greenlet) not inside one of the nmaps sorted mappings [lo[i], hi[i]),
+ * or past budget bytes for all of them, in order.  Returns the bytes of
+ * those to copy (the spill size btc_remote_greenlet_copies() then needs). */
+size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *lo, const uintptr_t *hi, int nmaps,
+                               size_t budget);
 /* Copy each greenlet's heap copy of its stack into spill (packed, in
  * order) and its Python frames into frames; returns the frames written.
  * max_frames 0: the caller walks them (a target of another CPython

@@ -17,6 +17,26 @@
 #define MAX_TYPE_DEPTH 32
 #define TYPE_MEMO 256
 
+/* Brent's cycle detection over a walk of links: a chain that comes back
+ * to a link it passed is garbage (a corrupt target), found within about
+ * twice the steps to the loop, with two words of state. */
+typedef struct {
+    uintptr_t mark;
+    uint64_t steps, power;
+} loop_watch;
+
+static bool loops(loop_watch *w, uintptr_t at)
+{
+    if (at == w->mark)
+        return true;
+    if (++w->steps == w->power) {
+        w->mark = at;
+        w->power *= 2;
+        w->steps = 0;
+    }
+    return false;
+}
+
 #if BTC_PY_FAMILY == 311
 
 #define Py_BUILD_CORE 1
@@ -53,17 +73,29 @@ int btc_remote_pylayout(btc_remote_layout *o)
     return 0;
 }
 
+/* A chain cut short by garbage ends in a frame with code 0 whose lasti says
+ * why (BTC_REMOTE_CUT_*), when there is room for it. */
+static int cut(btc_remote_pyframe *out, int n, int max, int why)
+{
+    if (n >= max)
+        return n;
+    out[n] = (btc_remote_pyframe){0, why, 0};
+    return n + 1;
+}
+
 /* The chain from interpreter frame f: code, instruction offset, entry flag. */
 static int frame_chain(btc_rmem *m, uintptr_t f, btc_remote_pyframe *out, int max)
 {
     int n = 0;
+    loop_watch watch = {0, 0, 1};
     for (int steps = 0; f && n < max && steps < BTC_PY_MAX_FRAMES; steps++) {
         _PyInterpreterFrame fr;
-        if (btc_rmem_read(m, f, &fr, sizeof fr) != 0 || !fr.f_code)
-            break;
+        if ((f & 7) || btc_rmem_read(m, f, &fr, sizeof fr) != 0 || !fr.f_code || ((uintptr_t)fr.f_code & 7))
+            return cut(out, n, max, BTC_REMOTE_CUT_UNREADABLE);
         uintptr_t first = (uintptr_t)fr.f_code + offsetof(PyCodeObject, co_code_adaptive);
         out[n].code = (uintptr_t)fr.f_code;
-        out[n].lasti = (int32_t)((uintptr_t)fr.prev_instr - first);
+        /* any value: checked against the code's size where the code is read (btcore/bounds.py) */
+        out[n].lasti = (int32_t)(uint32_t)((uintptr_t)fr.prev_instr - first);
         /* is_entry is a bool: the target's byte, read as a byte (a frame
          * read while it changes may hold any value there, and loading a
          * bool that is neither 0 nor 1 is undefined: UBSan caught one). */
@@ -72,6 +104,8 @@ static int frame_chain(btc_rmem *m, uintptr_t f, btc_remote_pyframe *out, int ma
         out[n].entry = entry != 0;
         n++;
         f = (uintptr_t)fr.previous;
+        if (f && loops(&watch, f))
+            return cut(out, n, max, BTC_REMOTE_CUT_LOOP);
     }
     return n;
 }
@@ -79,9 +113,10 @@ static int frame_chain(btc_rmem *m, uintptr_t f, btc_remote_pyframe *out, int ma
 int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max)
 {
     uintptr_t cframe, frame;
-    if (!btc_rmem_word(m, tstate + offsetof(PyThreadState, cframe), &cframe) || !cframe ||
-        !btc_rmem_word(m, cframe + offsetof(_PyCFrame, current_frame), &frame))
-        return 0;
+    if (!btc_rmem_word(m, tstate + offsetof(PyThreadState, cframe), &cframe) || !cframe)
+        return 0;   /* a thread state being made or torn down */
+    if (!btc_rmem_word(m, cframe + offsetof(_PyCFrame, current_frame), &frame))
+        return cut(out, 0, max, BTC_REMOTE_CUT_UNREADABLE);
     return frame_chain(m, frame, out, max);
 }
 
@@ -143,24 +178,40 @@ static bool is_subtype(btc_rmem *m, type_memo *memo, uintptr_t t, uintptr_t want
     return yes;
 }
 
+static bool is_head(const uintptr_t *heads, int nheads, uintptr_t at)
+{
+    for (int h = 0; h < nheads; h++)
+        if (heads[h] == at)
+            return true;
+    return false;
+}
+
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
-                            uintptr_t *out, int max, uint64_t *visited)
+                            uintptr_t *out, int max, uint64_t *visited, int *broken)
 {
     static type_memo memo;
     memset(&memo, 0, sizeof memo);
     int n = 0;
     *visited = 0;
+    *broken = 0;
     for (int h = 0; h < nheads; h++) {
         uintptr_t at;
-        if (!btc_rmem_word(m, heads[h], &at))
+        if (!btc_rmem_word(m, heads[h], &at)) {
+            (*broken)++;
             continue;
+        }
         /* _gc_next holds a clean pointer outside a collection (bit 0 is
          * only set while one runs); a list that does not come back to its
          * head within the bound is garbage, and so is a misaligned link. */
+        loop_watch watch = {0, 0, 1};
         for (at &= ~(uintptr_t)3; at != heads[h] && *visited < BTC_REMOTE_MAX_OBJECTS; (*visited)++) {
             uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
-            if ((at & 7) || btc_rmem_read(m, at, w, sizeof w) != 0)
+            /* a loop that misses the head, or a link into another list
+             * (whose objects that list gives): garbage, the list ends */
+            if ((at & 7) || loops(&watch, at) || is_head(heads, nheads, at) || btc_rmem_read(m, at, w, sizeof w) != 0) {
+                (*broken)++;
                 break;
+            }
             if (w[3] && is_subtype(m, &memo, w[3], wanted)) {
                 if (n >= max)
                     return -1;   /* more than the caller has room for */
@@ -185,10 +236,21 @@ int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uin
  * that last case is taken for a running one. */
 static bool suspended(const btc_remote_greenlet *g)
 {
-    bool main = g->stop == MAIN_STACK_STOP;
-    if (g->start <= 1 || g->start >= g->stop || g->saved < 0 || (!main && (uintptr_t)g->saved > g->stop - g->start))
+    if (g->start <= 1)
         return false;
     return g->frame || g->saved > 0;
+}
+
+/* A started greenlet's state that greenlet never writes: its stack not
+ * below its stop, larger than any thread's, more of it saved than it has,
+ * a misaligned frame object or heap copy (a corrupt target: kept, marked,
+ * so the dump says so). */
+static bool inconsistent(const btc_remote_greenlet *g)
+{
+    bool main = g->stop == MAIN_STACK_STOP;
+    uintptr_t room = main ? (uintptr_t)BTC_REMOTE_MAX_GREENLET_STACK : g->stop - g->start;
+    return g->start > 1 && (g->start >= g->stop || room > BTC_REMOTE_MAX_GREENLET_STACK || g->saved < 0 ||
+                            (uintptr_t)g->saved > room || (g->frame & 7) || (g->copy & 7));
 }
 
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
@@ -206,18 +268,67 @@ int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, c
         uintptr_t g = greenlets[i], pimpl, state[4];
         btc_remote_greenlet *o = &out[kept];
         memset(o, 0, sizeof *o);
-        if (!btc_rmem_word(m, g + sizeof(Py_ssize_t), &o->type) || !btc_rmem_word(m, g + pimpl_off, &pimpl) ||
-            !pimpl || btc_rmem_read(m, pimpl + state_off, state, sizeof state) != 0 ||
-            !btc_rmem_word(m, pimpl + frame_off, &o->frame))
-            continue;
         o->address = g;
+        if (!btc_rmem_word(m, g + sizeof(Py_ssize_t), &o->type))
+            continue;   /* the gc walk read it: gone since (a target that runs) */
+        if (!btc_rmem_word(m, g + pimpl_off, &pimpl) || !pimpl || (pimpl & 7) ||
+            btc_rmem_read(m, pimpl + state_off, state, sizeof state) != 0 ||
+            !btc_rmem_word(m, pimpl + frame_off, &o->frame)) {
+            o->bad = BTC_REMOTE_BAD_UNREADABLE;
+            o->frame = 0;
+            kept++;
+            continue;
+        }
         o->start = state[0];
         o->stop = state[1];
         o->copy = state[2];
         o->saved = (intptr_t)state[3];
+        if (inconsistent(o)) {
+            o->bad = BTC_REMOTE_BAD_INCONSISTENT;
+            o->saved = 0;
+            o->frame = 0;
+            kept++;
+            continue;
+        }
         kept += suspended(o);
     }
     return kept;
+}
+
+/* The mapping of the sorted [lo, hi) that holds addr, or -1. */
+static int mapping_of(const uintptr_t *lo, const uintptr_t *hi, int nmaps, uintptr_t addr)
+{
+    int a = 0, b = nmaps;   /* the first mapping with lo > addr, by bisection */
+    while (a < b) {
+        int mid = a + (b - a) / 2;
+        if (lo[mid] <= addr)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    return a > 0 && addr < hi[a - 1] ? a - 1 : -1;
+}
+
+size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *lo, const uintptr_t *hi, int nmaps,
+                               size_t budget)
+{
+    size_t total = 0;
+    int last = -1;   /* most greenlets lie on one thread's stack */
+    for (int i = 0; i < n; i++) {
+        btc_remote_greenlet *g = &gs[i];
+        if (g->bad || g->saved <= 0)
+            continue;
+        size_t size = (size_t)g->saved;
+        uintptr_t end = g->stop == MAIN_STACK_STOP ? g->start + size : g->stop;
+        if (last < 0 || g->start < lo[last] || g->start >= hi[last])
+            last = mapping_of(lo, hi, nmaps, g->start);
+        if (last < 0 || end < g->start || end > hi[last] || size > budget - total) {
+            g->bad = BTC_REMOTE_BAD_SKIPPED;
+            continue;
+        }
+        total += size;
+    }
+    return total;
 }
 
 int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
@@ -231,8 +342,8 @@ int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint
     for (int i = 0; addr && size && dest && ok && i < n; i++) {   /* the heap copies: in batches */
         btc_remote_greenlet *g = &gs[i];
         g->spill_at = spilled;
-        g->copied = g->saved == 0;
-        if (g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
+        g->copied = g->saved == 0 && !g->bad;
+        if (g->bad || g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
             continue;
         addr[nread] = g->copy;
         size[nread] = (size_t)g->saved;

@@ -14,6 +14,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from . import bounds
+
 COOKIE = b"xdebugpy"
 
 _SEQUENCES = [
@@ -180,7 +182,10 @@ def thread_frames(memory, lay: PortableLayout, tstate: int, most: int) -> list:
     """[(code, instruction offset, entry)] of a thread state, innermost
     first, at most `most`."""
     holder = memory.word(tstate + lay.tstate_cframe) if lay.tstate_cframe >= 0 else tstate
-    return frame_chain(memory, lay, memory.word(holder + lay.tstate_current_frame) if holder else None, most)
+    if not holder:
+        return []   # a thread state being made or torn down
+    frame = memory.word(holder + lay.tstate_current_frame)
+    return frame_chain(memory, lay, frame, most) if frame is not None else [(0, bounds.CUT_UNREADABLE, False)]
 
 
 def greenlet_frames(stack, lay: PortableLayout, frame_object: int, most: int) -> list:
@@ -199,14 +204,19 @@ def greenlet_frames(stack, lay: PortableLayout, frame_object: int, most: int) ->
 def frame_chain(memory, lay: PortableLayout, frame: int | None, most: int, exposed: bool = False) -> list:
     """The chain from interpreter frame `frame`.  The eval loop's shim
     frames are not Python frames: the frame below one (called first by that
-    C call of the eval loop) is its entry frame, as is the last frame."""
-    out = []
+    C call of the eval loop) is its entry frame, as is the last frame.  A
+    chain that meets garbage (an unreadable or misaligned frame, a loop)
+    ends in a frame of code 0 saying why (bounds.CUT_*), as the native walk's
+    does; so does one that left out a frame without code."""
+    out, seen, why, skipped = [], set(), None, False
     for _ in range(2 * most):   # shims take steps too
         if not frame or len(out) >= most:
             break
         owner, previous = memory.read(frame + lay.frame_owner, 1), memory.word(frame + lay.frame_previous)
-        if owner is None or previous is None:
+        if frame & 7 or frame in seen or owner is None or previous is None:
+            why = bounds.CUT_LOOP if frame in seen else bounds.CUT_UNREADABLE
             break
+        seen.add(frame)
         if owner[0] in lay.shim_owners:
             if out:
                 out[-1] = out[-1][:2] + (True,)
@@ -214,11 +224,15 @@ def frame_chain(memory, lay: PortableLayout, frame: int | None, most: int, expos
             code = _code_of(memory, lay, frame)
             instr = memory.word(frame + lay.frame_instr_ptr)
             if code and instr:
-                out.append((code, instr - code - lay.code_adaptive, _entry(memory, lay, frame, previous, exposed)))
+                out.append((code, bounds.lasti_field(instr - code - lay.code_adaptive),
+                            _entry(memory, lay, frame, previous, exposed)))
+            else:
+                skipped = True
         frame = previous
     if out:
         out[-1] = out[-1][:2] + (True,)
-    return out
+    why = why or (bounds.CUT_SKIPPED if skipped else None)
+    return out + [(0, why, False)] if why else out
 
 
 def _entry(memory, lay: PortableLayout, frame: int, previous: int, exposed: bool) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from elftools.elf.elffile import ELFFile
 
+from . import bounds
 from ._native import ffi, lib
 from .frame import NATIVE, PYTHON, Frame
 from .resolve import file_symbol, native_frames
@@ -55,8 +56,8 @@ class _Walker:
     def __init__(self, snap: Snapshot, native: bool):
         self.snap, self.native = snap, native
         self._symbols = {}   # pc (looked-up) -> (module, symbol, start)
-        self._codes = {}     # target code address -> (qualname, filename, firstlineno, linetable)
-        self._named = {}     # raw frame -> its Frames
+        self._names = bounds.Names(snap.memory, snap.layout, snap.code_type)
+        self._named = {}     # raw frame -> (its Frames, what is wrong with it or None)
         code = snap.greenlet_code
         stubs = [(code.stub_lo[i], code.stub_hi[i]) for i in range(code.nstub)] if code else []
         self._end_lo = ffi.new("uintptr_t[2]", [lo for lo, _ in stubs] + [0] * (2 - len(stubs)))
@@ -118,17 +119,19 @@ class _Walker:
         out.extend(("python", code, lasti) for code, lasti, _ in py)
         return out
 
-    def resolve(self, raw: list) -> list:
-        """Frames of a merged raw stack; each raw frame is named once per dump
-        (10 000 greenlets parked in a few places repeat the same frames)."""
-        frames = []
+    def resolve(self, raw: list) -> tuple:
+        """(Frames, what is wrong with them or None) of a merged raw stack; each
+        raw frame is named once per dump (10 000 greenlets parked in a few
+        places repeat the same frames)."""
+        frames, wrong = [], None
         for key in raw:
             named = self._named.get(key)
             if named is None:
                 kind, a, b = key
-                named = self._named[key] = self._python(a, b) if kind == "python" else self._native(a, b)
-            frames.extend(named)
-        return frames
+                named = self._named[key] = self._python(a, b) if kind == "python" else (self._native(a, b), None)
+            frames.extend(named[0])
+            wrong = wrong or named[1]
+        return frames, wrong
 
     def _native(self, pc: int, exact: bool) -> tuple:
         lookup = pc if exact else pc - 1
@@ -138,37 +141,14 @@ class _Walker:
         offset = pc - mod.bias - start if name else pc - mod.bias
         return native_frames(pc, mod.path, name, offset, lookup - mod.bias)
 
-    def _python(self, code: int, lasti: int) -> tuple:
-        qualname, filename, first, table = self._code(code)
-        return (Frame(PYTHON, None, filename, qualname, None, filename, _line(first, table, lasti)),)
-
-    def _code(self, code: int):
-        found = self._codes.get(code)
-        if found is None:
-            lay, m = self.snap.layout, self.snap.memory
-            first = m.read(code + lay.code_firstlineno, 4)
-            found = self._codes[code] = (
-                self._str(m.word(code + lay.code_qualname)), self._str(m.word(code + lay.code_filename)),
-                struct.unpack("<i", first)[0] if first else None, self._bytes(m.word(code + lay.code_linetable)))
-        return found
-
-    def _str(self, obj):
-        lay, m = self.snap.layout, self.snap.memory
-        state, length = m.word(obj + lay.unicode_state) if obj else None, m.word(obj + lay.unicode_length) if obj else None
-        if state is None or length is None or length > 4096:
-            return None
-        kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
-        if not compact or kind not in (1, 2, 4):
-            return None
-        raw = m.read(obj + (lay.ascii_data if ascii_ else lay.compact_data), length * kind)
-        if raw is None:
-            return None
-        return raw.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], "replace")
-
-    def _bytes(self, obj):
-        lay, m = self.snap.layout, self.snap.memory
-        size = m.word(obj + lay.bytes_size) if obj else None
-        return m.read(obj + lay.bytes_data, size) if size is not None and size < 1 << 20 else None
+    def _python(self, address: int, lasti: int) -> tuple:
+        code, wrong = self._names.code(address), None
+        if code.error:
+            wrong = f"a frame's code at {address:#x}: {code.error}"
+        elif not bounds.lasti_ok(code, lasti):
+            wrong = f"a frame's instruction offset {lasti} lies outside its code ({code.qualname})"
+        frame = Frame(PYTHON, None, code.filename, code.qualname, None, code.filename, bounds.line(code, lasti))
+        return (frame,), wrong
 
 
 _MAX_EVAL_RANGES = 16
@@ -186,25 +166,6 @@ def _eval_ranges(snap: Snapshot) -> list:
     return [(lo[i], hi[i]) for i in range(n)]
 
 
-def _line(first, table, lasti: int):
-    """The line of instruction offset lasti, from the target's co_linetable
-    (this CPython's format: a code object built here reads it)."""
-    if first is None or table is None:
-        return None
-    try:
-        code = _LINE_PROBE.replace(co_firstlineno=first, co_linetable=table,
-                                   co_code=bytes([9, 0]) * (max(lasti, 0) // 2 + 1 + 4096))
-        for start, end, line in code.co_lines():
-            if start <= lasti < end:
-                return line
-    except (ValueError, TypeError, SystemError):
-        pass
-    return None
-
-
-_LINE_PROBE = compile("pass", "<line probe>", "exec")
-
-
 # ---- stacks of a snapshot ----
 
 def _stacks(snap: Snapshot, native: bool) -> list:
@@ -212,15 +173,30 @@ def _stacks(snap: Snapshot, native: bool) -> list:
     stacks = []
     for t in snap.threads:
         name = f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else "")
+        pyframes, cut = _uncut(t.pyframes)
         if t.regs is None or not t.stack:
-            stacks.append(ProcessStack("thread", name, t.tid, walker.resolve(
-                [("python", c, l) for c, l, _ in t.pyframes]), t.error))
+            frames, wrong = walker.resolve([("python", c, l) for c, l, _ in pyframes])
+            stacks.append(ProcessStack("thread", name, t.tid, frames, _noted(t.error, cut, wrong)))
             continue
         natives = walker.unwind(t.regs, True, t.stack_lo, t.stack) if native else []
-        stacks.append(ProcessStack("thread", name, t.tid, walker.resolve(walker.merge(natives, t.pyframes, False))))
+        frames, wrong = walker.resolve(walker.merge(natives, pyframes, False))
+        stacks.append(ProcessStack("thread", name, t.tid, frames, _noted(cut, wrong)))
     for g in snap.greenlets:
         stacks.append(_greenlet_stack(snap, walker, g, native))
     return stacks
+
+
+def _uncut(pyframes: list) -> tuple:
+    """(The Python frames, why their chain was cut short or None): a walk
+    that met garbage ends its chain with a frame of code 0 (bounds.CUT_*)."""
+    if pyframes and pyframes[-1][0] == 0:
+        return pyframes[:-1], bounds.cut_reason(pyframes[-1][1])
+    return pyframes, None
+
+
+def _noted(*why) -> str | None:
+    """A stack's error: what went wrong with it, first things first."""
+    return "; ".join(w for w in why if w) or None
 
 
 def _greenlet_stack(snap: Snapshot, walker: _Walker, g, native: bool) -> ProcessStack:
@@ -229,8 +205,9 @@ def _greenlet_stack(snap: Snapshot, walker: _Walker, g, native: bool) -> Process
     inside = g.start if g.main else g.stop - 1
     thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
     stack = ProcessStack("greenlet", name, thread.tid if thread else None)
+    pyframes, cut = _uncut(g.pyframes)
     natives = []
-    if native and snap.greenlet_code is not None:
+    if native and snap.greenlet_code is not None and g.error is None:
         data = _greenlet_bytes(g, thread)
         code = snap.greenlet_code
         bp, bx = _word_at(data, code.bp_slot), _word_at(data, code.bx_slot)
@@ -239,7 +216,8 @@ def _greenlet_stack(snap: Snapshot, walker: _Walker, g, native: bool) -> Process
                                     0 if g.main else g.stop, stub_ends=False)
         else:
             stack.error = "its saved stack is not in the copies made: Python frames only"
-    stack.frames = walker.resolve(walker.merge(natives, g.pyframes, True))
+    stack.frames, wrong = walker.resolve(walker.merge(natives, pyframes, True))
+    stack.error = _noted(g.error, stack.error, cut, wrong)
     return stack
 
 
@@ -254,7 +232,7 @@ def _greenlet_bytes(g, thread):
     if thread is None or in_place_lo < thread.stack_lo:
         return None
     hi = thread.stack_lo + len(thread.stack) if g.main else g.stop
-    return g.spill + thread.stack[in_place_lo - thread.stack_lo: hi - thread.stack_lo]
+    return bytes(g.spill) + thread.stack[in_place_lo - thread.stack_lo: hi - thread.stack_lo]
 
 
 def _word_at(data, at: int):
@@ -316,7 +294,7 @@ def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, e
     target = Target(pid, memory, [m for m in mappings if m.path] + [m for m in mappings if not m.path], notes)
     threads, greenlets = gather(target, regs_of, threads_only)
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
-                    target.greenlet_code, target.layout, 0.0, notes)
+                    target.greenlet_code, target.layout, 0.0, notes, code_type=target.code_type)
 
 
 _AT_SYSINFO_EHDR = 33

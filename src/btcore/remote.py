@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 import greenlet
 from elftools.elf.elffile import ELFFile
 
-from . import debug_offsets, greenlet_offsets, py311_layout
+from . import bounds, debug_offsets, greenlet_offsets, py311_layout
 from ._native import ffi, lib
 from .codec import file_build_id
 from .threads import is_main_thread
 
-_MAX_STACK_COPY = 8 << 20      # bytes of a thread's stack copied, from its sp up
+_MAX_STACK_COPY = bounds.MAX_READ   # bytes of a thread's stack copied, from its sp up
 _MAX_GREENLETS = 1 << 20
-_MAX_PYFRAMES = 4096           # per stack
+_MAX_PYFRAMES = bounds.MAX_FRAMES   # per stack
 _WORD = struct.Struct("<Q")
 _SCRATCH = 1 << 16            # reads up to this size reuse one buffer
 _MAX_CHUNKS = 1 << 15         # the chunk cache's bound (native/remote/rmem.c)
@@ -101,8 +101,10 @@ class Memory:
         return self._keep
 
     def read(self, addr: int, n: int) -> bytes | None:
-        if n <= 0 or addr <= 0:
-            return b"" if n == 0 else None
+        if n == 0:
+            return b""
+        if not bounds.readable(addr, n):   # addresses and sizes read from the target: anything
+            return None
         buf = self._scratch if n <= _SCRATCH else ffi.new("char[]", n)
         return ffi.buffer(buf, n)[:] if lib.btc_rmem_read(self._m, addr, buf, n) == 0 else None
 
@@ -253,9 +255,11 @@ class GreenletCopy:
     start: int
     stop: int
     saved: int
-    spill: bytes | None         # [start, start + saved), from greenlet's heap copy (None: unreadable)
+    spill: memoryview | None    # [start, start + saved), from greenlet's heap copy (None: unreadable or not
+                                # copied): a view of the dump's one buffer
     pyframes: list
     main: bool
+    error: str | None = None    # why its state could not be used (a corrupt target)
 
 
 @dataclass
@@ -272,6 +276,7 @@ class Snapshot:
     stopped_cpu: float = 0.0    # seconds of this thread's CPU time in that window (a loaded machine
                                 # stretches stopped_for, not this)
     stopped_reads: int = 0      # syscalls that read its memory in that window
+    code_type: int = 0          # the target's PyCode_Type (0: unknown, frames' code objects are not checked)
 
 
 _PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
@@ -305,6 +310,8 @@ class Target:
                 if value:
                     frame_type = symbol_value(mod.path, "PyFrame_Type")
                     self.frame_type = mod.bias + frame_type if frame_type else 0
+                    code_type = symbol_value(mod.path, "PyCode_Type")
+                    self.code_type = mod.bias + code_type if code_type else 0
                     return (mod.bias + value,) + self._layout(mod, mod.bias + value)
         raise DumpError(f"process {self.pid} is not a CPython process (no _PyRuntime symbol in its modules)")
 
@@ -323,8 +330,7 @@ class Target:
             raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}, btcore "
                             f"reads {_version(ours.version_hex)} (its own), 3.11 (its known layout) and 3.13-3.15 "
                             "(their _Py_DebugOffsets): dump it with a btcore installed for that version")
-        code_type = symbol_value(mod.path, "PyCode_Type")
-        portable.code_type = mod.bias + code_type if code_type else 0
+        portable.code_type = self.code_type
         return portable, True
 
     def thread_frames(self, tstate: int) -> list:
@@ -363,32 +369,44 @@ class Target:
         heads = self.gc_heads(interp)
         out, visited = ffi.new("uintptr_t[]", greenlet_offsets.SAMPLE), ffi.new("uint64_t *")
         n = lib.btc_remote_gc_instances(self.memory.handle, heads, len(heads), greenlet_type, out,
-                                        greenlet_offsets.SAMPLE, visited)
+                                        greenlet_offsets.SAMPLE, visited, ffi.new("int *"))
         return list(out[0:greenlet_offsets.SAMPLE if n < 0 else n])
 
     def interpreters(self):
-        lay, interp = self.layout, self.memory.word(self.runtime + self.layout.runtime_interp_head)
-        for _ in range(256):
-            if not interp:
-                return
-            yield interp
-            interp = self.memory.word(interp + lay.interp_next)
+        return _linked(self.memory, self.memory.word(self.runtime + self.layout.runtime_interp_head),
+                       self.layout.interp_next, _MAX_INTERPRETERS)
 
     def thread_states(self, interp: int):
-        lay, ts = self.layout, self.memory.word(interp + self.layout.interp_threads_head)
-        for _ in range(65536):
-            if not ts:
-                return
-            yield ts
-            ts = self.memory.word(ts + lay.tstate_next)
+        return _linked(self.memory, self.memory.word(interp + self.layout.interp_threads_head),
+                       self.layout.tstate_next, _MAX_THREAD_STATES)
 
     def gc_heads(self, interp: int) -> list:
         lay = self.layout
         heads = [interp + lay.interp_gc_generations + i * lay.gc_generation_size for i in range(lay.gc_ngenerations)]
         return heads + [interp + lay.interp_gc_permanent]
 
+    @functools.cached_property
+    def map_ranges(self) -> tuple:
+        """(lo[], hi[], n) of its mappings, sorted, as C arrays."""
+        spans = sorted((m.lo, m.hi) for m in self.mappings)
+        return ffi.new("uintptr_t[]", [lo for lo, _ in spans]), ffi.new("uintptr_t[]", [hi for _, hi in spans]), len(spans)
+
     def stack_mapping(self, sp: int) -> Mapping | None:
         return next((m for m in self.mappings if m.lo <= sp < m.hi), None)
+
+
+_MAX_INTERPRETERS = 256
+_MAX_THREAD_STATES = 65536
+
+
+def _linked(memory: Memory, at: int | None, link: int, most: int):
+    """The nodes of a list the target links through the word at +link: at
+    most `most`, each once (a corrupt link may loop), aligned ones only."""
+    seen = set()
+    while at and not at & 7 and at not in seen and len(seen) < most:
+        seen.add(at)
+        yield at
+        at = memory.word(at + link)
 
 
 def _same_build(path: str, other: str) -> bool:
@@ -468,12 +486,16 @@ def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
 
 def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     heads = target.gc_heads(interp)
-    visited, most, n = ffi.new("uint64_t *"), max(1 << 12, room.size((interp, "found")) // 8), -1
+    visited, broken = ffi.new("uint64_t *"), ffi.new("int *")
+    most, n = max(1 << 12, room.size((interp, "found")) // 8), -1
     while n < 0 and most <= _MAX_GREENLETS:
         out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get((interp, "found"), most * 8)))
         n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), target.greenlet_type,
-                                        out, most, visited)
+                                        out, most, visited, broken)
         most *= 2
+    if broken[0] and not room.rehearsal:
+        target.notes.append(f"{broken[0]} of the interpreter's gc lists end before their head (a corrupt "
+                            "target?): greenlets after the break are not listed")
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
         n = _MAX_GREENLETS
@@ -481,7 +503,7 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     offsets = ffi.new("size_t[3]", target.greenlet_offsets)
     c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
-    spilled = sum(g[5] for g in _GREENLET.iter_unpack(memoryview(states)[:n * _GREENLET.size]))
+    spilled = lib.btc_remote_greenlet_fit(c_states, n, *target.map_ranges, bounds.SPILL_BUDGET)
     spill = room.get((interp, "spill"), max(1, spilled))
     most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
     frames = room.get((interp, "frames"), most * _PYFRAME.size)
@@ -503,6 +525,8 @@ def _walk_greenlet_frames(target: Target, states: bytearray, n: int, spill: byte
     for i in range(n):
         fields = list(_GREENLET.unpack_from(states, i * _GREENLET.size))
         start, stop, saved, spill_at, copied = fields[2], fields[3], fields[5], fields[7], fields[10]
+        if fields[11] in (lib.BTC_REMOTE_BAD_UNREADABLE, lib.BTC_REMOTE_BAD_INCONSISTENT):
+            continue
         if stop == _MAIN_STACK_STOP:   # a main greenlet: its thread's stack
             stop = getattr(target.stack_mapping(start), "hi", start)
         view = SpilledStack(target.memory, start, stop,
@@ -549,22 +573,31 @@ _MAX_PYFRAMES_ALL = 1 << 22   # Python frames of all greenlets
 def greenlet_copies(target: Target, copied: list) -> list:
     """GreenletCopy objects from the raw copies made while the target was
     stopped (unpacked after it runs again: this is Python work)."""
-    out = []
+    out, seen = [], set()
     for states, spill, frames in copied:
         frames = list(_PYFRAME.iter_unpack(frames))
-        for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, _ in _GREENLET.iter_unpack(states):
+        spill = memoryview(spill)   # each greenlet's part: a view, not a copy
+        for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, bad in _GREENLET.iter_unpack(states):
+            if g in seen:   # a corrupt gc list may lead through objects twice
+                continue
+            seen.add(g)
             pyframes = [(code, lasti, bool(entry)) for code, lasti, entry in frames[frames_at: frames_at + nframes]]
             out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
                                     spill[spill_at: spill_at + saved] if ok else None, pyframes,
-                                    stop == _MAIN_STACK_STOP))
+                                    stop == _MAIN_STACK_STOP, _BAD.get(bad)))
     return out
+
+
+_BAD = {lib.BTC_REMOTE_BAD_UNREADABLE: "its greenlet state is unreadable (a corrupt target?)",
+        lib.BTC_REMOTE_BAD_INCONSISTENT: "its greenlet state is not one greenlet writes (a corrupt target?)",
+        lib.BTC_REMOTE_BAD_SKIPPED: "its saved stack lies outside the target's stacks or past the dump's budget: Python frames only"}
 
 
 def _type_name(target: Target, tp: int) -> str:
     name = target.type_names.get(tp)
     if name is None:
         at = target.memory.word(tp + target.layout.type_name) if tp else None
-        raw = target.memory.read(at, 128) if at else None
+        raw = target.memory.read(at, bounds.MAX_TYPE_NAME) if at else None
         name = target.type_names[tp] = raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else "?"
     return name
 
@@ -721,4 +754,5 @@ def _snapshot(pid: int, memory: Memory, mappings: list, threads_only: bool, time
     if _exited(pid):
         notes.append("the process exited during the dump: what was read before is shown")
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
-                    target.greenlet_code, target.layout, stopped_for, notes, stopped_cpu, stopped_reads)
+                    target.greenlet_code, target.layout, stopped_for, notes, stopped_cpu, stopped_reads,
+                    target.code_type)

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Fuzz the remote readers: a target's memory made of garbage, walked as a
+dump walks it (the gc lists, greenlets' states, which saved stacks to copy,
+their frame chains by both walkers, code objects, names, line tables), must
+give results within the bounds (btcore/bounds.py, native/remote/) and
+nothing else: no crash, no exception, no hang.
+
+An image is the bytes of a target's memory at BASE (read as a core file's
+segment is), laid out as CPython 3.11 and greenlet lay them out: gc list
+heads at BASE, then greenlet objects, their C++ objects' StackStates, frame
+objects, interpreter frames, code objects, their names and line tables,
+and a span of "stack" the StackStates point into.  seed() builds a
+well-formed one; mutate() corrupts one (words set to sentinels or to other
+objects' addresses, bytes flipped, a truncation).
+
+    python tests/fuzz_remote.py [COUNT] [--seed N]
+
+ci/fuzz.py runs check() coverage-guided (its "remote" target);
+tests/test_hostile_dump.py runs COUNT seeded mutations in a child process.
+"""
+import argparse
+import os
+import random
+import struct
+import sys
+
+from btcore import bounds, debug_offsets, greenlet_offsets, py311_layout
+from btcore._native import ffi, lib
+from btcore.remote import Memory
+
+BASE = 0x7f1200000000
+SIZE = 1 << 16
+STACK = (BASE + 0xc000, BASE + SIZE)   # the span greenlets' stacks lie in: the image's "thread stack"
+NHEADS = 4
+GREENLET_TYPE, FRAME_TYPE, CODE_TYPE = BASE + 0x100, BASE + 0x200, BASE + 0x300
+LAY = py311_layout.layout(0x030B07F0)
+PIMPL, STATE, TOP_FRAME = greenlet_offsets.local()
+_W = struct.Struct("<Q")
+
+
+def _sample_code():
+    def sample(x):
+        y = x + 1
+        return y * 2
+    return sample.__code__
+
+
+class _Image:
+    def __init__(self):
+        self.data, self.at = bytearray(SIZE), 0x400
+
+    def new(self, size):
+        at, self.at = self.at, (self.at + size + 15) & ~15
+        return BASE + at
+
+    def put(self, addr, *words):
+        for i, w in enumerate(words):
+            _W.pack_into(self.data, addr - BASE + 8 * i, w)
+
+    def put_bytes(self, addr, raw):
+        self.data[addr - BASE: addr - BASE + len(raw)] = raw
+
+
+def _string(img, text):
+    obj = img.new(LAY.ascii_data + len(text) + 1)
+    img.put(obj + LAY.unicode_length, len(text))
+    img.put(obj + LAY.unicode_state, 0xE4)   # ready, ascii, compact, kind 1
+    img.put_bytes(obj + LAY.ascii_data, text.encode())
+    return obj
+
+
+def _code(img, sample):
+    table = img.new(LAY.bytes_data + len(sample.co_linetable) + 1)
+    img.put(table + LAY.bytes_size, len(sample.co_linetable))
+    img.put_bytes(table + LAY.bytes_data, sample.co_linetable)
+    code = img.new(LAY.code_adaptive + len(sample.co_code))
+    img.put(code + 8, CODE_TYPE)
+    img.put(code + 16, len(sample.co_code) // 2)
+    img.put(code + LAY.code_qualname, _string(img, sample.co_qualname))
+    img.put(code + LAY.code_filename, _string(img, sample.co_filename))
+    img.put(code + LAY.code_linetable, table)
+    struct.pack_into("<i", img.data, code + LAY.code_firstlineno - BASE, sample.co_firstlineno)
+    return code
+
+
+def seed(greenlets=3, depth=2) -> bytes:
+    """A well-formed image: greenlets in the first gc list, each suspended
+    with `depth` Python frames of one code object and part of its stack saved."""
+    img, sample = _Image(), _sample_code()
+    code = _code(img, sample)
+    heads = [BASE + 24 * i for i in range(NHEADS)]
+    for h in heads:
+        img.put(h, h, h)   # empty lists
+    prev = heads[0]
+    for i in range(greenlets):
+        frames = 0
+        for k in range(depth):
+            iframe = img.new(80)
+            img.put(iframe + LAY.frame_executable, code)
+            img.put(iframe + LAY.frame_previous, frames)
+            img.put(iframe + LAY.frame_instr_ptr, code + LAY.code_adaptive + 2 * (k + 1))
+            img.data[iframe - BASE + LAY.frame_is_entry] = int(k == 0)
+            frames = iframe
+        frame_object = img.new(64)
+        img.put(frame_object + 8, FRAME_TYPE)
+        img.put(frame_object + LAY.frame_object_f_frame, frames)
+        pimpl = img.new(TOP_FRAME + 8)
+        start = STACK[0] + 0x800 * i
+        copy = img.new(0x80)
+        img.put(pimpl + STATE, start, start + 0x400, copy, 0x80)
+        img.put(pimpl + TOP_FRAME, frame_object)
+        gc_head = img.new(16 + 48)
+        g = gc_head + 16
+        img.put(g + 8, GREENLET_TYPE)
+        img.put(g + PIMPL, pimpl)
+        img.put(prev, gc_head)         # prev._gc_next
+        img.put(gc_head + 8, prev)     # _gc_prev
+        prev = gc_head
+    img.put(prev, heads[0])
+    img.put(heads[0] + 8, prev)
+    return bytes(img.data)
+
+
+def mutate(rng: random.Random, image: bytes) -> bytes:
+    data = bytearray(image)
+    for _ in range(rng.choice((1, 1, 2, 4, 16))):
+        at = rng.randrange(0, len(data) - 8) & ~7
+        kind = rng.randrange(4)
+        if kind == 0:     # a sentinel
+            _W.pack_into(data, at, rng.choice([0, (1 << 64) - 1, 1 << 63, (1 << 64) - 16, 0x7ffff000,
+                                               _W.unpack_from(data, at)[0] + rng.choice((1, 3, 8, 0x7ffff000))]
+                                              ) & ((1 << 64) - 1))
+        elif kind == 1:   # another place of the image (a link to anything, a loop)
+            _W.pack_into(data, at, BASE + (rng.randrange(len(data)) & ~rng.choice((0, 7))))
+        elif kind == 2:
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        else:
+            _W.pack_into(data, at, rng.getrandbits(64))
+    if rng.random() < 0.05:
+        del data[rng.randrange(1, len(data)):]
+    return bytes(data)
+
+
+def check(image: bytes) -> None:
+    """Walk the image as a dump walks a target; assert every result is within its bound."""
+    if len(image) < 8:
+        return
+    fd = os.memfd_create("btcore-fuzz-remote")
+    keep = os.fdopen(fd, "wb")
+    keep.write(image)
+    keep.flush()
+    memory = Memory(lib.btc_rmem_open_segments(), [keep])
+    try:
+        lib.btc_rmem_add_segment(memory.handle, BASE, len(image), fd, 0)
+        _walk(memory)
+    finally:
+        memory.close()
+
+
+def _walk(memory: Memory) -> None:
+    most = 64
+    heads = ffi.new("uintptr_t[]", [BASE + 24 * i for i in range(NHEADS)])
+    found, visited, broken = ffi.new("uintptr_t[]", most), ffi.new("uint64_t *"), ffi.new("int *")
+    n = lib.btc_remote_gc_instances(memory.handle, heads, NHEADS, GREENLET_TYPE, found, most, visited, broken)
+    assert -1 <= n <= most and visited[0] <= lib.BTC_REMOTE_MAX_OBJECTS and 0 <= broken[0] <= NHEADS
+    n = most if n < 0 else n
+    states = ffi.new("btc_remote_greenlet[]", max(n, 1))
+    kept = lib.btc_remote_greenlet_states(memory.handle, found, n, ffi.new("size_t[3]", (PIMPL, STATE, TOP_FRAME)),
+                                          states)
+    assert 0 <= kept <= n
+    budget = 0x200
+    total = lib.btc_remote_greenlet_fit(states, kept, ffi.new("uintptr_t[]", [STACK[0]]),
+                                        ffi.new("uintptr_t[]", [STACK[1]]), 1, budget)
+    assert total <= budget
+    assert total == sum(g.saved for g in states[0:kept] if not g.bad)
+    spill = ffi.new("uint8_t[]", max(total, 1))
+    room = 64 * kept + 64
+    frames = ffi.new("btc_remote_pyframe[]", room)
+    nframes = lib.btc_remote_greenlet_copies(memory.handle, states, kept, spill, total, frames, room)
+    assert 0 <= nframes <= room
+    names = bounds.Names(memory, LAY, CODE_TYPE, budget=1 << 16)
+    for g in states[0:kept]:
+        assert g.bad in (0, lib.BTC_REMOTE_BAD_UNREADABLE, lib.BTC_REMOTE_BAD_INCONSISTENT,
+                         lib.BTC_REMOTE_BAD_SKIPPED)
+        assert 0 <= g.frames_at and g.frames_at + g.nframes <= nframes
+        chain = [(f.code, f.lasti) for f in frames[g.frames_at: g.frames_at + g.nframes]]
+        assert all(code for code, _ in chain[:-1]), "a cut marker inside a chain"
+        _name(names, chain)
+        if g.frame and not g.bad:   # the other versions' walk over the same frames
+            iframe = memory.word(g.frame + LAY.frame_object_f_frame)
+            walked = debug_offsets.frame_chain(memory, LAY, iframe, most)
+            assert len(walked) <= most + 1
+            _name(names, [(code, lasti) for code, lasti, _ in walked])
+    assert names.left > -(bounds.MAX_LINETABLE + 2 * 4 * bounds.MAX_STRING)
+
+
+def _name(names: bounds.Names, chain: list) -> None:
+    for code, lasti in chain:
+        if not code:
+            assert bounds.cut_reason(lasti)
+            continue
+        named = names.code(code)
+        assert named.qualname is None or len(named.qualname) <= bounds.MAX_STRING
+        assert named.units <= bounds.MAX_CODE_UNITS
+        number = bounds.line(named, lasti)
+        assert number is None or isinstance(number, int)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("count", type=int, nargs="?", default=2000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    seeds = [seed(), seed(greenlets=1, depth=1), seed(greenlets=6, depth=4)]
+    for s in seeds:
+        check(s)
+    for _ in range(args.count):
+        check(mutate(rng, rng.choice(seeds)))
+    print(f"fuzz_remote: {args.count} images, every result within its bounds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

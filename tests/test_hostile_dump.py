@@ -1,0 +1,332 @@
+"""A dump of a target whose memory is corrupt (docs/safety.md, "hostile
+targets"; btcore/bounds.py).
+
+Each target (tests/fixtures/hostile_target.py) parks healthy greenlets and
+one victim per corruption, then corrupts one field per victim with ctypes
+at the offsets btcore reads: the greenlet, its StackState, its frame object
+and interpreter frames, its code object and that code's name and line
+table; a sleeping thread's state and frames; the gc lists.  Sentinel values
+(0, -1, 2**63, 2**64-16, unaligned, self-cycles, huge counts), then seeded
+random words.  Every dump must finish, give every healthy greenlet as a
+dump of an uncorrupted target gives it, list each victim with a note (or
+not at all, when nothing marks it a greenlet any more) and stay within the
+memory bound: the dumper's peak RSS (VmHWM) at most MEMORY_BOUND above the
+clean dump's.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import conftest
+
+from btcore._native import ffi, lib
+
+ON_311 = lib.btc_remote_pylayout(ffi.new("btc_remote_layout *")) == 0
+pytestmark = [pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
+              pytest.mark.skipif(not ON_311, reason="the corrupting target locates fields with 3.11's layout")]
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET = os.path.join(HERE, "fixtures", "hostile_target.py")
+WAIT = 120                  # seconds: hang detection only
+MEMORY_BOUND = 100 << 20    # docs/safety.md: the dumper's peak over a clean dump's, whatever the target holds
+HEALTHY = 6
+VALUES = ["0", "-1", "2^63", "2^64-16", "unaligned", "self", "huge"]
+GREENLET_FIELDS = ["greenlet.pimpl", "state.start", "state.stop", "state.copy", "state.saved", "state.frame",
+                   "frameobj.f_frame", "frame.code", "frame.previous", "frame.prev_instr", "frame.flags",
+                   "caller.code", "caller.previous", "caller.prev_instr", "code.type", "code.size", "code.filename",
+                   "code.qualname", "code.firstlineno", "code.linetable", "qualname.length", "qualname.state",
+                   "linetable.size"]
+# What a corruption may leave valid as read, so that the victim shows no note: any entry flag and first line
+# (frame.flags, code.firstlineno); 0 where greenlet or CPython write 0 too (no top frame, no interpreter frame,
+# the end of a chain, an empty name or line table); a count 3 higher; a pointer's tag bits (the portable walk
+# masks them: 3.14's tagged frame references); a string's state bits no reader uses (an address as state may
+# hold valid ones).
+MAY_PASS_UNNOTED = {"frame.flags", "code.firstlineno"}
+MAY_PASS_UNNOTED_AS = {("state.frame", "0"), ("frameobj.f_frame", "0"), ("frame.previous", "0"),
+                       ("caller.previous", "0"), ("qualname.length", "0"), ("linetable.size", "0"),
+                       ("code.size", "unaligned"), ("qualname.length", "unaligned"), ("frame.code", "unaligned"),
+                       ("caller.code", "unaligned"), ("qualname.state", "unaligned"), ("qualname.state", "huge"),
+                       ("qualname.state", "2^63"), ("qualname.state", "self")}
+SHARED_FIELDS = ["gc.next", "gc.prev", "gchead.next", "tstate.next", "tstate.thread_id",
+                 "tstate.native_thread_id", "tstate.cframe", "cframe.current_frame"]
+
+# The dumper: python -m btcore dump, then its peak RSS on stderr's last line.
+DUMPER = """
+import sys
+import btcore.__main__
+rc = btcore.__main__.main(sys.argv[1:])
+with open("/proc/self/status") as f:
+    print(next(line.split()[1] for line in f if line.startswith("VmHWM:")), file=sys.stderr)
+sys.exit(rc)
+"""
+# As a btcore of another CPython version dumps a 3.11 target: its known layout and the Python walkers.
+PORTABLE = """
+import btcore.remote
+real = btcore.remote.lib
+
+class WithoutOwnLayout:
+    def __getattr__(self, name):
+        return getattr(real, name)
+
+    def btc_remote_pylayout(self, out):
+        return -1
+
+btcore.remote.lib = WithoutOwnLayout()
+"""
+
+
+def start_target(folder, spec, chain_so=None):
+    """(process, its report) of a hostile target, once it has corrupted itself."""
+    spec_path, ready = folder / "spec.json", folder / "ready.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.Popen([sys.executable, TARGET, str(spec_path), str(ready)] + ([chain_so] if chain_so else []))
+    deadline = time.monotonic() + WAIT
+    while not ready.exists() and proc.poll() is None:
+        assert time.monotonic() < deadline, "the target did not get ready"
+        time.sleep(0.05)
+    assert proc.poll() is None, "the target exited before it was ready"
+    return proc, json.loads(ready.read_text())
+
+
+def dump(pid, portable=False):
+    """(The JSON dump of pid, the dumper's peak RSS in bytes)."""
+    done = subprocess.run([sys.executable, "-c", (PORTABLE if portable else "") + DUMPER, "dump", "--json",
+                           str(pid)], capture_output=True, text=True, timeout=WAIT, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), int(done.stderr.split()[-1]) << 10
+
+
+def comparable(frames):
+    return [(f["kind"], f["function"], f["line"], os.path.basename(f["module"] or "")) for f in frames]
+
+
+def by_greenlet(doc):
+    """{address: (comparable frames, error)} of the dump's greenlets."""
+    out = {}
+    for stack in doc["stacks"]:
+        for member in stack["members"] if stack["kind"] == "greenlet" else ():
+            out[member["name"].rsplit(" at ", 1)[1].rstrip(">")] = (comparable(stack["frames"]), stack["error"])
+    return out
+
+
+def healthy_view(doc, report):
+    """The healthy greenlets' stacks, in the order the target spawned them."""
+    dumped = by_greenlet(doc)
+    assert set(report["healthy"]) <= set(dumped), "a healthy greenlet is missing from the dump"
+    return [dumped[address] for address in report["healthy"]]
+
+
+@pytest.fixture(scope="module")
+def chain_so(chain):
+    return chain.so_path
+
+
+@pytest.fixture(scope="module")
+def clean(chain_so, tmp_path_factory):
+    """(healthy greenlets' stacks, the dumper's peak RSS, the same through the portable walkers) of a clean target."""
+    proc, report = start_target(tmp_path_factory.mktemp("clean"), {"healthy": HEALTHY, "corrupt": []}, chain_so)
+    try:
+        doc, peak = dump(proc.pid)
+        portable_doc, portable_peak = dump(proc.pid, portable=True)
+        view = healthy_view(doc, report)
+        assert all(not error for _, error in view), view
+        assert any(f[1] == "chain_entry" for f in view[-1][0]), "no healthy greenlet parked inside C"
+        return view, peak, healthy_view(portable_doc, report), portable_peak
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
+def check(doc, peak, report, clean_view, clean_peak, value=None, strict=True):
+    """Finished (dump() checks the exit status), the healthy greenlets as in the clean dump, each victim
+    noted or unlisted, within the memory bound."""
+    assert peak <= clean_peak + MEMORY_BOUND, f"the dumper peaked {(peak - clean_peak) >> 20} MiB over a clean dump"
+    assert any(s["kind"] == "thread" and s["frames"] for s in doc["stacks"]), "no thread's stack"
+    dumped = by_greenlet(doc)
+    if strict:
+        assert healthy_view(doc, report) == clean_view, "a corrupt greenlet changed a healthy one's stack"
+    else:   # a corrupt gc list may hide greenlets after it: the listed ones are whole
+        kept = [dumped[a] for a in report["healthy"] if a in dumped]
+        assert all(v in clean_view for v in kept), "a corrupt list changed a healthy greenlet's stack"
+    unnoted = [field for address, field in report["victims"].items()
+               if address in dumped and not dumped[address][1] and field not in MAY_PASS_UNNOTED
+               and (field, value) not in MAY_PASS_UNNOTED_AS]
+    return unnoted
+
+
+def run_case(folder, spec, chain_so, clean, value=None, strict=True):
+    clean_view, clean_peak, portable_view, portable_peak = clean
+    proc, report = start_target(folder, spec, chain_so)
+    try:
+        doc, peak = dump(proc.pid)
+        unnoted = check(doc, peak, report, clean_view, clean_peak, value, strict)
+        portable_doc, peak = dump(proc.pid, portable=True)
+        unnoted += check(portable_doc, peak, report, portable_view, portable_peak, value, strict)
+        return unnoted, doc
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_one_corrupt_field_per_greenlet_costs_that_greenlet_a_note(value, chain_so, clean, tmp_path):
+    # guards: every field a dump reads of a greenlet (greenlet, StackState, frames, code, names, line table),
+    # set to a sentinel, leaves the dump whole (the other greenlets as in a clean dump, both walkers) and notes
+    # the victim, within the memory bound (bounds.py; native/remote/rpython.c).
+    spec = {"healthy": HEALTHY, "corrupt": [[field, value] for field in GREENLET_FIELDS]}
+    unnoted, _ = run_case(tmp_path, spec, chain_so, clean, value)
+    assert not unnoted, f"victims shown without a note: {unnoted}"
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_corrupt_thread_states_and_gc_lists_leave_a_dump(value, chain_so, clean, tmp_path):
+    # guards: a sleeping thread's state and frames and the gc lists (links of a greenlet, a generation's head),
+    # set to a sentinel: the dump finishes within the bound (loops end: _linked, the gc walk's loop watch), the
+    # listed greenlets are whole, and the dump says its lists are broken.
+    spec = {"healthy": HEALTHY, "corrupt": [[field, value] for field in SHARED_FIELDS]}
+    _, doc = run_case(tmp_path, spec, chain_so, clean, value, strict=False)
+    if value != "unaligned":   # the low 2 bits of a gc link are flags: +3 leaves a valid link
+        assert any("gc lists end before their head" in note for note in doc["notes"]), doc["notes"]
+
+
+@pytest.mark.parametrize("first_seed", range(0, 48, 8))
+def test_random_corruption_of_greenlets_and_frames(first_seed, chain_so, clean, tmp_path):
+    # guards: seeded random words in 8 victims' greenlet, StackState, frames and code objects: the dump
+    # finishes, the healthy greenlets are whole, within the memory bound (48 seeds in all).
+    spec = {"healthy": HEALTHY, "corrupt": [], "random": [[seed, 6] for seed in range(first_seed, first_seed + 8)]}
+    run_case(tmp_path, spec, chain_so, clean)
+
+
+def test_a_huge_instruction_offset_is_refused_not_allocated(chain_so, clean, tmp_path):
+    # guards: prev_instr += 0x7ffff000 (the issue's 2.1 GB case): the frame's line is unknown and noted, no
+    # code object of that size is built (bounds.line checks the offset against the code's size).
+    _, doc = run_case(tmp_path, {"healthy": HEALTHY, "corrupt": [["frame.prev_instr", "huge"]]}, chain_so, clean)
+    notes = [s["error"] for s in doc["stacks"] if s["kind"] == "greenlet" and s["error"]]
+    assert any("instruction offset" in n and "outside its code" in n for n in notes), notes
+
+
+def test_a_code_pointer_past_the_address_space_is_noted(chain_so, clean, tmp_path):
+    # guards: f_code = 2**64-16 (the issue's OverflowError, exit 1): Memory.read refuses ranges past the
+    # address space (bounds.readable), the frame's code is noted as not a code object.
+    _, doc = run_case(tmp_path, {"healthy": HEALTHY, "corrupt": [["frame.code", "2^64-16"]]}, chain_so, clean)
+    notes = [s["error"] for s in doc["stacks"] if s["kind"] == "greenlet" and s["error"]]
+    assert any("not a code object" in n for n in notes), notes
+
+
+def test_a_self_linked_frame_chain_is_cut_with_a_note(chain_so, clean, tmp_path):
+    # guards: frame.previous = the frame itself: both walkers stop at the loop (Brent's watch in rpython.c,
+    # the seen set of debug_offsets.frame_chain) and say so.
+    clean_view, clean_peak, portable_view, portable_peak = clean
+    proc, report = start_target(tmp_path, {"healthy": HEALTHY, "corrupt": [["caller.previous", "self"]]}, chain_so)
+    try:
+        victim = next(iter(report["victims"]))
+        for portable in (False, True):
+            frames, error = by_greenlet(dump(proc.pid, portable)[0])[victim]
+            assert error and "loops" in error, error
+            assert sum(f[0] == "python" for f in frames) == 2, frames   # the victim's two frames, once each
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
+# ---- the bounds themselves, on values made here ----
+
+def test_reads_past_the_address_space_or_the_size_bound_are_refused():
+    # guards: Memory.read asks nothing of the target outside bounds.readable (an address past 2**64, a size
+    # past MAX_READ: cffi's OverflowError, a buffer of any size), and reads what lies inside.
+    from btcore import bounds
+    from btcore.remote import Memory
+    here = ffi.new("char[]", b"hostile")
+    memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
+    try:
+        at = int(ffi.cast("uintptr_t", here))
+        assert memory.read(at, 7) == b"hostile"
+        assert memory.read((1 << 64) - 16, 64) is None
+        assert memory.read(at, bounds.MAX_READ + 1) is None
+        assert memory.read(-8, 8) is None
+    finally:
+        memory.close()
+
+
+def test_line_tables_whose_last_entry_runs_past_their_end_are_refused():
+    # guards: bounds.linetable_ok: CPython's co_lines trusts a table; a cut inside an entry must be refused,
+    # a cut between entries (where the next byte starts one: bit 7, as only entry heads have it) accepted.
+    import email.message
+    from btcore import bounds
+    with open(email.message.__file__) as f:
+        codes = [compile(f.read(), email.message.__file__, "exec")]
+    for code in codes:   # and the code objects inside it
+        codes.extend(c for c in code.co_consts if hasattr(c, "co_linetable"))
+    tables = [code.co_linetable for code in codes]
+    assert len(tables) > 50
+    checked = 0
+    for table in tables:
+        assert bounds.linetable_ok(table)
+        for cut in range(1, len(table)):
+            assert bounds.linetable_ok(table[:cut]) == bool(table[cut] & 0x80), (table, cut)
+            checked += 1
+    assert checked > 500
+    assert not bounds.linetable_ok(b"\x01")   # no entry head
+
+
+def test_saved_stacks_are_copied_only_on_one_stack_and_within_the_budget():
+    # guards: btc_remote_greenlet_fit: a saved stack is copied when the greenlet's stack lies in one mapping
+    # (a thread's stack: a corrupt range or size claims more) and, in order, while the budget lasts.
+    MAIN = (1 << 64) - 1
+    lo, hi = ffi.new("uintptr_t[]", [0x10000, 0x40000]), ffi.new("uintptr_t[]", [0x20000, 0x50000])
+    states = [  # (start, stop, saved): the bytes it should be given, or 0
+        (0x11000, 0x12000, 100, 100),     # on the first stack
+        (0x11000, 0x30000, 100, 0),       # its stop past that stack
+        (0x30000, 0x31000, 100, 0),       # on no stack
+        (0x4f000, MAIN, 0x2000, 0),       # a main greenlet whose saved part runs past its stack
+        (0x4f000, MAIN, 0x800, 0x800),    # one whose saved part is on it
+        (0x41000, 0x48000, 0x5000, 0),    # on the second stack, past the budget left
+        (0x41000, 0x48000, 0x100, 0x100),  # fits what is left
+    ]
+    gs = ffi.new("btc_remote_greenlet[]", len(states))
+    for g, (start, stop, saved, _) in zip(gs, states):
+        g.start, g.stop, g.saved = start, stop, saved
+    total = lib.btc_remote_greenlet_fit(gs, len(states), lo, hi, 2, 0x1000)
+    assert total == sum(take for *_, take in states)
+    assert [g.bad == lib.BTC_REMOTE_BAD_SKIPPED for g in gs] == [take == 0 for *_, take in states]
+
+
+def test_garbage_target_images_through_the_remote_readers():
+    # guards: the readers (gc walk, greenlet states, the saved-stack plan, both frame walkers, code objects,
+    # names, line tables) over 3 000 seeded mutations of well-formed target images: results within their bounds,
+    # no exception, no crash (a child process: tests/fuzz_remote.py; ci/fuzz.py runs it coverage-guided).
+    done = subprocess.run([sys.executable, os.path.join(HERE, "fuzz_remote.py"), "3000", "--seed", "25"],
+                          capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3000 images" in done.stdout
+
+
+def test_code_objects_are_read_within_their_bounds_and_the_dumps_budget():
+    # guards: bounds.Names over this process's own memory: a code object is read only when its type is the code
+    # type, a name past MAX_STRING is refused with a note, and once the dump's name budget is spent codes are
+    # left unnamed with a note (never more read).
+    import types
+    from btcore import bounds, py311_layout
+    from btcore.remote import Memory
+    long_name = "f" * (bounds.MAX_STRING + 1)
+    scope = {}
+    exec(f"def {long_name}(): pass\ndef short(): pass\ndef other(): pass", scope)
+    memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
+    try:
+        long_code, short_code = scope[long_name].__code__, scope["short"].__code__
+        budget = (len("<string>") + len(long_code.co_linetable)   # the long name is refused unread
+                  + len("short") + len("<string>") + len(short_code.co_linetable))
+        names = bounds.Names(memory, py311_layout.layout(sys.hexversion), id(types.CodeType), budget=budget)
+        assert names.code(id(scope)).error == "not a code object"
+        long_read = names.code(id(long_code))
+        assert long_read.qualname is None and "name" in long_read.error and long_read.filename == "<string>"
+        short = names.code(id(short_code))
+        assert (short.qualname, short.error, short.units) == ("short", None, len(short_code.co_code) // 2)
+        assert names.left == 0
+        spent = names.code(id(scope["other"].__code__))
+        assert spent.qualname is None and "budget" in spent.error
+    finally:
+        memory.close()
