@@ -219,7 +219,7 @@ def test_a_dumped_process_whose_library_became_a_fifo(files):
     mount namespace) is not opened: the dump finishes, the FIFO's writer
     stays blocked."""
     if not shutil.which("unshare") or not can_bind_mount():
-        pytest.skip("no mount namespace here (unshare -m needs root)")
+        pytest.skip("no mount namespace here (unshare -m refused: it needs root, outside a chroot)")
     target = subprocess.Popen([sys.executable, "-c", TARGET, files["good"]], stdout=subprocess.PIPE, text=True)
     try:
         assert target.stdout.readline() == "ready\n"
@@ -240,7 +240,7 @@ def test_without_proc_regular_files_are_still_read_and_fifos_refused(files):
     and kept because it is the object checked; a FIFO is still refused
     before any open (its writer stays blocked)."""
     if not shutil.which("unshare") or not can_bind_mount():
-        pytest.skip("no mount namespace here (unshare -m needs root)")
+        pytest.skip("no mount namespace here (unshare -m refused: it needs root, outside a chroot)")
     writer = BlockedWriter(files["fifo"])
     tokens = [token_with_module(path, files["build_id"], files["vaddr"]) for path in (files["good"], files["fifo"])]
     decoder = f"mount -t tmpfs none /proc && exec {sys.executable} -m btcore decode"

@@ -207,13 +207,15 @@ static Py_hash_t hash_site(const btc_raw_capture *c)
     return (Py_hash_t)((h ^ (h >> 32)) & (uint64_t)PY_SSIZE_T_MAX);
 }
 
-/* The site `ref` refers to (borrowed: the table keeps no site alive, but a
- * live referent stays alive while we use it, no Python code runs), or NULL
- * if it is dying and its callback has not run yet. */
-static PyObject *referent(site_ref *ref)
+/* What weak reference `ref` (a site_ref or a record) refers to, borrowed,
+ * or NULL if it is gone or dying and its callback has not run yet.  Read
+ * from the object, not with PyWeakref_GetObject (gone in 3.15) or
+ * PyWeakref_GetRef (3.13+, a new reference we would only drop): a live
+ * referent stays alive while we use it, no Python code runs. */
+static PyObject *referent(void *ref)
 {
-    PyObject *site = ((PyWeakReference *)ref)->wr_object;
-    return site != Py_None && Py_REFCNT(site) > 0 ? site : NULL;
+    PyObject *object = ((PyWeakReference *)ref)->wr_object;
+    return object != Py_None && Py_REFCNT(object) > 0 ? object : NULL;
 }
 
 /* Does interned site `ref` hold exactly the frames of c? */
@@ -516,7 +518,7 @@ static PyObject *spawn_creator(PyObject *self, PyObject *g)
     if (!PyObject_TypeCheck(g, greenlet_type))
         return PyErr_Format(PyExc_TypeError, "_spawn_creator() needs a greenlet, not %s", Py_TYPE(g)->tp_name);
     record *r = record_of(g);
-    PyObject *creator = r && r->creator ? PyWeakref_GetObject(r->creator) : Py_None;
+    PyObject *creator = r && r->creator ? referent(r->creator) : NULL;
     return Py_NewRef(creator ? creator : Py_None);
 }
 
