@@ -116,6 +116,13 @@ int btc_spawn_generations(void);
 /* Live records (one per tracked greenlet, and per spawner that was not
  * tracked itself) and interned sites, for tests and benchmarks. */
 void btc_spawn_counts(int64_t *records, int64_t *sites);
+/* Exception notes (spawn_notes.c): note != 0 (id of a callable
+ * note(exception, greenlet)) replaces greenlet_type's switch and throw
+ * methods by ones that call note when the call raises because the greenlet
+ * it was made on died with that exception; note == 0 puts greenlet's own
+ * methods back.  Returns 0, or -1 if greenlet's methods are not as expected
+ * (then greenlet's own methods are in place). */
+int btc_spawn_notes(uintptr_t greenlet_type, uintptr_t note);
 /* A type's tp_new slot, for tests: creation restored exactly. */
 uintptr_t btc_type_new_slot(uintptr_t type);
 /* ---- OS threads (threads.c) ---- */
