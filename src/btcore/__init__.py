@@ -15,7 +15,8 @@ from .html import write_html
 from .watchdog import Watchdog, gevent_blocking_reports, start_watchdog
 from .switchclock import disable_switch_timing, enable_switch_timing
 from .spawn import (SpawnChain, chain_backtrace, disable_spawn_tracking, enable_spawn_tracking, spawn_backtrace,
-                    spawn_chain, spawn_exception_notes_enabled, spawn_tracking_enabled)
+                    spawn_chain, spawn_tracking_enabled)
+from .spawn_notes import spawn_exception_notes_enabled
 
 __all__ = ["Backtrace", "BacktraceError", "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "SpawnChain",
            "Watchdog", "append", "cache", "chain_backtrace", "collect", "decode", "disable_spawn_tracking",

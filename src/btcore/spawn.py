@@ -19,7 +19,6 @@ from ._native import ffi, lib
 from .backtrace import Backtrace, _check_capacity, append_labelled
 from .errors import BacktraceError
 from .greenlets import layout_known
-from .spawn_notes import exception_notes_enabled, set_exception_notes
 
 if lib.btc_spawn_install(id(globals()), id(greenlet.greenlet)) != 0:
     raise ImportError("btcore: cannot install spawn tracking")
@@ -73,6 +72,7 @@ def enable_spawn_tracking(*, capacity: int = DEFAULT_CAPACITY, native: bool = Tr
         # needs greenlet's layout: refuse rather than record stale frames.
         raise BacktraceError(f"cannot record native spawn sites with greenlet {greenlet.__version__}: "
                              "its layout is not recognised (use native=False)")
+    from .spawn_notes import set_exception_notes   # (it imports this module)
     set_exception_notes(exception_notes)   # first: it may refuse
     if lib.btc_spawn_enable(capacity, native) != 0:
         set_exception_notes(False)
@@ -82,17 +82,13 @@ def enable_spawn_tracking(*, capacity: int = DEFAULT_CAPACITY, native: bool = Tr
 def disable_spawn_tracking() -> None:
     """Stop recording at once and restore greenlet creation exactly as it was.
     Greenlets already tracked keep their records; exception notes stop."""
+    from .spawn_notes import set_exception_notes
     lib.btc_spawn_disable()
     set_exception_notes(False)
 
 
 def spawn_tracking_enabled() -> bool:
     return bool(lib.btc_spawn_enabled())
-
-
-def spawn_exception_notes_enabled() -> bool:
-    """Do exceptions escaping tracked greenlets get spawn-chain notes?"""
-    return exception_notes_enabled()
 
 
 def spawn_chain(g) -> SpawnChain | None:

@@ -26,6 +26,8 @@ import sys
 import greenlet
 
 from ._native import lib
+from .errors import BacktraceError
+from .spawn import GENERATIONS, SpawnChain, _spawn_chain, chain_backtrace
 
 NOTE_HEADER = "Greenlet spawn chain (btcore, most recent call first):"
 NOTE_LINES = 40          # lines of a note, its header and its "... more" line included
@@ -37,7 +39,6 @@ _on = False
 
 
 def _render(chain) -> str:
-    from .spawn import chain_backtrace   # (spawn imports this module)
     lines = chain_backtrace(chain).format(most_recent_first=True, header=False).split("\n")[1:]
     lines = [line if len(line) <= NOTE_LINE_CHARS else line[:NOTE_LINE_CHARS - 3] + "..." for line in lines]
     room = NOTE_LINES - 1   # the header's line
@@ -47,7 +48,6 @@ def _render(chain) -> str:
 
 
 def _text(g) -> str | None:
-    from .spawn import GENERATIONS, SpawnChain, _spawn_chain
     raw = _spawn_chain(g, GENERATIONS)
     if raw is None:
         return None
@@ -143,7 +143,6 @@ def set_exception_notes(on: bool) -> None:
     exception_notes, and disable_spawn_tracking)."""
     global _on
     if lib.btc_spawn_notes(id(greenlet.greenlet), id(_note) if on else 0) != 0 and on:
-        from .errors import BacktraceError
         raise BacktraceError(f"cannot add exception notes with greenlet {greenlet.__version__}: its switch and "
                              "throw methods are not as expected (use exception_notes=False)")
     _on = on
@@ -156,5 +155,6 @@ def set_exception_notes(on: bool) -> None:
         _forget_finder()   # a patched Hub stays patched: its wrapper does nothing while off
 
 
-def exception_notes_enabled() -> bool:
+def spawn_exception_notes_enabled() -> bool:
+    """Do exceptions escaping tracked greenlets get spawn-chain notes?"""
     return _on
