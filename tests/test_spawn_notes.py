@@ -249,3 +249,22 @@ def test_eventlet_spawn_and_spawn_n():
     assert "waited 1" in err
     assert err.count(NOTE_HEADER) == 2, err
     assert 'File "<string>", line 7, in <module>' in err and 'File "<string>", line 12, in <module>' in err
+
+
+def test_each_chain_its_own_note(tracking):
+    """Rendered notes are kept per chain: two sites of one spawner, failing
+    in turn, each get their own site's line."""
+    def fail():
+        raise KeyError("fail")
+
+    lines, notes = [], []
+    for _ in range(2):   # the second round's notes come from the kept texts
+        for make in (lambda: greenlet.greenlet(fail),
+                     lambda: greenlet.greenlet(fail)):
+            lines.append(make.__code__.co_firstlineno)
+            with pytest.raises(KeyError) as info:
+                make().switch()
+            notes.append(chain_notes(info.value)[0])
+    assert lines[0] != lines[1]
+    for line, note in zip(lines, notes):
+        assert spawn_lines(note)[0].startswith(f'File "{__file__}", line {line}, in ')
