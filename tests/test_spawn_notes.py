@@ -268,3 +268,19 @@ def test_each_chain_its_own_note(tracking):
     assert lines[0] != lines[1]
     for line, note in zip(lines, notes):
         assert spawn_lines(note)[0].startswith(f'File "{__file__}", line {line}, in ')
+
+
+def test_pytest_shows_the_note(tmp_path):
+    """pytest's own failure report prints the note (an independent printer)."""
+    (tmp_path / "test_fails.py").write_text(textwrap.dedent("""
+        import btcore, greenlet
+
+        def test_child_fails():
+            btcore.enable_spawn_tracking()
+            greenlet.greenlet(lambda: 1 / 0).switch()
+    """))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout
+    assert "ZeroDivisionError" in out.stdout and NOTE_HEADER in out.stdout, out.stdout
+    assert "in test_child_fails" in out.stdout.split(NOTE_HEADER)[1]
