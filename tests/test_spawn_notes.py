@@ -284,3 +284,18 @@ def test_pytest_shows_the_note(tmp_path):
     assert out.returncode == 1, out.stdout
     assert "ZeroDivisionError" in out.stdout and NOTE_HEADER in out.stdout, out.stdout
     assert "in test_child_fails" in out.stdout.split(NOTE_HEADER)[1]
+
+
+def test_kept_texts_bounded(tracking):
+    """More failing chains than NOTE_CACHE: the kept texts stay bounded and
+    every note still names its own site."""
+    def fail():
+        raise KeyError("fail")
+
+    sites = [eval(compile("\n" * i + "lambda: greenlet.greenlet(fail)", __file__, "eval"),
+                  {"greenlet": greenlet, "fail": fail}) for i in range(spawn_notes.NOTE_CACHE + 8)]
+    for i, make in enumerate(sites):
+        with pytest.raises(KeyError) as info:
+            make().switch()
+        assert spawn_lines(chain_notes(info.value)[0])[0].startswith(f'File "{__file__}", line {i + 1}, in ')
+        assert len(spawn_notes._rendered) <= spawn_notes.NOTE_CACHE

@@ -16,7 +16,7 @@ escaping its spawners keeps the note of the greenlet it came from),
 rendered as spawn_backtrace(g).format(most_recent_first=True), at most
 NOTE_LINES lines of at most NOTE_LINE_CHARS characters.  Rendering resolves
 names; a rendered chain is kept for the next error from the same chain
-(NOTE_CACHE chains at most).
+(NOTE_CACHE chains at most, all dropped when full).
 """
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ def _text(g) -> str | None:
     if text is None:
         text = _render(SpawnChain(links, cut))
         if len(_rendered) >= NOTE_CACHE:
-            _rendered.pop(next(iter(_rendered)), None)
+            # All at once: clear() is one step under the GIL, where finding
+            # the oldest entry could race another thread's note.
+            _rendered.clear()
         _rendered[key] = text
     return text
 
