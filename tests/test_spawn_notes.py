@@ -299,3 +299,26 @@ def test_kept_texts_bounded(tracking):
             make().switch()
         assert spawn_lines(chain_notes(info.value)[0])[0].startswith(f'File "{__file__}", line {i + 1}, in ')
         assert len(spawn_notes._rendered) <= spawn_notes.NOTE_CACHE
+
+
+def test_noting_keeps_no_greenlet_alive(tracking):
+    """The kept texts are keyed by sites and spawner reprs: a greenlet whose
+    error was noted, and its spawner, are freed with the exception."""
+    import gc
+    import weakref
+    refs = []
+
+    def spawner():
+        child = greenlet.greenlet(lambda: 1 / 0)
+        refs.append(weakref.ref(child))
+        child.switch()
+
+    for _ in range(3):
+        parent = greenlet.greenlet(spawner)
+        refs.append(weakref.ref(parent))
+        with pytest.raises(ZeroDivisionError) as info:
+            parent.switch()
+        assert len(chain_notes(info.value)) == 1
+        del parent, info
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
