@@ -322,3 +322,24 @@ def test_noting_keeps_no_greenlet_alive(tracking):
         del parent, info
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)
+
+
+def test_gevent_spawn_raw(tracking):
+    """A raw greenlet's error leaves it through the g.switch its hub callback
+    made: noted there, then printed by gevent's callback error report."""
+    hub = gevent.get_hub()
+    printed = io.StringIO()
+    hub.exception_stream = printed
+
+    def boom():
+        raise KeyError("raw")
+
+    try:
+        line = here() + 1
+        gevent.spawn_raw(boom)
+        gevent.sleep(0.01)
+    finally:
+        del hub.exception_stream
+    report = printed.getvalue()
+    assert "KeyError: 'raw'" in report and report.count(NOTE_HEADER) == 1, report
+    assert f"line {line}, in test_gevent_spawn_raw" in report.split(NOTE_HEADER)[1]
