@@ -427,6 +427,19 @@ int btc_signal_sample(uint64_t thread_ident, int timeout_ms, btc_sigsample *out)
  * it while the sampled thread still runs those frames).  Returns the
  * length written (truncated to size - 1, NUL-terminated). */
 int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size);
+/* Crash report (watch/crash.c): handlers for SIGSEGV, SIGBUS, SIGILL, SIGFPE
+ * and SIGABRT that write the crashing thread's backtrace to fd (async-signal-
+ * safe, on an alternate stack given to the calling thread), then hand the
+ * signal to the dispositions found at installation.  The calling thread must
+ * be registered (btc_thread_register) for its frames to be shown.  Calling it
+ * again changes fd and gives the calling thread an alternate stack.
+ * Returns 0 or -1. */
+int btc_crash_enable(int fd);
+/* Put the previous dispositions back where our handler still is. */
+void btc_crash_disable(void);
+int btc_crash_enabled(void);
+/* Tests: fault inside the report (a second crash while reporting). */
+void btc_test_crash_fault_in_report(int on);
 /* The signal the handler captures on (a real-time signal). */
 int btc_capture_signal(void);
 
