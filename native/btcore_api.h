@@ -438,6 +438,8 @@ int btc_crash_enable(int fd);
 /* Put the previous dispositions back where our handler still is. */
 void btc_crash_disable(void);
 int btc_crash_enabled(void);
+/* Tests: does SIGSEGV run our handler now? */
+int btc_test_crash_handler_is_ours(void);
 /* Tests: fault inside the report (a second crash while reporting). */
 void btc_test_crash_fault_in_report(int on);
 /* The signal the handler captures on (a real-time signal). */

@@ -161,8 +161,10 @@ def test_second_crash_during_the_report_ends_the_process(fixture_dir):
 def test_disabled_and_environment_switch(fixture_dir):
     out = crash(fixture_dir, "lib.crash_null_write()", setup="""
         btcore.enable_crash_report()
+        assert btcore._native.lib.btc_test_crash_handler_is_ours()
         btcore.disable_crash_report()
         assert not btcore.crash_report_enabled()
+        assert not btcore._native.lib.btc_test_crash_handler_is_ours()   # faulthandler's is back
     """)
     assert out.returncode == -signal.SIGSEGV and BTCORE_HEADER not in out.stderr
     assert "Fatal Python error: Segmentation fault" in out.stderr
@@ -170,6 +172,19 @@ def test_disabled_and_environment_switch(fixture_dir):
                 env={"BTCORE_CRASH_REPORT": "1"})
     assert out.returncode == -signal.SIGSEGV and BTCORE_HEADER in out.stderr, out.stderr
     assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != []
+
+
+def test_faulthandler_enabled_after_us_passes_the_signal_on(fixture_dir):
+    """faulthandler installed after the crash report runs first, then hands
+    the signal to ours: both reports, the same Python frames."""
+    out = crash(fixture_dir, "lib.crash_null_write()", setup="""
+        faulthandler.disable()
+        btcore.enable_crash_report()
+        faulthandler.enable()
+    """)
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert out.stderr.index("Fatal Python error") < out.stderr.index(BTCORE_HEADER)
+    assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
 
 
 def test_thread_not_registered_says_so(fixture_dir):

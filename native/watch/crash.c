@@ -195,6 +195,12 @@ int btc_crash_enabled(void)
     return installed;
 }
 
+int btc_test_crash_handler_is_ours(void)
+{
+    struct sigaction now;
+    return sigaction(SIGSEGV, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_fatal_signal;
+}
+
 void btc_test_crash_fault_in_report(int on)
 {
     atomic_store(&fault_in_report, on);
