@@ -144,9 +144,12 @@ int btc_crash_enable(int fd)
     if (fd < 0)
         return -1;
     /* This thread's alternate stack (a C stack overflow leaves no room on
-     * the thread's own); kept for the thread's life. */
+     * the thread's own); kept for the thread's life.  One already there
+     * (faulthandler's: a few pages) is replaced if smaller: the walk needs
+     * more, and a handler on it runs on ours as well. */
     stack_t current;
-    if (sigaltstack(NULL, &current) == 0 && (current.ss_flags & SS_DISABLE)) {
+    if (sigaltstack(NULL, &current) == 0 &&
+        ((current.ss_flags & SS_DISABLE) || current.ss_size < ALT_STACK_BYTES)) {   /* faulthandler's is smaller */
         stack_t alt = {.ss_sp = malloc(ALT_STACK_BYTES), .ss_size = ALT_STACK_BYTES, .ss_flags = 0};
         if (!alt.ss_sp || sigaltstack(&alt, NULL) != 0) {
             free(alt.ss_sp);
