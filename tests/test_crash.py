@@ -199,3 +199,21 @@ t.join()
     assert ours(out.stderr) == ["  (this thread is not registered with btcore: enable_crash_report() registers "
                                 "the thread calling it)"]
     assert " in in_callback\n" in out.stderr.split("Fatal Python error")[1]   # faulthandler's, every thread
+
+
+def test_forked_child_reports_and_dies_by_its_signal(fixture_dir):
+    """A fork child inherits the handlers and the forking thread's
+    registration (the same pthread_t): it reports its own crash."""
+    out = crash(fixture_dir, "lib.crash_null_write()", run="""
+import os
+pid = os.fork()
+if pid == 0:
+    greenlet.greenlet(in_greenlet).switch()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child killed by", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, file=sys.stderr)
+""")
+    assert out.returncode == 0, out.stderr
+    assert f"child killed by {int(signal.SIGSEGV)}" in out.stderr
+    assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
+    assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr.split("child killed")[0])
