@@ -116,6 +116,13 @@ int btc_spawn_generations(void);
 /* Live records (one per tracked greenlet, and per spawner that was not
  * tracked itself) and interned sites, for tests and benchmarks. */
 void btc_spawn_counts(int64_t *records, int64_t *sites);
+/* Exception notes (spawn_notes.c): note != 0 (id of a callable
+ * note(exception, greenlet)) replaces greenlet_type's switch and throw
+ * methods by ones that call note when the call raises because the greenlet
+ * it was made on died with that exception; note == 0 puts greenlet's own
+ * methods back.  Returns 0, or -1 if greenlet's methods are not as expected
+ * (then greenlet's own methods are in place). */
+int btc_spawn_notes(uintptr_t greenlet_type, uintptr_t note);
 /* A type's tp_new slot, for tests: creation restored exactly. */
 uintptr_t btc_type_new_slot(uintptr_t type);
 /* ---- OS threads (threads.c) ---- */
@@ -424,6 +431,21 @@ int btc_signal_sample(uint64_t thread_ident, int timeout_ms, btc_sigsample *out)
  * it while the sampled thread still runs those frames).  Returns the
  * length written (truncated to size - 1, NUL-terminated). */
 int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size);
+/* Crash report (watch/crash.c): handlers for SIGSEGV, SIGBUS, SIGILL, SIGFPE
+ * and SIGABRT that write the crashing thread's backtrace to fd (async-signal-
+ * safe, on an alternate stack given to the calling thread), then hand the
+ * signal to the dispositions found at installation.  The calling thread must
+ * be registered (btc_thread_register) for its frames to be shown.  Calling it
+ * again changes fd and gives the calling thread an alternate stack.
+ * Returns 0 or -1. */
+int btc_crash_enable(int fd);
+/* Put the previous dispositions back where our handler still is. */
+void btc_crash_disable(void);
+int btc_crash_enabled(void);
+/* Tests: does SIGSEGV run our handler now? */
+int btc_test_crash_handler_is_ours(void);
+/* Tests: fault inside the report (a second crash while reporting). */
+void btc_test_crash_fault_in_report(int on);
 /* The signal the handler captures on (a real-time signal). */
 int btc_capture_signal(void);
 

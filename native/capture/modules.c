@@ -370,6 +370,16 @@ const btc_table *btc_module_table(btc_module *m)
     return m->table;
 }
 
+int btc_modules_build_tables(void)
+{
+    btc_modules_acquire();
+    int built = 0;
+    for (int i = 0; i < nmodules; i++)
+        built += btc_module_table(modules[i]) != NULL;
+    btc_modules_release();
+    return built;
+}
+
 btc_elf *btc_module_elf(btc_module *m)
 {
     if (!m->elf && m->path[0] == '/')

@@ -43,6 +43,9 @@ btc_module *btc_module_find(uintptr_t pc);
 /* The module's CFI table, built on first use (under the loader lock so the
  * module cannot be unloaded while we parse its mapped .eh_frame). */
 const btc_table *btc_module_table(btc_module *m);
+/* Build the CFI table of every module loaded now (a crash handler may
+ * not build one: it allocates).  Takes the lock.  Returns how many have one. */
+int btc_modules_build_tables(void);
 /* The module's symbols, opened on first use; NULL for the vDSO or an
  * unreadable file. */
 btc_elf *btc_module_elf(btc_module *m);

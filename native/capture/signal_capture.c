@@ -72,6 +72,7 @@ int btc_capture_signal(void)
  * faulting; so is the code object of such a frame.  A chunk frame's code
  * object is read in place: the frame holds it. */
 
+#define GUARD_BYTES (64 * 1024)   /* below a thread's stack: its guard pages, where an overflow faults */
 #define FRAME_BYTES 96   /* >= the fixed part of _PyInterpreterFrame that the readers touch */
 #define MAX_CHUNKS 4096
 
@@ -180,9 +181,12 @@ void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_s
         py.check = &limits.base;
     }
     bool py_started = py.frame != NULL;
-    bool on_stack = btc_regs_from_ucontext(ucontext, &ctx.regs) && ctx.regs.sp >= info->stack_lo &&
+    /* A C stack overflow faults with sp just below the stack, in its guard
+     * area: the walk starts there but reads only the stack itself (the
+     * faulting frame's caller is on it). */
+    bool on_stack = btc_regs_from_ucontext(ucontext, &ctx.regs) && ctx.regs.sp >= info->stack_lo - GUARD_BYTES &&
                     ctx.regs.sp < info->stack_hi;
-    ctx.mem.lo = ctx.regs.sp;
+    ctx.mem.lo = ctx.regs.sp > info->stack_lo ? ctx.regs.sp : info->stack_lo;
     ctx.mem.hi = info->stack_hi;
     btc_greenlet_stub_ends(&ctx);
     if (!on_stack) {

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capture/modules.h"
 #include "watch/report.h"
 
 void btc_text_add(btc_text *t, const char *s)
@@ -35,6 +36,21 @@ void btc_text_addf(btc_text *t, const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     btc_text_add(t, line);
+}
+
+/* n in `base` (10 or 16, with "0x"), without printf: a crash handler may
+ * not call it (stdio's locale and buffers are not async-signal-safe). */
+void btc_text_add_uint(btc_text *t, uint64_t n, unsigned base)
+{
+    char digits[24], *p = digits + sizeof digits;
+    *--p = 0;
+    do {
+        *--p = "0123456789abcdef"[n % base];
+        n /= base;
+    } while (n);
+    if (base == 16)
+        btc_text_add(t, "0x");
+    btc_text_add(t, p);
 }
 
 void btc_text_write(const btc_text *t, int fd)
@@ -70,12 +86,22 @@ static void add_python(btc_text *t, const btc_frame *f)
 {
     PyCodeObject *code = (PyCodeObject *)f->addr;
     if (!PyCode_Check((PyObject *)code)) {
-        btc_text_addf(t, "  (a Python frame whose code object is gone: %#lx)\n", (unsigned long)f->addr);
+        btc_text_add(t, "  (a Python frame whose code object is gone: ");
+        btc_text_add_uint(t, f->addr, 16);
+        btc_text_add(t, ")\n");
         return;
     }
+    /* No printf: this also runs in the crash handler (crash.c).  Reading
+     * the code object's strings and line table allocates nothing. */
     btc_text_add(t, "  File \"");
     add_str(t, code->co_filename);
-    btc_text_addf(t, "\", line %d, in ", PyCode_Addr2Line(code, f->lasti));
+    btc_text_add(t, "\", line ");
+    int line = PyCode_Addr2Line(code, f->lasti);
+    if (line < 0)
+        btc_text_add(t, "?");
+    else
+        btc_text_add_uint(t, (uint64_t)line, 10);
+    btc_text_add(t, ", in ");
     add_str(t, code->co_qualname);
     btc_text_add(t, "\n");
 }
@@ -125,22 +151,59 @@ static const struct {
     {BTC_PARTIAL_CUT, "the walk stopped before the stack's end (a caller could not be recovered)"},
 };
 
-void btc_sigsample_inner_text(const btc_sigsample *s, int inner, btc_text *t)
+/* The first `inner` frames, native ones written by add_native_frame, then
+ * the partial reasons. */
+static void sample_text(const btc_sigsample *s, int inner, btc_text *t,
+                        void (*add_native_frame)(btc_text *, const btc_frame *))
 {
     for (int i = 0; i < inner && i < s->n && i < BTC_SIGNAL_FRAMES; i++) {
         if (s->frames[i].kind == BTC_KIND_PYTHON)
             add_python(t, &s->frames[i]);
         else
-            add_native(t, &s->frames[i]);
+            add_native_frame(t, &s->frames[i]);
     }
     for (size_t i = 0; i < sizeof partial_reasons / sizeof *partial_reasons; i++)
-        if (s->partial & partial_reasons[i].bit)
-            btc_text_addf(t, "  (partial: %s)\n", partial_reasons[i].why);
+        if (s->partial & partial_reasons[i].bit) {
+            btc_text_add(t, "  (partial: ");
+            btc_text_add(t, partial_reasons[i].why);
+            btc_text_add(t, ")\n");
+        }
+}
+
+void btc_sigsample_inner_text(const btc_sigsample *s, int inner, btc_text *t)
+{
+    sample_text(s, inner, t, add_native);
 }
 
 void btc_sigsample_text(const btc_sigsample *s, btc_text *t)
 {
     btc_sigsample_inner_text(s, s->n, t);
+}
+
+/* "  [module] +0xoff" (offset from the module's load bias, as `addr2line
+ * -e module` takes it), or "  [?] 0xpc": no symbol is looked up (that reads
+ * files and allocates).  The module list lock is held by the caller, or
+ * not at all (modules_locked false: busy, perhaps held by the crashed code). */
+static bool modules_locked;
+
+static void add_native_module(btc_text *t, const btc_frame *f)
+{
+    uintptr_t pc = f->flags & (BTC_F_EXACT | BTC_F_SIGNAL) ? f->addr : f->addr - 1;
+    const btc_module *m = modules_locked ? btc_module_find(pc) : NULL;
+    btc_text_add(t, "  [");
+    btc_text_add(t, m ? base_name(m->path) : "?");
+    btc_text_add(t, m ? "] +" : "] ");
+    btc_text_add_uint(t, m ? pc - m->bias : pc, 16);
+    btc_text_add(t, "\n");
+}
+
+void btc_sigsample_crash_text(const btc_sigsample *s, btc_text *t)
+{
+    modules_locked = btc_modules_try_acquire_prebuilt();
+    sample_text(s, s->n, t, add_native_module);
+    if (modules_locked)
+        btc_modules_release();
+    modules_locked = false;
 }
 
 int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size)

@@ -51,30 +51,40 @@ class SpawnChain(NamedTuple):
     cut: bool
 
 
-def enable_spawn_tracking(*, capacity: int = DEFAULT_CAPACITY, native: bool = True) -> None:
+def enable_spawn_tracking(*, capacity: int = DEFAULT_CAPACITY, native: bool = True,
+                          exception_notes: bool = True) -> None:
     """Record the spawn site of every greenlet created from now on.
 
     capacity: the most frames a spawn_backtrace() holds, all generations
     together (a single spawn site records at most min(capacity, SITE_FRAMES)).
-    native: record native frames too, not only Python ones.  Calling it
-    again while on changes the settings for greenlets created afterwards.
+    native: record native frames too, not only Python ones.
+    exception_notes: an exception that escapes a tracked greenlet gets its
+    spawn chain as a PEP 678 note (see btcore/spawn_notes.py); False: none.
+    Calling it again while on changes the settings for greenlets created
+    afterwards (and turns notes on or off at once).
     """
     _check_capacity(capacity)
-    if type(native) is not bool:
-        raise TypeError(f"native must be a bool, not {type(native).__name__}")
+    for name, value in (("native", native), ("exception_notes", exception_notes)):
+        if type(value) is not bool:
+            raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
     if native and not layout_known():
         # Inside a greenlet a native capture must stop at its bottom, which
         # needs greenlet's layout: refuse rather than record stale frames.
         raise BacktraceError(f"cannot record native spawn sites with greenlet {greenlet.__version__}: "
                              "its layout is not recognised (use native=False)")
+    from .spawn_notes import set_exception_notes   # (it imports this module)
+    set_exception_notes(exception_notes)   # first: it may refuse
     if lib.btc_spawn_enable(capacity, native) != 0:
+        set_exception_notes(False)
         raise BacktraceError("cannot enable spawn tracking")
 
 
 def disable_spawn_tracking() -> None:
     """Stop recording at once and restore greenlet creation exactly as it was.
-    Greenlets already tracked keep their records."""
+    Greenlets already tracked keep their records; exception notes stop."""
+    from .spawn_notes import set_exception_notes
     lib.btc_spawn_disable()
+    set_exception_notes(False)
 
 
 def spawn_tracking_enabled() -> bool:

@@ -1,0 +1,210 @@
+/* The crash report, in-process part (issue 27): on SIGSEGV, SIGBUS, SIGILL,
+ * SIGFPE or SIGABRT, write the signal, the fault address and the crashing
+ * thread's merged native + Python backtrace taken from the signal's
+ * context, then let the signal do what it would have done without btcore.
+ *
+ * A crashed process cannot be trusted: its heap may be corrupt, any lock may
+ * be held by the code that crashed, its stack may be exhausted.  So the
+ * handler runs on an alternate signal stack (a C stack overflow is reported
+ * too), allocates nothing, waits for no lock, calls no Python API that
+ * allocates and no printf.  It reuses the watchdog's signal-context capture
+ * (signal_capture.c: registered threads only, module list tried, tables
+ * built in advance) and the watchdog's text renderer (report.c), whose
+ * Python frames are read raw from code objects; native frames are printed as
+ * module + offset: naming them reads ELF files and allocates.  Everything it
+ * writes goes into a static buffer, then to the file descriptor with write().
+ *
+ * Chaining: before returning, the handler puts back the dispositions found
+ * when it was installed (faulthandler's, Python's, SIG_DFL) and raises the
+ * signal again; the signal is blocked while the handler runs, so it is
+ * delivered to that previous disposition as the handler returns (a fault
+ * would also recur at the faulting instruction).  The process then ends the
+ * way it would have, with the same signal (core dump, exit status).
+ *
+ * A second crash during the report: all five signals are blocked while the
+ * handler runs, so a fault inside it is fatal at once (the kernel forces the
+ * default action of a blocked synchronous signal): no loop.  Another thread
+ * crashing meanwhile waits (bounded) for the first report to end.
+ */
+#include <Python.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "capture/modules.h"
+#include "capture/signal_capture.h"
+#include "watch/report.h"
+
+static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+#define NFATAL (int)(sizeof fatal_signals / sizeof *fatal_signals)
+#define ALT_STACK_BYTES (256 * 1024)   /* the walk, the renderer and the handler's frames, with room */
+
+static struct sigaction previous[NFATAL];
+static bool installed;
+static _Atomic int report_fd = -1;
+static _Atomic uintptr_t reporter;   /* pthread_t of the thread reporting; 0: none yet */
+static _Atomic int fault_in_report;  /* tests: fault inside the report (a second crash) */
+static volatile uintptr_t unmapped = 8;   /* in the never-mapped first page; volatile: a real store, not a trap */
+
+/* The handler's working memory: one report per process. */
+static btc_sigsample sample;
+static btc_native_frame nat[BTC_SIGNAL_NATIVE];
+static char text_buf[64 * 1024];
+
+static const char *signal_name(int sig)
+{
+    switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGILL: return "SIGILL";
+    case SIGFPE: return "SIGFPE";
+    case SIGABRT: return "SIGABRT";
+    default: return "signal";
+    }
+}
+
+static void restore_previous(void)
+{
+    for (int i = 0; i < NFATAL; i++)
+        sigaction(fatal_signals[i], &previous[i], NULL);
+}
+
+static void header(btc_text *t, int sig, const siginfo_t *si)
+{
+    btc_text_add(t, "\nFatal signal ");
+    btc_text_add(t, signal_name(sig));
+    btc_text_add(t, " (");
+    btc_text_add_uint(t, (uint64_t)sig, 10);
+    btc_text_add(t, ")");
+    if (si->si_code > 0 && sig != SIGABRT) {   /* sent by the kernel for a fault: the address is meaningful */
+        btc_text_add(t, " at address ");
+        btc_text_add_uint(t, (uintptr_t)si->si_addr, 16);
+    } else {
+        btc_text_add(t, ", sent by the process (raise, abort, kill)");
+    }
+    btc_text_add(t, ", thread ");
+    btc_text_add_uint(t, (uint64_t)syscall(SYS_gettid), 10);
+    btc_text_add(t, "\nbtcore crash report (most recent call first):\n");
+}
+
+/* The crashing thread's frames from the signal's context. */
+static void frames(btc_text *t, const void *ucontext)
+{
+    const btc_thread_info *info = btc_thread_info_of(btc_thread_slot_self());
+    if (!info) {
+        btc_text_add(t, "  (this thread is not registered with btcore: enable_crash_report() registers the "
+                        "thread calling it)\n");
+        return;
+    }
+    btc_signal_capture(info, ucontext, &sample, nat);
+    btc_sigsample_crash_text(&sample, t);
+}
+
+/* Another thread crashed while one reports: wait (bounded) for that report
+ * to end the process, then go on as if btcore were not there. */
+static void wait_for_reporter(void)
+{
+    struct timespec ten_ms = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 300 && atomic_load(&report_fd) >= 0; i++)
+        nanosleep(&ten_ms, NULL);
+}
+
+static void on_fatal_signal(int sig, siginfo_t *si, void *ucontext)
+{
+    int saved_errno = errno;
+    uintptr_t none = 0;
+    if (atomic_compare_exchange_strong(&reporter, &none, (uintptr_t)pthread_self())) {
+        int fd = atomic_load(&report_fd);
+        btc_text t = {text_buf, sizeof text_buf, 0};
+        text_buf[0] = 0;
+        header(&t, sig, si);
+        btc_text_write(&t, fd);   /* the header first: whatever happens next, it is out */
+        t.len = 0;
+        if (atomic_load(&fault_in_report))
+            *(volatile int *)unmapped = 0;   /* a second crash, inside the report (tests) */
+        frames(&t, ucontext);
+        btc_text_add(&t, "\n");
+        btc_text_write(&t, fd);
+        atomic_store(&report_fd, -1);
+    } else {
+        wait_for_reporter();
+    }
+    restore_previous();
+    raise(sig);   /* blocked until we return: then delivered to the previous disposition */
+    errno = saved_errno;
+}
+
+int btc_crash_enable(int fd)
+{
+    if (fd < 0)
+        return -1;
+    /* This thread's alternate stack (a C stack overflow leaves no room on
+     * the thread's own); kept for the thread's life.  One already there
+     * (faulthandler's: a few pages) is replaced if smaller: the walk needs
+     * more, and a handler on it runs on ours as well. */
+    stack_t current;
+    if (sigaltstack(NULL, &current) == 0 &&
+        ((current.ss_flags & SS_DISABLE) || current.ss_size < ALT_STACK_BYTES)) {   /* faulthandler's is smaller */
+        stack_t alt = {.ss_sp = malloc(ALT_STACK_BYTES), .ss_size = ALT_STACK_BYTES, .ss_flags = 0};
+        if (!alt.ss_sp || sigaltstack(&alt, NULL) != 0) {
+            free(alt.ss_sp);
+            return -1;
+        }
+    }
+    /* Every module's unwind table now: the handler cannot build one, and a
+     * walk that reaches a module without its table ends there. */
+    btc_modules_build_tables();
+    atomic_store(&report_fd, fd);
+    if (installed)
+        return 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fatal_signal;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < NFATAL; i++)
+        sigaddset(&sa.sa_mask, fatal_signals[i]);   /* a second crash while reporting is fatal at once */
+    for (int i = 0; i < NFATAL; i++)
+        if (sigaction(fatal_signals[i], &sa, &previous[i]) != 0) {
+            while (i-- > 0)
+                sigaction(fatal_signals[i], &previous[i], NULL);
+            return -1;
+        }
+    installed = true;
+    return 0;
+}
+
+void btc_crash_disable(void)
+{
+    if (!installed)
+        return;
+    /* Only where our handler still is: a handler installed after ours stays. */
+    for (int i = 0; i < NFATAL; i++) {
+        struct sigaction now;
+        if (sigaction(fatal_signals[i], NULL, &now) == 0 && now.sa_sigaction == on_fatal_signal)
+            sigaction(fatal_signals[i], &previous[i], NULL);
+    }
+    installed = false;
+    atomic_store(&report_fd, -1);
+}
+
+int btc_crash_enabled(void)
+{
+    return installed;
+}
+
+int btc_test_crash_handler_is_ours(void)
+{
+    struct sigaction now;
+    return sigaction(SIGSEGV, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_fatal_signal;
+}
+
+void btc_test_crash_fault_in_report(int on)
+{
+    atomic_store(&fault_in_report, on);
+}

@@ -1,0 +1,219 @@
+"""Crash reports (issue 27, in-process part): enable_crash_report().
+
+Each test runs a subprocess that crashes in a compiled C fixture
+(tests/fixtures/crash.c, built with cffi) reached from a greenlet through a
+C callback.  Oracles: the exit status (the signal, as without btcore),
+faulthandler's report in the same run (its Python frames equal ours), and the
+fixture's symbol table read with pyelftools (the crashing native frame's
+offset lies in the function that crashed).
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODULE = "_btfix_crash"
+BTCORE_HEADER = "btcore crash report (most recent call first):"
+
+
+@pytest.fixture(scope="session")
+def fixture_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("crash_build")
+    ffi = FFI()
+    ffi.cdef("""
+        void crash_null_write(void);
+        int crash_divide(int zero);
+        void crash_abort(void);
+        int crash_recurse(int n);
+        int crash_through_callback(int (*callback)(int), int arg);
+    """)
+    with open(os.path.join(HERE, "fixtures", "crash.c")) as f:
+        ffi.set_source(MODULE, f.read(), extra_compile_args=["-O2", "-g", "-fomit-frame-pointer"])
+    ffi.compile(tmpdir=str(out))
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def fixture_symbols(fixture_dir):
+    """{function: (start, end)} of the fixture .so, offsets from its load bias."""
+    from elftools.elf.elffile import ELFFile
+    so = next(os.path.join(fixture_dir, n) for n in os.listdir(fixture_dir) if n.startswith(MODULE) and n.endswith(".so"))
+    with open(so, "rb") as f:
+        symtab = ELFFile(f).get_section_by_name(".symtab")
+        return {s.name: (s["st_value"], s["st_value"] + s["st_size"]) for s in symtab.iter_symbols()
+                if s["st_info"]["type"] == "STT_FUNC" and s["st_value"]}
+
+
+PROGRAM = """
+import faulthandler, sys, threading
+sys.path.insert(0, {dir!r})
+import greenlet
+from _btfix_crash import ffi, lib
+faulthandler.enable()
+import btcore
+{setup}
+
+def in_callback(arg):
+    {action}
+    return 0
+
+callback = ffi.callback("int(int)", in_callback)
+
+def in_greenlet():
+    lib.crash_through_callback(callback, 0)
+
+{run}
+"""
+IN_MAIN_THREAD = "greenlet.greenlet(in_greenlet).switch()"
+
+
+def crash(fixture_dir, action, setup="btcore.enable_crash_report()", env=None, run=IN_MAIN_THREAD):
+    code = PROGRAM.format(dir=fixture_dir, setup=textwrap.dedent(setup).strip(), action=action, run=run)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def ours(stderr):
+    """Our report's frame lines (empty if there is none)."""
+    if BTCORE_HEADER not in stderr:
+        return []
+    return stderr.split(BTCORE_HEADER, 1)[1].lstrip("\n").split("\n\n", 1)[0].splitlines()
+
+
+def python_frames(lines, pattern):
+    return [m.groups() for m in map(re.compile(pattern).match, lines) if m]
+
+
+def faulthandler_frames(stderr):
+    block = stderr.split("most recent call first):\n")[-1].split("\n\n")[0].splitlines()
+    return python_frames(block, r'\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def btcore_python_frames(stderr):
+    return python_frames(ours(stderr), r'\s+File "(.*)", line (\d+), in (.*)$')
+
+
+def native_offset(line, module):
+    m = re.match(r"\s+\[(.*?)\] \+0x([0-9a-f]+)$", line)
+    return int(m.group(2), 16) if m and m.group(1).startswith(module) else None
+
+
+@pytest.mark.parametrize("action, sig, function", [
+    ("lib.crash_null_write()", signal.SIGSEGV, "crash_null_write"),
+    ("lib.crash_divide(0)", signal.SIGFPE, "crash_divide"),
+])
+def test_fault_in_c_reached_from_a_greenlet(fixture_dir, fixture_symbols, action, sig, function):
+    out = crash(fixture_dir, action)
+    assert out.returncode == -sig, out.stderr          # dies as it would have
+    assert f"Fatal signal {sig.name} ({int(sig)}) at address 0x" in out.stderr
+    lines = ours(out.stderr)
+    first = native_offset(lines[0], MODULE)            # the faulting frame first
+    lo, hi = fixture_symbols[function]
+    assert first is not None and lo <= first < hi, lines
+    callback = [native_offset(line, MODULE) for line in lines]
+    lo, hi = fixture_symbols["crash_through_callback"]
+    assert any(off is not None and lo <= off < hi for off in callback), lines   # C between the Python frames
+    # faulthandler ran after us, in the same run: the same Python frames.
+    assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != []
+    assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
+    assert out.stderr.index(BTCORE_HEADER) < out.stderr.index("Fatal Python error")
+
+
+def test_abort(fixture_dir, fixture_symbols):
+    out = crash(fixture_dir, "lib.crash_abort()")
+    assert out.returncode == -signal.SIGABRT, out.stderr
+    assert "Fatal signal SIGABRT (6), sent by the process" in out.stderr
+    lines = ours(out.stderr)
+    lo, hi = fixture_symbols["crash_abort"]
+    offsets = [native_offset(line, MODULE) for line in lines]
+    assert any(off is not None and lo <= off < hi for off in offsets), lines   # under libc's abort()
+    assert lines[0].startswith("  [libc")
+    assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != []
+
+
+def test_stack_overflow_reported_from_the_alternate_stack(fixture_dir, fixture_symbols):
+    out = crash(fixture_dir, "lib.crash_recurse(0)")
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    lines = ours(out.stderr)
+    lo, hi = fixture_symbols["crash_recurse"]
+    recursing = [off for off in (native_offset(line, MODULE) for line in lines) if off is not None]
+    assert len(recursing) > 50 and all(lo <= off < hi for off in recursing), lines
+    assert "  (partial: more frames than a sample holds)" in lines
+    assert "Fatal Python error: Segmentation fault" in out.stderr   # faulthandler still runs after us
+
+
+def test_second_crash_during_the_report_ends_the_process(fixture_dir):
+    out = crash(fixture_dir, "lib.crash_null_write()", setup="""
+        btcore.enable_crash_report()
+        btcore._native.lib.btc_test_crash_fault_in_report(1)
+    """)
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert out.stderr.count("Fatal signal SIGSEGV") == 1 and BTCORE_HEADER in out.stderr
+    assert ours(out.stderr) == []   # it died in the report: no frame written, no loop
+
+
+def test_disabled_and_environment_switch(fixture_dir):
+    out = crash(fixture_dir, "lib.crash_null_write()", setup="""
+        btcore.enable_crash_report()
+        assert btcore._native.lib.btc_test_crash_handler_is_ours()
+        btcore.disable_crash_report()
+        assert not btcore.crash_report_enabled()
+        assert not btcore._native.lib.btc_test_crash_handler_is_ours()   # faulthandler's is back
+    """)
+    assert out.returncode == -signal.SIGSEGV and BTCORE_HEADER not in out.stderr
+    assert "Fatal Python error: Segmentation fault" in out.stderr
+    out = crash(fixture_dir, "lib.crash_null_write()", setup="assert btcore.crash_report_enabled()",
+                env={"BTCORE_CRASH_REPORT": "1"})
+    assert out.returncode == -signal.SIGSEGV and BTCORE_HEADER in out.stderr, out.stderr
+    assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != []
+
+
+def test_faulthandler_enabled_after_us_passes_the_signal_on(fixture_dir):
+    """faulthandler installed after the crash report runs first, then hands
+    the signal to ours: both reports, the same Python frames."""
+    out = crash(fixture_dir, "lib.crash_null_write()", setup="""
+        faulthandler.disable()
+        btcore.enable_crash_report()
+        faulthandler.enable()
+    """)
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert out.stderr.index("Fatal Python error") < out.stderr.index(BTCORE_HEADER)
+    assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
+
+
+def test_thread_not_registered_says_so(fixture_dir):
+    """A crash in a thread that did not enable the report: a line says why
+    there are no frames; faulthandler's report follows."""
+    out = crash(fixture_dir, "lib.crash_null_write()", run="""
+t = threading.Thread(target=lambda: greenlet.greenlet(in_greenlet).switch())
+t.start()
+t.join()
+""")
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert ours(out.stderr) == ["  (this thread is not registered with btcore: enable_crash_report() registers "
+                                "the thread calling it)"]
+    assert " in in_callback\n" in out.stderr.split("Fatal Python error")[1]   # faulthandler's, every thread
+
+
+def test_forked_child_reports_and_dies_by_its_signal(fixture_dir):
+    """A fork child inherits the handlers and the forking thread's
+    registration (the same pthread_t): it reports its own crash."""
+    out = crash(fixture_dir, "lib.crash_null_write()", run="""
+import os
+pid = os.fork()
+if pid == 0:
+    greenlet.greenlet(in_greenlet).switch()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child killed by", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, file=sys.stderr)
+""")
+    assert out.returncode == 0, out.stderr
+    assert f"child killed by {int(signal.SIGSEGV)}" in out.stderr
+    assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
+    assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr.split("child killed")[0])
