@@ -10,13 +10,13 @@ from .errors import BacktraceError
 from .frame import Frame
 from .resolve import cache
 from .introspect import GreenletInfo, snapshot
-from .dump import dump_all, register_dump_signal, unregister_dump_signal
+from .dump import DEFAULT_DUMP_SIGNAL, dump_all, register_dump_signal, unregister_dump_signal
 from .html import write_html
 from .watchdog import Watchdog, gevent_blocking_reports, start_watchdog
 from .switchclock import disable_switch_timing, enable_switch_timing
 from .spawn import disable_spawn_tracking, enable_spawn_tracking, spawn_backtrace, spawn_tracking_enabled
 
-__all__ = ["Backtrace", "BacktraceError", "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "Watchdog",
+__all__ = ["Backtrace", "BacktraceError", "DEFAULT_DUMP_SIGNAL", "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "Watchdog",
            "append", "cache", "collect", "decode", "disable_spawn_tracking", "disable_switch_timing", "dump_all",
            "dump_process", "enable_spawn_tracking", "enable_switch_timing", "foreach", "gevent_blocking_reports",
            "register_dump_signal", "snapshot", "spawn_backtrace", "spawn_tracking_enabled", "start_watchdog",

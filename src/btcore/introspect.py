@@ -17,6 +17,7 @@ import time
 
 import greenlet
 
+from . import dumpwriter
 from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, Backtrace, collect
 from .errors import BacktraceError
@@ -166,7 +167,8 @@ def _spawn_backtrace_reader():
 def _threads() -> dict:
     """thread ident -> name, for every thread the interpreter knows."""
     names = {t.ident: t.name for t in threading.enumerate()}
-    return {ident: names.get(ident) for ident in sys._current_frames()}
+    writer = dumpwriter.ident()   # btcore's own: no greenlets, and it would spoil _thread_of_roots' pairing
+    return {ident: names.get(ident) for ident in sys._current_frames() if ident != writer}
 
 
 def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
