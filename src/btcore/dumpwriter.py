@@ -28,6 +28,7 @@ from functools import partial
 DRAIN_TIMEOUT = 30.0   # seconds unregister and exit wait for queued dumps: bounded, a hung file must not hang exit
 _jobs = None           # the writer's queue of callables (None: no writer; None in it: stop)
 _ident = None          # the writer thread's ident
+_pid = None            # the process the writer runs in
 
 
 def _real_start_new_thread():
@@ -43,15 +44,15 @@ def _real_start_new_thread():
 
 def start() -> bool:
     """Start the writer thread unless it runs; False if no OS thread can be started."""
-    global _jobs, _ident
-    if _jobs is not None:
+    global _jobs, _ident, _pid
+    if _running() is not None:
         return True
     jobs = _queue.SimpleQueue()
     try:
         _ident = _real_start_new_thread()(_run, (jobs,))
     except (RuntimeError, MemoryError):   # no threads here (limits, a finalizing interpreter)
         return False
-    _jobs = jobs
+    _jobs, _pid = jobs, os.getpid()
     return True
 
 
@@ -66,10 +67,18 @@ def _run(jobs) -> None:
             pass
 
 
+def _running():
+    """The writer's queue, if its thread runs in this process.  A child
+    forked from C (uWSGI's workers, unless --py-call-osafterfork) runs no
+    at-fork hook: it has the queue and no thread to read it."""
+    jobs = _jobs
+    return jobs if jobs is not None and _pid == os.getpid() else None
+
+
 def submit(job) -> bool:
     """Queue job (a callable) for the writer; False if no writer runs (the
-    caller does the work itself).  Safe in a signal handler: one C call."""
-    jobs = _jobs
+    caller does the work itself).  Safe in a signal handler: C calls only."""
+    jobs = _running()
     if jobs is None:
         return False
     jobs.put(job)
@@ -79,7 +88,7 @@ def submit(job) -> bool:
 def drain(timeout: float | None = None) -> bool:
     """Wait until every job queued so far is done: True, or False after
     timeout seconds (None: DRAIN_TIMEOUT, read now)."""
-    jobs = _jobs
+    jobs = _running()
     if jobs is None:
         return True
     done = _queue.SimpleQueue()
@@ -94,7 +103,7 @@ def stop(timeout: float | None = None) -> bool:
     """Drain, then let the thread end (a later start() starts another)."""
     global _jobs, _ident
     drained = drain(timeout)
-    jobs, _jobs, _ident = _jobs, None, None
+    jobs, _jobs, _ident = _running(), None, None
     if jobs is not None:
         jobs.put(None)
     return drained
@@ -102,7 +111,7 @@ def stop(timeout: float | None = None) -> bool:
 
 def ident():
     """The writer thread's ident, or None: btcore's own thread, which runs no greenlets."""
-    return _ident
+    return _ident if _running() is not None else None
 
 
 def _restart_in_child() -> None:
