@@ -294,3 +294,40 @@ def test_fork_child_gets_its_own_writer(tmp_path):
     parent = int(first.split()[-1])
     pids = [pid for pid, _, _ in _dumps(written)]
     assert len(pids) == 2 and pids[0] != parent and pids[1] == parent, (pids, parent)
+
+
+def test_no_collection_during_the_capture_and_gc_state_kept():
+    """Guards _capture(): the cyclic GC does not run inside the handler's
+    snapshot (with a threshold of 1 it would run at every allocation), and
+    the GC's own state (enabled, or disabled by the program) is as before."""
+    proc = _run_child("""
+    import gc, os, sys
+    import greenlet
+    import btcore
+
+    parked = [greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch()) for _ in range(50)]
+    for g in parked:
+        g.switch()
+    inside = []
+    def seen(phase, info):
+        frame = sys._getframe()
+        while frame is not None:
+            if frame.f_code.co_name == "snapshot" and frame.f_code.co_filename.endswith("introspect.py"):
+                inside.append(info["generation"])
+            frame = frame.f_back
+    btcore.register_dump_signal(file=sys.stdout)
+    gc.callbacks.append(seen)
+    gc.set_threshold(1)
+    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    enabled_after = gc.isenabled()
+    gc.disable()
+    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    disabled_after = not gc.isenabled()
+    gc.enable()
+    assert btcore.unregister_dump_signal()
+    gc.callbacks.remove(seen)
+    print("collections inside", len(inside), enabled_after, disabled_after)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert len(_dumps(proc.stdout)) == 2
+    assert proc.stdout.endswith("collections inside 0 True True\n"), proc.stdout[-300:]
