@@ -194,28 +194,39 @@ def test_the_handler_only_captures_a_real_thread_writes():
     assert count >= 20 and "Event.wait" in body
 
 
-def test_two_signals_two_dumps_whole_and_in_order(tmp_path):
+def test_two_signals_two_dumps_whole_and_in_order():
     """Guards the writer's order and unregister's drain: a big dump (2,000
-    greenlets) then a small one (they were killed in between) are both in
-    the file, whole, big first, when unregister returns."""
+    greenlets) whose write is held until a second, small one (the greenlets
+    were killed in between) has been signalled; both are written, whole, big
+    first, when unregister returns."""
     proc = _run_child("""
-    import os, sys
+    import _thread, os, sys
     import gevent, gevent.event
     import btcore
 
-    path = sys.argv[1]
+    class File:
+        def __init__(self):
+            self.parts, self.gate = [], _thread.allocate_lock()
+            self.gate.acquire()
+        def write(self, text):
+            if not self.parts:
+                self.gate.acquire(timeout=20)   # the first dump waits for the second signal
+            self.parts.append(text)
+        def flush(self):
+            pass
+
     gate = gevent.event.Event()
     parked = [gevent.spawn(gate.wait) for _ in range(2000)]
     gevent.sleep(0)
-    with open(path, "w") as out:
-        btcore.register_dump_signal(file=out)
-        os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
-        gevent.killall(parked)
-        os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
-        assert btcore.unregister_dump_signal()
-        with open(path) as written:
-            sys.stdout.write(written.read())
-    """, str(tmp_path / "dump.txt"))
+    out = File()
+    btcore.register_dump_signal(file=out)
+    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    gevent.killall(parked)
+    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    out.gate.release()
+    assert btcore.unregister_dump_signal()
+    sys.stdout.write("".join(out.parts))
+    """)
     assert proc.returncode == 0, proc.stderr
     counts = [count for _, count, _ in _dumps(proc.stdout)]
     assert len(counts) == 2 and counts[0] >= 2000 > counts[1], counts

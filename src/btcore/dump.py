@@ -379,9 +379,10 @@ def _refuse_foreign(signum: int, chain: bool, c_chainable: bool) -> None:
                                "Python), which a Python handler cannot call; pass stuck=True, chain=True "
                                "(a C handler that calls it after the dump), or choose another signal")
     elif previous not in (signal.SIG_DFL, signal.SIG_IGN) and not chain:
+        default = (f" (the default, {_signal_name(DEFAULT_DUMP_SIGNAL)}, is free in gunicorn, uWSGI and Celery)"
+                   if signum != DEFAULT_DUMP_SIGNAL else "")
         raise RuntimeError(f"{_signal_name(signum)} already has a handler, {_handler_name(previous)}; pass "
-                           "chain=True to call it after the dump, or choose another signal (the default, "
-                           f"{_signal_name(DEFAULT_DUMP_SIGNAL)}, is free in gunicorn, uWSGI and Celery)")
+                           f"chain=True to call it after the dump, or choose another signal{default}")
 
 
 def _installed_from_c(signum: int) -> bool:
