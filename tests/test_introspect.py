@@ -96,7 +96,9 @@ def test_stacks_differing_only_in_interpreter_frames_are_one_group():
 
 def test_100_greenlets_in_3_stacks_give_3_groups_and_json_agrees():
     """Guards grouping: identical stacks shown once with their count, the same in text and JSON."""
-    parks = [park_in_a] * 34 + [park_in_b] * 33 + [park_in_c] * 33
+    # distinct counts: groups of equal size are ordered as the gc lists them, which a
+    # collection between the text and the JSON snapshot may change
+    parks = [park_in_a] * 35 + [park_in_b] * 33 + [park_in_c] * 32
     greenlets = [greenlet.greenlet(fn) for fn in parks]
     for g in greenlets:
         g.switch()
@@ -113,7 +115,7 @@ def test_100_greenlets_in_3_stacks_give_3_groups_and_json_agrees():
     ours = {fn.__name__: [(n, count) for n, (count, body) in groups.items() if f", in {fn.__name__}\n" in body]
             for fn in (park_in_a, park_in_b, park_in_c)}
     assert {name: [count for _, count in found] for name, found in ours.items()} == {
-        "park_in_a": [34], "park_in_b": [33], "park_in_c": [33]}
+        "park_in_a": [35], "park_in_b": [33], "park_in_c": [32]}
     stacks = {s["id"]: s for s in doc["stacks"]}
     assert doc["version"] == 1
     for name, [(number, count)] in ours.items():
