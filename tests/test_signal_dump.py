@@ -342,3 +342,22 @@ def test_no_collection_during_the_capture_and_gc_state_kept():
     assert proc.returncode == 0, proc.stderr
     assert len(_dumps(proc.stdout)) == 2
     assert proc.stdout.endswith("collections inside 0 True True\n"), proc.stdout[-300:]
+
+
+def test_a_dump_signalled_just_before_exit_is_written():
+    """Guards the drain at exit: the process ends right after the signal,
+    without unregistering; the interpreter's exit waits for the writer."""
+    proc = _run_child("""
+    import os, sys
+    import gevent, gevent.event
+    import btcore
+
+    gate = gevent.event.Event()
+    parked = [gevent.spawn(gate.wait) for _ in range(2000)]
+    gevent.sleep(0)
+    btcore.register_dump_signal(file=sys.stdout)
+    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    [(_, count, _)] = _dumps(proc.stdout)
+    assert count >= 2000

@@ -239,6 +239,9 @@ MUTATIONS = [
     Mutation("src/btcore/dump.py", "    gc.disable()\n    try:\n        return snapshot()", "    try:\n        return snapshot()",
              "tests/test_signal_dump.py::test_no_collection_during_the_capture_and_gc_state_kept",
              "a collection of the whole heap may run inside the capture: the loop waits for both"),
+    Mutation("src/btcore/dumpwriter.py", "atexit.register(drain)", "pass",
+             "tests/test_signal_dump.py::test_a_dump_signalled_just_before_exit_is_written",
+             "a dump signalled just before the process ends is lost with the writer thread"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
