@@ -7,8 +7,10 @@ sends the dump signal to the process that registered, and reads the dump
 from that process's stderr: it must name that pid and show the greenlets
 the test made the server park (a request in flight, Locust's users).  The
 server's own handler of SIGUSR1 must still be its own afterwards.  A test
-skips when its server is not installed (gunicorn is in the test extras).
+skips when its server is not installed (gunicorn is in the test extras); none
+is imported here (Locust would monkey-patch pytest's own process).
 """
+import importlib.util
 import os
 import re
 import shutil
@@ -77,6 +79,13 @@ class Server:
         self.log.close()
 
 
+def _needs(module):
+    """Skip unless module is installed, without importing it here: Locust
+    monkey-patches the whole process (pytest's own) as it is imported."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+
+
 def _dump(server, pid):
     """Send the dump signal to pid; its dump, once written in full."""
     before = server.dumps(pid)
@@ -117,7 +126,7 @@ def app(environ, start_response):
 def test_gunicorn_recipe(tmp_path):
     """Guards the gunicorn recipe (post_worker_init in gunicorn.conf.py): the
     worker dumps its request in flight on SIGPWR; SIGUSR1 stays gunicorn's."""
-    pytest.importorskip("gunicorn")
+    _needs("gunicorn")
     (tmp_path / "gunicorn.conf.py").write_text(_recipe("gunicorn.conf.py"))
     (tmp_path / "app.py").write_text(GUNICORN_APP)
     ready = tmp_path / "ready"
@@ -155,7 +164,7 @@ class Parked(User):
 
 def test_locust_recipe(tmp_path):
     """Guards the Locust recipe (events.init): Locust's process dumps its users' greenlets."""
-    pytest.importorskip("locust")
+    _needs("locust")
     (tmp_path / "locustfile.py").write_text(_recipe("locustfile.py") + LOCUST_USERS)
     server = Server([sys.executable, "-m", "locust", "-f", "locustfile.py", "--headless", "-u", "20", "-r", "100",
                      "-t", "120s", "--only-summary"], tmp_path)
@@ -171,7 +180,7 @@ def test_locust_recipe(tmp_path):
 def test_celery_recipe(tmp_path):
     """Guards the Celery recipe (worker_ready, gevent pool): the worker dumps;
     SIGUSR1 stays Celery's own thread dump."""
-    pytest.importorskip("celery")
+    _needs("celery")
     (tmp_path / "tasks.py").write_text(_recipe("tasks.py"))
     server = Server([sys.executable, "-m", "celery", "-A", "tasks", "worker", "-P", "gevent", "-c", "10",
                      "--loglevel=INFO"], tmp_path)
