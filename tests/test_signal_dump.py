@@ -361,3 +361,48 @@ def test_a_dump_signalled_just_before_exit_is_written():
     assert proc.returncode == 0, proc.stderr
     [(_, count, _)] = _dumps(proc.stdout)
     assert count >= 2000
+
+
+def test_signals_while_the_writer_is_stuck_are_counted_not_queued():
+    """Guards the writer's bound: while it is stuck on a file that blocks,
+    at most MAX_PENDING dumps wait behind the one it writes; the signals
+    past that are not captured, and the next dump says how many there were."""
+    proc = _run_child("""
+    import _thread, os, sys
+    import greenlet
+    import btcore
+
+    class File:
+        def __init__(self):
+            self.parts, self.gate, self.entered = [], _thread.allocate_lock(), _thread.allocate_lock()
+            self.gate.acquire()
+            self.entered.acquire()
+        def write(self, text):
+            if not self.parts:
+                self.entered.release()
+                self.gate.acquire(timeout=20)   # stuck, as on a pipe nobody reads
+            self.parts.append(text)
+        def flush(self):
+            pass
+
+    parked = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch())
+    parked.switch()
+    out = File()
+    btcore.register_dump_signal(file=out)
+    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    assert out.entered.acquire(timeout=20)        # the writer is inside the first write
+    for _ in range(btcore.dumpwriter.MAX_PENDING + 5):
+        os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    out.gate.release()
+    assert btcore.dumpwriter.drain()
+    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    assert btcore.unregister_dump_signal()
+    print(btcore.dumpwriter.MAX_PENDING)
+    sys.stdout.write("".join(out.parts))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    pending, text = proc.stdout.split("\n", 1)
+    assert len(_dumps(text)) == 1 + int(pending) + 1
+    assert text.count("btcore: 5 dump signals skipped: earlier dumps were still being written\n") == 1
+    last = text.rindex("Greenlet dump, pid ")
+    assert text.index("btcore: 5 dump signals skipped") < last

@@ -436,13 +436,24 @@ def _on_signal(signum, frame) -> None:
     file, chain, previous = _registered.get(signum, (None, False, None))
     out = sys.stderr if file is None else file
     try:
-        infos = _capture()
-        if not dumpwriter.submit(partial(_write_dump, out, infos, _stack_text)):
-            _write_dump(out, infos, _unresolved_text if _inside_resolution(frame) else _stack_text)
+        if dumpwriter.backlogged():   # the writer is stuck (a blocked file): count it, keep memory bounded
+            _skipped[0] += 1
+        else:
+            _dump_now(out, frame)
     except Exception as e:   # a signal must not raise into whatever code it interrupted
         _write_quietly(out, f"btcore: greenlet dump failed: {type(e).__name__}: {e}\n")
     if chain and callable(previous):
         previous(signum, frame)
+
+
+_skipped = [0]   # signals not dumped since the last dump (writer backlogged): said in the next one
+
+
+def _dump_now(out, frame) -> None:
+    infos = _capture()
+    skipped, _skipped[0] = _skipped[0], 0
+    if not dumpwriter.submit(partial(_write_dump, out, infos, _stack_text, skipped)):
+        _write_dump(out, infos, _unresolved_text if _inside_resolution(frame) else _stack_text, skipped)
 
 
 def _capture() -> list:
@@ -460,9 +471,11 @@ def _capture() -> list:
             gc.enable()
 
 
-def _write_dump(file, infos, stack_text) -> None:
+def _write_dump(file, infos, stack_text, skipped: int) -> None:
+    note = (f"btcore: {skipped} dump signal{'s' if skipped > 1 else ''} skipped: earlier dumps were still "
+            "being written\n" if skipped else "")
     try:
-        _write(file, _render(infos, True, True, "text", stack_text))
+        _write(file, note + _render(infos, True, True, "text", stack_text))
     except Exception as e:   # the writer thread's jobs, like the handler, report and go on
         _write_quietly(file, f"btcore: greenlet dump failed: {type(e).__name__}: {e}\n")
 

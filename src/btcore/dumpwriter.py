@@ -26,6 +26,7 @@ import sys
 from functools import partial
 
 DRAIN_TIMEOUT = 30.0   # seconds unregister and exit wait for queued dumps: bounded, a hung file must not hang exit
+MAX_PENDING = 4        # jobs queued behind the one being done, at most (each holds a whole snapshot)
 _jobs = None           # the writer's queue of callables (None: no writer; None in it: stop)
 _ident = None          # the writer thread's ident
 _pid = None            # the process the writer runs in
@@ -83,6 +84,13 @@ def submit(job) -> bool:
         return False
     jobs.put(job)
     return True
+
+
+def backlogged() -> bool:
+    """Whether MAX_PENDING jobs wait already: the writer is stuck (on a
+    file that blocks, say), and a signal handler should not queue more."""
+    jobs = _running()
+    return jobs is not None and jobs.qsize() >= MAX_PENDING
 
 
 def drain(timeout: float | None = None) -> bool:
