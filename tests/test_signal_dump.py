@@ -145,6 +145,25 @@ def test_refuses_a_handler_installed_from_c():
     assert len(lines) == 2 and all(line.startswith("SIGPWR already has a handler installed from C") for line in lines)
 
 
+def test_refuses_a_gevent_signal_handler():
+    """Guards the same refusal for gevent.signal_handler (Locust's SIGTERM):
+    libev installs it from C, Python reports SIG_DFL."""
+    proc = _run_child("""
+    import signal
+    import gevent
+    import btcore
+
+    gevent.signal_handler(btcore.DEFAULT_DUMP_SIGNAL, lambda: None)
+    gevent.sleep(0)
+    try:
+        btcore.register_dump_signal()
+    except RuntimeError as e:
+        print(e)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("SIGPWR already has a handler installed from C"), proc.stdout
+
+
 # A file whose write() records the OS thread that writes and waits until the
 # main thread, back from the handler, lets it go: a dump written inside the
 # handler would wait for the main thread, which waits for the handler.
