@@ -96,7 +96,9 @@ def test_stacks_differing_only_in_interpreter_frames_are_one_group():
 
 def test_100_greenlets_in_3_stacks_give_3_groups_and_json_agrees():
     """Guards grouping: identical stacks shown once with their count, the same in text and JSON."""
-    parks = [park_in_a] * 34 + [park_in_b] * 33 + [park_in_c] * 33
+    # distinct counts: groups of equal size are ordered as the gc lists them, which a
+    # collection between the text and the JSON snapshot may change
+    parks = [park_in_a] * 35 + [park_in_b] * 33 + [park_in_c] * 32
     greenlets = [greenlet.greenlet(fn) for fn in parks]
     for g in greenlets:
         g.switch()
@@ -113,7 +115,7 @@ def test_100_greenlets_in_3_stacks_give_3_groups_and_json_agrees():
     ours = {fn.__name__: [(n, count) for n, (count, body) in groups.items() if f", in {fn.__name__}\n" in body]
             for fn in (park_in_a, park_in_b, park_in_c)}
     assert {name: [count for _, count in found] for name, found in ours.items()} == {
-        "park_in_a": [34], "park_in_b": [33], "park_in_c": [33]}
+        "park_in_a": [35], "park_in_b": [33], "park_in_c": [32]}
     stacks = {s["id"]: s for s in doc["stacks"]}
     assert doc["version"] == 1
     for name, [(number, count)] in ours.items():
@@ -505,8 +507,9 @@ def test_signal_triggered_dump_in_a_subprocess():
 
 
 def test_signal_inside_btcore_cache_update_does_not_deadlock():
-    """Guards the signal path: a signal landing inside btcore's name resolution (here with the
-    cache lock held) dumps without resolving (resolving would wait on that lock forever)."""
+    """Guards the signal path: a signal landing inside btcore's name resolution (here inside the
+    cache's eviction) neither deadlocks nor loses the dump (the writer thread resolves it; without
+    a writer thread: tests/test_signal_dump.py)."""
     proc = _run_child("""
         import os, signal
         import greenlet
@@ -530,7 +533,9 @@ def test_signal_inside_btcore_cache_update_does_not_deadlock():
     """)
     assert proc.returncode == 0, proc.stderr
     assert "survived" in proc.stdout
-    assert "stack not resolved" in proc.stderr and "=== stack 1:" in proc.stderr
+    # the writer thread resolves in a thread of its own: the dump is whole
+    assert "stack not resolved" not in proc.stderr and "=== stack 1:" in proc.stderr
+    assert "Backtrace (most recent call last):" in proc.stderr
 
 
 def test_json_schema():

@@ -10,7 +10,7 @@ from .errors import BacktraceError
 from .frame import Frame
 from .resolve import cache
 from .introspect import GreenletInfo, snapshot
-from .dump import dump_all, register_dump_signal, unregister_dump_signal
+from .dump import DEFAULT_DUMP_SIGNAL, dump_all, register_dump_signal, unregister_dump_signal
 from .html import write_html
 from .watchdog import Watchdog, gevent_blocking_reports, start_watchdog
 from .switchclock import disable_switch_timing, enable_switch_timing
@@ -19,7 +19,8 @@ from .spawn import (SpawnChain, chain_backtrace, disable_spawn_tracking, enable_
 from .spawn_notes import spawn_exception_notes_enabled
 from .crash import crash_report_enabled, disable_crash_report, enable_crash_report
 
-__all__ = ["Backtrace", "BacktraceError", "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "SpawnChain",
+__all__ = ["Backtrace", "BacktraceError", "DEFAULT_DUMP_SIGNAL",
+           "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "SpawnChain",
            "Watchdog", "append", "cache", "chain_backtrace", "collect", "crash_report_enabled", "decode",
            "disable_crash_report", "disable_spawn_tracking", "enable_crash_report",
            "disable_switch_timing", "dump_all", "dump_process", "enable_spawn_tracking", "enable_switch_timing",

@@ -2,14 +2,16 @@
 register_dump_signal(): the same on a signal, the way faulthandler.register works."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import sys
 import time
 from collections import Counter
+from functools import partial
 
-from . import resolve
+from . import dumpwriter, resolve
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from .resolve import F_EXACT, interpreter_module_id, module_key, resolve_python
 from .greenlets import layout_known
@@ -397,16 +399,26 @@ def _write(file, text: str) -> None:
 
 _registered = {}   # signum -> (file, chain, previous handler), or _STUCK (a C handler, watchdog.py)
 _STUCK = ("stuck",)
+# Used by none of gunicorn (arbiter and worker), uWSGI, Celery (and billiard),
+# Locust, gevent, eventlet, nor btcore's own capture signal; its default
+# action, like SIGUSR1's, ends a process that has no handler (docs/guide.md).
+DEFAULT_DUMP_SIGNAL = signal.SIGPWR
 
 
-def register_dump_signal(signum: int = signal.SIGUSR1, file=None, *, chain: bool = False,
+def register_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL, file=None, *, chain: bool = False,
                          stuck: bool = False) -> None:
     """Dump every greenlet (dump_all) to file (default: sys.stderr at that time) on signal signum.
 
     Python runs signal handlers in the main thread, between two bytecodes:
     a main thread blocked inside C code dumps only when it returns to
-    Python.  chain=True also calls the handler that was installed before.
-    Must be called from the main thread (signal.signal's rule).
+    Python.  The handler only captures (snapshot()); a writer thread of
+    btcore's names, renders and writes the dump, in signal order, while the
+    interrupted code (the event loop) goes on.  Must be called from the
+    main thread (signal.signal's rule).
+
+    A handler somebody else installed is never replaced silently:
+    RuntimeError naming it, unless chain=True, which calls it after each
+    dump's capture (Python handlers only; stuck=True chains C ones).
 
     stuck=True: the dump is written at once by a C thread, even while a
     thread is stuck in C (holding the GIL or in a blocking call): the
@@ -418,36 +430,135 @@ def register_dump_signal(signum: int = signal.SIGUSR1, file=None, *, chain: bool
     """
     if stuck:
         unregister_dump_signal(signum)
+        _refuse_foreign(signum, chain, c_chainable=True)
         _install_stuck_dump(signum, file, chain)
         _registered[signum] = _STUCK
         return
+    if _registered.get(signum) is _STUCK:
+        unregister_dump_signal(signum)
+    if signum not in _registered:
+        _refuse_foreign(signum, chain, c_chainable=False)
     layout_known()   # learn greenlet's layout now: learning takes a lock a handler must not wait for
+    dumpwriter.start()   # now, not in the handler: no thread start inside a signal
     previous = signal.signal(signum, _on_signal)
     if signum in _registered:   # re-registering: keep the handler from before the first call
         previous = _registered[signum][2]
     _registered[signum] = (file, chain, previous)
 
 
-def unregister_dump_signal(signum: int = signal.SIGUSR1) -> bool:
-    """Restore the handler signum had before register_dump_signal(); False if none was registered."""
+def _refuse_foreign(signum: int, chain: bool, c_chainable: bool) -> None:
+    """RuntimeError if signum has a handler somebody else installed and it
+    cannot be chained: replacing it silently breaks its owner (gunicorn's
+    worker reopens its logs on SIGUSR1)."""
+    previous = signal.getsignal(signum)
+    if previous is _on_signal:
+        return
+    if previous is None or (previous in (signal.SIG_DFL, signal.SIG_IGN) and _installed_from_c(signum)):
+        # a C handler (faulthandler.register, libev's signal watchers, ...): Python cannot call it
+        if not (chain and c_chainable):
+            raise RuntimeError(f"{_signal_name(signum)} already has a handler installed from C (not from "
+                               "Python), which a Python handler cannot call; pass stuck=True, chain=True "
+                               "(a C handler that calls it after the dump), or choose another signal")
+    elif previous not in (signal.SIG_DFL, signal.SIG_IGN) and not chain:
+        default = (f" (the default, {_signal_name(DEFAULT_DUMP_SIGNAL)}, is free in gunicorn, uWSGI and Celery)"
+                   if signum != DEFAULT_DUMP_SIGNAL else "")
+        raise RuntimeError(f"{_signal_name(signum)} already has a handler, {_handler_name(previous)}; pass "
+                           f"chain=True to call it after the dump, or choose another signal{default}")
+
+
+def _installed_from_c(signum: int) -> bool:
+    """Whether the kernel's handler for signum is a function although Python
+    reports SIG_DFL or SIG_IGN: C code installed it after Python started
+    (Python only learns of handlers at start-up).  glibc's struct sigaction
+    starts with the handler on every Linux ABI; 512 bytes hold any of them."""
+    import ctypes
+    old = ctypes.create_string_buffer(512)
+    if ctypes.CDLL(None).sigaction(signum, None, old) != 0:
+        return False
+    return (ctypes.c_void_p.from_buffer(old).value or 0) not in (0, 1)   # SIG_DFL, SIG_IGN
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:   # real-time signals have no name
+        return f"signal {signum}"
+
+
+def _handler_name(handler) -> str:
+    """"Worker.handle_usr1 (from gunicorn.workers.base)", else its repr."""
+    name = getattr(handler, "__qualname__", None)
+    if not isinstance(name, str):
+        return repr(handler)
+    module = getattr(handler, "__module__", None)
+    return f"{name} (from {module})" if isinstance(module, str) else name
+
+
+def unregister_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL) -> bool:
+    """Restore the handler signum had before register_dump_signal(), after
+    the dumps already signalled are written (at most dumpwriter.DRAIN_TIMEOUT
+    seconds); False if none was registered."""
     entry = _registered.pop(signum, None)
     if entry is None:
         return False
     if entry is _STUCK:
         return _uninstall_stuck_dump(signum)
     signal.signal(signum, entry[2])
+    if any(other is not _STUCK for other in _registered.values()):
+        dumpwriter.drain()
+    else:
+        dumpwriter.stop()   # the last one: its thread goes too
     return True
 
 
 def _on_signal(signum, frame) -> None:
+    """Only the capture here (it is what must see the greenlets as they are
+    now); naming and writing go to the writer thread, else are done here."""
     file, chain, previous = _registered.get(signum, (None, False, None))
-    stack_text = _unresolved_text if _inside_resolution(frame) else _stack_text
+    out = sys.stderr if file is None else file
     try:
-        _write(file, _render(snapshot(), True, True, "text", stack_text))
+        if dumpwriter.backlogged():   # the writer is stuck (a blocked file): count it, keep memory bounded
+            _skipped[0] += 1
+        else:
+            _dump_now(out, frame)
     except Exception as e:   # a signal must not raise into whatever code it interrupted
-        _write_quietly(file, f"btcore: greenlet dump failed: {type(e).__name__}: {e}\n")
+        _write_quietly(out, f"btcore: greenlet dump failed: {type(e).__name__}: {e}\n")
     if chain and callable(previous):
         previous(signum, frame)
+
+
+_skipped = [0]   # signals not dumped since the last dump (writer backlogged): said in the next one
+
+
+def _dump_now(out, frame) -> None:
+    infos = _capture()
+    skipped, _skipped[0] = _skipped[0], 0
+    if not dumpwriter.submit(partial(_write_dump, out, infos, _stack_text, skipped)):
+        _write_dump(out, infos, _unresolved_text if _inside_resolution(frame) else _stack_text, skipped)
+
+
+def _capture() -> list:
+    """snapshot() with the cyclic GC held off: its thousands of small
+    objects would otherwise set off a collection of the whole heap in the
+    middle of the capture, and the loop would wait for both at once (the
+    first dump of a process: ~70 -> ~50 ms with 2,000 greenlets,
+    benchmarks/bench_signal_dump.py).  The collection runs later, apart."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return snapshot()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _write_dump(file, infos, stack_text, skipped: int) -> None:
+    note = (f"btcore: {skipped} dump signal{'s' if skipped > 1 else ''} skipped: earlier dumps were still "
+            "being written\n" if skipped else "")
+    try:
+        _write(file, note + _render(infos, True, True, "text", stack_text))
+    except Exception as e:   # the writer thread's jobs, like the handler, report and go on
+        _write_quietly(file, f"btcore: greenlet dump failed: {type(e).__name__}: {e}\n")
 
 
 def _write_quietly(file, text: str) -> None:
@@ -458,10 +569,11 @@ def _write_quietly(file, text: str) -> None:
 
 
 def _inside_resolution(frame) -> bool:
-    """Whether the interrupted code is resolving names (btcore/resolve.py):
-    it may hold the frame cache's lock (resolving now would wait for it
-    forever: not re-entrant) or be between filling and reading its name
-    buffer (a nested resolution would overwrite it)."""
+    """Whether the interrupted code is resolving names (btcore/resolve.py),
+    for a dump written in the handler itself (no writer thread): it may be
+    between filling and reading its name buffer (a nested resolution would
+    overwrite it).  The writer thread resolves in its own thread, with its
+    own buffers: it needs no such guard."""
     while frame is not None:
         if frame.f_code.co_filename == _RESOLVE_FILE:
             return True

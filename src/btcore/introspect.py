@@ -16,6 +16,7 @@ import time
 
 import greenlet
 
+from . import dumpwriter
 from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, Backtrace, collect
 from .errors import BacktraceError
@@ -221,8 +222,11 @@ def _spawn_chain_reader():
 
 
 def _threads(greenlets) -> dict:
-    """thread ident -> OSThread, for every thread the interpreter knows."""
-    return {t.ident: t for t in os_threads(greenlets)}
+    """thread ident -> OSThread, for every thread the interpreter knows but
+    btcore's own dump writer (no greenlets; it would spoil
+    _thread_of_roots' pairing of the one chain and the one thread left)."""
+    writer = dumpwriter.ident()
+    return {t.ident: t for t in os_threads(greenlets) if t.ident != writer}
 
 
 def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
