@@ -6,8 +6,8 @@ The targets: tests/fixtures/flask_app.py + gunicorn_conf.py and
 tests/fixtures/eventlet_app.py, driven by tests/fixtures/deployment.py.  The
 oracles come from the targets themselves, not from btcore: the worker writes
 the OS thread's ident as threading knew it before patching, the names of the
-functions that spawn are the fixture's own, the ids of the green threads an
-eventlet handler made are in its answer.  Each target runs once per module
+functions that spawn are the fixture's own, the eventlet program gives the
+ids of the green threads its handler made.  Each target runs once per module
 (the dumps every test reads are taken in one run); every wait has a deadline.
 """
 import json
@@ -40,7 +40,8 @@ class Section:
 
     def __init__(self, lines):
         self.header = lines[0]
-        spawn_at = lines.index("Spawned at:") if "Spawned at:" in lines else len(lines)
+        # "Spawned at:" today; a group listing several sites may head each one with its count
+        spawn_at = next((i for i, line in enumerate(lines) if line.startswith("Spawned at")), len(lines))
         self.stack, self.spawn = lines[1:spawn_at], lines[spawn_at + 1:]
         match = _STACK_HEADER.match(self.header)   # ungrouped dumps name one greenlet instead
         self.count = int(match.group("count")) if match else 1
