@@ -23,13 +23,17 @@ import _thread
 import atexit
 import os
 import sys
+import weakref
 from functools import partial
+
+import greenlet
 
 DRAIN_TIMEOUT = 30.0   # seconds unregister and exit wait for queued dumps: bounded, a hung file must not hang exit
 MAX_PENDING = 4        # jobs queued behind the one being done, at most (each holds a whole snapshot)
 _jobs = None           # the writer's queue of callables (None: no writer; None in it: stop)
 _ident = None          # the writer thread's ident
 _pid = None            # the process the writer runs in
+_root = None           # weak reference to the writer thread's main greenlet
 
 
 def _real_start_new_thread():
@@ -58,6 +62,11 @@ def start() -> bool:
 
 
 def _run(jobs) -> None:
+    # Made here, known: naming and rendering make this thread's main greenlet
+    # anyway (any greenlet call does), and snapshot() must leave it out as it
+    # leaves the thread out (running, never switched: no thread to pair with).
+    global _root
+    _root = weakref.ref(greenlet.getcurrent())
     while True:
         job = jobs.get()
         if job is None:
@@ -115,6 +124,11 @@ def stop(timeout: float | None = None) -> bool:
     if jobs is not None:
         jobs.put(None)
     return drained
+
+
+def root():
+    """The writer thread's main greenlet, or None."""
+    return _root() if _root is not None and ident() is not None else None
 
 
 def ident():

@@ -350,10 +350,11 @@ def snapshot() -> list[GreenletInfo]:
     """
     current = greenlet.getcurrent()
     current_root = _root(current)
+    writer_root = dumpwriter.root()   # btcore's own thread: left out, as _threads() leaves it out
     infos, roots = [], {}
     for g in _live_greenlets():
         state = _state_of(g, current)
-        if state != DEAD:
+        if state != DEAD and g is not writer_root:
             infos.append(GreenletInfo(g, state))
             roots.setdefault(_root(g), []).append(g)
     try:
