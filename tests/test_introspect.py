@@ -576,3 +576,50 @@ def test_register_and_unregister_restore_the_previous_handler():
         assert signal.getsignal(signal.SIGUSR2) == before
     finally:
         signal.signal(signal.SIGUSR2, before)
+
+
+def test_a_snapshot_in_steps_pauses_and_leaves_out_greenlets_that_ended():
+    """Guards snapshot(pause=): the pause runs after every PAUSE_EVERY greenlets
+    (what lets a gevent loop run during a view's snapshot), and a greenlet that
+    ended during a pause is left out while every other one is still taken whole."""
+    from btcore.introspect import PAUSE_EVERY
+    here = greenlet.getcurrent()
+    parked = [greenlet.greenlet(park_in_a, parent=here) for _ in range(2 * PAUSE_EVERY + 10)]
+    for g in parked:
+        g.switch()
+    ended, survivors = parked[::2], parked[1::2]
+    pauses = []
+
+    def pause():
+        if not pauses:
+            finish(ended)
+        pauses.append(len(pauses))
+
+    try:
+        infos = btcore.snapshot(pause=pause)
+        total = len(infos) + sum(1 for g in ended if all(info.greenlet is not g for info in infos))
+        assert len(pauses) == (total - 1) // PAUSE_EVERY >= 2
+        kept = mine(infos, survivors)
+        assert len(kept) == len(survivors)
+        for info in kept:
+            assert info.state == "suspended" and info.error is None
+            assert "park_in_a" in [f.function for f in info.backtrace.frames() if f.kind == "python"]
+        # Those ended before their turn are gone; at most the first step's were taken alive.
+        assert len(mine(infos, ended)) <= PAUSE_EVERY
+        assert all(not info.greenlet.dead or info.state == "suspended" for info in mine(infos, ended))
+    finally:
+        finish(survivors)
+
+
+def test_greenlets_of_a_subclass_made_after_import_are_found():
+    """Guards the gc scan's set of greenlet classes: it holds today's subclasses, at any depth."""
+    Late = type("Late", (gevent.Greenlet,), {})
+    Later = type("Later", (Late,), {})
+    g = Later(_park)
+    g.start()
+    gevent.sleep(0)
+    try:
+        [info] = mine(btcore.snapshot(), [g])
+        assert info.state == "suspended"
+    finally:
+        g.kill()
