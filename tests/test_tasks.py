@@ -1,0 +1,226 @@
+"""asyncio tasks in snapshot(), dump_all() and JSON (btcore/tasks.py), on real
+asyncio: tasks parked in sleep, a lock, a queue, a socket read, gather,
+wait_for, a TaskGroup and a chain of tasks awaiting tasks.  Oracles: each
+task's Task.get_stack() (its outermost coroutine frame, as asyncio reports
+it) and the functions the program awaits through."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+import time
+
+import btcore
+from btcore.introspect import RUNNING, SUSPENDED, NOT_STARTED
+from btcore.tasks import TaskInfo
+
+
+async def leaf():
+    await asyncio.sleep(60)
+
+
+async def gathers():
+    await asyncio.gather(leaf(), leaf())
+
+
+async def locked(lock):
+    async with lock:
+        pass
+
+
+async def reads_queue(queue):
+    await queue.get()
+
+
+async def reads_socket(port):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await reader.read(1)
+    finally:
+        writer.close()
+
+
+async def waits_for():
+    await asyncio.wait_for(leaf(), 60)
+
+
+async def grouped():
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(leaf(), name="member-1")
+        tg.create_task(leaf(), name="member-2")
+
+
+async def chain(depth):
+    if depth == 0:
+        await leaf()
+    else:
+        await asyncio.create_task(chain(depth - 1), name=f"chain-{depth - 1}")
+
+
+async def scenario(probe):
+    """Park one task of each kind, let them all reach their await, then call probe()."""
+    lock = asyncio.Lock()
+    await lock.acquire()
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    made = {
+        "sleep": asyncio.create_task(leaf(), name="sleeper"),
+        "lock": asyncio.create_task(locked(lock), name="locked"),
+        "queue": asyncio.create_task(reads_queue(asyncio.Queue()), name="queued"),
+        "socket": asyncio.create_task(reads_socket(port), name="reader"),
+        "gather": asyncio.create_task(gathers(), name="gathers"),
+        "wait_for": asyncio.create_task(waits_for(), name="waits"),
+        "group": asyncio.create_task(grouped(), name="grouped"),
+        "chain": asyncio.create_task(chain(2), name="chain-2"),
+        "new": None,
+    }
+    for _ in range(10):
+        await asyncio.sleep(0.01)
+    made["new"] = asyncio.create_task(leaf(), name="not-yet")   # runs at the next iteration
+    try:
+        return probe(made)
+    finally:
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        server.close()
+
+
+def run(probe):
+    return asyncio.run(scenario(probe))
+
+
+def _own_frames(info):
+    frames, joins = info.backtrace.frames(), info.backtrace.joins()
+    return frames[:joins[0]] if joins else frames
+
+
+def _tasks(infos):
+    return {info.task.get_name(): info for info in infos if isinstance(info, TaskInfo)}
+
+
+def test_every_task_is_listed_with_its_state():
+    def probe(made):
+        return _tasks(btcore.snapshot()), {t.get_name() for t in asyncio.all_tasks()}
+
+    tasks, expected = run(probe)
+    assert set(tasks) == expected   # every pending task, no more
+    assert tasks["not-yet"].state == NOT_STARTED
+    assert tasks["sleeper"].state == SUSPENDED
+    assert [info.state for info in tasks.values()].count(RUNNING) == 1
+    assert tasks["sleeper"].name == "sleeper (leaf)"
+    assert tasks["locked"].coroutine == "locked"
+
+
+def test_own_frames_match_get_stack_and_the_awaits():
+    """Each suspended task's own frames: innermost first, its outermost one
+    is what Task.get_stack() returns; inside it the functions it awaits through."""
+    def probe(made):
+        infos = _tasks(btcore.snapshot())
+        oracle = {name: [(f.f_code.co_qualname, f.f_lineno) for f in info.task.get_stack()]
+                  for name, info in infos.items()}
+        own = {name: [(f.function, f.line) for f in _own_frames(info)]
+               for name, info in infos.items() if info.state == SUSPENDED}
+        return oracle, own
+
+    oracle, own = run(probe)
+    for name, frames in own.items():
+        assert frames[-1] == oracle[name][0], name
+    functions = {name: [f for f, _ in frames] for name, frames in own.items()}
+    assert functions["sleeper"] == ["sleep", "leaf"]
+    assert functions["locked"] == ["Lock.acquire", "_ContextManagerMixin.__aenter__", "locked"]
+    assert functions["queued"] == ["Queue.get", "reads_queue"]
+    assert functions["reader"] == ["StreamReader._wait_for_data", "StreamReader.read", "reads_socket"]
+    assert functions["gathers"] == ["gathers"]
+    assert functions["waits"] == ["wait_for", "waits_for"]
+    assert functions["grouped"] == ["TaskGroup.__aexit__", "grouped"]
+    assert functions["chain-2"] == ["chain"]
+
+
+def test_await_chain_follows_awaiters():
+    """After its own frames, a task's stack holds the frames of the task awaiting
+    it, and of the one awaiting that: through a task, gather, wait_for, a TaskGroup."""
+    def probe(made):
+        infos = btcore.snapshot()
+        by_name = _tasks(infos)
+        under = {name: (info.under.get_name() if isinstance(info.under, asyncio.Task) else None)
+                 for name, info in by_name.items()}
+        labels = {name: [label for _, label, _ in info.backtrace._parts()[1:]]
+                  for name, info in by_name.items() if info.state == SUSPENDED}
+        awaited = {name: sorted(t.get_name() for t in info.awaited_by) for name, info in by_name.items()}
+        return under, labels, awaited
+
+    under, labels, awaited = run(probe)
+    assert labels["chain-0"] == ["awaited by chain-1 (chain):", "awaited by chain-2 (chain):"]
+    assert under["chain-0"] == "chain-1" and under["chain-1"] == "chain-2"
+    gathered = [name for name, above in under.items() if above == "gathers"]
+    assert len(gathered) == 2 and awaited[gathered[0]] == ["gathers"]
+    assert labels[gathered[0]] == ["awaited by gathers (gathers):"]
+    assert under["member-1"] == under["member-2"] == "grouped"
+    assert labels["member-1"] == ["awaited by grouped (grouped):"]
+    waited = [name for name, above in under.items() if above == "waits"]
+    assert len(waited) == 1 and labels[waited[0]] == ["awaited by waits (waits_for):"]
+    assert awaited["sleeper"] == [] and labels["sleeper"] == []
+
+
+def test_dump_groups_tasks_and_draws_who_awaits_whom():
+    def probe(made):
+        text, data = io.StringIO(), io.StringIO()
+        btcore.dump_all(text)
+        btcore.dump_all(data, format="json")
+        return text.getvalue(), json.loads(data.getvalue())
+
+    text, doc = run(probe)
+    # the two tasks gather runs, and the TaskGroup's two members: one stack each pair
+    assert "2 tasks, suspended ===" in text
+    assert "1 greenlet, 1 task, running ===" in text   # the main greenlet runs the main task
+    tree = text[text.index("=== thread "):]
+    lines = tree.splitlines()
+    chain2 = next(i for i, line in enumerate(lines) if line.startswith("chain-2 (chain)"))
+    assert lines[chain2 + 1].startswith("`- chain-1 (chain)")
+    assert lines[chain2 + 2].startswith("   `- chain-0 (chain)")
+    tasks = {entry["id"]: entry for entry in doc["tasks"]}
+    names = {entry["id"]: entry["name"] for entry in doc["greenlets"]}
+    assert set(tasks) <= set(names) and len(tasks) == 17
+    chain0 = next(t for t in tasks.values() if names[t["id"]] == "chain-0 (chain)")
+    assert [names[i] for i in chain0["awaited_by"]] == ["chain-1 (chain)"]
+    assert chain0["coroutine"] == "chain"
+
+
+def test_a_loop_in_another_thread():
+    """Tasks of a loop running in another thread carry that thread; its
+    running task (here in time.sleep) is read as the interpreter reports it."""
+    started, stop = threading.Event(), threading.Event()
+
+    async def busy():
+        started.set()
+        while not stop.is_set():
+            time.sleep(0.005)
+
+    async def other():
+        parked = asyncio.create_task(leaf(), name="parked-there")
+        await asyncio.sleep(0)
+        await asyncio.create_task(busy(), name="busy-there")
+        parked.cancel()
+
+    thread = threading.Thread(target=asyncio.run, args=(other(),))
+    thread.start()
+    try:
+        assert started.wait(10)
+        tasks = _tasks(btcore.snapshot())
+    finally:
+        stop.set()
+        thread.join()
+    busy_info, parked = tasks["busy-there"], tasks["parked-there"]
+    assert busy_info.thread_id == parked.thread_id == thread.ident
+    assert busy_info.state == RUNNING and busy_info.python_only
+    assert busy_info.backtrace.frames()[0].function.endswith("<locals>.busy")
+    assert parked.state == SUSPENDED and not parked.python_only
+
+
+def test_ended_tasks_are_gone():
+    async def main():
+        await asyncio.create_task(asyncio.sleep(0))
+    asyncio.run(main())
+    assert not [info for info in btcore.snapshot() if isinstance(info, TaskInfo)]
