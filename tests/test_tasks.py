@@ -11,6 +11,8 @@ import json
 import threading
 import time
 
+import pytest
+
 import btcore
 from btcore.introspect import RUNNING, SUSPENDED, NOT_STARTED
 from btcore.tasks import TaskInfo
@@ -224,3 +226,58 @@ def test_ended_tasks_are_gone():
         await asyncio.create_task(asyncio.sleep(0))
     asyncio.run(main())
     assert not [info for info in btcore.snapshot() if isinstance(info, TaskInfo)]
+
+
+# ---- the watchdog on an asyncio loop (child processes, as in test_watchdog.py) ----
+
+from test_watchdog import first_report, run_child, stuck_so  # noqa: E402,F401  (stuck_so: a fixture)
+
+LOOP_WATCHED = r"""
+    import asyncio
+
+    async def blocked():
+        globals()[sys.argv[3]]()
+
+    async def main():
+        with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as dog:
+            await asyncio.sleep(0.5)                               # idle: waits in the selector
+            await asyncio.create_task(blocked(), name="blocker")   # one callback that does not return
+            os.write(2, b"RETURNED\n")
+            for _ in range(20000):                                 # busy, but callback after callback
+                await asyncio.sleep(0)
+            await asyncio.sleep(0.5)
+        print("REPORTS", dog.reports, file=sys.stderr)
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("function, innermost", [
+    ("stuck_in_c", "stuck_busy_loop"),      # C code holding the GIL
+    ("stuck_in_syscall", "stuck_sleep"),    # a blocking call, the GIL released
+    ("stuck_in_python", None),              # a CPU loop
+    ("time.sleep", None),                   # a blocking call of the standard library
+])
+def test_watchdog_reports_a_loop_stuck_in_one_callback(stuck_so, function, innermost):
+    """Guards the asyncio rules: an idle loop (in its selector) and a loop running
+    many short callbacks are not stuck; one stuck in a task is reported while
+    stuck, with the task's coroutine and the blocking function in the stack."""
+    if function == "time.sleep":
+        body = LOOP_WATCHED.replace("globals()[sys.argv[3]]()", "time.sleep(seconds)")
+    else:
+        body = LOOP_WATCHED
+    err = run_child(body, stuck_so, seconds=1.0, args=[function])
+    lines = err.splitlines()
+    report = first_report(err)
+    assert lines.index(report[0]) < lines.index("RETURNED"), err   # written while stuck
+    blocked = next(i for i, line in enumerate(report) if "in blocked" in line)
+    if innermost:
+        assert next(i for i, line in enumerate(report) if f"] {innermost}+" in line) < blocked, report
+    elif function == "stuck_in_python":
+        assert any("in stuck_in_python" in line for line in report[:blocked]), report
+    else:
+        assert any("time_sleep" in line or "clock_nanosleep" in line for line in report[:blocked]), report
+    assert any("in BaseEventLoop._run_once" in line for line in report[blocked:]), report
+    assert int(lines[-1].split()[-1]) == sum(1 for line in lines if " has not switched greenlets" in line
+                                              or " still has not switched" in line), err
+    assert all(lines.index(line) < lines.index("RETURNED") for line in lines if "has not switched" in line), err
