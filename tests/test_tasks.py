@@ -11,6 +11,7 @@ import json
 import threading
 import time
 
+import greenlet
 import pytest
 
 import btcore
@@ -226,6 +227,108 @@ def test_ended_tasks_are_gone():
         await asyncio.create_task(asyncio.sleep(0))
     asyncio.run(main())
     assert not [info for info in btcore.snapshot() if isinstance(info, TaskInfo)]
+
+
+# ---- creation ancestry (spawn tracking) ----
+
+async def third_generation():
+    await asyncio.sleep(60)
+
+
+async def second_generation():
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(third_generation(), name="third")
+
+
+async def first_generation():
+    await asyncio.create_task(second_generation(), name="second")
+
+
+def _ancestry(setup=None):
+    """spawn chains of the three generations, read while they are parked."""
+    async def main():
+        if setup is not None:
+            setup(asyncio.get_running_loop())
+        first = asyncio.create_task(first_generation(), name="first")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        tasks = {t.get_name(): t for t in asyncio.all_tasks()}
+        tasks["main"] = asyncio.current_task()
+        chains = {name: btcore.spawn_chain(task) for name, task in tasks.items()}
+        texts = {name: str(btcore.spawn_backtrace(task)) for name, task in tasks.items() if chains[name]}
+        infos = _tasks(btcore.snapshot())
+        dump = io.StringIO()
+        btcore.dump_all(dump)
+        texts["dump"] = dump.getvalue()
+        first.cancel()
+        return tasks, chains, texts, infos
+
+    return asyncio.run(main())
+
+
+def _site_functions(chain, generation):
+    site = chain.links[generation][0]
+    return [f.function for f in site.frames() if f.kind == "python"]
+
+
+def test_three_generations_of_tasks_record_their_creators():
+    btcore.enable_spawn_tracking()
+    try:
+        tasks, chains, texts, infos = _ancestry()
+    finally:
+        btcore.disable_spawn_tracking()
+    third = chains["third"]
+    # newest first: third made by second (TaskGroup.create_task), second by first, first by the main task
+    creators = [ref() for _, _, ref in third.links]
+    assert creators[:3] == [tasks["second"], tasks["first"], tasks["main"]]
+    assert creators[3] is greenlet.getcurrent() and len(creators) == 4   # asyncio.run() made the main task
+    assert _site_functions(third, 0)[:2] == ["BaseEventLoop.create_task", "TaskGroup.create_task"]
+    # a site ends at its creating task's coroutine: the loop's frames below it are not repeated
+    assert _site_functions(third, 0)[-1] == "second_generation"
+    assert _site_functions(third, 1)[-1] == "first_generation"
+    assert _site_functions(third, 2)[-1] == "_ancestry.<locals>.main"
+    assert "test_three_generations_of_tasks_record_their_creators" in _site_functions(third, 3)   # the whole stack
+    assert "spawned by <Task pending name='second'" in texts["third"]
+    third_group = texts["dump"][texts["dump"].index("e.g. third (third_generation)"):]
+    assert third_group.index("Spawned at:\n  by second (second_generation)") < third_group.index("=== ")
+    assert infos["third"].spawned_by is tasks["second"] and infos["third"].spawn_chain.links == third.links
+    assert infos["first"].spawned_by is infos["first"].spawn_chain.links[0][2]()
+
+
+def test_direct_construction_and_custom_factories_are_tracked():
+    """The hook sits where every Task registers: Task(...) itself, any task factory,
+    the pure-Python Task as well as the C one."""
+    made = []
+
+    def factory(loop, coro, **kwargs):
+        kind = asyncio.tasks._PyTask if len(made) % 2 else asyncio.Task
+        task = kind(coro, loop=loop, **kwargs)
+        made.append(task)
+        return task
+
+    btcore.enable_spawn_tracking()
+    try:
+        tasks, chains, _, _ = _ancestry(lambda loop: loop.set_task_factory(factory))
+    finally:
+        btcore.disable_spawn_tracking()
+    assert made and all(chains[t.get_name()] is not None for t in made if not t.done())
+    assert {type(t) for t in made} == {asyncio.Task, asyncio.tasks._PyTask}
+    assert _site_functions(chains["third"], 0)[0].endswith("<locals>.factory")
+
+
+def test_tracking_off_records_nothing():
+    tasks, chains, texts, infos = _ancestry()
+    assert set(chains.values()) == {None} and list(texts) == ["dump"] and "Spawned at" not in texts["dump"]
+    assert all(info.spawn_chain is None and info.spawned_by is None for info in infos.values())
+
+
+def test_disable_restores_the_registry():
+    import asyncio.tasks as asyncio_tasks
+    registry = asyncio_tasks._all_tasks
+    btcore.enable_spawn_tracking()
+    assert "add" in vars(registry)
+    btcore.disable_spawn_tracking()
+    assert "add" not in vars(registry)
 
 
 # ---- the watchdog on an asyncio loop (child processes, as in test_watchdog.py) ----
