@@ -55,32 +55,25 @@ async def _one_batch(depth, batch):
 
 def creation(rounds, batches, batch, depth):
     loop = asyncio.new_event_loop()
-
-    def mode(tracked, debug):
-        def run():
-            if tracked:
+    modes = {"untracked": (False, False), "tracked": (True, False), "debug": (False, True)}
+    runs = {name: [] for name in modes}
+    for r in range(rounds):
+        for name in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
+            tracked, debug = modes[name]
+            if tracked:   # turned on and off outside the timed part
                 btcore.enable_spawn_tracking()
             loop.set_debug(debug)
-            try:
-                loop.run_until_complete(_one_batch(depth, batch))
-            finally:
-                loop.set_debug(False)
-                btcore.disable_spawn_tracking()
-        return run
-
-    fns = {"untracked": mode(False, False), "tracked": mode(True, False), "debug": mode(False, True)}
-    runs = {name: [] for name in fns}
-    for r in range(rounds):
-        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
             t0 = time.thread_time_ns()
             for _ in range(batches):
-                fns[name]()
+                loop.run_until_complete(_one_batch(depth, batch))
             runs[name].append((time.thread_time_ns() - t0) / batches)
+            loop.set_debug(False)
+            btcore.disable_spawn_tracking()
     loop.close()
     per_task = {name: spread(values).median / batch for name, values in runs.items()}
     print(f"create_task + completion, {batch} tasks per batch, created {depth} Python frames deep, "
           f"{rounds} interleaved rounds:")
-    for name in fns:
+    for name in modes:
         line = f"  {name:10} {per_task[name] / 1000:7.2f} us per task"
         if name != "untracked":
             line += f"   {ratio(runs[name], runs['untracked']).text()}x untracked"
