@@ -6,7 +6,8 @@ Tasks are found without asyncio's debug mode, in the registry every Task
 asyncio.tasks._all_tasks on 3.11, _scheduled_tasks and _eager_tasks on
 3.12-3.13 (_registered_tasks()).  A loop is what task.get_loop() says, its
 thread what the loop's _thread_id says while it runs (BaseEventLoop sets it
-in run_forever), its running task what asyncio.tasks._current_tasks says.
+in run_forever); the running task is the one whose coroutine runs
+(cr_running: the same as asyncio.tasks._current_tasks says, for every thread).
 
 A task's stack: the running one's is its thread's (the merged native +
 Python stack of collect() in the calling thread; Python frames only in
@@ -211,15 +212,14 @@ def _unique(items) -> list:
 
 def task_infos(threads: dict) -> list:
     """A TaskInfo for every pending task; threads: ident -> OSThread (snapshot()'s)."""
-    running = dict(getattr(_tasks_module, "_current_tasks", {}))   # loop -> its running task
     infos = []
     for task in _unique(_registered_tasks()):
         if task.done():
             continue
-        loop = task.get_loop()
-        state = RUNNING if running.get(loop) is task else _coroutine_state(task.get_coro())
+        state = _coroutine_state(task.get_coro())   # a running task runs its coroutine
         if state is None:
             continue
+        loop = task.get_loop()
         info = TaskInfo(task, loop, state)
         info.thread_id = getattr(loop, "_thread_id", None)
         thread = threads.get(info.thread_id)
