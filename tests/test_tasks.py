@@ -191,6 +191,26 @@ def test_dump_groups_tasks_and_draws_who_awaits_whom():
     assert chain0["coroutine"] == "chain"
 
 
+
+def test_html_page_lists_tasks():
+    """The HTML page embeds the JSON document: tasks are rows of its greenlet
+    table, with their await edges in "tasks"."""
+    import re
+
+    from btcore.html import page
+
+    def probe(made):
+        return page(), {id(t): t.get_name() for t in asyncio.all_tasks()}
+
+    html, names = run(probe)
+    data = json.loads(re.search(r'<script type="application/json"[^>]*>(.*?)</script>', html, re.S).group(1))
+    fields = data["greenlet_fields"]
+    rows = [dict(zip(fields, row)) for row in data["greenlet_rows"]]
+    listed = {row["id"] for row in rows if row["type"] == "_asyncio.Task"}
+    assert listed == set(names)
+    chain0 = next(t for t in data["tasks"] if names[t["id"]] == "chain-0")
+    assert [names[i] for i in chain0["awaited_by"]] == ["chain-1"]
+
 def test_a_loop_in_another_thread():
     """Tasks of a loop running in another thread carry that thread; its
     running task (here in time.sleep) is read as the interpreter reports it."""
