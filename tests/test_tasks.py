@@ -328,11 +328,13 @@ def test_direct_construction_and_custom_factories_are_tracked():
 
     btcore.enable_spawn_tracking()
     try:
-        tasks, chains, _, _ = _ancestry(lambda loop: loop.set_task_factory(factory))
+        tasks, chains, _, infos = _ancestry(lambda loop: loop.set_task_factory(factory))
     finally:
         btcore.disable_spawn_tracking()
     assert made and all(chains[t.get_name()] is not None for t in made if not t.done())
     assert {type(t) for t in made} == {asyncio.Task, asyncio.tasks._PyTask}
+    assert type(tasks["second"]) is asyncio.tasks._PyTask   # awaits through its TaskGroup, is awaited directly
+    assert infos["third"].awaited_by == [tasks["second"]] and infos["second"].awaited_by == [tasks["first"]]
     assert _site_functions(chains["third"], 0)[0].endswith("<locals>.factory")
 
 

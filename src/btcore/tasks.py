@@ -36,6 +36,9 @@ from .introspect import (CAPACITY, NOT_STARTED, RUNNING, SUSPENDED, _optional, _
 from .threads import current_ident
 
 _AWAIT_DEPTH = 16      # futures followed from a task to the task that awaits it
+# The C types and the pure-Python ones (asyncio.tasks._PyTask is no subclass of asyncio.Task)
+_TASKS = tuple({asyncio.Task, getattr(_tasks_module, "_PyTask", asyncio.Task)})
+_FUTURES = tuple({asyncio.Future, getattr(asyncio.futures, "_PyFuture", asyncio.Future)})
 _CHAIN_DEPTH = 64      # awaiters appended to a suspended task's stack
 
 
@@ -164,16 +167,16 @@ def _awaiters_of(fut, depth: int = 0, seen=None) -> list:
     found = []
     for callback in _callbacks_of(fut):
         owner = getattr(callback, "__self__", None)
-        if isinstance(owner, asyncio.Task):   # its wakeup: that task awaits fut
+        if isinstance(owner, _TASKS):   # its wakeup: that task awaits fut
             found.append(owner)
             continue
         for ref in _held_by(callback):
             if id(ref) in seen:
                 continue
             seen.add(id(ref))
-            if isinstance(ref, asyncio.Future) and depth < _AWAIT_DEPTH:
+            if isinstance(ref, _FUTURES) and depth < _AWAIT_DEPTH:
                 found.extend(_awaiters_of(ref, depth + 1, seen))
-            elif isinstance(getattr(ref, "_parent_task", None), asyncio.Task):   # a TaskGroup
+            elif isinstance(getattr(ref, "_parent_task", None), _TASKS):   # a TaskGroup
                 found.append(ref._parent_task)
     return _unique(found)
 

@@ -207,7 +207,7 @@ MUTATIONS = [
     Mutation("src/btcore/tasks.py", "            found.append(owner)\n            continue", "            continue",
              "tests/test_tasks.py::test_await_chain_follows_awaiters",
              "a task awaiting another task directly is not seen as its awaiter"),
-    Mutation("src/btcore/tasks.py", "            if isinstance(ref, asyncio.Future) and depth < _AWAIT_DEPTH:", "            if False:",
+    Mutation("src/btcore/tasks.py", "            if isinstance(ref, _FUTURES) and depth < _AWAIT_DEPTH:", "            if False:",
              "tests/test_tasks.py::test_await_chain_follows_awaiters",
              "awaiters through gather, wait_for and shield (a future between the tasks) are lost"),
     Mutation("src/btcore/tasks.py", "                found.append(ref._parent_task)", "                pass",
