@@ -141,6 +141,31 @@ def test_own_frames_match_get_stack_and_the_awaits():
     assert functions["chain-2"] == ["chain"]
 
 
+
+async def deep(n):
+    if n:
+        await deep(n - 1)
+    else:
+        await asyncio.sleep(60)
+
+
+def test_a_deep_await_chain_keeps_its_innermost_frames():
+    """Bounded: a chain deeper than the capacity keeps its innermost frames
+    (where the task waits) and says its outer ones were cut."""
+    from btcore.introspect import CAPACITY
+
+    async def main():
+        task = asyncio.create_task(deep(CAPACITY + 50), name="deep")
+        await asyncio.sleep(0.01)
+        info = _tasks(btcore.snapshot())["deep"]
+        task.cancel()
+        return info
+
+    info = asyncio.run(main())
+    functions = [f.function for f in info.backtrace.frames()]
+    assert len(functions) == CAPACITY and info.backtrace.truncated
+    assert functions[:2] == ["sleep", "deep"] and set(functions[1:]) == {"deep"}
+
 def test_await_chain_follows_awaiters():
     """After its own frames, a task's stack holds the frames of the task awaiting
     it, and of the one awaiting that: through a task, gather, wait_for, a TaskGroup."""

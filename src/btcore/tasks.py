@@ -26,6 +26,7 @@ whose parent task awaits it (3.14 records the same edges itself).
 from __future__ import annotations
 
 import asyncio
+import collections
 import sys
 from asyncio import tasks as _tasks_module
 
@@ -137,20 +138,20 @@ def _coroutine_state(coro) -> str | None:
 
 def coroutine_frames(coro, limit: int = CAPACITY) -> tuple[list, bool]:
     """The frames of coro's await chain (coro, what it awaits, ...),
-    innermost first, at most limit; and whether more were left out."""
-    frames = []
+    innermost first: the innermost limit of them, and whether outer ones
+    were left out.  (The chain is walked from its outer end: a chain
+    cannot loop, each coroutine awaits at most one.)"""
+    frames, walked = collections.deque(maxlen=limit), 0
     while coro is not None:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
         if frame is None:
             break
-        if len(frames) == limit:
-            frames.reverse()
-            return frames[:limit], True
         frames.append(frame)
+        walked += 1
         coro = (getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
                 or getattr(coro, "ag_await", None))
     frames.reverse()
-    return frames, False
+    return list(frames), walked > limit
 
 
 def _own_backtrace(task) -> Backtrace:
