@@ -9,6 +9,7 @@ other has completed by then), on one loop, in interleaved rounds:
   untracked   nothing on
   tracked     btcore.enable_spawn_tracking() (the defaults: native + Python
               frames, all generations)
+  python-only btcore.enable_spawn_tracking(native=False)
   debug       asyncio's debug mode (loop.set_debug(True)): what it costs to
               get each task's creation traceback (_source_traceback) from asyncio
 
@@ -55,13 +56,15 @@ async def _one_batch(depth, batch):
 
 def creation(rounds, batches, batch, depth):
     loop = asyncio.new_event_loop()
-    modes = {"untracked": (False, False), "tracked": (True, False), "debug": (False, True)}
+    # name: (spawn tracking's options or None, asyncio debug mode)
+    modes = {"untracked": (None, False), "tracked": ({}, False), "python-only": ({"native": False}, False),
+             "debug": (None, True)}
     runs = {name: [] for name in modes}
     for r in range(rounds):
         for name in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
             tracked, debug = modes[name]
-            if tracked:   # turned on and off outside the timed part
-                btcore.enable_spawn_tracking()
+            if tracked is not None:   # turned on and off outside the timed part
+                btcore.enable_spawn_tracking(**tracked)
             loop.set_debug(debug)
             t0 = time.thread_time_ns()
             for _ in range(batches):
@@ -74,7 +77,7 @@ def creation(rounds, batches, batch, depth):
     print(f"create_task + completion, {batch} tasks per batch, created {depth} Python frames deep, "
           f"{rounds} interleaved rounds:")
     for name in modes:
-        line = f"  {name:10} {per_task[name] / 1000:7.2f} us per task"
+        line = f"  {name:11} {per_task[name] / 1000:7.2f} us per task"
         if name != "untracked":
             line += f"   {ratio(runs[name], runs['untracked']).text()}x untracked"
         print(line)
