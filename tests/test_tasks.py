@@ -236,6 +236,25 @@ def test_html_page_lists_tasks():
     chain0 = next(t for t in data["tasks"] if names[t["id"]] == "chain-0")
     assert [names[i] for i in chain0["awaited_by"]] == ["chain-1"]
 
+
+def test_a_task_whose_methods_fail_is_left_out():
+    """A Task subclass whose own methods raise costs its entry, never the snapshot."""
+    class Broken(asyncio.Task):
+        def get_coro(self):
+            raise RuntimeError("broken")
+
+    async def main():
+        broken = Broken(leaf(), name="broken")
+        fine = asyncio.create_task(leaf(), name="fine")
+        await asyncio.sleep(0.01)
+        names = set(_tasks(btcore.snapshot()))
+        broken.cancel()
+        fine.cancel()
+        return names
+
+    names = asyncio.run(main())
+    assert "fine" in names and "broken" not in names
+
 def test_a_loop_in_another_thread():
     """Tasks of a loop running in another thread carry that thread; its
     running task (here in time.sleep) is read as the interpreter reports it."""

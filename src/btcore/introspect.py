@@ -389,9 +389,12 @@ def snapshot() -> list[GreenletInfo]:
 def _asyncio_tasks():
     """btcore.tasks (asyncio tasks as entries) when the program uses asyncio:
     a snapshot does not import asyncio itself."""
-    if "asyncio" not in sys.modules:
+    if "asyncio.tasks" not in sys.modules:
         return None
-    from . import tasks
+    try:
+        from . import tasks
+    except ImportError:   # asyncio half imported: a signal's dump came during its import
+        return None
     return tasks
 
 

@@ -215,26 +215,32 @@ def _unique(items) -> list:
 # ---- the snapshot's entries ----
 
 def task_infos(threads: dict) -> list:
-    """A TaskInfo for every pending task; threads: ident -> OSThread (snapshot()'s)."""
-    infos = []
-    for task in _unique(_registered_tasks()):
-        if task.done():
-            continue
-        state = _coroutine_state(task.get_coro())   # a running task runs its coroutine
-        if state is None:
-            continue
-        loop = task.get_loop()
-        info = TaskInfo(task, loop, state)
-        info.thread_id = getattr(loop, "_thread_id", None)
+    """A TaskInfo for every pending task; threads: ident -> OSThread (snapshot()'s).
+    A task whose own methods fail (a Task subclass) is left out, never the snapshot."""
+    infos = [info for info in (_optional(_info_of, task) for task in _unique(_registered_tasks()))
+             if info is not None]
+    for info in infos:
         thread = threads.get(info.thread_id)
         info.thread_name = thread.name if thread is not None else None
-        info.awaited_by = _optional(_awaiters_of, task) or []
-        infos.append(info)
     by_task = {id(info.task): info for info in infos}
     for info in infos:
         _capture(info, by_task)
         _track(info)
     return infos
+
+
+def _info_of(task) -> TaskInfo | None:
+    """task's entry, without its stack; None once it is done."""
+    if task.done():
+        return None
+    state = _coroutine_state(task.get_coro())   # a running task runs its coroutine
+    if state is None:
+        return None
+    loop = task.get_loop()
+    info = TaskInfo(task, loop, state)
+    info.thread_id = getattr(loop, "_thread_id", None)
+    info.awaited_by = _optional(_awaiters_of, task) or []
+    return info
 
 
 def _capture(info: TaskInfo, by_task: dict) -> None:
