@@ -5,8 +5,8 @@ Tasks are found without asyncio's debug mode, in the registry every Task
 (C or Python, any factory, Task(...) itself) adds itself to at creation:
 asyncio.tasks._all_tasks on 3.11, _scheduled_tasks and _eager_tasks on
 3.12-3.13 (_registered_tasks()).  A loop is what task.get_loop() says, its
-thread what the loop's _thread_id says while it runs (BaseEventLoop sets it
-in run_forever); the running task is the one whose coroutine runs
+thread the calling one for its running loop, else what the loop's
+_thread_id says while it runs (BaseEventLoop sets it in run_forever); the running task is the one whose coroutine runs
 (cr_running: the same as asyncio.tasks._current_tasks says, for every thread).
 
 A task's stack: the running one's is its thread's (the merged native +
@@ -219,7 +219,9 @@ def task_infos(threads: dict) -> list:
     A task whose own methods fail (a Task subclass) is left out, never the snapshot."""
     infos = [info for info in (_optional(_info_of, task) for task in _unique(_registered_tasks()))
              if info is not None]
+    mine = asyncio.events._get_running_loop()
     for info in infos:
+        info.thread_id = _thread_of(info.loop, mine)
         thread = threads.get(info.thread_id)
         info.thread_name = thread.name if thread is not None else None
     by_task = {id(info.task): info for info in infos}
@@ -238,9 +240,16 @@ def _info_of(task) -> TaskInfo | None:
         return None
     loop = task.get_loop()
     info = TaskInfo(task, loop, state)
-    info.thread_id = getattr(loop, "_thread_id", None)
     info.awaited_by = _optional(_awaiters_of, task) or []
     return info
+
+
+def _thread_of(loop, mine):
+    """The ident of the thread running loop: the calling thread's for its own
+    running loop (the real ident, as snapshot() names threads, also under
+    monkey-patching; and a loop of another kind, uvloop's, has no
+    _thread_id), else BaseEventLoop's _thread_id, set while it runs."""
+    return current_ident() if loop is mine else getattr(loop, "_thread_id", None)
 
 
 def _capture(info: TaskInfo, by_task: dict) -> None:

@@ -198,7 +198,7 @@ MUTATIONS = [
     Mutation("src/btcore/introspect.py", "        infos.extend(tasks.task_infos(threads))", "        pass",
              "tests/test_tasks.py::test_every_task_is_listed_with_its_state",
              "snapshot() lists no asyncio task"),
-    Mutation("src/btcore/tasks.py", "    info.thread_id = getattr(loop, \"_thread_id\", None)", "    info.thread_id = None",
+    Mutation("src/btcore/tasks.py", "    return current_ident() if loop is mine else getattr(loop, \"_thread_id\", None)", "    return current_ident() if loop is mine else None",
              "tests/test_tasks.py::test_a_loop_in_another_thread",
              "a task's thread is unknown: a running task of another thread gets no stack"),
     Mutation("src/btcore/tasks.py", "    infos = [info for info in (_optional(_info_of, task) for task", "    infos = [info for info in (_info_of(task) for task",
