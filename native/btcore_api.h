@@ -88,8 +88,8 @@ const char *btc_last_error(void);
 /* ---- spawn tracking (spawn.c) ---- */
 
 /* Remember greenlet's type (id(greenlet.greenlet)) and its original tp_new,
- * and put the builtins _spawn_chain(g, limit) and _spawn_creator(g) into the module namespace dict at
- * `namespace`.  Once, before the others.  Returns 0 or -1. */
+ * and put the builtins _spawn_chain(g, limit), _spawn_creator(g) and _spawn_task_hook(...) (asyncio
+ * tasks) into the module namespace dict at `namespace`.  Once, before the others.  Returns 0 or -1. */
 int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet_type);
 /* Frames of a whole spawn chain's Backtrace by default (every generation):
  * a gunicorn + Flask handler's chain over three generations fits. */

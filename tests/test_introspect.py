@@ -548,7 +548,7 @@ def test_json_schema():
     finally:
         finish([g])
     doc = json.loads(out.getvalue())
-    assert set(doc) == {"version", "pid", "time", "threads", "stacks", "greenlets"}
+    assert set(doc) == {"version", "pid", "time", "threads", "stacks", "greenlets", "tasks"}
     assert doc["version"] == 1 and doc["pid"] == os.getpid()
     stack_ids = {s["id"] for s in doc["stacks"]}
     for s in doc["stacks"]:

@@ -73,13 +73,29 @@ static bool take_python(sink *s, const btc_pyframe *pf, int flags, bool emit_it,
     return true;
 }
 
+/* btc_py_next, ending the chain after the cursor's stop frame, if any
+ * (a spawn site of an asyncio task ends at the creating task's bottom).
+ * On 3.12+ the cursor may step over a shim frame first: the stop is then
+ * not seen, and the site goes on to the thread's bottom. */
+static bool py_next(btc_pycursor *py, btc_pyframe *pf)
+{
+    const void *at = py->frame;
+    if (!btc_py_next(py, pf))
+        return false;
+    if (py->stop && at == py->stop) {
+        py->frame = NULL;
+        py->stopped = true;
+    }
+    return true;
+}
+
 /* The Python frames one eval-loop call runs: up to and including its entry
  * frame.  Returns how many frames the chain gave (0: chain exhausted). */
 static int take_eval_call(sink *s, btc_pycursor *py, bool emit_it, int *users)
 {
     btc_pyframe pf;
     int taken = 0;
-    while (btc_py_next(py, &pf)) {
+    while (py_next(py, &pf)) {
         taken++;
         if (!take_python(s, &pf, 0, emit_it, users) || pf.entry)
             break;
@@ -91,7 +107,7 @@ static void emit_rest(sink *s, btc_pycursor *py, int flags)
 {
     btc_pyframe pf;
     int users = 0;
-    while (btc_py_next(py, &pf) && take_python(s, &pf, flags, true, &users))
+    while (py_next(py, &pf) && take_python(s, &pf, flags, true, &users))
         ;
 }
 
@@ -158,7 +174,7 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
         } else if (want_native && !own) {
             ok = emit(s, f->pc, -1, BTC_KIND_NATIVE, flags);
         }
-        if (!ok || s->truncated)
+        if (!ok || s->truncated || py->stopped)   /* stopped: the eval-loop call running the stop frame */
             return;
     }
     if (!w->complete)
@@ -247,7 +263,7 @@ void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py)
 /* The calling thread's stack, walked from regs (of a frame still live);
  * in a greenlet, down to that greenlet's own outermost frame: below it lie
  * frames of whoever started the greenlet. */
-static int collect_from(sink *s, int want, const btc_regs *regs)
+static int collect_from(sink *s, int want, const btc_regs *regs, const void *stop)
 {
     btc_context ctx = {.regs = *regs};
     uintptr_t lo;
@@ -259,6 +275,12 @@ static int collect_from(sink *s, int want, const btc_regs *regs)
         return in_greenlet;
     btc_pycursor py;
     btc_py_cursor_current(&py);
+    if (stop) {   /* the walk ends in the eval-loop call running stop: frames beyond it are not read */
+        py.stop = stop;
+        uintptr_t call = btc_py_eval_call_address(stop);
+        if (call > ctx.regs.sp && call < ctx.mem.hi)
+            ctx.mem.hi = call;
+    }
     return capture(&ctx, &py, s, want, !(want & BTC_WANT_FROM_HOOK), in_greenlet);
 }
 
@@ -266,7 +288,7 @@ static int collect_current(sink *s, int want)
 {
     btc_regs regs;
     btc_get_regs(&regs);   /* this frame stays live during the walk */
-    return collect_from(s, want, &regs);
+    return collect_from(s, want, &regs, NULL);
 }
 
 /* A greenlet other than the calling thread's current one.  Its state is
@@ -443,10 +465,10 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
 
 /* ---- spawn sites (spawn.c): raw frames of the creating stack ---- */
 
-int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs)
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop)
 {
     sink s = {.out = c->frames, .max = c->max};
-    int rc = btc_py_supported() ? collect_from(&s, want | BTC_WANT_FROM_HOOK, regs) : BTC_E_UNSUPPORTED;
+    int rc = btc_py_supported() ? collect_from(&s, want | BTC_WANT_FROM_HOOK, regs, stop) : BTC_E_UNSUPPORTED;
     c->n = s.n;
     c->truncated = s.truncated;
     return rc;

@@ -26,9 +26,11 @@ typedef struct {
  * as seen from inside btcore's creation hook, walked from regs (taken by
  * btc_get_regs() in a frame that is still live): only btcore's own native
  * frames are dropped.  No references are taken: the code objects named are
- * those of frames running below the hook, alive until it returns.  0 or a
- * BTC_E_* code. */
-int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs);
+ * those of frames running below the hook, alive until it returns.  stop:
+ * NULL, or the interpreter frame the site ends with (an asyncio task's
+ * coroutine: native frames beyond its eval-loop call are not walked).
+ * 0 or a BTC_E_* code. */
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop);
 /* ---- a signal handler's capture (signal_capture.c) ---- */
 
 /* The interrupted thread's stack from ctx (its registers at the signal)

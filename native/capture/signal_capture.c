@@ -84,9 +84,13 @@ typedef struct {
     bool refused;    /* a read was refused: the chain was cut short */
 } chain_limits;
 
+/* Room for a frame and for a code object: a coroutine's frame (asyncio)
+ * lives in its object and is probed, and so is its code object. */
+#define PROBE_BYTES (sizeof(PyCodeObject) > FRAME_BYTES ? sizeof(PyCodeObject) : FRAME_BYTES)
+
 static bool probe(const void *p, size_t n)
 {
-    char buf[FRAME_BYTES];
+    char buf[PROBE_BYTES];
     struct iovec local = {buf, n}, remote = {(void *)p, n};
     return n <= sizeof buf && process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
 }

@@ -8,7 +8,9 @@
  * existing subclass still holding the original; subclasses made later
  * inherit the swapped one; disabling puts the original back wherever the
  * hook is.  Nothing else of greenlet is touched.  (C code calling greenlet's
- * C API PyGreenlet_New bypasses tp_new and is not tracked.)
+ * C API PyGreenlet_New bypasses tp_new and is not tracked.)  asyncio tasks
+ * are hooked where they register (see "asyncio tasks" below) and get the
+ * same records; their creator is the running task, else the greenlet.
  *
  * What is recorded.  At creation: the raw frames of the creating stack
  * (capture.c, no names), interned: identical sites are one Backtrace,
@@ -38,6 +40,7 @@
 
 #include "capture/capture.h"
 #include "capture/greenlet_context.h"
+#include "capture/cpython/pyframes.h"
 
 /* ---- state ---- */
 
@@ -397,18 +400,19 @@ static record *spawner_record(PyObject *current)
 
 /* ---- the hook ---- */
 
-static void track(PyObject *g, const btc_regs *regs)
+/* Record g as created by current (a greenlet or an asyncio task), from
+ * the stack at regs. */
+static void track(PyObject *g, PyObject *current, const btc_regs *regs, const void *stop)
 {
     btc_frame frames[BTC_SPAWN_SITE_FRAMES];
     PyObject *codes[BTC_SPAWN_SITE_FRAMES];
     btc_raw_capture c = {.frames = frames,
                          .max = capacity < BTC_SPAWN_SITE_FRAMES ? capacity : BTC_SPAWN_SITE_FRAMES};
-    PyObject *current = btc_current_greenlet();
     record *spawner = current ? spawner_record(current) : NULL;
     record *r = NULL;
     if (spawner)
         Py_INCREF(spawner);
-    if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want, regs) == 0 &&
+    if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want, regs, stop) == 0 &&
         (r = new_record(g))) {
         r->spawner = Py_NewRef(spawner->name);
         /* NULL on failure: an untracked greenlet, and then no parent (a
@@ -419,7 +423,6 @@ static void track(PyObject *g, const btc_regs *regs)
     }
     Py_XDECREF(r);   /* the live list holds it */
     Py_XDECREF((PyObject *)spawner);
-    Py_XDECREF(current);
 }
 
 static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -433,12 +436,122 @@ static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     in_hook = true;
     PyObject *type_, *value, *tb;   /* a failure to record is not the caller's */
     PyErr_Fetch(&type_, &value, &tb);
-    track(g, &regs);
+    PyObject *current = btc_current_greenlet();
+    track(g, current, &regs, NULL);
+    Py_XDECREF(current);
     PyErr_Clear();
     PyErr_Restore(type_, value, tb);
     in_hook = false;
     return g;
 }
+
+/* ---- asyncio tasks ----
+ *
+ * Every asyncio Task, C or Python, whatever factory made it and Task(...)
+ * itself, registers at creation by calling `add` on asyncio's task
+ * registry, a weakref.WeakSet (3.11: _all_tasks; 3.12-3.13:
+ * _scheduled_tasks).  The C Task looks `add` up on the object each time,
+ * so an instance attribute replaces the method for every task: spawn.py
+ * sets one, the builtin made by _spawn_task_hook(), which calls the
+ * original `add` and records the task as created by the running task of
+ * its loop (else the current greenlet), its site ending at that task's
+ * bottom (its coroutine's frame), as a greenlet's ends at the greenlet's. */
+
+static PyObject *task_types;   /* the base types of asyncio tasks (C and Python Future) */
+
+static bool trackable(PyObject *o)
+{
+    if (PyObject_TypeCheck(o, greenlet_type))
+        return true;
+    for (Py_ssize_t i = 0; task_types && i < PyTuple_GET_SIZE(task_types); i++)
+        if (PyType_Check(PyTuple_GET_ITEM(task_types, i)) &&
+            PyObject_TypeCheck(o, (PyTypeObject *)PyTuple_GET_ITEM(task_types, i)))
+            return true;
+    return false;
+}
+
+/* The running task of the loop of a task made now (a new reference), or
+ * NULL.  The task's loop, not the calling
+ * thread's running loop: asyncio's _get_running_loop() calls getpid() (a
+ * system call) each time, and a task is made in its loop's thread (asyncio
+ * is not thread-safe: other threads go through call_soon_threadsafe). */
+static PyObject *running_task(PyObject *task_made, PyObject *current_tasks)
+{
+    static PyObject *loop_name;   /* interned once: a lookup by C string makes a str each time */
+    if (!loop_name && !(loop_name = PyUnicode_InternFromString("_loop")))
+        return NULL;
+    PyObject *loop = PyObject_GetAttr(task_made, loop_name);
+    PyObject *task = loop && loop != Py_None && PyDict_Check(current_tasks)
+                         ? PyDict_GetItemWithError(current_tasks, loop) : NULL;
+    Py_XINCREF(task);
+    Py_XDECREF(loop);
+    PyErr_Clear();
+    return task;
+}
+
+/* The interpreter frame of a running task's coroutine: its bottom, where
+ * the sites of the tasks it creates end (the frames beyond are the loop's,
+ * the same for every task, and its own site has them); NULL if unknown. */
+static const void *task_bottom(PyObject *task)
+{
+    static PyObject *coro_name, *frame_name;
+    if ((!coro_name && !(coro_name = PyUnicode_InternFromString("_coro"))) ||
+        (!frame_name && !(frame_name = PyUnicode_InternFromString("cr_frame"))))
+        return NULL;
+    PyObject *coro = PyObject_GetAttr(task, coro_name);
+    PyObject *frame = coro ? PyObject_GetAttr(coro, frame_name) : NULL;
+    /* Borrowed: the coroutine runs (its task is running), the task holds it. */
+    const void *bottom = frame ? btc_py_interpreter_frame(frame) : NULL;
+    Py_XDECREF(frame);
+    Py_XDECREF(coro);
+    PyErr_Clear();
+    return bottom;
+}
+
+/* The registry's `add` replaced: self is (original add, _current_tasks). */
+static PyObject *task_added(PyObject *self, PyObject *task)
+{
+    PyObject *result = PyObject_CallOneArg(PyTuple_GET_ITEM(self, 0), task);
+    if (!result || !enabled || in_hook || record_of(task))   /* registered again (3.12's eager tasks) */
+        return result;
+    btc_regs regs;
+    btc_get_regs(&regs);
+    in_hook = true;
+    PyObject *type_, *value, *tb;
+    PyErr_Fetch(&type_, &value, &tb);
+    PyObject *creator = running_task(task, PyTuple_GET_ITEM(self, 1));
+    const void *bottom = creator ? task_bottom(creator) : NULL;
+    if (!creator)
+        creator = btc_current_greenlet();
+    if (creator && Py_TYPE(creator)->tp_weaklistoffset > 0)
+        track(task, creator, &regs, bottom);
+    Py_XDECREF(creator);
+    PyErr_Clear();
+    PyErr_Restore(type_, value, tb);
+    in_hook = false;
+    return result;
+}
+
+static PyMethodDef task_added_def = {"_spawn_task_added", task_added, METH_O,
+                                     "The task registry's add(), recording the task's creation (spawn tracking)."};
+
+/* _spawn_task_hook(add, current_tasks, task_types): the builtin to install
+ * as the registry's `add` (see above). */
+static PyObject *spawn_task_hook(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3 || !PyCallable_Check(args[0]) || !PyDict_Check(args[1]) || !PyTuple_Check(args[2]))
+        return PyErr_Format(PyExc_TypeError, "_spawn_task_hook(add, current_tasks, task_types)");
+    Py_XSETREF(task_types, Py_NewRef(args[2]));
+    PyObject *state = PyTuple_Pack(2, args[0], args[1]);
+    PyObject *hook = state ? PyCFunction_New(&task_added_def, state) : NULL;
+    Py_XDECREF(state);
+    return hook;
+}
+
+static PyMethodDef spawn_task_hook_def = {
+    "_spawn_task_hook", (PyCFunction)(void (*)(void))spawn_task_hook, METH_FASTCALL,
+    "_spawn_task_hook(add, current_tasks, task_types): the tracking add() of a task registry."};
 
 /* ---- the cffi API ---- */
 
@@ -482,9 +595,9 @@ static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t n
 {
     (void)self;
     long limit = nargs == 2 ? PyLong_AsLong(args[1]) : -1;
-    if (nargs != 2 || limit < 0 || !PyObject_TypeCheck(args[0], greenlet_type)) {
+    if (nargs != 2 || limit < 0 || !trackable(args[0])) {
         if (!PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "spawn_chain() needs a greenlet, not %s",
+            PyErr_Format(PyExc_TypeError, "spawn_chain() needs a greenlet or an asyncio task, not %s",
                          nargs ? Py_TYPE(args[0])->tp_name : "nothing");
         return NULL;
     }
@@ -515,8 +628,9 @@ static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *spawn_creator(PyObject *self, PyObject *g)
 {
     (void)self;
-    if (!PyObject_TypeCheck(g, greenlet_type))
-        return PyErr_Format(PyExc_TypeError, "_spawn_creator() needs a greenlet, not %s", Py_TYPE(g)->tp_name);
+    if (!trackable(g))
+        return PyErr_Format(PyExc_TypeError, "_spawn_creator() needs a greenlet or an asyncio task, not %s",
+                            Py_TYPE(g)->tp_name);
     record *r = record_of(g);
     PyObject *creator = r && r->creator ? referent(r->creator) : NULL;
     return Py_NewRef(creator ? creator : Py_None);
@@ -553,13 +667,16 @@ static bool remember_greenlet_type(PyTypeObject *type)
 int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *ns = (PyObject *)namespace, *fn = NULL, *creator = NULL;
+    PyObject *ns = (PyObject *)namespace, *fn = NULL, *creator = NULL, *hook = NULL;
     int rc = -1;
     if (PyDict_Check(ns) && remember_greenlet_type((PyTypeObject *)greenlet) &&
-        (fn = PyCFunction_New(&spawn_chain_def, NULL)) && (creator = PyCFunction_New(&spawn_creator_def, NULL)))
-        rc = PyDict_SetItemString(ns, "_spawn_chain", fn) | PyDict_SetItemString(ns, "_spawn_creator", creator);
+        (fn = PyCFunction_New(&spawn_chain_def, NULL)) && (creator = PyCFunction_New(&spawn_creator_def, NULL)) &&
+        (hook = PyCFunction_New(&spawn_task_hook_def, NULL)))
+        rc = PyDict_SetItemString(ns, "_spawn_chain", fn) | PyDict_SetItemString(ns, "_spawn_creator", creator) |
+             PyDict_SetItemString(ns, "_spawn_task_hook", hook);
     Py_XDECREF(fn);
     Py_XDECREF(creator);
+    Py_XDECREF(hook);
     if (rc < 0)
         PyErr_Clear();
     PyGILState_Release(gil);

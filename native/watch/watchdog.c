@@ -238,9 +238,12 @@ static void report_recovered(const stuck_state *s, const char *how, double stuck
     btc_text_write(&t, dog.fd);
 }
 
-/* Is the sampled thread in gevent's hub, waiting for events?  Its innermost
- * Python frame is then Hub.run (under the loop's C code).  A hub running a
- * callback that does not return is stuck, and is reported. */
+/* Is the sampled thread waiting for events?  Its innermost Python frame is
+ * then the slot's idle code: gevent's Hub.run (under the loop's C code), or
+ * an asyncio loop's selector's select() (over epoll_wait).  A loop running
+ * a callback that does not return is stuck, and is reported.  (An asyncio
+ * loop moves the switch counter itself: each callback it runs goes through
+ * Context.run, which bumps context_ver on entry and exit.) */
 static bool idle(int slot, const btc_sigsample *sample)
 {
     uintptr_t idle_code = atomic_load(&watched[slot].idle_code);
@@ -274,7 +277,7 @@ static void check(int slot, double now)
     }
     if (answered && idle(slot, &dog.sample)) {   /* waiting, not stuck: look again in a threshold */
         if (s->stuck)
-            report_recovered(s, "waits in gevent's hub again", stuck_for);
+            report_recovered(s, "waits for events again", stuck_for);
         *s = (stuck_state){.seen = switches, .since = now, .next = dog.threshold};
         return;
     }

@@ -11,6 +11,8 @@ import time
 from collections import Counter
 from functools import partial
 
+import greenlet
+
 from . import dumpwriter, resolve
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from .resolve import F_EXACT, interpreter_module_id, module_key, resolve_python
@@ -114,9 +116,18 @@ def _creator_name(ref, spawner: str) -> str:
     """A live creator as the dump names greenlets; one that has ended (its
     gevent name no longer says what it ran) by its repr from when it spawned."""
     creator = ref() if ref is not None else None
-    if creator is not None and not _base_dead(creator):
+    if isinstance(creator, greenlet.greenlet) and not _base_dead(creator):
         return _name_of(creator)
+    if creator is not None and _pending_task(creator):   # an asyncio task (btcore.tasks)
+        return f"{creator.get_name()} ({getattr(creator.get_coro(), '__qualname__', '?')})"
     return _shortened(spawner)
+
+
+def _pending_task(creator) -> bool:
+    try:
+        return not creator.done()
+    except Exception:
+        return False
 
 
 def _spawn_sites(infos, site_key) -> list:
@@ -162,7 +173,7 @@ def _group_header(group: _Group, grouped: bool) -> str:
     first, count = group.first, len(group.infos)
     states = ", ".join(f"{n} {state}" if len(group.states) > 1 else state
                        for state, n in group.states.most_common())
-    what = f"{_greenlets(count)}, {states}" if grouped else f"{first.name}, {states}"
+    what = f"{_counted(group.infos)}, {states}" if grouped else f"{first.name}, {states}"
     lines = [f"=== stack {group.number}: {what} ==="]
     if grouped:
         lines.append(_fitting("  e.g. ", [info.name for info in group.infos[:_MAX_NAMES]], count))
@@ -191,6 +202,17 @@ def _fitting(prefix: str, names: list, total: int) -> str:
 
 def _greenlets(count: int) -> str:
     return f"{count} greenlet{'s' if count != 1 else ''}"
+
+
+def _counted(infos) -> str:
+    """"3 greenlets", or with asyncio tasks among infos "1 greenlet, 2 tasks"."""
+    tasks = sum(1 for info in infos if _is_task(info))
+    greenlets, counted = len(infos) - tasks, f"{tasks} task{'s' if tasks != 1 else ''}"
+    return _greenlets(greenlets) if not tasks else f"{_greenlets(greenlets)}, {counted}" if greenlets else counted
+
+
+def _is_task(info) -> bool:
+    return getattr(info, "task", None) is not None   # btcore.tasks.TaskInfo
 
 
 def _thread_label(info) -> str:
@@ -248,8 +270,8 @@ def _tree_lines(infos, stack_of: dict) -> list:
     for top in tops:
         if top.thread_id != thread:
             thread = top.thread_id
-            count = sum(1 for info in infos if info.thread_id == thread)
-            lines.append(f"=== thread {_thread_label(top)}: {_greenlets(count)} ===")
+            lines.append(f"=== thread {_thread_label(top)}: "
+                         f"{_counted([info for info in infos if info.thread_id == thread])} ===")
         _draw(top, children, stack_of, lines, shown)
     unreached = [info for info in infos if id(info.greenlet) not in shown]   # cycles of spawners
     for info in unreached:
@@ -288,7 +310,7 @@ def _node_label(info, stack_of, depth) -> str:
 def _text(infos, group: bool, tree: bool, stack_text) -> str:
     groups = _group(infos, group)
     threads = {info.thread_id for info in infos}
-    out = [f"Greenlet dump, pid {os.getpid()}: {_greenlets(len(infos))} in {len(threads)} "
+    out = [f"Greenlet dump, pid {os.getpid()}: {_counted(infos)} in {len(threads)} "
            f"thread{'s' if len(threads) != 1 else ''}, {len(groups)} distinct stacks"]
     out.extend("\n" + _group_text(g, group, stack_text) for g in groups)
     if tree:
@@ -322,6 +344,7 @@ def _json_doc(infos, group: bool, frames_json=_frames_json) -> dict:
         "threads": [{"id": ident, "name": name, "greenlets": n} for (ident, name), n in threads.items()],
         "stacks": [_stack_json(g, frames_json) for g in groups],
         "greenlets": [_greenlet_json(info, stack_of) for info in infos],
+        "tasks": [_task_json(info) for info in infos if _is_task(info)],
     }
 
 
@@ -364,6 +387,12 @@ def _greenlet_json(info, stack_of) -> dict:
         "error": info.error,
         "last_ran": info.last_ran,
     }
+
+
+def _task_json(info) -> dict:
+    """What an asyncio task's entry in "greenlets" does not say (same id)."""
+    return {"id": id(info.task), "loop": id(info.loop), "coroutine": info.coroutine,
+            "awaited_by": [id(task) for task in info.awaited_by]}
 
 
 # ---- public ----

@@ -40,7 +40,7 @@ _base_frame = greenlet.greenlet.gr_frame.__get__
 _base_parent = greenlet.greenlet.parent.__get__
 # Files whose frames are btcore's own introspection code, hidden from the caller's stack.
 _OWN_FILES = frozenset(os.path.join(os.path.dirname(__file__), name)
-                       for name in ("introspect.py", "dump.py", "html.py", "web.py"))
+                       for name in ("introspect.py", "dump.py", "html.py", "web.py", "tasks.py"))
 
 
 class GreenletInfo:
@@ -294,13 +294,18 @@ def _python_frames_of_thread(ident) -> Backtrace | None:
     frame = sys._current_frames().get(ident)
     if frame is None:
         return None
-    bt = Backtrace(CAPACITY)
-    raw, codes = bytearray(), []
-    while frame is not None and len(codes) < CAPACITY:
-        codes.append(frame.f_code)
-        raw += RECORD.pack(id(frame.f_code), frame.f_lasti, KIND_PYTHON, 0, 0)
+    frames = []
+    while frame is not None and len(frames) < CAPACITY:
+        frames.append(frame)
         frame = frame.f_back
-    bt._raw, bt._refs, bt.truncated = raw, tuple(codes), frame is not None
+    return _python_backtrace(frames, frame is not None)
+
+
+def _python_backtrace(frames, truncated: bool) -> Backtrace:
+    """A Backtrace of Python frames only (innermost first) from frame objects."""
+    bt = Backtrace(CAPACITY)
+    bt._raw = bytearray(b"".join(RECORD.pack(id(f.f_code), f.f_lasti, KIND_PYTHON, 0, 0) for f in frames))
+    bt._refs, bt.truncated = tuple(f.f_code for f in frames), truncated
     return bt
 
 
@@ -356,7 +361,8 @@ def _collect_suspended(g) -> Backtrace:
 
 
 def snapshot(*, pause=None) -> list[GreenletInfo]:
-    """Every live greenlet of the process, in every thread (dead ones excluded).
+    """Every live greenlet of the process, in every thread (dead ones excluded),
+    and every pending asyncio task (btcore.tasks.TaskInfo entries).
 
     Ordered by thread (the calling thread first), then as found.  Raw
     backtraces only: nothing is resolved here.
@@ -401,11 +407,28 @@ def snapshot(*, pause=None) -> list[GreenletInfo]:
             info.spawn_chain = _optional(spawn_chain, g)
         info.last_ran = _last_ran(info, now)
         infos.append(info)
+    tasks = _asyncio_tasks()
+    if tasks is not None:
+        infos.extend(tasks.task_infos(threads))
     mine = current_ident()
     infos.sort(key=lambda info: (info.thread_id != mine, info.thread_id is None, info.thread_id or 0))
     _place_in_tree(infos)
+    if tasks is not None:
+        tasks.place_tasks(infos)
     _name_scheduled_green_threads(infos)
     return infos
+
+
+def _asyncio_tasks():
+    """btcore.tasks (asyncio tasks as entries) when the program uses asyncio:
+    a snapshot does not import asyncio itself."""
+    if "asyncio.tasks" not in sys.modules:
+        return None
+    try:
+        from . import tasks
+    except ImportError:   # asyncio half imported: a signal's dump came during its import
+        return None
+    return tasks
 
 
 def _place_in_tree(infos) -> None:

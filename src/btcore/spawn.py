@@ -11,6 +11,7 @@ chain into a Backtrace, newest generation first; spawn_backtrace(g) does both.
 """
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import greenlet
@@ -30,6 +31,11 @@ _spawn_chain = globals()["_spawn_chain"]
 # _spawn_creator(g): the greenlet that created g while tracking was on, or
 # None (untracked, or its creator is gone).
 _spawn_creator = globals()["_spawn_creator"]
+# _spawn_task_hook(add, current_tasks, task_types): the
+# tracking add() of asyncio's task registry (native/capture/spawn.c).
+_spawn_task_hook = globals()["_spawn_task_hook"]
+# asyncio's task registries: every Task calls add() on them at creation
+_TASK_REGISTRIES = ("_all_tasks", "_scheduled_tasks")
 
 DEFAULT_CAPACITY = lib.BTC_SPAWN_DEFAULT_CAPACITY   # frames of a whole chain's Backtrace
 SITE_FRAMES = lib.BTC_SPAWN_SITE_FRAMES             # the most frames one site records
@@ -77,13 +83,43 @@ def enable_spawn_tracking(*, capacity: int = DEFAULT_CAPACITY, native: bool = Tr
     if lib.btc_spawn_enable(capacity, native) != 0:
         set_exception_notes(False)
         raise BacktraceError("cannot enable spawn tracking")
+    _hook_tasks()
+
+
+def _hook_tasks() -> None:
+    """Track asyncio tasks too: the tracking add() goes on asyncio's task
+    registry, which every Task, C or Python, calls once at creation,
+    whatever the task factory (native/capture/spawn.c, "asyncio tasks")."""
+    from asyncio import futures, tasks
+    current_tasks = getattr(tasks, "_current_tasks", None)
+    bases = tuple({futures.Future, getattr(futures, "_PyFuture", futures.Future)})
+    for registry in _task_registries(tasks):
+        if not _hooked(registry) and isinstance(current_tasks, dict):
+            registry.add = _spawn_task_hook(registry.add, current_tasks, bases)
+
+
+def _unhook_tasks() -> None:
+    tasks = sys.modules.get("asyncio.tasks")
+    for registry in _task_registries(tasks) if tasks is not None else ():
+        if _hooked(registry):
+            del registry.add   # the class's method again
+
+
+def _task_registries(tasks) -> list:
+    return [r for r in (getattr(tasks, name, None) for name in _TASK_REGISTRIES) if hasattr(r, "__dict__")]
+
+
+def _hooked(registry) -> bool:
+    return getattr(vars(registry).get("add"), "__name__", None) == "_spawn_task_added"
 
 
 def disable_spawn_tracking() -> None:
-    """Stop recording at once and restore greenlet creation exactly as it was.
-    Greenlets already tracked keep their records; exception notes stop."""
+    """Stop recording at once and restore greenlet and asyncio task creation
+    exactly as they were.  Greenlets and tasks already tracked keep their
+    records; exception notes stop."""
     from .spawn_notes import set_exception_notes
     lib.btc_spawn_disable()
+    _unhook_tasks()
     set_exception_notes(False)
 
 

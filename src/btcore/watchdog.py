@@ -24,10 +24,22 @@ _running = None                # the Watchdog whose C thread runs (one per proce
 
 
 def _idle_code():
-    """gevent's Hub.run code, if gevent is imported: a thread sampled in it
-    (its innermost Python frame) waits for events, it is not stuck."""
+    """The code of the function a thread sampled in (its innermost Python
+    frame) waits for events in, not stuck: the select() of the selector of
+    the asyncio loop the calling thread runs, else gevent's Hub.run if
+    gevent is imported."""
+    loop = _running_asyncio_loop()
+    select = getattr(type(getattr(loop, "_selector", None)), "select", None)
+    if loop is not None and hasattr(select, "__code__"):
+        return select.__code__
     hub = sys.modules.get("gevent.hub")
     return getattr(getattr(getattr(hub, "Hub", None), "run", None), "__code__", None)
+
+
+def _running_asyncio_loop():
+    """The asyncio loop running in the calling thread, if any (asyncio is not imported for it)."""
+    events = sys.modules.get("asyncio.events")
+    return events._get_running_loop() if events is not None else None
 
 
 def _reason() -> str:
@@ -117,7 +129,10 @@ def start_watchdog(threshold: float = 1.0, file=None, *, repeat: bool = True) ->
 
     Works whatever the thread is stuck in: C code holding the GIL, a
     blocking system call, a Python loop.  A thread switched into gevent's
-    hub is idle, not stuck (import gevent before starting).  The report is
+    hub is idle, not stuck (import gevent before starting).  An asyncio
+    loop: call it from a coroutine running on that loop; every callback
+    the loop runs counts as a switch, a loop stuck in one callback is
+    reported, and one waiting in its selector is idle.  The report is
     written by a C thread with write(2) on file's descriptor.  One watchdog
     per process; call Watchdog.watch() in other threads to watch them too.
     """

@@ -15,8 +15,23 @@ void btc_py_cursor_current(btc_pycursor *c)
 
 bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame)
 {
-    *c = (btc_pycursor){.frame = PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL};
+    *c = (btc_pycursor){.frame = btc_py_interpreter_frame(frame)};
     return c->frame != NULL;
 }
 
+const void *btc_py_interpreter_frame(PyObject *frame)
+{
+    return PyFrame_Check(frame) ? ((PyFrameObject *)frame)->f_frame : NULL;
+}
+
+#else
+
+const void *btc_py_interpreter_frame(PyObject *frame) { (void)frame; return NULL; }
+
+#endif
+
+#if BTC_PY_FAMILY != 311
+/* 3.13+ have no C-stack marker per eval-loop call (3.12's cframe is not
+ * used yet): a spawn site's walk then goes to the thread's bottom. */
+uintptr_t btc_py_eval_call_address(const void *frame) { (void)frame; return 0; }
 #endif

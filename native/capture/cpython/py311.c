@@ -24,6 +24,23 @@ bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview 
     return ok;
 }
 
+/* Each _PyEval_EvalFrameDefault call links a _PyCFrame local into
+ * tstate->cframe; its current_frame is the innermost frame that call runs,
+ * whose chain reaches the call's entry frame.  Bounded: a chain of calls
+ * longer than BTC_PY_MAX_FRAMES frames is not searched. */
+uintptr_t btc_py_eval_call_address(const void *frame)
+{
+    int steps = 0;
+    for (_PyCFrame *cf = PyThreadState_Get()->cframe; cf; cf = cf->previous)
+        for (_PyInterpreterFrame *f = cf->current_frame; f && steps++ < BTC_PY_MAX_FRAMES; f = f->previous) {
+            if (f == frame)
+                return (uintptr_t)cf;
+            if (f->is_entry)
+                break;
+        }
+    return 0;
+}
+
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 {
     _PyInterpreterFrame *frame = (_PyInterpreterFrame *)c->frame;

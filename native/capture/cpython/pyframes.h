@@ -51,6 +51,8 @@ typedef struct {
     bool exposed;       /* greenlet may have relinked the chain ("exposed" frames, 3.12+) */
     int steps;          /* frames visited: bounds a corrupt (cyclic) chain */
     btc_read_check *check;   /* NULL: the chain is consistent (GIL held) */
+    const void *stop;   /* the capture's outermost frame (an asyncio task's bottom), or NULL */
+    bool stopped;       /* stop was read: the chain ended there */
 } btc_pycursor;
 
 typedef struct {
@@ -78,6 +80,13 @@ bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame);
 bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview *mem);
 /* Step to the next (outer) frame; false at the end of the chain. */
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f);
+/* The interpreter frame of frame object `frame` (borrowed: live while
+ * `frame` runs or is suspended), or NULL. */
+const void *btc_py_interpreter_frame(PyObject *frame);
+/* An address inside the C stack frame of the calling thread's eval-loop
+ * call that runs interpreter frame `frame` (3.11: that call's _PyCFrame
+ * local), or 0 when this version cannot tell. */
+uintptr_t btc_py_eval_call_address(const void *frame);
 /* Names of the C functions that run the eval loop (NULL-terminated). */
 extern const char *const btc_py_eval_functions[];
 

@@ -1,0 +1,452 @@
+"""asyncio tasks in snapshot(), dump_all() and JSON (btcore/tasks.py), on real
+asyncio: tasks parked in sleep, a lock, a queue, a socket read, gather,
+wait_for, a TaskGroup and a chain of tasks awaiting tasks.  Oracles: each
+task's Task.get_stack() (its outermost coroutine frame, as asyncio reports
+it) and the functions the program awaits through."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+import time
+
+import greenlet
+import pytest
+
+import btcore
+from btcore.introspect import RUNNING, SUSPENDED, NOT_STARTED
+from btcore.tasks import TaskInfo
+
+
+async def leaf():
+    await asyncio.sleep(60)
+
+
+async def gathers():
+    await asyncio.gather(leaf(), leaf())
+
+
+async def locked(lock):
+    async with lock:
+        pass
+
+
+async def reads_queue(queue):
+    await queue.get()
+
+
+async def reads_socket(port):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await reader.read(1)
+    finally:
+        writer.close()
+
+
+async def waits_for():
+    await asyncio.wait_for(leaf(), 60)
+
+
+async def grouped():
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(leaf(), name="member-1")
+        tg.create_task(leaf(), name="member-2")
+
+
+async def chain(depth):
+    if depth == 0:
+        await leaf()
+    else:
+        await asyncio.create_task(chain(depth - 1), name=f"chain-{depth - 1}")
+
+
+async def scenario(probe):
+    """Park one task of each kind, let them all reach their await, then call probe()."""
+    lock = asyncio.Lock()
+    await lock.acquire()
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    made = {
+        "sleep": asyncio.create_task(leaf(), name="sleeper"),
+        "lock": asyncio.create_task(locked(lock), name="locked"),
+        "queue": asyncio.create_task(reads_queue(asyncio.Queue()), name="queued"),
+        "socket": asyncio.create_task(reads_socket(port), name="reader"),
+        "gather": asyncio.create_task(gathers(), name="gathers"),
+        "wait_for": asyncio.create_task(waits_for(), name="waits"),
+        "group": asyncio.create_task(grouped(), name="grouped"),
+        "chain": asyncio.create_task(chain(2), name="chain-2"),
+        "new": None,
+    }
+    for _ in range(10):
+        await asyncio.sleep(0.01)
+    made["new"] = asyncio.create_task(leaf(), name="not-yet")   # runs at the next iteration
+    try:
+        return probe(made)
+    finally:
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        server.close()
+
+
+def run(probe):
+    return asyncio.run(scenario(probe))
+
+
+def _own_frames(info):
+    frames, joins = info.backtrace.frames(), info.backtrace.joins()
+    return frames[:joins[0]] if joins else frames
+
+
+def _tasks(infos):
+    return {info.task.get_name(): info for info in infos if isinstance(info, TaskInfo)}
+
+
+def test_every_task_is_listed_with_its_state():
+    def probe(made):
+        return _tasks(btcore.snapshot()), {t.get_name() for t in asyncio.all_tasks()}
+
+    tasks, expected = run(probe)
+    assert set(tasks) == expected   # every pending task, no more
+    assert tasks["not-yet"].state == NOT_STARTED
+    assert tasks["sleeper"].state == SUSPENDED
+    assert [info.state for info in tasks.values()].count(RUNNING) == 1
+    assert tasks["sleeper"].name == "sleeper (leaf)"
+    assert tasks["locked"].coroutine == "locked"
+
+
+def test_own_frames_match_get_stack_and_the_awaits():
+    """Each suspended task's own frames: innermost first, its outermost one
+    is what Task.get_stack() returns; inside it the functions it awaits through."""
+    def probe(made):
+        infos = _tasks(btcore.snapshot())
+        oracle = {name: [(f.f_code.co_qualname, f.f_lineno) for f in info.task.get_stack()]
+                  for name, info in infos.items()}
+        own = {name: [(f.function, f.line) for f in _own_frames(info)]
+               for name, info in infos.items() if info.state == SUSPENDED}
+        return oracle, own
+
+    oracle, own = run(probe)
+    for name, frames in own.items():
+        assert frames[-1] == oracle[name][0], name
+    functions = {name: [f for f, _ in frames] for name, frames in own.items()}
+    assert functions["sleeper"] == ["sleep", "leaf"]
+    assert functions["locked"] == ["Lock.acquire", "_ContextManagerMixin.__aenter__", "locked"]
+    assert functions["queued"] == ["Queue.get", "reads_queue"]
+    assert functions["reader"] == ["StreamReader._wait_for_data", "StreamReader.read", "reads_socket"]
+    assert functions["gathers"] == ["gathers"]
+    assert functions["waits"] == ["wait_for", "waits_for"]
+    assert functions["grouped"] == ["TaskGroup.__aexit__", "grouped"]
+    assert functions["chain-2"] == ["chain"]
+
+
+
+async def deep(n):
+    if n:
+        await deep(n - 1)
+    else:
+        await asyncio.sleep(60)
+
+
+def test_a_deep_await_chain_keeps_its_innermost_frames():
+    """Bounded: a chain deeper than the capacity keeps its innermost frames
+    (where the task waits) and says its outer ones were cut."""
+    from btcore.introspect import CAPACITY
+
+    async def main():
+        task = asyncio.create_task(deep(CAPACITY + 50), name="deep")
+        await asyncio.sleep(0.01)
+        info = _tasks(btcore.snapshot())["deep"]
+        task.cancel()
+        return info
+
+    info = asyncio.run(main())
+    functions = [f.function for f in info.backtrace.frames()]
+    assert len(functions) == CAPACITY and info.backtrace.truncated
+    assert functions[:2] == ["sleep", "deep"] and set(functions[1:]) == {"deep"}
+
+def test_await_chain_follows_awaiters():
+    """After its own frames, a task's stack holds the frames of the task awaiting
+    it, and of the one awaiting that: through a task, gather, wait_for, a TaskGroup."""
+    def probe(made):
+        infos = btcore.snapshot()
+        by_name = _tasks(infos)
+        under = {name: (info.under.get_name() if isinstance(info.under, asyncio.Task) else None)
+                 for name, info in by_name.items()}
+        labels = {name: [label for _, label, _ in info.backtrace._parts()[1:]]
+                  for name, info in by_name.items() if info.state == SUSPENDED}
+        awaited = {name: sorted(t.get_name() for t in info.awaited_by) for name, info in by_name.items()}
+        return under, labels, awaited
+
+    under, labels, awaited = run(probe)
+    assert labels["chain-0"] == ["awaited by chain-1 (chain):", "awaited by chain-2 (chain):"]
+    assert under["chain-0"] == "chain-1" and under["chain-1"] == "chain-2"
+    gathered = [name for name, above in under.items() if above == "gathers"]
+    assert len(gathered) == 2 and awaited[gathered[0]] == ["gathers"]
+    assert labels[gathered[0]] == ["awaited by gathers (gathers):"]
+    assert under["member-1"] == under["member-2"] == "grouped"
+    assert labels["member-1"] == ["awaited by grouped (grouped):"]
+    waited = [name for name, above in under.items() if above == "waits"]
+    assert len(waited) == 1 and labels[waited[0]] == ["awaited by waits (waits_for):"]
+    assert awaited["sleeper"] == [] and labels["sleeper"] == []
+
+
+def test_dump_groups_tasks_and_draws_who_awaits_whom():
+    def probe(made):
+        text, data = io.StringIO(), io.StringIO()
+        btcore.dump_all(text)
+        btcore.dump_all(data, format="json")
+        return text.getvalue(), json.loads(data.getvalue())
+
+    text, doc = run(probe)
+    # the two tasks gather runs, and the TaskGroup's two members: one stack each pair
+    assert "2 tasks, suspended ===" in text
+    assert "1 greenlet, 1 task, running ===" in text   # the main greenlet runs the main task
+    tree = text[text.index("=== thread "):]
+    lines = tree.splitlines()
+    chain2 = next(i for i, line in enumerate(lines) if line.startswith("chain-2 (chain)"))
+    assert lines[chain2 + 1].startswith("`- chain-1 (chain)")
+    assert lines[chain2 + 2].startswith("   `- chain-0 (chain)")
+    tasks = {entry["id"]: entry for entry in doc["tasks"]}
+    names = {entry["id"]: entry["name"] for entry in doc["greenlets"]}
+    assert set(tasks) <= set(names) and len(tasks) == 17
+    chain0 = next(t for t in tasks.values() if names[t["id"]] == "chain-0 (chain)")
+    assert [names[i] for i in chain0["awaited_by"]] == ["chain-1 (chain)"]
+    assert chain0["coroutine"] == "chain"
+
+
+
+def test_html_page_lists_tasks():
+    """The HTML page embeds the JSON document: tasks are rows of its greenlet
+    table, with their await edges in "tasks"."""
+    import re
+
+    from btcore.html import page
+
+    def probe(made):
+        return page(), {id(t): t.get_name() for t in asyncio.all_tasks()}
+
+    html, names = run(probe)
+    data = json.loads(re.search(r'<script type="application/json"[^>]*>(.*?)</script>', html, re.S).group(1))
+    fields = data["greenlet_fields"]
+    rows = [dict(zip(fields, row)) for row in data["greenlet_rows"]]
+    listed = {row["id"] for row in rows if row["type"] == "_asyncio.Task"}
+    assert listed == set(names)
+    chain0 = next(t for t in data["tasks"] if names[t["id"]] == "chain-0")
+    assert [names[i] for i in chain0["awaited_by"]] == ["chain-1"]
+
+
+def test_a_task_whose_methods_fail_is_left_out():
+    """A Task subclass whose own methods raise costs its entry, never the snapshot."""
+    class Broken(asyncio.Task):
+        def get_coro(self):
+            raise RuntimeError("broken")
+
+    async def main():
+        broken = Broken(leaf(), name="broken")
+        fine = asyncio.create_task(leaf(), name="fine")
+        await asyncio.sleep(0.01)
+        names = set(_tasks(btcore.snapshot()))
+        broken.cancel()
+        fine.cancel()
+        return names
+
+    names = asyncio.run(main())
+    assert "fine" in names and "broken" not in names
+
+def test_a_loop_in_another_thread():
+    """Tasks of a loop running in another thread carry that thread; its
+    running task (here in time.sleep) is read as the interpreter reports it."""
+    started, stop = threading.Event(), threading.Event()
+
+    async def busy():
+        started.set()
+        while not stop.is_set():
+            time.sleep(0.005)
+
+    async def other():
+        parked = asyncio.create_task(leaf(), name="parked-there")
+        await asyncio.sleep(0)
+        await asyncio.create_task(busy(), name="busy-there")
+        parked.cancel()
+
+    thread = threading.Thread(target=asyncio.run, args=(other(),))
+    thread.start()
+    try:
+        assert started.wait(10)
+        tasks = _tasks(btcore.snapshot())
+    finally:
+        stop.set()
+        thread.join()
+    busy_info, parked = tasks["busy-there"], tasks["parked-there"]
+    assert busy_info.thread_id == parked.thread_id == thread.ident
+    assert busy_info.state == RUNNING and busy_info.python_only
+    assert busy_info.backtrace.frames()[0].function.endswith("<locals>.busy")
+    assert parked.state == SUSPENDED and not parked.python_only
+
+
+def test_ended_tasks_are_gone():
+    async def main():
+        await asyncio.create_task(asyncio.sleep(0))
+    asyncio.run(main())
+    assert not [info for info in btcore.snapshot() if isinstance(info, TaskInfo)]
+
+
+# ---- creation ancestry (spawn tracking) ----
+
+async def third_generation():
+    await asyncio.sleep(60)
+
+
+async def second_generation():
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(third_generation(), name="third")
+
+
+async def first_generation():
+    await asyncio.create_task(second_generation(), name="second")
+
+
+def _ancestry(setup=None):
+    """spawn chains of the three generations, read while they are parked."""
+    async def main():
+        if setup is not None:
+            setup(asyncio.get_running_loop())
+        first = asyncio.create_task(first_generation(), name="first")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        tasks = {t.get_name(): t for t in asyncio.all_tasks()}
+        tasks["main"] = asyncio.current_task()
+        chains = {name: btcore.spawn_chain(task) for name, task in tasks.items()}
+        texts = {name: str(btcore.spawn_backtrace(task)) for name, task in tasks.items() if chains[name]}
+        infos = _tasks(btcore.snapshot())
+        dump = io.StringIO()
+        btcore.dump_all(dump)
+        texts["dump"] = dump.getvalue()
+        first.cancel()
+        return tasks, chains, texts, infos
+
+    return asyncio.run(main())
+
+
+def _site_functions(chain, generation):
+    site = chain.links[generation][0]
+    return [f.function for f in site.frames() if f.kind == "python"]
+
+
+def test_three_generations_of_tasks_record_their_creators():
+    btcore.enable_spawn_tracking()
+    try:
+        tasks, chains, texts, infos = _ancestry()
+    finally:
+        btcore.disable_spawn_tracking()
+    third = chains["third"]
+    # newest first: third made by second (TaskGroup.create_task), second by first, first by the main task
+    creators = [ref() for _, _, ref in third.links]
+    assert creators[:3] == [tasks["second"], tasks["first"], tasks["main"]]
+    assert creators[3] is greenlet.getcurrent() and len(creators) == 4   # asyncio.run() made the main task
+    assert _site_functions(third, 0)[:2] == ["BaseEventLoop.create_task", "TaskGroup.create_task"]
+    # a site ends at its creating task's coroutine: the loop's frames below it are not repeated
+    assert _site_functions(third, 0)[-1] == "second_generation"
+    assert _site_functions(third, 1)[-1] == "first_generation"
+    assert _site_functions(third, 2)[-1] == "_ancestry.<locals>.main"
+    assert "test_three_generations_of_tasks_record_their_creators" in _site_functions(third, 3)   # the whole stack
+    assert "spawned by <Task pending name='second'" in texts["third"]
+    third_group = texts["dump"][texts["dump"].index("e.g. third (third_generation)"):]
+    assert third_group.index("Spawned at:\n  by second (second_generation)") < third_group.index("=== ")
+    assert infos["third"].spawned_by is tasks["second"] and infos["third"].spawn_chain.links == third.links
+    assert infos["first"].spawned_by is infos["first"].spawn_chain.links[0][2]()
+
+
+def test_direct_construction_and_custom_factories_are_tracked():
+    """The hook sits where every Task registers: Task(...) itself, any task factory,
+    the pure-Python Task as well as the C one."""
+    made = []
+
+    def factory(loop, coro, **kwargs):
+        kind = asyncio.tasks._PyTask if len(made) % 2 else asyncio.Task
+        task = kind(coro, loop=loop, **kwargs)
+        made.append(task)
+        return task
+
+    btcore.enable_spawn_tracking()
+    try:
+        tasks, chains, _, infos = _ancestry(lambda loop: loop.set_task_factory(factory))
+    finally:
+        btcore.disable_spawn_tracking()
+    assert made and all(chains[t.get_name()] is not None for t in made if not t.done())
+    assert {type(t) for t in made} == {asyncio.Task, asyncio.tasks._PyTask}
+    assert type(tasks["second"]) is asyncio.tasks._PyTask   # awaits through its TaskGroup, is awaited directly
+    assert infos["third"].awaited_by == [tasks["second"]] and infos["second"].awaited_by == [tasks["first"]]
+    assert _site_functions(chains["third"], 0)[0].endswith("<locals>.factory")
+
+
+def test_tracking_off_records_nothing():
+    tasks, chains, texts, infos = _ancestry()
+    assert set(chains.values()) == {None} and list(texts) == ["dump"] and "Spawned at" not in texts["dump"]
+    assert all(info.spawn_chain is None and info.spawned_by is None for info in infos.values())
+
+
+def test_disable_restores_the_registry():
+    import asyncio.tasks as asyncio_tasks
+    registry = asyncio_tasks._all_tasks
+    btcore.enable_spawn_tracking()
+    assert "add" in vars(registry)
+    btcore.disable_spawn_tracking()
+    assert "add" not in vars(registry)
+
+
+# ---- the watchdog on an asyncio loop (child processes, as in test_watchdog.py) ----
+
+from test_watchdog import first_report, run_child, stuck_so  # noqa: E402,F401  (stuck_so: a fixture)
+
+LOOP_WATCHED = r"""
+    import asyncio
+
+    async def blocked():
+        globals()[sys.argv[3]]()
+
+    async def main():
+        with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as dog:
+            await asyncio.sleep(0.5)                               # idle: waits in the selector
+            await asyncio.create_task(blocked(), name="blocker")   # one callback that does not return
+            os.write(2, b"RETURNED\n")
+            for _ in range(20000):                                 # busy, but callback after callback
+                await asyncio.sleep(0)
+            await asyncio.sleep(0.5)
+        print("REPORTS", dog.reports, file=sys.stderr)
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("function, innermost", [
+    ("stuck_in_c", "stuck_busy_loop"),      # C code holding the GIL
+    ("stuck_in_syscall", "stuck_sleep"),    # a blocking call, the GIL released
+    ("stuck_in_python", None),              # a CPU loop
+    ("time.sleep", None),                   # a blocking call of the standard library
+])
+def test_watchdog_reports_a_loop_stuck_in_one_callback(stuck_so, function, innermost):
+    """Guards the asyncio rules: an idle loop (in its selector) and a loop running
+    many short callbacks are not stuck; one stuck in a task is reported while
+    stuck, with the task's coroutine and the blocking function in the stack."""
+    if function == "time.sleep":
+        body = LOOP_WATCHED.replace("globals()[sys.argv[3]]()", "time.sleep(seconds)")
+    else:
+        body = LOOP_WATCHED
+    err = run_child(body, stuck_so, seconds=1.0, args=[function])
+    lines = err.splitlines()
+    report = first_report(err)
+    assert lines.index(report[0]) < lines.index("RETURNED"), err   # written while stuck
+    blocked = next(i for i, line in enumerate(report) if "in blocked" in line)
+    if innermost:
+        assert next(i for i, line in enumerate(report) if f"] {innermost}+" in line) < blocked, report
+    elif function == "stuck_in_python":
+        assert any("in stuck_in_python" in line for line in report[:blocked]), report
+    else:
+        assert any("time_sleep" in line or "clock_nanosleep" in line for line in report[:blocked]), report
+    assert any("in BaseEventLoop._run_once" in line for line in report[blocked:]), report
+    assert int(lines[-1].split()[-1]) == sum(1 for line in lines if " has not switched greenlets" in line
+                                              or " still has not switched" in line), err
+    assert all(lines.index(line) < lines.index("RETURNED") for line in lines if "has not switched" in line), err
