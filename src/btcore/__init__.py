@@ -14,14 +14,15 @@ from .dump import dump_all, register_dump_signal, unregister_dump_signal
 from .html import write_html
 from .watchdog import Watchdog, gevent_blocking_reports, start_watchdog
 from .switchclock import disable_switch_timing, enable_switch_timing
+from .profile import Profile, profiling, start_profiler, stop_profiler
 from .spawn import (SpawnChain, chain_backtrace, disable_spawn_tracking, enable_spawn_tracking, spawn_backtrace,
                     spawn_chain, spawn_tracking_enabled)
 
-__all__ = ["Backtrace", "BacktraceError", "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "SpawnChain",
+__all__ = ["Backtrace", "BacktraceError", "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "Profile", "SpawnChain",
            "Watchdog", "append", "cache", "chain_backtrace", "collect", "decode", "disable_spawn_tracking",
            "disable_switch_timing", "dump_all", "dump_process", "enable_spawn_tracking", "enable_switch_timing",
-           "foreach", "gevent_blocking_reports", "register_dump_signal", "snapshot", "spawn_backtrace", "spawn_chain",
-           "spawn_tracking_enabled", "start_watchdog", "unregister_dump_signal", "write_html"]
+           "foreach", "gevent_blocking_reports", "profiling", "register_dump_signal", "snapshot", "spawn_backtrace", "spawn_chain",
+           "spawn_tracking_enabled", "start_profiler", "start_watchdog", "stop_profiler", "unregister_dump_signal", "write_html"]
 __version__ = "0.1.0"
 
 
