@@ -46,6 +46,7 @@ MAX_RATE = 1000
 DEFAULT_MAX_STACKS = 4096
 CAPACITY = 128               # raw frames kept per sampled stack
 SLICE = 64                   # greenlets captured per hold of the GIL
+PROGRESS_EVERY = 30.0       # seconds between progress calls (python -m btcore profile's line)
 SCAN_SHARE = 0.005           # the full gc scan for new greenlets may take this share of the time
 _GREENLET_N = re.compile(r"^(\S+?)-\d+\b")   # gevent's "Greenlet-12": one group per function
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
@@ -268,11 +269,17 @@ def _spawn_site(g):
 class Profiler:
     """The sampler thread and the profile it fills; see start_profiler()."""
 
-    def __init__(self, rate: int, max_stacks: int, threads_only: bool):
+    def __init__(self, rate: int, max_stacks: int, threads_only: bool, duration: float | None):
         self.profile = Profile(rate, max_stacks)
         self.threads_only = threads_only
+        self.duration = duration
+        # Called in the sampler thread (python -m btcore profile sets them): with
+        # the profile when the duration ends; every PROGRESS_EVERY s while sampling.
+        self.on_duration_end = self.on_progress = None
         self._interval = 1.0 / rate
         self._greenlets = _Greenlets()
+        # Taken now: the sampler may run while gevent.monkey is half imported.
+        self._sleep = _original("time", "sleep")
         self._stop = _original("_thread", "allocate_lock")()
         self._stop.acquire()            # released by stop(): the sampler's sleep ends at once
         self._done = _original("_thread", "allocate_lock")()
@@ -286,22 +293,32 @@ class Profiler:
 
     def _run(self) -> None:
         try:
-            self._loop()
+            if self._loop() and self.on_duration_end is not None:
+                self.on_duration_end(self._finish())
         except BaseException as e:   # the sampler must end quietly; stop() reports it
             self.error = e
         finally:
             self._done.release()
 
-    def _loop(self) -> None:
+    def _loop(self) -> bool:
+        """Sample until stopped (False) or until the duration ends (True)."""
         deadline = time.monotonic()
+        end = deadline + self.duration if self.duration is not None else float("inf")
+        progress = deadline + PROGRESS_EVERY
         while not self._stop.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            if deadline >= end:
+                return True
             self.sample()
+            if self.on_progress is not None and deadline >= progress:
+                progress += PROGRESS_EVERY
+                self.on_progress(self.profile)
             deadline += self._interval
             late = time.monotonic() - deadline
             if late > self._interval:   # skip the ticks already missed, and count them
                 skipped = int(late / self._interval)
                 self.profile.missed += skipped
                 deadline += skipped * self._interval
+        return False
 
     def sample(self) -> None:
         """One tick: every thread's running stack, then every parked greenlet's,
@@ -335,10 +352,9 @@ class Profiler:
                 self.profile._add(bt, name, site, RUNNING_STATE, weight)
 
     def _parked(self, current, weight: int) -> None:
-        sleep = _original("time", "sleep")
         for n, (key, (ref, _, _)) in enumerate(list(self._greenlets.known.items())):
             if n and n % SLICE == 0:
-                sleep(0)   # let the program run between slices: it is paused while the sampler holds the GIL
+                self._sleep(0)   # let the program run between slices: it is paused while the sampler holds the GIL
             g = ref()
             if g is None or _state_of(g, current) != SUSPENDED:
                 if g is None or greenlet.greenlet.dead.__get__(g):
@@ -350,10 +366,16 @@ class Profiler:
                 continue
             self.profile._add(bt, *self._greenlets.labels(key, g), PARKED_STATE, weight)
 
+    def _finish(self) -> Profile:
+        if not self.profile.duration:
+            self.profile.duration = time.monotonic() - self._started
+        return self.profile
+
     def stop(self) -> Profile:
+        """Stop sampling (if the duration has not ended it) and return the profile."""
         self._stop.release()
         self._done.acquire()
-        self.profile.duration = time.monotonic() - self._started
+        self._finish()
         if self.error is not None:
             raise RuntimeError(f"btcore profiler: the sampler failed: {self.error!r}") from self.error
         return self.profile
@@ -376,10 +398,12 @@ def _original(module: str, name: str):
     return getattr(__import__(module), name)
 
 
-def start_profiler(rate: int = DEFAULT_RATE, *, max_stacks: int = DEFAULT_MAX_STACKS,
-                   threads_only: bool = False) -> Profiler:
+def start_profiler(rate: int = DEFAULT_RATE, *, duration: float | None = None,
+                   max_stacks: int = DEFAULT_MAX_STACKS, threads_only: bool = False) -> Profiler:
     """Start sampling every thread and greenlet `rate` times a second (1 to
     MAX_RATE) in a sampler thread; stop_profiler() returns the Profile.
+    duration: seconds after which sampling ends by itself (stop_profiler()
+    is still what returns the profile); None: until stop_profiler().
 
     max_stacks bounds the distinct (stack, group, state) keys kept (memory:
     at most ~2 KB each); samples past it are counted as "(other)".
@@ -391,9 +415,11 @@ def start_profiler(rate: int = DEFAULT_RATE, *, max_stacks: int = DEFAULT_MAX_ST
         raise ValueError(f"rate must be an int from 1 to {MAX_RATE} (samples per second), got {rate!r}")
     if type(max_stacks) is not int or max_stacks < 1:
         raise ValueError(f"max_stacks must be a positive int, got {max_stacks!r}")
+    if duration is not None and not (type(duration) in (int, float) and 0 < duration < float("inf")):
+        raise ValueError(f"duration must be a positive number of seconds or None, got {duration!r}")
     if _profiler is not None:
         raise RuntimeError("a btcore profiler is already running in this process")
-    _profiler = Profiler(rate, max_stacks, threads_only)
+    _profiler = Profiler(rate, max_stacks, threads_only, duration)
     _profiler.start()
     return _profiler
 
