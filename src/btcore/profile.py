@@ -34,8 +34,9 @@ import greenlet
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from .errors import BacktraceError
 from .fold import is_plumbing
-from .introspect import (RUNNING, SUSPENDED, _collect_suspended, _live_greenlets, _name_of,
-                         _python_frames_of_thread, _root, _state_of, _thread_of_roots, _threads)
+from .introspect import (RUNNING, SUSPENDED, _collect_suspended, _eventlet_main_code, _gevent_name_of,
+                         _live_greenlets, _name_of, _optional, _plain_name_of, _python_frames_of_thread, _root,
+                         _state_of, _thread_of_roots, _threads, outermost_function)
 from .resolve import resolve_native, resolve_python
 
 RUNNING_STATE = "running"
@@ -238,16 +239,27 @@ class _Greenlets:
         found = _thread_of_roots(roots, _root(sampler_current), threads)
         self.thread_of_root = {id(root): ident for root, ident in found.items()}
 
-    def labels(self, key: int, g) -> tuple:
+    def labels(self, key: int, g, frame=None) -> tuple:
         """(name group, spawn site) of g, looked up once per greenlet (a
-        plain greenlet's function is known only once it has started)."""
+        plain greenlet's function is known only once it has started).
+        frame: g's innermost frame when g runs in another thread (where
+        greenlet does not show its frames)."""
         ref, name, site = self.known[key]
         if name is None:
-            name = group_name(_name_of(g))
+            name = group_name(_name_of(g) if frame is None else _running_name_of(g, frame))
             site = _spawn_site(g)
             if _state_is_started(g):
                 self.known[key] = (ref, name, site)
         return name, site
+
+
+def _running_name_of(g, frame) -> str:
+    """_name_of() for a greenlet running in another thread, from its frames."""
+    gevent_name = _optional(_gevent_name_of, g)
+    if gevent_name is not None:
+        return gevent_name
+    main = greenlet.greenlet.parent.__get__(g) is None   # a thread's main greenlet runs the thread
+    return _plain_name_of(g, None if main else outermost_function(frame, _eventlet_main_code()))
 
 
 def _state_is_started(g) -> bool:
@@ -278,6 +290,9 @@ class Profiler:
         self.on_duration_end = self.on_progress = None
         self._interval = 1.0 / rate
         self._greenlets = _Greenlets()
+        self._previous = {}   # thread ident -> (stack, name, site) it ran at the previous tick
+        # A wait for the GIL this long (us) was ended by a forced switch (see _running_threads).
+        self._forced_switch = int(sys.getswitchinterval() * 0.8 * 1e6)
         # Taken now: the sampler may run while gevent.monkey is half imported.
         self._sleep = _original("time", "sleep")
         self._stop = _original("_thread", "allocate_lock")()
@@ -308,7 +323,7 @@ class Profiler:
         while not self._stop.acquire(timeout=max(0.0, deadline - time.monotonic())):
             if deadline >= end:
                 return True
-            self.sample()
+            self.sample(deadline)
             if self.on_progress is not None and deadline >= progress:
                 progress += PROGRESS_EVERY
                 self.on_progress(self.profile)
@@ -320,19 +335,27 @@ class Profiler:
                 deadline += skipped * self._interval
         return False
 
-    def sample(self) -> None:
-        """One tick: every thread's running stack, then every parked greenlet's,
-        each weighing the time since the previous tick."""
+    def sample(self, due: float) -> None:
+        """One tick (due at `due`): every thread's running stack, then every
+        parked greenlet's, each weighing the time since the previous tick."""
         now, current = time.monotonic(), greenlet.getcurrent()
-        weight, self._last = int((now - self._last) * 1e6), now
+        weight = int((now - self._last) * 1e6)
+        waited = min(weight, int((now - max(due, self._last)) * 1e6))
+        self._last = now
         self.profile.ticks += 1
         self.profile.sampled += weight
-        self._running_threads(current, weight)
+        self._running_threads(current, weight, max(0, waited))
         if not self.threads_only:
             self._parked(current, weight)
 
-    def _running_threads(self, current, weight: int) -> None:
-        """Record each thread's running stack, named by its running greenlet when known."""
+    def _running_threads(self, current, weight: int, waited: int) -> None:
+        """Record each thread's running stack, named by its running greenlet
+        when known.  waited: the part of weight the sampler waited for the
+        GIL.  A wait shorter than the switch interval ended because the
+        holder blocked (gevent's hub entering its loop, after a greenlet's
+        run ended): the wait goes to what each thread ran at the previous
+        tick.  A longer one was ended by the interpreter forcing the holder
+        to drop the GIL: the holder still runs, and the wait is its time."""
         from .threads import current_ident
         frames = sys._current_frames()
         me = current_ident()
@@ -345,11 +368,18 @@ class Profiler:
                     ident = self._greenlets.thread_of_root.get(id(_root(g)))
                     if ident in running:
                         running[ident] = (key, g)
+        previous, self._previous = self._previous, {}
         for ident, found in running.items():
             bt = _python_frames_of_thread(ident)
-            if bt is not None:
-                name, site = self._greenlets.labels(*found) if found else (_thread_label(ident), None)
-                self.profile._add(bt, name, site, RUNNING_STATE, weight)
+            if bt is None:
+                continue
+            name, site = self._greenlets.labels(*found, frames[ident]) if found else (_thread_label(ident), None)
+            before = previous.get(ident)
+            early = before is not None and 0 < waited < self._forced_switch
+            if early:
+                self.profile._add(*before, RUNNING_STATE, waited)
+            self.profile._add(bt, name, site, RUNNING_STATE, weight - waited if early else weight)
+            self._previous[ident] = (bt, name, site)
 
     def _parked(self, current, weight: int) -> None:
         for n, (key, (ref, _, _)) in enumerate(list(self._greenlets.known.items())):
