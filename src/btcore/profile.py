@@ -68,6 +68,7 @@ class Profile:
     rate        samples per second asked for
     ticks       samples taken (each a look at every thread and greenlet)
     sampled     microseconds the samples stand for (the sum of their weights)
+    busy        seconds the sampler spent taking samples (holding the GIL, mostly)
     missed      ticks skipped because the previous one ran late
     duration    seconds from start to stop
     max_stacks  distinct (stack, group, state) keys kept
@@ -77,7 +78,7 @@ class Profile:
     def __init__(self, rate: int, max_stacks: int):
         self.rate, self.max_stacks = rate, max_stacks
         self.ticks = self.missed = self.other = self.sampled = 0
-        self.duration = 0.0
+        self.duration = self.busy = 0.0
         self.start_time = time.time()
         # (raw bytes, name group, spawn site or None, state) -> [count, code refs]
         self._counts = {}
@@ -347,6 +348,7 @@ class Profiler:
         self._running_threads(current, weight, max(0, waited))
         if not self.threads_only:
             self._parked(current, weight)
+        self.profile.busy += time.monotonic() - now
 
     def _running_threads(self, current, weight: int, waited: int) -> None:
         """Record each thread's running stack, named by its running greenlet
