@@ -250,7 +250,9 @@ def test_go_pprof_reads_the_file(split, tmp_path):
     assert "Type: cpu" in out.stdout
     rows = [line.split() for line in out.stdout.splitlines() if line.strip().endswith((" burn", " Hub.run"))]
     flat = {row[-1]: float(row[1].rstrip("%")) for row in rows}
-    assert abs(flat["burn"] / 100 - split.burned) <= TOLERANCE, out.stdout
+    cpu = split.stacks("cpu")
+    in_burn = sum(us for stack, us in cpu.items() if stack[-1].startswith("burn ("))
+    assert abs(flat["burn"] - 100 * in_burn / sum(cpu.values())) < 0.01, out.stdout   # go prints 2 decimals
     wall = subprocess.run(["go", "tool", "pprof", "-top", "-sample_index=wall", "-tagfocus=greenlet=on_lock",
                            str(path)], capture_output=True, text=True, timeout=120, env=env)
     assert wall.returncode == 0 and "on_lock" in wall.stdout, wall.stdout + wall.stderr
@@ -269,6 +271,51 @@ def test_html_page_embeds_both_views_escaped(split, tmp_path):
     assert set(doc["views"]) == {"wall", "cpu"}
     assert doc["views"]["cpu"]["v"] == sum(split.stacks("cpu").values())
     assert "Greenlet (burn)" in [child["n"] for child in doc["views"]["cpu"]["c"]]
+
+
+# ---- finding greenlets, reusing parked stacks ----
+
+def _first():
+    gevent.sleep(0.03)
+
+
+def _second():
+    gevent.sleep(0.03)
+
+
+def _alternate():
+    while True:
+        _first()
+        _second()
+
+
+def test_a_greenlet_made_while_sampling_is_found_after_a_collection_moved_it():
+    import gc
+    btcore.start_profiler(100)
+    try:
+        late = gevent.spawn(on_sleep)
+        gevent.sleep(0)
+        gc.collect()   # moves it out of generation 0 before any tick could see it there
+        gevent.sleep(0.3)
+    finally:
+        profile = btcore.stop_profiler()
+        late.kill()
+    groups = _by_group(profile.stacks("wall"), 2)
+    # found before the next full scan (>= 1 s after start), from the gc callback
+    assert groups.get(("Greenlet (on_sleep)", "parked"), 0) >= 0.5 * profile.sampled, groups
+
+
+def test_a_greenlet_parking_in_turn_at_two_places_shows_both():
+    g = gevent.spawn(_alternate)
+    gevent.sleep(0.01)
+    with btcore.profiling(rate=200) as p:
+        gevent.sleep(0.6)
+    g.kill()
+    parked = {stack: us for stack, us in p.profile.stacks("wall").items()
+              if stack[:2] == ("Greenlet (_alternate)", "parked")}
+    first = sum(us for stack, us in parked.items() if any(f.startswith("_first (") for f in stack))
+    second = sum(us for stack, us in parked.items() if any(f.startswith("_second (") for f in stack))
+    assert first > 0.25 * sum(parked.values()) and second > 0.25 * sum(parked.values()), parked
 
 
 # ---- bounds, arguments ----
@@ -382,7 +429,9 @@ def test_cli_duration_writes_while_the_program_runs_on(tmp_path):
     child = _cli(tmp_path, "-o", str(out), "--duration", "0.2", seconds="1.0")
     _, stderr = child.communicate(timeout=60)
     assert child.returncode == 0
-    assert f"wrote {out} (html)" in stderr and "over 0.2 s" in stderr, stderr
+    assert f"wrote {out} (html)" in stderr, stderr
+    # written at the duration's end, not when the program exited 1 s after its start
+    assert float(stderr.split(" samples over ")[1].split(" s")[0]) < 0.8, stderr
 
 
 @pytest.mark.parametrize("args, message", [
