@@ -434,6 +434,28 @@ def test_cli_duration_writes_while_the_program_runs_on(tmp_path):
     assert float(stderr.split(" samples over ")[1].split(" s")[0]) < 0.8, stderr
 
 
+def test_cli_a_forked_child_writes_its_own_profile(tmp_path):
+    script = tmp_path / "forks.py"
+    script.write_text("import os, time\n"
+                      "def in_child():\n    time.sleep(0.3)\n"
+                      "def in_parent(pid):\n    time.sleep(0.1)\n    os.waitpid(pid, 0)\n"
+                      "pid = os.fork()\n"
+                      "in_parent(pid) if pid else in_child()\n"
+                      "print(os.getpid() if not pid else '', flush=True, end='')\n")
+    out = tmp_path / "out.txt"
+    done = subprocess.run([sys.executable, "-m", "btcore", "profile", "-o", str(out), "--mode", "cpu", "--",
+                           sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    child = tmp_path / f"out.{int(done.stdout)}.txt"
+    assert f"wrote {out} (collapsed)" in done.stderr and f"wrote {child} (collapsed)" in done.stderr, done.stderr
+    mine = profile_formats.read_collapsed(child.read_text(encoding="utf-8"))
+    theirs = profile_formats.read_collapsed(out.read_text(encoding="utf-8"))
+    # each process's own stacks: the child sampled itself in in_child, the parent in in_parent
+    assert any("in_child" in frame for stack in mine for frame in stack)
+    assert not any("in_parent" in frame for stack in mine for frame in stack)
+    assert any("in_parent" in frame for stack in theirs for frame in stack)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--rate", "0"], "--rate must be from 1 to 1000"),
     (["-o", "x.json"], "cannot tell the format"),
