@@ -388,17 +388,19 @@ class Profiler:
 
     def sample(self, due: float) -> None:
         """One tick (due at `due`): every thread's running stack, then every
-        parked greenlet's, each weighing the time since the previous tick."""
+        parked greenlet's, each weighing the time since the previous tick
+        ended (the program is paused while a tick holds the GIL: that time
+        is nobody's)."""
         now, current = time.monotonic(), greenlet.getcurrent()
         weight = int((now - self._last) * 1e6)
         waited = min(weight, int((now - max(due, self._last)) * 1e6))
-        self._last = now
         self.profile.ticks += 1
         self.profile.sampled += weight
         self._running_threads(current, weight, max(0, waited))
         if not self.threads_only:
             self._parked(current, weight)
-        self.profile.busy += time.monotonic() - now
+        self._last = time.monotonic()
+        self.profile.busy += self._last - now
 
     def _running_threads(self, current, weight: int, waited: int) -> None:
         """Record each thread's running stack, named by its running greenlet
