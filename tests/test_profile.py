@@ -292,11 +292,12 @@ def _alternate():
 
 def test_a_greenlet_made_while_sampling_is_found_after_a_collection_moved_it():
     import gc
-    btcore.start_profiler(100)
+    profiler = btcore.start_profiler(100)
     try:
+        while profiler.profile.ticks < 2:   # the first tick's full scan is done, the next is >= 1 s away
+            gevent.sleep(0.01)
         late = gevent.spawn(on_sleep)
-        gevent.sleep(0)
-        gc.collect()   # moves it out of generation 0 before any tick could see it there
+        gc.collect()   # moves it out of generation 0 before any tick could see it there (the GIL is held)
         gevent.sleep(0.3)
     finally:
         profile = btcore.stop_profiler()
@@ -317,6 +318,43 @@ def test_a_greenlet_parking_in_turn_at_two_places_shows_both():
     first = sum(us for stack, us in parked.items() if any(f.startswith("_first (") for f in stack))
     second = sum(us for stack, us in parked.items() if any(f.startswith("_second (") for f in stack))
     assert first > 0.25 * sum(parked.values()) and second > 0.25 * sum(parked.values()), parked
+
+
+def _spawn_here():
+    return gevent.spawn(on_sleep)
+
+
+def _spawn_there():
+    return gevent.spawn(on_sleep)
+
+
+def test_group_by_spawn_site():
+    gevent.get_hub()   # made before tracking starts: the hub is spawned wherever the first spawn is
+    btcore.enable_spawn_tracking()
+    try:
+        sleepers = [_spawn_here(), _spawn_there(), _spawn_there()]
+    finally:
+        btcore.disable_spawn_tracking()
+    gevent.sleep(0)
+    with btcore.profiling(rate=100) as p:
+        gevent.sleep(0.2)
+    gevent.killall(sleepers)
+    groups = _by_group(p.profile.stacks("wall", group_by="spawn"), 1)
+    here = next(us for (group,), us in groups.items() if group.endswith(" (_spawn_here)"))
+    there = next(us for (group,), us in groups.items() if group.endswith(" (_spawn_there)"))
+    assert 1.8 <= there / here <= 2.2, groups   # two greenlets spawned there, one here, parked all along
+    assert all(group.startswith(f"spawned at {__file__}:") for (group,) in groups
+               if group.endswith(("(_spawn_here)", "(_spawn_there)")))
+
+
+def test_threads_only_records_running_stacks_only():
+    sleeper = gevent.spawn(on_sleep)
+    gevent.sleep(0)
+    with btcore.profiling(rate=100, threads_only=True) as p:
+        gevent.sleep(0.2)
+    sleeper.kill()
+    states = {stack[1] for stack in p.profile.stacks("wall")}
+    assert states == {"running"}, states
 
 
 # ---- bounds, arguments ----
