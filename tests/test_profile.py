@@ -23,6 +23,7 @@ import gevent.socket  # noqa: E402
 
 import btcore  # noqa: E402
 from btcore import profile_formats  # noqa: E402
+from test_html import driver  # noqa: E402,F401  (headless Chromium, installed with apt-get when missing)
 
 BURN, IDLE = 0.02, 0.02       # the computing greenlet's turns: about half of the time computing
 TOLERANCE = 0.25              # its on-CPU share in the profile = the share it measured itself +- 0.25:
@@ -355,6 +356,29 @@ def test_threads_only_records_running_stacks_only():
     sleeper.kill()
     states = {stack[1] for stack in p.profile.stacks("wall")}
     assert states == {"running"}, states
+
+
+def test_html_flame_view_in_a_browser(split, tmp_path, driver):
+    path = tmp_path / "flame.html"
+    split.write(path)
+    driver.get(path.as_uri())
+    from selenium.webdriver.support.ui import WebDriverWait
+    WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+
+    def names():
+        return driver.execute_script("return [...document.querySelectorAll('#flame .f')].map(e => e.textContent)")
+    # wall view: every group, the odd name as text (its "<b>" made no element)
+    assert {"Greenlet (on_lock)", "Greenlet (on_socket)", "Greenlet (on_sleep)"} <= set(names())
+    assert any(name.startswith(ODD + " (") for name in names())
+    assert driver.execute_script("return document.querySelectorAll('#flame b').length") == 0
+    driver.find_element("id", "cpu").click()
+    assert "Greenlet (burn)" in names() and "Greenlet (on_lock)" not in names()
+    # a click zooms into a frame: it becomes the top row; a click on the top row zooms out
+    driver.execute_script("[...document.querySelectorAll('#flame .f')]"
+                          ".find(e => e.textContent === 'Greenlet (burn)').click()")
+    assert names()[0] == "Greenlet (burn)" and "<gevent.hub.Hub> (run)" not in names()
+    driver.execute_script("document.querySelector('#flame .f').click()")
+    assert names()[0] == "all"
 
 
 # ---- bounds, arguments ----

@@ -369,6 +369,9 @@ MUTATIONS = [
     Mutation('src/btcore/profile_run.py', '    os.register_at_fork(after_in_child=lambda: _start(settings, with_pid(settings["output"], os.getpid())))', '    pass',
              'tests/test_profile.py::test_cli_a_forked_child_writes_its_own_profile',
              'a process forked by the profiled program (a gunicorn worker) is not profiled'),
+    Mutation('src/btcore/profile.html', '    box.textContent = node.n;', '    box.innerHTML = node.n;',
+             'tests/test_profile.py::test_html_flame_view_in_a_browser',
+             'the flame view inserts frame names as markup: a name holding <b> (or a script) becomes an element'),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
