@@ -353,8 +353,10 @@ class Profiler:
 
     def _run(self) -> None:
         try:
-            if self._loop() and self.on_duration_end is not None:
-                self.on_duration_end(self._finish())
+            if self._loop():   # the duration ended
+                profile = self._finish()
+                if self.on_duration_end is not None:
+                    self.on_duration_end(profile)
         except BaseException as e:   # the sampler must end quietly; stop() reports it
             self.error = e
         finally:
