@@ -221,10 +221,20 @@ def _leaf_function(stack):
     return ours[-1] if ours else stack[-1][:60]
 
 
+def _read_lenient(text):
+    """Collapsed stacks as py-spy writes them (it writes lines with an empty stack too)."""
+    stacks = {}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            key = tuple(stack.split(";"))
+            stacks[key] = stacks.get(key, 0) + int(count)
+    return stacks
+
+
 def _print_shares(title, path, key):
-    from btcore.profile_formats import read_collapsed
     with open(path, encoding="utf-8") as f:
-        stacks = read_collapsed(f.read())
+        stacks = _read_lenient(f.read())
     total, groups = sum(stacks.values()), {}
     for stack, count in stacks.items():
         groups[key(stack)] = groups.get(key(stack), 0) + count

@@ -38,6 +38,7 @@ from .introspect import (RUNNING, SUSPENDED, _base_frame, _collect_suspended, _e
                          _live_greenlets, _name_of, _optional, _plain_name_of, _python_frames_of_thread, _root,
                          _state_of, _thread_of_roots, _threads, outermost_function)
 from .resolve import resolve_native, resolve_python
+from .threads import MAX_THREADS
 
 RUNNING_STATE = "running"
 PARKED_STATE = "parked"
@@ -334,6 +335,7 @@ class Profiler:
         self._interval = 1.0 / rate
         self._greenlets = _Greenlets()
         self._previous = {}   # thread ident -> (stack, name, site) it ran at the previous tick
+        self._thread_labels = {}
         # A wait for the GIL this long (us) was ended by a forced switch (see _running_threads).
         self._forced_switch = int(sys.getswitchinterval() * 0.8 * 1e6)
         # Taken now: the sampler may run while gevent.monkey is half imported.
@@ -404,6 +406,16 @@ class Profiler:
         self._last = time.monotonic()
         self.profile.busy += self._last - now
 
+    def _thread_label(self, ident) -> str:
+        """"thread NAME" of a thread with no greenlet known, once per ident
+        (listing the threads costs; at most MAX_THREADS kept)."""
+        label = self._thread_labels.get(ident)
+        if label is None:
+            if len(self._thread_labels) >= MAX_THREADS:
+                self._thread_labels.clear()
+            label = self._thread_labels[ident] = _thread_label(ident)
+        return label
+
     def _running_threads(self, current, weight: int, waited: int) -> None:
         """Record each thread's running stack, named by its running greenlet
         when known.  waited: the part of weight the sampler waited for the
@@ -429,7 +441,7 @@ class Profiler:
             bt = _python_frames_of_thread(ident)
             if bt is None:
                 continue
-            name, site = self._greenlets.labels(*found, frames[ident]) if found else (_thread_label(ident), None)
+            name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
             before = previous.get(ident)
             early = before is not None and 0 < waited < self._forced_switch
             if early:
