@@ -396,6 +396,7 @@ def test_memory_is_bounded_past_max_stacks_samples_go_to_other():
     assert profile.other > 0
     stacks = profile.stacks("wall")
     assert stacks[("(other)",)] == profile.other
+    assert profile.stacks("cpu").get(("(other)",), 0) < profile.other   # the running samples' share of it
     assert sum(stacks.values()) == sum(profile.stacks("wall", group_by=None).values())
 
 

@@ -10,7 +10,7 @@ looked up while sampling.  Equal samples are counted once: the profile maps
 keys past the bound are counted in one "(other)" entry).  Names are looked
 up after sampling, once per distinct raw frame (Profile.stacks()).
 
-Each sample weighs the time since the previous one (microseconds), not 1:
+Each sample weighs the time since the previous tick ended (microseconds), not 1:
 a sampler that wants the GIL waits until the running thread drops it (up to
 the switch interval, 5 ms), so a greenlet that computes delays the ticks
 that fall in its run; counting ticks would under-count it (a greenlet
@@ -48,7 +48,7 @@ MAX_RATE = 1000
 DEFAULT_MAX_STACKS = 4096
 CAPACITY = 128               # raw frames kept per sampled stack
 SLICE = 64                   # greenlets captured per hold of the GIL
-PROGRESS_EVERY = 30.0       # seconds between progress calls (python -m btcore profile's line)
+PROGRESS_EVERY = 30.0        # seconds between progress calls (python -m btcore profile's line)
 SCAN_SHARE = 0.005           # the full gc scan for new greenlets may take this share of the time
 _GREENLET_N = re.compile(r"^(\S+?)-\d+\b")   # gevent's "Greenlet-12": one group per function
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
@@ -79,7 +79,8 @@ class Profile:
 
     def __init__(self, rate: int, max_stacks: int):
         self.rate, self.max_stacks = rate, max_stacks
-        self.ticks = self.missed = self.other = self.sampled = 0
+        self.ticks = self.missed = self.sampled = 0
+        self._other = {}   # state -> microseconds past max_stacks
         self.duration = self.busy = 0.0
         self.start_time = time.time()
         # (raw bytes, name group, spawn site or None, state) -> [count, code refs]
@@ -94,7 +95,11 @@ class Profile:
             # The code objects keep the Python records' ids valid until resolved.
             self._counts[key] = [weight, bt._refs]
         else:
-            self.other += weight
+            self._other[state] = self._other.get(state, 0) + weight
+
+    @property
+    def other(self) -> int:
+        return sum(self._other.values())
 
     def __len__(self) -> int:
         """Distinct raw (stack, group, state) keys recorded."""
@@ -120,8 +125,9 @@ class Profile:
                 prefix += (state,)
             key = prefix + _stack_names(raw, refs, names, verbose)
             out[key] = out.get(key, 0) + count
-        if self.other:
-            out[(OTHER,)] = self.other
+        other = self._other.get(RUNNING_STATE, 0) if mode == "cpu" else self.other
+        if other:
+            out[(OTHER,)] = other
         return out
 
     def write(self, path, format: str | None = None, *, mode: str = "wall", group_by: str | None = "name",
@@ -313,12 +319,7 @@ def _state_is_started(g) -> bool:
 def _spawn_site(g):
     """The interned site where g was created, if spawn tracking recorded it."""
     spawn = sys.modules.get("btcore.spawn")
-    if spawn is None:
-        return None
-    try:
-        chain = spawn.spawn_chain(g)
-    except Exception:
-        return None
+    chain = _optional(spawn.spawn_chain, g) if spawn is not None else None
     return chain.links[0][0] if chain is not None and chain.links else None
 
 
