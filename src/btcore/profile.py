@@ -49,12 +49,14 @@ DEFAULT_MAX_STACKS = 4096
 CAPACITY = 128               # raw frames kept per sampled stack
 SLICE = 64                   # greenlets captured per hold of the GIL
 PROGRESS_EVERY = 30.0        # seconds between progress calls (python -m btcore profile's line)
+MAIN_EVERY = 10              # ticks a parked main greenlet's stack may be reused (see parked_stack)
 SCAN_SHARE = 0.005           # the full gc scan for new greenlets may take this share of the time
 _GREENLET_N = re.compile(r"^(\S+?)-\d+\b")   # gevent's "Greenlet-12": one group per function
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 _profiler = None             # the running Profiler, if any
 _base_stack_saved = greenlet.greenlet._stack_saved.__get__
+_base_parent = greenlet.greenlet.parent.__get__
 
 
 def group_name(name: str) -> str:
@@ -70,7 +72,10 @@ class Profile:
     rate        samples per second asked for
     ticks       samples taken (each a look at every thread and greenlet)
     sampled     microseconds the samples stand for (the sum of their weights)
-    busy        seconds the sampler spent taking samples (holding the GIL, mostly)
+    busy        seconds the sampler spent taking samples (holding the GIL, mostly: the
+                program is paused meanwhile), wall-clock
+    busy_cpu    the same in the sampler thread's CPU time (busy minus the time the
+                OS ran other work: on a loaded machine much less than busy)
     missed      ticks skipped because the previous one ran late
     duration    seconds from start to stop
     max_stacks  distinct (stack, group, state) keys kept
@@ -81,7 +86,7 @@ class Profile:
         self.rate, self.max_stacks = rate, max_stacks
         self.ticks = self.missed = self.sampled = 0
         self._other = {}   # state -> microseconds past max_stacks
-        self.duration = self.busy = 0.0
+        self.duration = self.busy = self.busy_cpu = 0.0
         self.start_time = time.time()
         # (raw bytes, name group, spawn site or None, state) -> [count, code refs]
         self._counts = {}
@@ -271,17 +276,25 @@ class _Greenlets:
         self.known.pop(key, None)
         self.stacks.pop(key, None)
 
-    def parked_stack(self, key: int, g):
+    def parked_stack(self, key: int, g, tick: int):
         """g's stack (g is parked): the one captured at an earlier tick when
         its stamp is unchanged, else a new capture (~2-10 us).  The stamp
         (~0.5 us): its Python frames alone (code and instruction of each,
         btcore's interpreter-frame walk, no unwinding) and the size of its
         saved stack.  Frame object ids would not do: a greenlet that parks
         in turn at two places through gevent.sleep() gets a new frame at
-        the same address each time."""
-        if _base_frame(g) is None:   # parked in C with no Python frame: nothing to stamp
+        the same address each time.  A thread's main greenlet is another
+        thread's for the sampler, and any capture of it reads
+        /proc/self/maps for its stack's end (~0.1-0.2 ms): it is stamped by
+        its innermost frame and offset only, and captured again at least
+        every MAIN_EVERY ticks."""
+        frame = _base_frame(g)
+        if frame is None:   # parked in C with no Python frame: nothing to stamp
             return _collect_suspended(g)
-        stamp = (collect(g, native=False, capacity=CAPACITY)._raw, _base_stack_saved(g))
+        if _base_parent(g) is None:
+            stamp = (id(frame), frame.f_lasti, tick // MAIN_EVERY)
+        else:
+            stamp = (collect(g, native=False, capacity=CAPACITY)._raw, _base_stack_saved(g))
         known = self.stacks.get(key)
         if known is not None and known[0] == stamp:
             return known[1]
@@ -308,7 +321,7 @@ def _running_name_of(g, frame) -> str:
     gevent_name = _optional(_gevent_name_of, g)
     if gevent_name is not None:
         return gevent_name
-    main = greenlet.greenlet.parent.__get__(g) is None   # a thread's main greenlet runs the thread
+    main = _base_parent(g) is None   # a thread's main greenlet runs the thread
     return _plain_name_of(g, None if main else outermost_function(frame, _eventlet_main_code()))
 
 
@@ -396,7 +409,7 @@ class Profiler:
         parked greenlet's, each weighing the time since the previous tick
         ended (the program is paused while a tick holds the GIL: that time
         is nobody's)."""
-        now, current = time.monotonic(), greenlet.getcurrent()
+        now, cpu, current = time.monotonic(), time.thread_time(), greenlet.getcurrent()
         weight = int((now - self._last) * 1e6)
         waited = min(weight, int((now - max(due, self._last)) * 1e6))
         self.profile.ticks += 1
@@ -406,6 +419,7 @@ class Profiler:
             self._parked(current, weight)
         self._last = time.monotonic()
         self.profile.busy += self._last - now
+        self.profile.busy_cpu += time.thread_time() - cpu
 
     def _thread_label(self, ident) -> str:
         """"thread NAME" of a thread with no greenlet known, once per ident
@@ -460,7 +474,7 @@ class Profiler:
                     self._greenlets.forget(key)
                 continue
             try:
-                bt = self._greenlets.parked_stack(key, g)
+                bt = self._greenlets.parked_stack(key, g, self.profile.ticks)
             except (BacktraceError, RuntimeError):   # it changed under the sample: skipped
                 continue
             self.profile._add(bt, *self._greenlets.labels(key, g), PARKED_STATE, weight)
