@@ -421,6 +421,15 @@ def test_bad_arguments_and_one_profiler_at_a_time(tmp_path):
     assert profile.write(tmp_path / "p.json", "collapsed") == "collapsed"
 
 
+def test_a_profiler_left_running_ends_quietly_at_exit():
+    done = subprocess.run([sys.executable, "-c", "import gc, gevent, btcore\n"
+                           "btcore.start_profiler(1000)\n"
+                           "gs = [gevent.spawn(gevent.sleep, 10) for _ in range(50)]\n"
+                           "gevent.sleep(0.1)\n"
+                           "gc.collect()\n"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
 def test_format_from_the_name():
     assert [profile_formats.format_for(name) for name in ("a.pb.gz", "a.PPROF", "a.txt", "a.collapsed", "a.html")] \
         == ["pprof", "pprof", "collapsed", "collapsed", "html"]

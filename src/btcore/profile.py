@@ -22,6 +22,7 @@ Two views of the same samples:
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import re
@@ -236,9 +237,13 @@ class _Greenlets:
         self.stacks = {}           # id -> (stamp, Backtrace) of a parked greenlet: see parked_stack()
 
     def on_gc(self, phase, info) -> None:
-        # Runs in whichever thread collects, before the collection: no lock, no switch.
-        if phase == "start" and info.get("generation", 0) >= 1:
-            self.pending += _young_greenlets((0, 1))
+        # Runs in whichever thread collects, before the collection: no lock, no
+        # switch, and it must not fail whatever the interpreter's state.
+        try:
+            if phase == "start" and info.get("generation", 0) >= 1:
+                self.pending += _young_greenlets((0, 1))
+        except Exception:
+            pass
 
     def refresh(self, now: float, sampler_current) -> None:
         found, self.pending = self.pending, []
@@ -560,6 +565,20 @@ class profiling:
 
     def __exit__(self, *exc) -> None:
         self.profile = stop_profiler()
+
+
+def _stop_at_exit() -> None:
+    # A profiler left running: its sampler must not run Python code while
+    # the interpreter tears down (python -m btcore profile's own exit
+    # handler, registered later, runs before this one and writes first).
+    if _profiler is not None:
+        try:
+            _profiler.stop()
+        except RuntimeError:
+            pass
+
+
+atexit.register(_stop_at_exit)
 
 
 def _forget_in_child() -> None:
