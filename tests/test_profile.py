@@ -500,6 +500,17 @@ def test_cli_ctrl_c_writes_what_was_recorded(tmp_path):
     assert any("waits_forever" in names for names in waiting)
 
 
+def test_cli_groups_by_spawn_site_with_tracking_turned_on(tmp_path):
+    out = tmp_path / "out.txt"
+    child = _cli(tmp_path, "-o", str(out), "--group-by", "spawn")
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 0, stderr
+    groups = _by_group(profile_formats.read_collapsed(out.read_text(encoding="utf-8")), 1)
+    # the program spawns its two workers on one line of its own
+    line = next(number for number, text in enumerate(PROGRAM.splitlines(), 1) if "workers = [" in text)
+    assert (f"spawned at {tmp_path / 'app.py'}:{line} (<module>)",) in groups, groups
+
+
 def test_cli_duration_writes_while_the_program_runs_on(tmp_path):
     out = tmp_path / "out.html"
     child = _cli(tmp_path, "-o", str(out), "--duration", "0.2", seconds="1.0")

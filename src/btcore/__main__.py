@@ -155,7 +155,7 @@ def _add_profile_parser(sub) -> None:
                    "the program keeps running after)")
     p.add_argument("--group-by", choices=("name", "spawn", "none"), default="name",
                    help="the first frame of each stack: the greenlet's name without its number, its spawn site "
-                   "(spawn tracking must be on in the program), or none (default name)")
+                   "(spawn tracking is turned on for it), or none (default name)")
     p.add_argument("--mode", choices=("wall", "cpu"), default="wall",
                    help="collapsed stacks only: every greenlet (wall) or the running ones (cpu); pprof and html "
                    "hold both (default wall)")

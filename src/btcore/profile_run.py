@@ -91,8 +91,12 @@ _run = None
 
 
 def boot() -> None:
-    """Start the profiler as BTCORE_PROFILE says (called by the bootstrap's sitecustomize)."""
+    """Start the profiler as BTCORE_PROFILE says (called by the bootstrap's sitecustomize);
+    grouping by spawn site turns spawn tracking on first."""
     settings = json.loads(os.environ[ENV])
+    if settings["group_by"] == "spawn":
+        from .spawn import enable_spawn_tracking
+        enable_spawn_tracking()
     _start(settings, settings["output"])
     os.register_at_fork(after_in_child=lambda: _start(settings, with_pid(settings["output"], os.getpid())))
 
