@@ -239,6 +239,9 @@ def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
     burning = [names for names, (cpu, _), labels in doc["samples"] if labels["greenlet"] == "Greenlet (burn)" and cpu]
     assert burning and all("burn" in names for names in burning)
     assert any(ODD in names for names, _, _ in doc["samples"])
+    ungrouped = _decode_pprof(profile_formats.pprof(split, group_by=None))
+    assert {tuple(labels) for _, _, labels in ungrouped["samples"]} == {("state",)}
+    assert sum(wall for _, (_, wall), _ in ungrouped["samples"]) == sum(wall.values())
 
 
 @pytest.mark.skipif(shutil.which("go") is None, reason="Go's pprof is the outside reader: apt-get install golang-go")
