@@ -39,7 +39,7 @@ from .introspect import (RUNNING, SUSPENDED, _base_frame, _collect_suspended, _e
                          _live_greenlets, _name_of, _optional, _plain_name_of, _python_frames_of_thread, _root,
                          _state_of, _thread_of_roots, _threads, outermost_function)
 from .resolve import resolve_native, resolve_python
-from .threads import MAX_THREADS
+from .threads import MAX_THREADS, current_ident
 
 RUNNING_STATE = "running"
 PARKED_STATE = "parked"
@@ -419,9 +419,8 @@ class Profiler:
         waited = min(weight, int((now - max(due, self._last)) * 1e6))
         self.profile.ticks += 1
         self.profile.sampled += weight
-        self._running_threads(current, weight, max(0, waited))
-        if not self.threads_only:
-            self._parked(current, weight)
+        parked = self._running_threads(current, weight, max(0, waited))
+        self._parked(current, weight, parked)
         self._last = time.monotonic()
         self.profile.busy += self._last - now
         self.profile.busy_cpu += time.thread_time() - cpu
@@ -443,19 +442,26 @@ class Profiler:
         holder blocked (gevent's hub entering its loop, after a greenlet's
         run ended): the wait goes to what each thread ran at the previous
         tick.  A longer one was ended by the interpreter forcing the holder
-        to drop the GIL: the holder still runs, and the wait is its time."""
-        from .threads import current_ident
+        to drop the GIL: the holder still runs, and the wait is its time.
+        Returns the parked greenlets [(key, greenlet)] (their state is
+        read once per tick, here)."""
         frames = sys._current_frames()
         me = current_ident()
         running = {ident: None for ident in frames if ident != me}
+        parked = []
         if not self.threads_only:
             self._greenlets.refresh(time.monotonic(), current)
             for key, (ref, _, _) in list(self._greenlets.known.items()):
                 g = ref()
-                if g is not None and _state_of(g, current) == RUNNING:
+                state = _state_of(g, current) if g is not None else None
+                if state == SUSPENDED:
+                    parked.append((key, g))
+                elif state == RUNNING:
                     ident = self._greenlets.thread_of_root.get(id(_root(g)))
                     if ident in running:
                         running[ident] = (key, g)
+                elif g is None or greenlet.greenlet.dead.__get__(g):
+                    self._greenlets.forget(key)
         previous, self._previous = self._previous, {}
         for ident, found in running.items():
             bt = _python_frames_of_thread(ident)
@@ -468,15 +474,13 @@ class Profiler:
                 self.profile._add(*before, RUNNING_STATE, waited)
             self.profile._add(bt, name, site, RUNNING_STATE, weight - waited if early else weight)
             self._previous[ident] = (bt, name, site)
+        return parked
 
-    def _parked(self, current, weight: int) -> None:
-        for n, (key, (ref, _, _)) in enumerate(list(self._greenlets.known.items())):
+    def _parked(self, current, weight: int, parked: list) -> None:
+        for n, (key, g) in enumerate(parked):
             if n and n % SLICE == 0:
                 self._sleep(0)   # let the program run between slices: it is paused while the sampler holds the GIL
-            g = ref()
-            if g is None or _state_of(g, current) != SUSPENDED:
-                if g is None or greenlet.greenlet.dead.__get__(g):
-                    self._greenlets.forget(key)
+            if n >= SLICE and _state_of(g, current) != SUSPENDED:   # it may have run during a slice's pause
                 continue
             try:
                 bt = self._greenlets.parked_stack(key, g, self.profile.ticks)
