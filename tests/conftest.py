@@ -12,6 +12,8 @@ independent of btcore's own symbolizer).
 import importlib.util
 import os
 import platform
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -211,6 +213,26 @@ def in_interpreter(f):
     return f.kind == "native" and bool(f.module) and os.path.realpath(f.module) == INTERPRETER_PATH
 
 
+# ---- oracles installed on demand ----
+
+
+def apt_install(tools, packages, skip_prefix):
+    """None once every tool is on PATH, installing the Debian packages when
+    they are not (root with apt only), else why they cannot be: a skip reason
+    starting with skip_prefix (listed in ALLOWED_SKIPS)."""
+    missing = lambda: [tool for tool in tools if shutil.which(tool) is None]   # noqa: E731
+    if not missing():
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return f"{skip_prefix}: {missing()} missing, and apt-get needs root and apt"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *packages]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+        if proc.returncode:
+            return f"{skip_prefix}: {' '.join(cmd)} failed: {proc.stderr.strip()[-300:]}"
+    return f"{skip_prefix}: still missing after apt-get: {missing()}" if missing() else None
+
+
 # ---- skips: only for a documented reason ----
 #
 # A test that silently stops running is a hole nobody sees.  A skip whose
@@ -268,6 +290,10 @@ ALLOWED_SKIPS = [
     (r"^(locust|celery|uWSGI) is not installed$",
      "the servers of the signal-dump recipes are test extras of the host lane only (CPython 3.11 on x86-64, "
      "pyproject.toml says why); the sid and arm64 lanes skip those recipe tests, the host lane runs them"),
+    (r"^Go cannot be installed: ",
+     "go tool pprof is the independent reader of the profiler's pprof files; tests/test_profile.py installs "
+     "golang-go with apt-get when it runs as root with apt, and skips only where it cannot (the test's own "
+     "decoder of the format still runs)"),
     (r"^browser cannot be installed: ",
      "the HTML view's tests need Debian's chromium and chromium-driver; tests/test_html.py installs them "
      "with apt-get when it runs as root with apt, and skips only where it cannot (another system, no root, "

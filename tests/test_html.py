@@ -22,6 +22,8 @@ import urllib.request
 
 import pytest
 
+import conftest
+
 from conftest import INTERPRETER_HAS_SYMTAB
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,27 +38,9 @@ TIMEOUT = 60                 # hang detection only
 # ---- the browser ----
 
 
-def _missing_browser():
-    return [tool for tool in ("chromium", "chromedriver") if shutil.which(tool) is None]
-
-
-def _install_browser():
-    """None once chromium and chromedriver are on PATH, else why they cannot be."""
-    if not _missing_browser():
-        return None
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return f"{BROWSER_SKIP}: {_missing_browser()} missing, and apt-get needs root and apt"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
-        if proc.returncode:
-            return f"{BROWSER_SKIP}: {' '.join(cmd)} failed: {proc.stderr.strip()[-300:]}"
-    return f"{BROWSER_SKIP}: still missing after apt-get: {_missing_browser()}" if _missing_browser() else None
-
-
 @pytest.fixture(scope="session")
 def driver():
-    why = _install_browser()
+    why = conftest.apt_install(("chromium", "chromedriver"), ("chromium", "chromium-driver"), BROWSER_SKIP)
     if why:
         pytest.skip(why)
     from selenium import webdriver

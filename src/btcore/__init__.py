@@ -14,18 +14,20 @@ from .dump import DEFAULT_DUMP_SIGNAL, dump_all, register_dump_signal, unregiste
 from .html import write_html
 from .watchdog import Watchdog, gevent_blocking_reports, start_watchdog
 from .switchclock import disable_switch_timing, enable_switch_timing
+from .profile import Profile, profiling, start_profiler, stop_profiler
 from .spawn import (SpawnChain, chain_backtrace, disable_spawn_tracking, enable_spawn_tracking, spawn_backtrace,
                     spawn_chain, spawn_tracking_enabled)
 from .spawn_notes import spawn_exception_notes_enabled
 from .crash import crash_report_enabled, disable_crash_report, enable_crash_report
 
 __all__ = ["Backtrace", "BacktraceError", "DEFAULT_DUMP_SIGNAL",
-           "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "SpawnChain",
+           "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "Profile", "SpawnChain",
            "Watchdog", "append", "cache", "chain_backtrace", "collect", "crash_report_enabled", "decode",
            "disable_crash_report", "disable_spawn_tracking", "enable_crash_report",
            "disable_switch_timing", "dump_all", "dump_process", "enable_spawn_tracking", "enable_switch_timing",
-           "foreach", "gevent_blocking_reports", "register_dump_signal", "snapshot", "spawn_backtrace", "spawn_chain",
-           "spawn_exception_notes_enabled", "spawn_tracking_enabled", "start_watchdog", "unregister_dump_signal", "write_html"]
+           "foreach", "gevent_blocking_reports", "profiling", "register_dump_signal", "snapshot", "spawn_backtrace",
+           "spawn_chain", "spawn_exception_notes_enabled", "spawn_tracking_enabled", "start_profiler",
+           "start_watchdog", "stop_profiler", "unregister_dump_signal", "write_html"]
 __version__ = "0.1.0"
 
 # BTCORE_CRASH_REPORT=1: crash reports from start-up, as PYTHONFAULTHANDLER

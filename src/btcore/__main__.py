@@ -2,6 +2,8 @@
 python -m btcore decode [FILE...]: backtrace tokens in logs, resolved in place.
 python -m btcore dump PID | --core CORE --exe PYTHON: every thread and every
 suspended greenlet of another process (or a core file), from outside.
+python -m btcore profile -- COMMAND: a sampling profile of every greenlet of
+a Python program run under it (btcore/profile_run.py).
 
 With gevent installed (pip install 'btcore[demo]'), the demo is the
 showcase (btcore/showcase.py): a gevent program whose greenlets are parked
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
 import sys
 
@@ -139,6 +142,51 @@ def _add_dump_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each thread to stop (default 5)")
 
 
+def _add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="run a Python program with btcore's sampling profiler inside it: where "
+                       "every greenlet spends its time, running or parked", usage="python -m btcore profile "
+                       "[-o FILE] [--format F] [--rate HZ] [--duration S] [--group-by G] [--mode M] -- COMMAND ...")
+    p.add_argument("-o", "--output", default="btcore-profile.pb.gz",
+                   help="the file to write (default btcore-profile.pb.gz); its name picks the format: .pb.gz or "
+                   ".pprof: pprof, .txt or .collapsed: collapsed stacks, .html: flame graphs")
+    p.add_argument("--format", choices=("pprof", "collapsed", "html"), help="the format, whatever the name")
+    p.add_argument("--rate", type=int, default=100, help="samples per second, 1 to 1000 (default 100)")
+    p.add_argument("--duration", type=float, help="seconds to record (default: until the program exits; "
+                   "the program keeps running after)")
+    p.add_argument("--group-by", choices=("name", "spawn", "none"), default="name",
+                   help="the first frame of each stack: the greenlet's name without its number, its spawn site "
+                   "(spawn tracking is turned on for it), or none (default name)")
+    p.add_argument("--mode", choices=("wall", "cpu"), default="wall",
+                   help="collapsed stacks only: every greenlet (wall) or the running ones (cpu); pprof and html "
+                   "hold both (default wall)")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="the program to run, after --")
+
+
+def profile_command(args, parser) -> int:
+    from .profile import MAX_RATE
+    from .profile_formats import format_for
+    from .profile_run import run
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not command:
+        parser.error("profile: give the program to run after --, e.g. python -m btcore profile -- python app.py "
+                     "(profiling a running process from outside is not available yet)")
+    if not 1 <= args.rate <= MAX_RATE:
+        parser.error(f"profile: --rate must be from 1 to {MAX_RATE}, got {args.rate}")
+    if args.duration is not None and not 0 < args.duration < float("inf"):
+        parser.error(f"profile: --duration must be a positive number of seconds, got {args.duration}")
+    try:
+        fmt = format_for(args.output, args.format)
+    except ValueError as e:
+        parser.error(f"profile: {e}")
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.access(folder, os.W_OK):
+        parser.error(f"profile: cannot write to {folder!r}")
+    settings = {"output": os.path.abspath(args.output), "format": fmt, "rate": args.rate,
+                "duration": args.duration, "mode": args.mode,
+                "group_by": None if args.group_by == "none" else args.group_by}
+    return run(command, settings)
+
+
 def dump_command(args, parser) -> int:
     if (args.pid is None) == (args.core is None):
         parser.error("dump: give a PID or --core CORE (not both)")
@@ -165,7 +213,10 @@ def main(argv=None) -> int:
     decode_parser.add_argument("files", nargs="*", metavar="FILE")
     decode_parser.add_argument("--verbose", action="store_true", help="every frame, with addresses (format(verbose=True))")
     _add_dump_parser(sub)
+    _add_profile_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "profile":
+        return profile_command(args, parser)
     if args.command == "dump":
         return dump_command(args, parser)
     if args.command == "decode":

@@ -212,9 +212,15 @@ def _function_of(g) -> str | None:
     frame = sys._getframe() if g is greenlet.getcurrent() else _base_frame(g)
     if frame is None:
         return None   # running in another thread: its frames are not g's to read
+    return outermost_function(frame, main)
+
+
+def outermost_function(frame, eventlet_main) -> str | None:
+    """The function a greenlet runs, from any of its frames: its outermost
+    frame's, or for an eventlet GreenThread the function given to its main."""
     while frame.f_back is not None:
         frame = frame.f_back
-    if frame.f_code is main:
+    if frame.f_code is eventlet_main:
         return getattr(frame.f_locals.get("function"), "__name__", None)
     return frame.f_code.co_name
 

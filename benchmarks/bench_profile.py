@@ -1,0 +1,264 @@
+"""What btcore's in-process profiler costs a gevent HTTP server, and what peers show.
+
+1. A monkey-patched gevent pywsgi server (a handler doing ~0.2 ms of Python
+   work) under loopback load: a client process keeps C keep-alive
+   connections busy for S seconds and counts responses and their latency.
+   The server runs plain, then with btcore.start_profiler(100) inside it
+   (and under `py-spy record --rate 100` when py-spy is installed), in
+   interleaved rounds (benchmarks/timing.py's rule: each round gives its
+   own ratio; median and min-max printed).  Target (issue 28): throughput
+   and p99 latency within 2% (ratios 0.98 / 1.02).
+2. The sampler's own time per tick (Profile.busy / ticks, the time it holds
+   the GIL, mostly; and its CPU time, Profile.busy_cpu) at 10, 100 and
+   1,000 parked greenlets, in this process, after a warm-up profile.
+3. The known-split program of tests/test_profile.py (one greenlet computing
+   half of the time, three waiting) as btcore sees it and, when installed,
+   as `py-spy record` sees it: py-spy samples threads, so the waiting
+   greenlets are not in its profile at all.
+
+Runs against the installed btcore (pip install .), from any directory.
+Usage: python benchmarks/bench_profile.py [--rounds N] [--seconds S] [--connections C]
+Prints a table; exits 0 whatever the result (a report, not a test).
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from timing import spread  # noqa: E402
+
+SERVER = '''
+import gevent.monkey; gevent.monkey.patch_all()
+import os, signal, sys, json, time
+import gevent.event
+from gevent.pywsgi import WSGIServer
+import btcore
+
+def work(depth):
+    return work(depth - 1) if depth else sum(i * i for i in range(2000))
+
+def app(environ, start_response):
+    body = json.dumps({"v": work(20)}).encode()
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
+
+server = WSGIServer(("127.0.0.1", 0), app, log=None)
+server.start()
+if sys.argv[1] == "btcore":
+    btcore.start_profiler(100)
+stop = gevent.event.Event()
+gevent.signal_handler(signal.SIGTERM, stop.set)   # the bench's way to stop the server
+print(server.server_port, os.getpid(), flush=True)
+try:
+    stop.wait()
+finally:
+    if sys.argv[1] == "btcore":
+        p = btcore.stop_profiler()
+        sys.stderr.write(json.dumps({"ticks": p.ticks, "busy": p.busy, "cpu": p.busy_cpu, "stacks": len(p)}) + "\\n")
+'''
+
+CLIENT = '''
+import gevent.monkey; gevent.monkey.patch_all()
+import json, socket, sys, time, gevent
+port, seconds, connections = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+request = b"GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
+latencies, end = [], time.monotonic() + seconds
+
+def one():
+    s = socket.create_connection(("127.0.0.1", port))
+    f = s.makefile("rb")
+    while time.monotonic() < end:
+        t = time.perf_counter()
+        s.sendall(request)
+        length = 0
+        while True:
+            line = f.readline()
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+            if line in (b"\\r\\n", b""):
+                break
+        f.read(length)
+        latencies.append(time.perf_counter() - t)
+
+started = time.monotonic()
+gevent.joinall([gevent.spawn(one) for _ in range(connections)])
+latencies.sort()
+print(json.dumps({"rps": len(latencies) / (time.monotonic() - started),
+                  "p99": latencies[int(len(latencies) * 0.99)]}))
+'''
+
+
+def _address(server):
+    """(port, pid) the server prints (py-spy prints its own lines first)."""
+    for line in server.stdout:
+        words = line.split()
+        if len(words) == 2 and all(word.isdigit() for word in words):
+            return int(words[0]), int(words[1])
+    raise RuntimeError(f"the server did not start: {server.stderr.read()[-500:]}")
+
+
+def run_round(kind, seconds, connections, folder):
+    server_py = os.path.join(folder, "server.py")
+    command = [sys.executable, server_py, kind]
+    if kind == "py-spy":
+        command = ["py-spy", "record", "--rate", "100", "--nonblocking", "--format", "raw",
+                   "-o", os.path.join(folder, "pyspy.txt"), "--", *command]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        port, pid = _address(server)
+        subprocess.run([sys.executable, "-c", CLIENT, str(port), "0.5", str(connections)], capture_output=True,
+                       timeout=60)   # warm-up
+        out = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(seconds), str(connections)],
+                             capture_output=True, text=True, timeout=120, check=True)
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)   # the server itself (under py-spy, its child)
+        else:
+            server.kill()
+        _, err = server.communicate(timeout=60)
+    result = json.loads(out.stdout)
+    if kind == "btcore":
+        result.update(json.loads(err.strip().splitlines()[-1]))
+    return result
+
+
+def server_cost(args):
+    kinds = ["plain", "btcore"] + (["py-spy"] if shutil.which("py-spy") else [])
+    results = {kind: [] for kind in kinds}
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "server.py"), "w") as f:
+            f.write(SERVER)
+        for r in range(args.rounds):
+            for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                results[kind].append(run_round(kind, args.seconds, args.connections, folder))
+    base = results["plain"]
+    print(f"1. gevent pywsgi server, {args.connections} keep-alive connections, {args.seconds} s x {args.rounds} "
+          f"interleaved rounds (ratio to plain; median (min-max))")
+    print(f"   plain: {statistics.median(r['rps'] for r in base):.0f} req/s, "
+          f"p99 {statistics.median(r['p99'] for r in base) * 1e3:.2f} ms")
+    for kind in kinds[1:]:
+        rps = spread([r["rps"] / b["rps"] for r, b in zip(results[kind], base)])
+        p99 = spread([r["p99"] / b["p99"] for r, b in zip(results[kind], base)])
+        print(f"   {kind:7s} at 100 Hz: throughput x{rps.text(3)}, p99 x{p99.text(3)}   (target: >= 0.98, <= 1.02)")
+    ticks = results["btcore"]
+    per_tick = statistics.median(r["busy"] / max(1, r["ticks"]) for r in ticks)
+    cpu_tick = statistics.median(r["cpu"] / max(1, r["ticks"]) for r in ticks)
+    print(f"   btcore's sampler in the server: {per_tick * 1e6:.0f} us per tick wall-clock (the program paused), "
+          f"{cpu_tick * 1e6:.0f} us of its CPU ({cpu_tick * 100 * 100:.2f}% of one core at 100 Hz), "
+          f"{statistics.median(r['stacks'] for r in ticks):.0f} distinct stacks")
+
+
+def tick_cost():
+    import gevent
+    import gevent.event
+    import btcore
+    print("2. the sampler's time per tick (in this process, gevent greenlets parked in an Event)")
+    event = gevent.event.Event()
+    parked = [gevent.spawn(event.wait)]
+    gevent.sleep(0)
+    with btcore.profiling(rate=100):   # warm-up: greenlet's layout learned, the first captures (~30 ms)
+        gevent.sleep(0.2)
+    for count in (10, 100, 1000):
+        parked += [gevent.spawn(event.wait) for _ in range(count - len(parked))]
+        gevent.sleep(0)
+        with btcore.profiling(rate=100) as p:
+            gevent.sleep(1.0)
+        profile = p.profile
+        print(f"   {count:5d} parked: {profile.busy / max(1, profile.ticks) * 1e6:7.0f} us per tick wall-clock, "
+              f"{profile.busy_cpu / max(1, profile.ticks) * 1e6:6.0f} us CPU, {profile.ticks} ticks, "
+              f"{len(profile)} stacks")
+    event.set()
+    gevent.sleep(0)
+
+
+SPLIT = '''
+import gevent.monkey; gevent.monkey.patch_all()
+import socket, threading, time, gevent
+def burn():
+    while True:
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.02:
+            pass
+        gevent.sleep(0.02)
+def on_socket(s): s.recv(1)
+def on_lock(l): l.acquire()
+def on_sleep(): gevent.sleep(1000)
+a, b = socket.socketpair()
+lock = threading.Lock(); lock.acquire()
+workers = [gevent.spawn(burn), gevent.spawn(on_socket, a), gevent.spawn(on_lock, lock), gevent.spawn(on_sleep)]
+gevent.sleep(2.0)
+'''
+
+
+def peers_on_the_split():
+    print("3. the known split (burn computes ~half of the time; on_socket, on_lock, on_sleep wait), 2 s at 100 Hz")
+    with tempfile.TemporaryDirectory() as folder:
+        program = os.path.join(folder, "split.py")
+        with open(program, "w") as f:
+            f.write(SPLIT)
+        ours = os.path.join(folder, "btcore.txt")
+        subprocess.run([sys.executable, "-m", "btcore", "profile", "-o", ours, "--", sys.executable, program],
+                       capture_output=True, timeout=120, check=True)
+        _print_shares("btcore (wall: every greenlet)", ours, lambda stack: " ".join(stack[:2]))
+        if shutil.which("py-spy"):
+            theirs = os.path.join(folder, "pyspy.txt")
+            done = subprocess.run(["py-spy", "record", "--rate", "100", "--format", "raw", "-o", theirs, "--",
+                                   sys.executable, program], capture_output=True, text=True, timeout=120)
+            if done.returncode == 0:
+                _print_shares("py-spy record (threads)", theirs, lambda stack: _leaf_function(stack))
+            else:
+                print(f"   py-spy failed: {done.stderr.strip()[-200:]}")
+        else:
+            print("   (py-spy not installed: pip install py-spy to compare)")
+
+
+def _leaf_function(stack):
+    ours = [frame.split(" ")[0] for frame in stack if any(name in frame for name in
+                                                           ("burn", "on_socket", "on_lock", "on_sleep", "Hub.run", "run (gevent"))]
+    return ours[-1] if ours else stack[-1][:60]
+
+
+def _read_lenient(text):
+    """Collapsed stacks as py-spy writes them (it writes lines with an empty stack too)."""
+    stacks = {}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            key = tuple(stack.split(";"))
+            stacks[key] = stacks.get(key, 0) + int(count)
+    return stacks
+
+
+def _print_shares(title, path, key):
+    with open(path, encoding="utf-8") as f:
+        stacks = _read_lenient(f.read())
+    total, groups = sum(stacks.values()), {}
+    for stack, count in stacks.items():
+        groups[key(stack)] = groups.get(key(stack), 0) + count
+    print(f"   {title}:")
+    for name, count in sorted(groups.items(), key=lambda item: -item[1])[:8]:
+        print(f"     {count / total:6.1%}  {name}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--connections", type=int, default=20)
+    args = parser.parse_args()
+    server_cost(args)
+    tick_cost()
+    peers_on_the_split()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

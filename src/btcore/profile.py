@@ -1,0 +1,596 @@
+"""start_profiler() / stop_profiler(): a sampling profiler that sees every greenlet.
+
+A sampler thread (a real OS thread, also in a monkey-patched process) wakes
+`rate` times a second and, holding the GIL, records for every thread the
+stack it is running (its running greenlet: Python frames, from the
+interpreter) and for every parked greenlet its merged native + Python stack
+(btcore.collect()).  A sample is the raw record of a stack: no name is
+looked up while sampling.  Equal samples are counted once: the profile maps
+(raw stack, greenlet group, state) to a count, bounded by max_stacks (new
+keys past the bound are counted in one "(other)" entry).  Names are looked
+up after sampling, once per distinct raw frame (Profile.stacks()).
+
+Each sample weighs the time since the previous tick ended (microseconds), not 1:
+a sampler that wants the GIL waits until the running thread drops it (up to
+the switch interval, 5 ms), so a greenlet that computes delays the ticks
+that fall in its run; counting ticks would under-count it (a greenlet
+computing half the time got 23% of the ticks here, and 50% of the time).
+
+Two views of the same samples:
+  cpu   what the running greenlet of each thread was executing
+  wall  every greenlet, running or parked: where each spends its time
+"""
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import re
+import sys
+import time
+import weakref
+
+import greenlet
+
+from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD, collect
+from .errors import BacktraceError
+from .fold import is_plumbing
+from .introspect import (RUNNING, SUSPENDED, _base_frame, _collect_suspended, _eventlet_main_code, _gevent_name_of,
+                         _live_greenlets, _name_of, _optional, _plain_name_of, _python_frames_of_thread, _root,
+                         _state_of, _thread_of_roots, _threads, outermost_function)
+from .resolve import resolve_native, resolve_python
+from .threads import MAX_THREADS, current_ident
+
+RUNNING_STATE = "running"
+PARKED_STATE = "parked"
+OTHER = "(other)"            # the bucket of samples past max_stacks
+DEFAULT_RATE = 100
+MAX_RATE = 1000
+DEFAULT_MAX_STACKS = 4096
+CAPACITY = 128               # raw frames kept per sampled stack
+SLICE = 64                   # greenlets captured per hold of the GIL
+PROGRESS_EVERY = 30.0        # seconds between progress calls (python -m btcore profile's line)
+MAIN_EVERY = 10              # ticks a parked main greenlet's stack may be reused (see parked_stack)
+SCAN_SHARE = 0.005           # the full gc scan for new greenlets may take this share of the time
+_GREENLET_N = re.compile(r"^(\S+?)-\d+\b")   # gevent's "Greenlet-12": one group per function
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+_profiler = None             # the running Profiler, if any
+_base_stack_saved = greenlet.greenlet._stack_saved.__get__
+_base_parent = greenlet.greenlet.parent.__get__
+
+
+def group_name(name: str) -> str:
+    """A greenlet's name without what differs between greenlets running the
+    same function: gevent's counter ("Greenlet-3 (handler)" -> "Greenlet
+    (handler)") and object addresses."""
+    return _ADDRESS.sub("", _GREENLET_N.sub(r"\1", name))
+
+
+class Profile:
+    """What a profiler recorded: raw stacks and their counts.
+
+    rate        samples per second asked for
+    ticks       samples taken (each a look at every thread and greenlet)
+    sampled     microseconds the samples stand for (the sum of their weights)
+    busy        seconds the sampler spent taking samples (holding the GIL, mostly: the
+                program is paused meanwhile), wall-clock
+    busy_cpu    the same in the sampler thread's CPU time (busy minus the time the
+                OS ran other work: on a loaded machine much less than busy)
+    missed      ticks skipped because the previous one ran late
+    duration    seconds from start to stop
+    max_stacks  distinct (stack, group, state) keys kept
+    other       microseconds counted in the "(other)" bucket once max_stacks was reached
+    """
+
+    def __init__(self, rate: int, max_stacks: int):
+        self.rate, self.max_stacks = rate, max_stacks
+        self.ticks = self.missed = self.sampled = 0
+        self._other = {}   # state -> microseconds past max_stacks
+        self.duration = self.busy = self.busy_cpu = 0.0
+        self.start_time = time.time()
+        # (raw bytes, name group, spawn site or None, state) -> [count, code refs]
+        self._counts = {}
+
+    def _add(self, bt, name: str, site, state: str, weight: int) -> None:
+        key = (bytes(bt._raw), name, site, state)
+        entry = self._counts.get(key)
+        if entry is not None:
+            entry[0] += weight
+        elif len(self._counts) < self.max_stacks:
+            # The code objects keep the Python records' ids valid until resolved.
+            self._counts[key] = [weight, bt._refs]
+        else:
+            self._other[state] = self._other.get(state, 0) + weight
+
+    @property
+    def other(self) -> int:
+        return sum(self._other.values())
+
+    def __len__(self) -> int:
+        """Distinct raw (stack, group, state) keys recorded."""
+        return len(self._counts)
+
+    def stacks(self, mode: str = "wall", group_by: str | None = "name", verbose: bool = False) -> dict:
+        """{(frame name, ...) outermost first: microseconds} for mode "cpu" (the
+        running greenlet of each thread) or "wall" (every greenlet).
+
+        group_by "name" (greenlet name without its number), "spawn" (the
+        spawn site, when spawn tracking was on) or None: the group is the
+        first item of each stack, then in wall mode the state ("running" or
+        "parked").  verbose=False leaves out the interpreter's call
+        plumbing (btcore.fold), as the readable backtrace view does.
+        Names are looked up here, once per distinct raw frame."""
+        _check_view(mode, group_by)
+        names, out = {}, {}
+        for (raw, name, site, state), (count, refs) in self._counts.items():
+            if mode == "cpu" and state != RUNNING_STATE:
+                continue
+            prefix = _group_prefix(name, site, group_by, names)
+            if mode == "wall":
+                prefix += (state,)
+            key = prefix + _stack_names(raw, refs, names, verbose)
+            out[key] = out.get(key, 0) + count
+        other = self._other.get(RUNNING_STATE, 0) if mode == "cpu" else self.other
+        if other:
+            out[(OTHER,)] = other
+        return out
+
+    def write(self, path, format: str | None = None, *, mode: str = "wall", group_by: str | None = "name",
+              verbose: bool = False) -> str:
+        """Write the profile to path as "pprof", "collapsed" or "html"
+        (default: from the file name: .pb.gz/.pprof, .txt/.collapsed, .html);
+        returns the format.  mode ("wall" or "cpu") picks the collapsed view:
+        pprof and HTML hold both; group_by and verbose as in stacks()."""
+        from . import profile_formats
+        _check_view(mode, group_by)
+        return profile_formats.write(self, path, format, mode, group_by, verbose)
+
+    def __repr__(self) -> str:
+        return f"<btcore.Profile {self.ticks} samples at {self.rate} Hz, {len(self)} stacks>"
+
+
+def _check_view(mode, group_by) -> None:
+    if mode not in ("cpu", "wall"):
+        raise ValueError(f"mode must be 'cpu' or 'wall', got {mode!r}")
+    if group_by not in ("name", "spawn", None):
+        raise ValueError(f"group_by must be 'name', 'spawn' or None, got {group_by!r}")
+
+
+def _group_prefix(name, site, group_by, names) -> tuple:
+    if group_by == "name":
+        return (name,)
+    if group_by == "spawn":
+        return (_site_name(site, names),)
+    return ()
+
+
+def _site_name(site, names: dict) -> str:
+    """"spawned at file:line (function)" of a site's innermost Python frame."""
+    if site is None:
+        return "spawn site unknown"
+    key = ("site", id(site))
+    if key not in names:
+        frame = next((f for f in site.frames() if f.kind == "python"), None)
+        names[key] = (f"spawned at {frame.file}:{frame.line} ({frame.function})" if frame is not None
+                      else "spawn site without Python frames")
+    return names[key]
+
+
+def _stack_names(raw: bytes, refs, names: dict, verbose: bool) -> tuple:
+    """The frame names of a raw stack, outermost first; names: memo per raw record."""
+    out, codes = [], iter(refs)
+    for addr, lasti, kind, flags, _ in RECORD.iter_unpack(raw):
+        ref = next(codes) if kind != KIND_NATIVE else None
+        key = (addr, lasti, kind, flags, verbose)
+        found = names.get(key)
+        if found is None:
+            found = names[key] = _record_names(addr, lasti, kind, flags, ref, verbose)
+        out.extend(found)
+    out.reverse()
+    return tuple(out)
+
+
+def _record_names(addr, lasti, kind, flags, ref, verbose) -> tuple:
+    """Names of one raw record's frames, innermost first (an inlined call
+    is a frame of its own)."""
+    if kind == KIND_NATIVE:
+        frames = resolve_native(addr, flags)
+    elif kind == KIND_PYTHON:
+        frames = resolve_python(ref, lasti)
+    else:
+        frames = ref.frames()
+    return tuple(frame_name(f) for f in frames if verbose or not is_plumbing(f))
+
+
+def frame_name(frame) -> str:
+    """One frame as a profile names it: "function (file:line)" for Python,
+    "function [module]" for native code (the module's address when unnamed)."""
+    if frame.kind == "python":
+        return f"{frame.function} ({frame.file}:{frame.line})"
+    module = os.path.basename(frame.module) if frame.module else "??"
+    if frame.function is None:
+        return f"[{module}+{frame.offset:#x}]" if frame.offset is not None else f"[{module}] {frame.ip:#x}"
+    return f"{frame.function} [{module}]"
+
+
+def _young_greenlets(generations) -> list:
+    base = greenlet.greenlet
+    return [obj for gen in generations for obj in gc.get_objects(gen) if issubclass(type(obj), base)]
+
+
+class _Greenlets:
+    """The greenlets the sampler knows, by weak reference, with their group
+    names.  A new greenlet is an object of the gc's youngest generation: it
+    is found by scanning generation 0 every tick (at most ~700 objects, the
+    gc's threshold), and, when a collection is about to move the young
+    generations into older ones, generations 0 and 1 from a gc callback
+    (~7,000 objects at most, once per 10 collections of generation 0).  The
+    whole heap is scanned at start and then at most SCAN_SHARE of the time
+    (~50 ns per object): greenlets created before the profiler started."""
+
+    def __init__(self):
+        self.known = {}            # id -> (weakref, name group, spawn site)
+        self.thread_of_root = {}   # id(root) -> thread ident
+        self.next_full_scan = 0.0
+        self.pending = []          # greenlets found by the gc callback, taken by the next tick
+        self.stacks = {}           # id -> (stamp, Backtrace) of a parked greenlet: see parked_stack()
+
+    def on_gc(self, phase, info) -> None:
+        # Runs in whichever thread collects, before the collection: no lock, no
+        # switch, and it must not fail whatever the interpreter's state.
+        try:
+            if phase == "start" and info.get("generation", 0) >= 1:
+                self.pending += _young_greenlets((0, 1))
+        except Exception:
+            pass
+
+    def refresh(self, now: float, sampler_current) -> None:
+        found, self.pending = self.pending, []
+        if now >= self.next_full_scan:
+            started = time.perf_counter()
+            found += _live_greenlets()
+            self.known = {i: v for i, v in self.known.items() if v[0]() is not None}
+            self.stacks = {i: v for i, v in self.stacks.items() if i in self.known}
+            cost = time.perf_counter() - started
+            self.next_full_scan = now + max(1.0, cost / SCAN_SHARE)
+        else:
+            found += _young_greenlets((0,))
+        mine = _root(sampler_current)
+        new_roots = False
+        for g in found:
+            entry = self.known.get(id(g))
+            if (entry is None or entry[0]() is not g) and _root(g) is not mine:
+                self.known[id(g)] = (weakref.ref(g), None, None)
+                self.stacks.pop(id(g), None)
+                new_roots = new_roots or id(_root(g)) not in self.thread_of_root
+        if new_roots:
+            self._map_threads(sampler_current)
+
+    def _map_threads(self, sampler_current) -> None:
+        roots = {}
+        for ref, _, _ in self.known.values():
+            g = ref()
+            if g is not None:
+                roots.setdefault(_root(g), []).append(g)
+        threads = _threads([g for members in roots.values() for g in members])
+        found = _thread_of_roots(roots, _root(sampler_current), threads)
+        self.thread_of_root = {id(root): ident for root, ident in found.items()}
+
+    def forget(self, key: int) -> None:
+        self.known.pop(key, None)
+        self.stacks.pop(key, None)
+
+    def parked_stack(self, key: int, g, tick: int):
+        """g's stack (g is parked): the one captured at an earlier tick when
+        its stamp is unchanged, else a new capture (~2-10 us).  The stamp
+        (~0.5 us): its Python frames alone (code and instruction of each,
+        btcore's interpreter-frame walk, no unwinding) and the size of its
+        saved stack.  Frame object ids would not do: a greenlet that parks
+        in turn at two places through gevent.sleep() gets a new frame at
+        the same address each time.  A thread's main greenlet is another
+        thread's for the sampler, and any capture of it reads
+        /proc/self/maps for its stack's end (~0.1-0.2 ms): it is stamped by
+        its innermost frame and offset only, and captured again at least
+        every MAIN_EVERY ticks."""
+        frame = _base_frame(g)
+        if frame is None:   # parked in C with no Python frame: nothing to stamp
+            return _collect_suspended(g)
+        if _base_parent(g) is None:
+            stamp = (id(frame), frame.f_lasti, tick // MAIN_EVERY)
+        else:
+            stamp = (collect(g, native=False, capacity=CAPACITY)._raw, _base_stack_saved(g))
+        known = self.stacks.get(key)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        bt = _collect_suspended(g)
+        self.stacks[key] = (stamp, bt)
+        return bt
+
+    def labels(self, key: int, g, frame=None) -> tuple:
+        """(name group, spawn site) of g, looked up once per greenlet (a
+        plain greenlet's function is known only once it has started).
+        frame: g's innermost frame when g runs in another thread (where
+        greenlet does not show its frames)."""
+        ref, name, site = self.known[key]
+        if name is None:
+            name = group_name(_name_of(g) if frame is None else _running_name_of(g, frame))
+            site = _spawn_site(g)
+            if _state_is_started(g):
+                self.known[key] = (ref, name, site)
+        return name, site
+
+
+def _running_name_of(g, frame) -> str:
+    """_name_of() for a greenlet running in another thread, from its frames."""
+    gevent_name = _optional(_gevent_name_of, g)
+    if gevent_name is not None:
+        return gevent_name
+    main = _base_parent(g) is None   # a thread's main greenlet runs the thread
+    return _plain_name_of(g, None if main else outermost_function(frame, _eventlet_main_code()))
+
+
+def _state_is_started(g) -> bool:
+    return greenlet.greenlet.__bool__(g) or greenlet.greenlet.dead.__get__(g)
+
+
+def _spawn_site(g):
+    """The interned site where g was created, if spawn tracking recorded it."""
+    spawn = sys.modules.get("btcore.spawn")
+    chain = _optional(spawn.spawn_chain, g) if spawn is not None else None
+    return chain.links[0][0] if chain is not None and chain.links else None
+
+
+class Profiler:
+    """The sampler thread and the profile it fills; see start_profiler()."""
+
+    def __init__(self, rate: int, max_stacks: int, threads_only: bool, duration: float | None):
+        self.profile = Profile(rate, max_stacks)
+        self.threads_only = threads_only
+        self.duration = duration
+        # Called in the sampler thread (python -m btcore profile sets them): with
+        # the profile when the duration ends; every PROGRESS_EVERY s while sampling.
+        self.on_duration_end = self.on_progress = None
+        self._interval = 1.0 / rate
+        self._greenlets = _Greenlets()
+        self._previous = {}   # thread ident -> (stack, name, site) it ran at the previous tick
+        self._thread_labels = {}
+        # A wait for the GIL this long (us) was ended by a forced switch (see _running_threads).
+        self._forced_switch = int(sys.getswitchinterval() * 0.8 * 1e6)
+        # Taken now: the sampler may run while gevent.monkey is half imported.
+        self._sleep = _original("time", "sleep")
+        self._stop = _original("_thread", "allocate_lock")()
+        self._stop.acquire()            # released by stop(): the sampler's sleep ends at once
+        self._done = _original("_thread", "allocate_lock")()
+        self._done.acquire()            # released by the sampler when it exits
+        self._started = self._last = time.monotonic()
+        self._pid = os.getpid()
+        self.error = None
+
+    def start(self) -> None:
+        if not self.threads_only:
+            gc.callbacks.append(self._greenlets.on_gc)
+        _original("_thread", "start_new_thread")(self._run, ())
+
+    def _run(self) -> None:
+        try:
+            if self._loop():   # the duration ended
+                profile = self._finish()
+                if self.on_duration_end is not None:
+                    self.on_duration_end(profile)
+        except BaseException as e:   # the sampler must end quietly; stop() reports it
+            self.error = e
+        finally:
+            self.forget_gc()
+            self._done.release()
+
+    def forget_gc(self) -> None:
+        """Remove the gc callback (sampling has ended)."""
+        if self._greenlets.on_gc in gc.callbacks:
+            gc.callbacks.remove(self._greenlets.on_gc)
+
+    def _loop(self) -> bool:
+        """Sample until stopped (False) or until the duration ends (True)."""
+        deadline = time.monotonic()
+        end = deadline + self.duration if self.duration is not None else float("inf")
+        progress = deadline + PROGRESS_EVERY
+        while not self._stop.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            if deadline >= end:
+                return True
+            self.sample(deadline)
+            if self.on_progress is not None and deadline >= progress:
+                progress += PROGRESS_EVERY
+                self.on_progress(self.profile)
+            deadline += self._interval
+            late = time.monotonic() - deadline
+            if late > self._interval:   # skip the ticks already missed, and count them
+                skipped = int(late / self._interval)
+                self.profile.missed += skipped
+                deadline += skipped * self._interval
+        return False
+
+    def sample(self, due: float) -> None:
+        """One tick (due at `due`): every thread's running stack, then every
+        parked greenlet's, each weighing the time since the previous tick
+        ended (the program is paused while a tick holds the GIL: that time
+        is nobody's)."""
+        now, cpu, current = time.monotonic(), time.thread_time(), greenlet.getcurrent()
+        weight = int((now - self._last) * 1e6)
+        waited = min(weight, int((now - max(due, self._last)) * 1e6))
+        self.profile.ticks += 1
+        self.profile.sampled += weight
+        parked = self._running_threads(current, weight, max(0, waited))
+        self._parked(current, weight, parked)
+        self._last = time.monotonic()
+        self.profile.busy += self._last - now
+        self.profile.busy_cpu += time.thread_time() - cpu
+
+    def _thread_label(self, ident) -> str:
+        """"thread NAME" of a thread with no greenlet known, once per ident
+        (listing the threads costs; at most MAX_THREADS kept)."""
+        label = self._thread_labels.get(ident)
+        if label is None:
+            if len(self._thread_labels) >= MAX_THREADS:
+                self._thread_labels.clear()
+            label = self._thread_labels[ident] = _thread_label(ident)
+        return label
+
+    def _running_threads(self, current, weight: int, waited: int) -> None:
+        """Record each thread's running stack, named by its running greenlet
+        when known.  waited: the part of weight the sampler waited for the
+        GIL.  A wait shorter than the switch interval ended because the
+        holder blocked (gevent's hub entering its loop, after a greenlet's
+        run ended): the wait goes to what each thread ran at the previous
+        tick.  A longer one was ended by the interpreter forcing the holder
+        to drop the GIL: the holder still runs, and the wait is its time.
+        Returns the parked greenlets [(key, greenlet)] (their state is
+        read once per tick, here)."""
+        frames = sys._current_frames()
+        me = current_ident()
+        running = {ident: None for ident in frames if ident != me}
+        parked = []
+        if not self.threads_only:
+            self._greenlets.refresh(time.monotonic(), current)
+            for key, (ref, _, _) in list(self._greenlets.known.items()):
+                g = ref()
+                state = _state_of(g, current) if g is not None else None
+                if state == SUSPENDED:
+                    parked.append((key, g))
+                elif state == RUNNING:
+                    ident = self._greenlets.thread_of_root.get(id(_root(g)))
+                    if ident in running:
+                        running[ident] = (key, g)
+                elif g is None or greenlet.greenlet.dead.__get__(g):
+                    self._greenlets.forget(key)
+        previous, self._previous = self._previous, {}
+        for ident, found in running.items():
+            bt = _python_frames_of_thread(ident)
+            if bt is None:
+                continue
+            name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
+            before = previous.get(ident)
+            early = before is not None and 0 < waited < self._forced_switch
+            if early:
+                self.profile._add(*before, RUNNING_STATE, waited)
+            self.profile._add(bt, name, site, RUNNING_STATE, weight - waited if early else weight)
+            self._previous[ident] = (bt, name, site)
+        return parked
+
+    def _parked(self, current, weight: int, parked: list) -> None:
+        for n, (key, g) in enumerate(parked):
+            if n and n % SLICE == 0:
+                self._sleep(0)   # let the program run between slices: it is paused while the sampler holds the GIL
+            if n >= SLICE and _state_of(g, current) != SUSPENDED:   # it may have run during a slice's pause
+                continue
+            try:
+                bt = self._greenlets.parked_stack(key, g, self.profile.ticks)
+            except (BacktraceError, RuntimeError):   # it changed under the sample: skipped
+                continue
+            self.profile._add(bt, *self._greenlets.labels(key, g), PARKED_STATE, weight)
+
+    def _finish(self) -> Profile:
+        if not self.profile.duration:
+            self.profile.duration = time.monotonic() - self._started
+        return self.profile
+
+    def stop(self) -> Profile:
+        """Stop sampling (if the duration has not ended it) and return the profile."""
+        self._stop.release()
+        self._done.acquire()
+        self._finish()
+        if self.error is not None:
+            raise RuntimeError(f"btcore profiler: the sampler failed: {self.error!r}") from self.error
+        return self.profile
+
+
+def _thread_label(ident) -> str:
+    from .threads import os_threads
+    for thread in os_threads():
+        if thread.ident == ident:
+            return f"thread {thread.name}"
+    return f"thread 0x{ident:x}"
+
+
+def _original(module: str, name: str):
+    """module.name as it was before gevent's monkey-patching (the sampler
+    needs a real thread, real locks and a real sleep)."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None:
+        return monkey.get_original(module, name)
+    return getattr(__import__(module), name)
+
+
+def start_profiler(rate: int = DEFAULT_RATE, *, duration: float | None = None,
+                   max_stacks: int = DEFAULT_MAX_STACKS, threads_only: bool = False) -> Profiler:
+    """Start sampling every thread and greenlet `rate` times a second (1 to
+    MAX_RATE) in a sampler thread; stop_profiler() returns the Profile.
+    duration: seconds after which sampling ends by itself (stop_profiler()
+    is still what returns the profile); None: until stop_profiler().
+
+    max_stacks bounds the distinct (stack, group, state) keys kept (memory:
+    at most ~2 KB each); samples past it are counted as "(other)".
+    threads_only: only the running stack of each thread (no parked greenlets:
+    the cost of a tick no longer grows with the number of greenlets).
+    One profiler at a time per process."""
+    global _profiler
+    if type(rate) is not int or not 1 <= rate <= MAX_RATE:
+        raise ValueError(f"rate must be an int from 1 to {MAX_RATE} (samples per second), got {rate!r}")
+    if type(max_stacks) is not int or max_stacks < 1:
+        raise ValueError(f"max_stacks must be a positive int, got {max_stacks!r}")
+    if duration is not None and not (type(duration) in (int, float) and 0 < duration < float("inf")):
+        raise ValueError(f"duration must be a positive number of seconds or None, got {duration!r}")
+    if _profiler is not None:
+        raise RuntimeError("a btcore profiler is already running in this process")
+    _profiler = Profiler(rate, max_stacks, threads_only, duration)
+    _profiler.start()
+    return _profiler
+
+
+def stop_profiler() -> Profile:
+    """Stop the profiler start_profiler() started; returns its Profile."""
+    global _profiler
+    if _profiler is None:
+        raise RuntimeError("no btcore profiler is running")
+    running, _profiler = _profiler, None
+    return running.stop()
+
+
+class profiling:
+    """with btcore.profiling(rate=100) as p: ...  then p.profile is the Profile."""
+
+    def __init__(self, rate: int = DEFAULT_RATE, **options):
+        self._args = (rate, options)
+        self.profile = None
+
+    def __enter__(self) -> profiling:
+        rate, options = self._args
+        start_profiler(rate, **options)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.profile = stop_profiler()
+
+
+def _stop_at_exit() -> None:
+    # A profiler left running: its sampler must not run Python code while
+    # the interpreter tears down (python -m btcore profile's own exit
+    # handler, registered later, runs before this one and writes first).
+    if _profiler is not None:
+        try:
+            _profiler.stop()
+        except RuntimeError:
+            pass
+
+
+atexit.register(_stop_at_exit)
+
+
+def _forget_in_child() -> None:
+    # The sampler thread does not exist in a fork child: its profiler is gone.
+    global _profiler
+    if _profiler is not None:
+        _profiler.forget_gc()
+    _profiler = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
