@@ -43,7 +43,22 @@ _OWN_FILES = frozenset(os.path.join(os.path.dirname(__file__), name)
                        for name in ("introspect.py", "dump.py", "html.py", "web.py", "tasks.py"))
 
 
-class GreenletInfo:
+class _Entry:
+    """What a snapshot's entries share (GreenletInfo, tasks.TaskInfo): a
+    spawn backtrace built from the spawn chain on first use (the snapshot
+    itself only takes the chain: cheap)."""
+
+    __slots__ = ()
+
+    @property
+    def spawn_backtrace(self):
+        if self._spawn_backtrace is None and self.spawn_chain is not None:
+            from .spawn import chain_backtrace
+            self._spawn_backtrace = chain_backtrace(self.spawn_chain)
+        return self._spawn_backtrace
+
+
+class GreenletInfo(_Entry):
     """One live greenlet, as snapshot() saw it.
 
     greenlet     the greenlet object (the snapshot keeps it alive)
@@ -87,14 +102,6 @@ class GreenletInfo:
         self.name = _name_of(g)
         self.backtrace = self.spawn_chain = self._spawn_backtrace = self.last_ran = self.error = None
         self.python_only = False
-
-    @property
-    def spawn_backtrace(self):
-        # Built on first use: the snapshot itself only takes the chain (cheap).
-        if self._spawn_backtrace is None and self.spawn_chain is not None:
-            from .spawn import chain_backtrace
-            self._spawn_backtrace = chain_backtrace(self.spawn_chain)
-        return self._spawn_backtrace
 
     def __repr__(self) -> str:
         return f"<GreenletInfo {self.name} {self.state} thread={self.thread_name}>"

@@ -32,7 +32,7 @@ from asyncio import tasks as _tasks_module
 
 from .backtrace import Backtrace, append_labelled, collect
 from .errors import BacktraceError
-from .introspect import (CAPACITY, NOT_STARTED, RUNNING, SUSPENDED, _optional, _python_backtrace,
+from .introspect import (CAPACITY, NOT_STARTED, RUNNING, SUSPENDED, _Entry, _optional, _python_backtrace,
                          _python_frames_of_thread, _without_own_frames)
 from .threads import current_ident
 
@@ -43,7 +43,7 @@ _FUTURES = tuple({asyncio.Future, getattr(asyncio.futures, "_PyFuture", asyncio.
 _CHAIN_DEPTH = 64      # awaiters appended to a suspended task's stack
 
 
-class TaskInfo:
+class TaskInfo(_Entry):
     """One pending asyncio task, as snapshot() saw it: the attributes of a
     GreenletInfo (so every view lists it the same way), and its own.
 
@@ -84,13 +84,6 @@ class TaskInfo:
     @property
     def greenlet(self):
         return self.task
-
-    @property
-    def spawn_backtrace(self):
-        if self._spawn_backtrace is None and self.spawn_chain is not None:
-            from .spawn import chain_backtrace
-            self._spawn_backtrace = chain_backtrace(self.spawn_chain)
-        return self._spawn_backtrace
 
     def __repr__(self) -> str:
         return f"<TaskInfo {self.name} {self.state} thread={self.thread_name}>"
