@@ -15,11 +15,6 @@
 #include "capture/unwind.h"
 #include "common/errors.h"
 
-static bool in_eval_loop(const btc_native_frame *f)
-{
-    return btc_in_eval_loop(f->exact ? f->pc : f->pc - 1);
-}
-
 /* ---- the output ---- */
 
 typedef struct {
@@ -144,7 +139,7 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
         if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;
-        if (in_eval_loop(f)) {
+        if (f->eval) {   /* the walker's btc_in_eval_loop(), cached per pc */
             int users = 0;
             int taken = take_eval_call(s, py, want_py, &users);
             if (own && users == 0 && taken > 0)

@@ -2,6 +2,7 @@
  * signal handler) goes through btc_unwind(); only the context differs. */
 #include <string.h>
 
+#include "capture/evalloop.h"
 #include "capture/modules.h"
 #include "capture/unwind.h"
 
@@ -113,31 +114,78 @@ BTC_HOT bool read_signal_frame(const btc_cfi_row *row, const btc_memview *m, btc
 #endif
 }
 
-/* pc -> CFI row, direct-mapped: a stack is walked again and again through
+/* Rows the walk steps without interpreting them (step_plain): nearly every
+ * row of compiled code says CFA = sp + K, the return address saved at
+ * CFA + off, fp and aux unchanged or saved at CFA + off.  step() gives the
+ * same answer for them, through more tests. */
+BTC_HOT bool plain_row(const btc_cfi_row *row)
+{
+    return row->cfa_kind == BTC_CFA_REG && row->cfa_reg == BTC_DWARF_SP && row->flags == 0 &&
+           row->ra_rule == BTC_RULE_AT_CFA &&
+           (row->fp_rule == BTC_RULE_SAME || row->fp_rule == BTC_RULE_AT_CFA) &&
+           (row->aux_rule == BTC_RULE_SAME || row->aux_rule == BTC_RULE_AT_CFA);
+}
+
+/* step() for a plain_row(): the return address is never in a register
+ * there (its rule is AT_CFA), so no leaf case and no signal frame. */
+BTC_HOT bool step_plain(const btc_cfi_row *row, const btc_memview *m, btc_regs *r, uintptr_t *cfa_out)
+{
+    uintptr_t cfa = r->sp + row->cfa_off, ip, fp = r->fp, aux = r->aux;
+    *cfa_out = cfa;
+    if (cfa <= r->sp || cfa < m->lo || cfa > m->hi || !btc_mem_read(m, cfa + row->ra_off, &ip) ||
+        (row->fp_rule && !btc_mem_read(m, cfa + row->fp_off, &fp)) ||
+        (row->aux_rule && !btc_mem_read(m, cfa + row->aux_off, &aux)))
+        return false;
+    *r = (btc_regs){.ip = ip, .sp = cfa, .fp = fp, .aux = BTC_LINK_REGISTER ? ip : aux};
+    return ip != 0;
+}
+
+/* What the walk needs to know about a pc, precomputed once per pc. */
+typedef struct {
+    btc_cfi_row row;
+    bool found;   /* false: no module or no FDE covers pc */
+    bool plain;   /* plain_row(&row) */
+    bool eval;    /* pc runs the interpreter's eval loop (btc_in_eval_loop) */
+} pc_info;
+
+static void pc_info_set(pc_info *info, const btc_cfi_row *row, uintptr_t pc)
+{
+    info->found = row != NULL;
+    info->plain = row && plain_row(row);
+    info->eval = btc_in_eval_loop(pc);
+    if (row)
+        info->row = *row;
+}
+
+/* pc -> pc_info, direct-mapped: a stack is walked again and again through
  * the same call sites, and the row tables are large (1.4 MB for libpython),
- * so a hit here saves the module search and the table's cache misses.
+ * so a hit here saves the module search, the table's binary search and its
+ * cache misses, the row's classification and the eval-loop test.
  * Rows live as long as their table: the cache is emptied whenever the
  * module list was rebuilt since it was filled (btc_modules_generation), so
- * the module list never calls back into the walker.  Used under the module
- * lock. */
+ * the module list never calls back into the walker, and once the eval
+ * loop's ranges are found (the eval flags filled before are wrong).  Used
+ * under the module lock. */
 #define ROW_CACHE_BITS 10
 /* The row is copied into the entry: a hit then reads one cache line, not
  * the entry and a row somewhere in a table of megabytes (a second cache and
  * TLB miss per frame). */
 static struct {
     uintptr_t pc;
-    btc_cfi_row row;
-    bool found;   /* false: no module or no FDE covers pc */
+    pc_info info;
 } row_cache[1 << ROW_CACHE_BITS];
 static uint64_t row_cache_generation;
+static int row_cache_eval_ranges;
 
 /* Drop the rows of a previous module list: their tables may be freed. */
 static void row_cache_follow_modules(void)
 {
-    if (BTC_LIKELY(row_cache_generation == btc_modules_generation))
+    int eval_ranges = btc_eval_ranges_found();
+    if (BTC_LIKELY(row_cache_generation == btc_modules_generation && row_cache_eval_ranges == eval_ranges))
         return;
     memset(row_cache, 0, sizeof row_cache);
     row_cache_generation = btc_modules_generation;
+    row_cache_eval_ranges = eval_ranges;
 }
 
 /* *lasting: the answer holds until the module list changes (false when a
@@ -150,8 +198,9 @@ static const btc_cfi_row *find_row(uintptr_t pc, bool *lasting)
     return t ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
 }
 
-/* The row for pc, valid until the next call. */
-BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
+/* What the walk knows about pc, valid until the next call; NULL: nothing
+ * yet (the table is built later). */
+BTC_HOT const pc_info *cached_info(uintptr_t pc)
 {
     size_t i = (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
     if (row_cache[i].pc != pc) {
@@ -159,20 +208,27 @@ BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
         const btc_cfi_row *row = find_row(pc, &lasting);
         if (!lasting)
             return NULL;   /* not cached: the table is built later */
-        row_cache[i].found = row != NULL;
-        if (row)
-            row_cache[i].row = *row;
+        pc_info_set(&row_cache[i].info, row, pc);
         row_cache[i].pc = pc;
     }
-    return row_cache[i].found ? &row_cache[i].row : NULL;
+    return &row_cache[i].info;
 }
 
 /* Another process's modules (ctx->rows) are looked up without the row
- * cache, which holds this process's rows. */
-BTC_HOT const btc_cfi_row *find_row_for(const btc_context *ctx, uintptr_t pc)
+ * cache, which holds this process's rows; their pcs are never in this
+ * process's eval loop (eval false: the remote dump merges in Python). */
+BTC_HOT const pc_info *find_info(const btc_context *ctx, uintptr_t pc, pc_info *scratch)
 {
+    if (BTC_LIKELY(!ctx->rows))
+        return cached_info(pc);
     bool ignored;
-    return BTC_LIKELY(!ctx->rows) ? cached_row(pc) : ctx->rows->find(ctx->rows, pc, &ignored);
+    const btc_cfi_row *row = ctx->rows->find(ctx->rows, pc, &ignored);
+    scratch->found = row != NULL;
+    scratch->plain = row && plain_row(row);
+    scratch->eval = false;
+    if (row)
+        scratch->row = *row;
+    return scratch;
 }
 
 static bool in_some_module(const btc_context *ctx, uintptr_t pc)
@@ -197,15 +253,20 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
     btc_regs r = ctx->regs;
     bool exact = ctx->ip_is_exact;
     int n = 0;
+    pc_info scratch;
     row_cache_follow_modules();
     while (n < max) {
         /* A return address points after the call: look up the call itself. */
         uintptr_t pc = exact ? r.ip : r.ip - 1;
-        const btc_cfi_row *row = pc ? find_row_for(ctx, pc) : NULL;
+        const pc_info *info = pc ? find_info(ctx, pc, &scratch) : NULL;
+        const btc_cfi_row *row = info && info->found ? &info->row : NULL;
         uintptr_t cfa = 0;
         bool more, signal;
         if (!exact && read_signal_frame(row, &ctx->mem, &r, &cfa)) {
             more = signal = true;
+        } else if (BTC_LIKELY(row && info->plain)) {
+            more = step_plain(row, &ctx->mem, &r, &cfa);
+            signal = false;
         } else {
             if (!row && !in_some_module(ctx, pc))
                 break;   /* in no module: not a frame at all */
@@ -214,12 +275,10 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
         }
         if (cfa && ctx->last_cfa && cfa > ctx->last_cfa)
             break;  /* this frame belongs to whoever is below the target's stack */
-        out[n].pc = exact ? pc : pc + 1;
-        out[n].cfa = cfa;
-        out[n].exact = exact;
-        out[n].signal = signal;
+        out[n] = (btc_native_frame){.pc = exact ? pc : pc + 1, .cfa = cfa, .exact = exact, .signal = signal,
+                                    .eval = info ? info->eval : btc_in_eval_loop(pc)};
         n++;
-        if (!more || ends_walk(ctx, pc))
+        if (!more || BTC_UNLIKELY(ctx->nend && ends_walk(ctx, pc)))
             break;
         exact = signal;   /* the frame a signal interrupted resumes at its exact pc */
     }
