@@ -114,45 +114,77 @@ BTC_HOT bool read_signal_frame(const btc_cfi_row *row, const btc_memview *m, btc
 #endif
 }
 
-/* Rows the walk steps without interpreting them (step_plain): nearly every
- * row of compiled code says CFA = sp + K, the return address saved at
- * CFA + off, fp and aux unchanged or saved at CFA + off.  step() gives the
- * same answer for them, through more tests. */
-BTC_HOT bool plain_row(const btc_cfi_row *row)
+/* A row in the form the walk steps without the rule interpreter: nearly
+ * every row of compiled code says CFA = sp + K, the return address saved at
+ * CFA + off, fp and aux unchanged or saved at CFA + off.  Kept only when
+ * every slot lies 8-aligned inside the frame, [CFA - K, CFA - 8]: then one
+ * test of the frame against the view (frame_readable) bounds all its reads. */
+typedef struct {
+    int32_t cfa_off;           /* CFA = sp + cfa_off; > 0, a multiple of 8 */
+    int16_t ra_word;           /* return address at CFA + 8 * ra_word (< 0) */
+    int16_t fp_word, aux_word; /* 0: unchanged, else saved at CFA + 8 * word */
+} plain_rule;
+
+/* off, a slot inside the frame, in words from the CFA (-1 the highest). */
+static bool slot_in_frame(int32_t cfa_off, int off, int16_t *word)
 {
-    return row->cfa_kind == BTC_CFA_REG && row->cfa_reg == BTC_DWARF_SP && row->flags == 0 &&
-           row->ra_rule == BTC_RULE_AT_CFA &&
-           (row->fp_rule == BTC_RULE_SAME || row->fp_rule == BTC_RULE_AT_CFA) &&
-           (row->aux_rule == BTC_RULE_SAME || row->aux_rule == BTC_RULE_AT_CFA);
+    *word = (int16_t)(off / 8);
+    return off < 0 && -off <= cfa_off && (off & 7) == 0;
 }
 
-/* step() for a plain_row(): the return address is never in a register
- * there (its rule is AT_CFA), so no leaf case and no signal frame. */
-BTC_HOT bool step_plain(const btc_cfi_row *row, const btc_memview *m, btc_regs *r, uintptr_t *cfa_out)
+static bool saved_or_same(uint8_t rule, int16_t off, int32_t cfa_off, int16_t *word)
 {
-    uintptr_t cfa = r->sp + row->cfa_off, ip, fp = r->fp, aux = r->aux;
+    *word = 0;
+    return rule == BTC_RULE_SAME || (rule == BTC_RULE_AT_CFA && slot_in_frame(cfa_off, off, word));
+}
+
+/* The plain form of row, if it has one. */
+static bool plain_form(const btc_cfi_row *row, plain_rule *p)
+{
+    p->cfa_off = row->cfa_off;
+    return row->cfa_kind == BTC_CFA_REG && row->cfa_reg == BTC_DWARF_SP && row->flags == 0 &&
+           row->cfa_off > 0 && (row->cfa_off & 7) == 0 && row->ra_rule == BTC_RULE_AT_CFA &&
+           slot_in_frame(row->cfa_off, row->ra_off, &p->ra_word) &&
+           saved_or_same(row->fp_rule, row->fp_off, row->cfa_off, &p->fp_word) &&
+           saved_or_same(row->aux_rule, row->aux_off, row->cfa_off, &p->aux_word);
+}
+
+/* The frame [sp, sp + cfa_off) lies in the view, 8-aligned, and not in its
+ * spilled part: every slot of a plain_rule may be read in place.  When not,
+ * step() decides, read by read. */
+BTC_HOT bool frame_readable(const plain_rule *p, const btc_memview *m, uintptr_t sp)
+{
+    uintptr_t cfa = sp + (uintptr_t)p->cfa_off;
+    return !(sp & 7) && sp >= m->lo && cfa > sp && cfa <= m->hi && (cfa <= m->spill_lo || sp >= m->spill_hi);
+}
+
+/* step() for a plain_rule whose frame_readable(): the same answer, with no
+ * rule to interpret and no read to check (the return address is never in
+ * a register here: its rule is AT_CFA, so no leaf case; no signal frame). */
+BTC_HOT bool step_plain(const plain_rule *p, btc_regs *r, uintptr_t *cfa_out)
+{
+    uintptr_t cfa = r->sp + (uintptr_t)p->cfa_off;
+    const uintptr_t *at = (const uintptr_t *)cfa;
+    uintptr_t ip = at[p->ra_word];
     *cfa_out = cfa;
-    if (cfa <= r->sp || cfa < m->lo || cfa > m->hi || !btc_mem_read(m, cfa + row->ra_off, &ip) ||
-        (row->fp_rule && !btc_mem_read(m, cfa + row->fp_off, &fp)) ||
-        (row->aux_rule && !btc_mem_read(m, cfa + row->aux_off, &aux)))
-        return false;
-    *r = (btc_regs){.ip = ip, .sp = cfa, .fp = fp, .aux = BTC_LINK_REGISTER ? ip : aux};
+    *r = (btc_regs){.ip = ip, .sp = cfa, .fp = p->fp_word ? at[p->fp_word] : r->fp,
+                    .aux = BTC_LINK_REGISTER ? ip : p->aux_word ? at[p->aux_word] : r->aux};
     return ip != 0;
 }
 
 /* What the walk needs to know about a pc, precomputed once per pc. */
+enum { PC_NO_ROW, PC_ROW, PC_PLAIN };
 typedef struct {
+    plain_rule plain;
+    uint8_t kind;    /* PC_NO_ROW: no module or no FDE covers pc; PC_PLAIN: plain holds row's plain form */
+    bool eval;       /* pc runs the interpreter's eval loop (btc_in_eval_loop) */
     btc_cfi_row row;
-    bool found;   /* false: no module or no FDE covers pc */
-    bool plain;   /* plain_row(&row) */
-    bool eval;    /* pc runs the interpreter's eval loop (btc_in_eval_loop) */
 } pc_info;
 
-static void pc_info_set(pc_info *info, const btc_cfi_row *row, uintptr_t pc)
+static void pc_info_set(pc_info *info, const btc_cfi_row *row, bool eval)
 {
-    info->found = row != NULL;
-    info->plain = row && plain_row(row);
-    info->eval = btc_in_eval_loop(pc);
+    info->kind = !row ? PC_NO_ROW : plain_form(row, &info->plain) ? PC_PLAIN : PC_ROW;
+    info->eval = eval;
     if (row)
         info->row = *row;
 }
@@ -173,7 +205,7 @@ static void pc_info_set(pc_info *info, const btc_cfi_row *row, uintptr_t pc)
 static struct {
     uintptr_t pc;
     pc_info info;
-} row_cache[1 << ROW_CACHE_BITS];
+} __attribute__((aligned(64))) row_cache[1 << ROW_CACHE_BITS];   /* an entry: one cache line */
 static uint64_t row_cache_generation;
 static int row_cache_eval_ranges;
 
@@ -198,17 +230,22 @@ static const btc_cfi_row *find_row(uintptr_t pc, bool *lasting)
     return t ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
 }
 
+BTC_HOT size_t row_cache_slot(uintptr_t pc)
+{
+    return (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
+}
+
 /* What the walk knows about pc, valid until the next call; NULL: nothing
  * yet (the table is built later). */
 BTC_HOT const pc_info *cached_info(uintptr_t pc)
 {
-    size_t i = (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
+    size_t i = row_cache_slot(pc);
     if (row_cache[i].pc != pc) {
         bool lasting;
         const btc_cfi_row *row = find_row(pc, &lasting);
         if (!lasting)
             return NULL;   /* not cached: the table is built later */
-        pc_info_set(&row_cache[i].info, row, pc);
+        pc_info_set(&row_cache[i].info, row, btc_in_eval_loop(pc));
         row_cache[i].pc = pc;
     }
     return &row_cache[i].info;
@@ -222,12 +259,7 @@ BTC_HOT const pc_info *find_info(const btc_context *ctx, uintptr_t pc, pc_info *
     if (BTC_LIKELY(!ctx->rows))
         return cached_info(pc);
     bool ignored;
-    const btc_cfi_row *row = ctx->rows->find(ctx->rows, pc, &ignored);
-    scratch->found = row != NULL;
-    scratch->plain = row && plain_row(row);
-    scratch->eval = false;
-    if (row)
-        scratch->row = *row;
+    pc_info_set(scratch, ctx->rows->find(ctx->rows, pc, &ignored), false);
     return scratch;
 }
 
@@ -248,6 +280,35 @@ static bool ends_walk(const btc_context *ctx, uintptr_t pc)
     return false;
 }
 
+/* The walk's common case in a loop of its own: a return address whose pc
+ * the row cache holds with a plain rule, its frame readable in place.
+ * Stops at the first frame that is not, for btc_unwind's general step to
+ * take it; *done: the walk ended at a frame recorded here.  This process's
+ * modules only (the row cache), after row_cache_follow_modules(). */
+static int walk_plain(const btc_context *ctx, btc_regs *r, btc_native_frame *out, int n, int max, bool *done)
+{
+    btc_memview mem = ctx->mem;
+    /* A frame above last_cfa is not recorded: the general step ends the
+     * walk there, so such frames are left to it. */
+    if (ctx->last_cfa && ctx->last_cfa < mem.hi)
+        mem.hi = ctx->last_cfa;
+    while (n < max) {
+        uintptr_t pc = r->ip - 1;
+        size_t i = row_cache_slot(pc);
+        const pc_info *info = &row_cache[i].info;
+        if (row_cache[i].pc != pc || info->kind != PC_PLAIN || !frame_readable(&info->plain, &mem, r->sp))
+            break;
+        uintptr_t cfa;
+        bool more = step_plain(&info->plain, r, &cfa);
+        out[n++] = (btc_native_frame){.pc = pc + 1, .cfa = cfa, .eval = info->eval};
+        if (!more || BTC_UNLIKELY(ctx->nend && ends_walk(ctx, pc))) {
+            *done = true;
+            break;
+        }
+    }
+    return n;
+}
+
 int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
 {
     btc_regs r = ctx->regs;
@@ -256,17 +317,20 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
     pc_info scratch;
     row_cache_follow_modules();
     while (n < max) {
+        if (!exact && BTC_LIKELY(!ctx->rows)) {
+            bool done = false;
+            n = walk_plain(ctx, &r, out, n, max, &done);
+            if (done || n == max)
+                break;
+        }
         /* A return address points after the call: look up the call itself. */
         uintptr_t pc = exact ? r.ip : r.ip - 1;
         const pc_info *info = pc ? find_info(ctx, pc, &scratch) : NULL;
-        const btc_cfi_row *row = info && info->found ? &info->row : NULL;
+        const btc_cfi_row *row = info && info->kind != PC_NO_ROW ? &info->row : NULL;
         uintptr_t cfa = 0;
         bool more, signal;
         if (!exact && read_signal_frame(row, &ctx->mem, &r, &cfa)) {
             more = signal = true;
-        } else if (BTC_LIKELY(row && info->plain)) {
-            more = step_plain(row, &ctx->mem, &r, &cfa);
-            signal = false;
         } else {
             if (!row && !in_some_module(ctx, pc))
                 break;   /* in no module: not a frame at all */
@@ -278,7 +342,7 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
         out[n] = (btc_native_frame){.pc = exact ? pc : pc + 1, .cfa = cfa, .exact = exact, .signal = signal,
                                     .eval = info ? info->eval : btc_in_eval_loop(pc)};
         n++;
-        if (!more || BTC_UNLIKELY(ctx->nend && ends_walk(ctx, pc)))
+        if (!more || ends_walk(ctx, pc))
             break;
         exact = signal;   /* the frame a signal interrupted resumes at its exact pc */
     }
