@@ -125,6 +125,23 @@ static int hide_greenlet_internals(native_walk *w)
     return first;
 }
 
+/* From nat[i] on, the native frames merge() emits with no flag (not the
+ * eval loop, not exact, no signal, not greenlet's own), up to the room
+ * left: the bulk of a deep native stack, copied in a loop of their own.
+ * Returns how many. */
+static int copy_plain_natives(sink *s, const native_walk *w, int i)
+{
+    int k = 0, room = s->max - s->n;
+    btc_frame *out = s->out + s->n;
+    for (const btc_native_frame *f = &w->nat[i]; i + k < w->n && k < room; f++, k++) {
+        if (f->eval | f->exact | f->signal || (w->greenlet && btc_greenlet_internal(f->pc - 1)))
+            break;
+        out[k] = (btc_frame){.addr = f->pc, .lasti = -1, .kind = BTC_KIND_NATIVE};
+    }
+    s->n += k;
+    return k;
+}
+
 /* Replace each eval-loop frame with the Python frames it runs.  A capture
  * of the calling thread starts inside btcore: its native frames (the C core,
  * the call into it) and its skip_python Python frames are dropped, up to the
@@ -134,6 +151,8 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
     bool want_py = want & BTC_WANT_PYTHON, want_native = want & BTC_WANT_NATIVE;
     bool own = w->own_first;
     for (int i = 0; i < w->n; i++) {
+        if (want_native && !own && (i += copy_plain_natives(s, w, i)) == w->n)
+            break;
         const btc_native_frame *f = &w->nat[i];
         int flags = (f->exact ? BTC_F_EXACT : 0) | (f->signal ? BTC_F_SIGNAL : 0);
         if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
