@@ -348,3 +348,21 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
     }
     return n;
 }
+
+/* Test-only (btcore_api.h): a row's plain form against the rule
+ * interpreter, on one frame. */
+int btc_test_plain_step(const btc_cfi_row *row, const uintptr_t *regs, uintptr_t lo, uintptr_t hi, uintptr_t *out)
+{
+    plain_rule p;
+    btc_context ctx = {.mem = {.lo = lo, .hi = hi}};
+    btc_regs fast = {.ip = regs[0], .sp = regs[1], .fp = regs[2], .aux = regs[3]}, slow = fast;
+    if (!plain_form(row, &p))
+        return -1;
+    if (!frame_readable(&p, &ctx.mem, fast.sp))
+        return 2;
+    uintptr_t cfa_fast = 0, cfa_slow = 0;
+    bool more_fast = step_plain(&p, &fast, &cfa_fast), more_slow = step(row, &ctx, false, &slow, &cfa_slow);
+    out[0] = fast.ip, out[1] = fast.sp, out[2] = fast.fp, out[3] = fast.aux, out[4] = cfa_fast;
+    return more_fast == more_slow && cfa_fast == cfa_slow && fast.ip == slow.ip && fast.sp == slow.sp &&
+           fast.fp == slow.fp && fast.aux == slow.aux;
+}
