@@ -12,8 +12,11 @@ counted alone, from the first entry into the recursion on (callgrind's
   collect     btc_collect() under collect(python=False), from a cffi callback
               at the bottom of the same recursion (adds the output, the
               Backtrace object and the eval-loop test per frame)
-  merged      btc_collect() under collect() at the bottom of a Python
-              recursion (mixed Python and C frames)
+  libunwind-py  unw_backtrace() at the bottom of a Python recursion `depth`
+              deep (mixed Python and C frames: the interpreter's native ones)
+  merged      btc_collect() under collect() on that same stack
+  greenlet    btc_collect() under collect(g) of a greenlet suspended at the
+              bottom of such a recursion
 
 Usage (prints instructions per call and per frame for each method):
   python benchmarks/callgrind_capture.py [--depth 250] [--calls 200]
@@ -30,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 TOGGLES = {"libunwind": "*backtrace", "btcore": "btc_backtrace", "collect": "btc_collect",
-           "merged": "btc_collect"}
+           "libunwind-py": "*backtrace", "merged": "btc_collect", "greenlet": "btc_collect"}
 
 CDEF = """
 int recurse_call(int depth, int (*fn)(void));
@@ -88,23 +91,42 @@ def child(method, depth, calls):
                 frames.append(len(btcore.collect(python=False, capacity=1024)))
             return 0
     else:
-        def rec(n):
-            if n:
-                return rec(n - 1)
-            for _ in range(calls):
-                frames.append(len(btcore.collect(capacity=1024)))
-        sys.setrecursionlimit(depth + 100)
-        btcore.collect()   # warm: tables built, eval ranges found
-        lib.recurse_call(0, ffi.callback("int(void)", lambda: 0))   # callgrind zeroes its counts here
-        rec(depth)
-        print("FRAMES", frames[-1])
-        return
+        return python_stack(method, depth, calls, frames, plib, ffi, lib)
     body_calls = calls
     calls = 1
     body()   # warm: tables built; callgrind zeroes its counts at recurse_call
     frames.clear()
     calls = body_calls
     lib.recurse_call(depth, body)
+    print("FRAMES", frames[-1])
+
+
+def python_stack(method, depth, calls, frames, plib, ffi, lib):
+    """The mixed stacks: a Python recursion `depth` deep; 'greenlet' runs it
+    in a greenlet and captures that greenlet, suspended, from outside."""
+    import btcore
+    import greenlet
+    capture = {"merged": lambda: len(btcore.collect(capacity=1024)),
+               "libunwind-py": lambda: plib.unw_bt(1024)}
+
+    def rec(n, at_bottom):
+        return rec(n - 1, at_bottom) if n else at_bottom()
+
+    sys.setrecursionlimit(depth + 100)
+    btcore.collect()   # warm: tables built, eval ranges found
+    if method == "greenlet":
+        g = greenlet.greenlet(lambda: rec(depth, greenlet.getcurrent().parent.switch))
+        g.switch()
+        btcore.collect(g)   # warm: greenlet's layout learned
+        lib.recurse_call(0, ffi.callback("int(void)", lambda: 0))   # callgrind zeroes its counts here
+        for _ in range(calls):
+            frames.append(len(btcore.collect(g, capacity=1024)))
+    else:
+        def bottom():
+            lib.recurse_call(0, ffi.callback("int(void)", lambda: 0))   # zero here
+            for _ in range(calls):
+                frames.append(capture[method]())
+        rec(depth, bottom)
     print("FRAMES", frames[-1])
 
 
@@ -131,11 +153,11 @@ def main():
     ap.add_argument("--depth", type=int, default=250)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--child")
-    ap.add_argument("--methods", default="libunwind,btcore,collect,merged")
+    ap.add_argument("--methods", default="libunwind,btcore,collect,libunwind-py,merged,greenlet")
     args = ap.parse_args()
     if args.child:
         return child(args.child, args.depth, args.calls)
-    print(f"C recursion {args.depth} deep ('merged': Python recursion), {args.calls} calls each")
+    print(f"C recursion {args.depth} deep (libunwind-py, merged, greenlet: Python recursion), {args.calls} calls each")
     print(f"{'method':12} {'instr/call':>12} {'frames':>7} {'instr/frame':>12}")
     for method in args.methods.split(","):
         per_call, frames = measure(method, args.depth, args.calls)
