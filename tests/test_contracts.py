@@ -146,7 +146,7 @@ def odd_cfi_row(pc):
 
 def test_plain_frames_are_read_in_place_only_inside_the_view(view, odd_cfi_pc):
     """Guards the walker's one bounds test per plain frame (unwind.c
-    frame_readable): the frame [sp, CFA) is read in place only when it lies
+    frame_at): the frame [sp, CFA) is read in place only when it lies
     in the view; at CFA = hi + 8 (its return address, at hi - 8, readable)
     or sp = lo - 8, the rule interpreter takes the frame, read by read."""
     buf, lo, hi = view

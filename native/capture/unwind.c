@@ -118,7 +118,7 @@ BTC_HOT bool read_signal_frame(const btc_cfi_row *row, const btc_memview *m, btc
  * every row of compiled code says CFA = sp + K, the return address saved at
  * CFA + off, fp and aux unchanged or saved at CFA + off.  Kept only when
  * every slot lies 8-aligned inside the frame, [CFA - K, CFA - 8]: then one
- * test of the frame against the view (frame_readable) bounds all its reads. */
+ * test of the frame against the view (frame_at) bounds all its reads. */
 typedef struct {
     int32_t cfa_off;           /* CFA = sp + cfa_off; > 0, a multiple of 8 */
     int16_t ra_word;           /* return address at CFA + 8 * ra_word (< 0) */
@@ -149,22 +149,29 @@ static bool plain_form(const btc_cfi_row *row, plain_rule *p)
            saved_or_same(row->aux_rule, row->aux_off, row->cfa_off, &p->aux_word);
 }
 
-/* The frame [sp, sp + cfa_off) lies in the view, 8-aligned, and not in its
- * spilled part: every slot of a plain_rule may be read in place.  When not,
- * step() decides, read by read. */
-BTC_HOT bool frame_readable(const plain_rule *p, const btc_memview *m, uintptr_t sp)
+/* Where the words of the frame [sp, sp + cfa_off) can be read, as a
+ * pointer to its CFA: the frame lies in the view, 8-aligned, and wholly on
+ * one side of the spill (the stack itself, or greenlet's heap copy of that
+ * part of it); every slot of a plain_rule is then read through it.  NULL
+ * otherwise: step() decides, read by read. */
+BTC_HOT const uintptr_t *frame_at(const plain_rule *p, const btc_memview *m, uintptr_t sp)
 {
     uintptr_t cfa = sp + (uintptr_t)p->cfa_off;
-    return !(sp & 7) && sp >= m->lo && cfa > sp && cfa <= m->hi && (cfa <= m->spill_lo || sp >= m->spill_hi);
+    if ((sp & 7) || sp < m->lo || cfa <= sp || cfa > m->hi)
+        return NULL;
+    if (cfa <= m->spill_lo || sp >= m->spill_hi)
+        return (const uintptr_t *)cfa;
+    if (sp >= m->spill_lo && cfa <= m->spill_hi)
+        return (const uintptr_t *)(m->spill + (cfa - m->spill_lo));
+    return NULL;
 }
 
-/* step() for a plain_rule whose frame_readable(): the same answer, with no
+/* step() for a plain_rule whose frame_at() is at: the same answer, with no
  * rule to interpret and no read to check (the return address is never in
  * a register here: its rule is AT_CFA, so no leaf case; no signal frame). */
-BTC_HOT bool step_plain(const plain_rule *p, btc_regs *r, uintptr_t *cfa_out)
+BTC_HOT bool step_plain(const plain_rule *p, const uintptr_t *at, btc_regs *r, uintptr_t *cfa_out)
 {
     uintptr_t cfa = r->sp + (uintptr_t)p->cfa_off;
-    const uintptr_t *at = (const uintptr_t *)cfa;
     uintptr_t ip = at[p->ra_word];
     *cfa_out = cfa;
     *r = (btc_regs){.ip = ip, .sp = cfa, .fp = p->fp_word ? at[p->fp_word] : r->fp,
@@ -285,21 +292,18 @@ static bool ends_walk(const btc_context *ctx, uintptr_t pc)
  * Stops at the first frame that is not, for btc_unwind's general step to
  * take it; *done: the walk ended at a frame recorded here.  This process's
  * modules only (the row cache), after row_cache_follow_modules(). */
-static int walk_plain(const btc_context *ctx, btc_regs *r, btc_native_frame *out, int n, int max, bool *done)
+static int walk_plain(const btc_context *ctx, const btc_memview *mem, btc_regs *r, btc_native_frame *out, int n,
+                      int max, bool *done)
 {
-    btc_memview mem = ctx->mem;
-    /* A frame above last_cfa is not recorded: the general step ends the
-     * walk there, so such frames are left to it. */
-    if (ctx->last_cfa && ctx->last_cfa < mem.hi)
-        mem.hi = ctx->last_cfa;
     while (n < max) {
         uintptr_t pc = r->ip - 1;
         size_t i = row_cache_slot(pc);
         const pc_info *info = &row_cache[i].info;
-        if (row_cache[i].pc != pc || info->kind != PC_PLAIN || !frame_readable(&info->plain, &mem, r->sp))
+        const uintptr_t *at;
+        if (row_cache[i].pc != pc || info->kind != PC_PLAIN || !(at = frame_at(&info->plain, mem, r->sp)))
             break;
         uintptr_t cfa;
-        bool more = step_plain(&info->plain, r, &cfa);
+        bool more = step_plain(&info->plain, at, r, &cfa);
         out[n++] = (btc_native_frame){.pc = pc + 1, .cfa = cfa, .eval = info->eval};
         if (!more || BTC_UNLIKELY(ctx->nend && ends_walk(ctx, pc))) {
             *done = true;
@@ -315,11 +319,16 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
     bool exact = ctx->ip_is_exact;
     int n = 0;
     pc_info scratch;
+    /* walk_plain's view: a frame above last_cfa is not recorded (the
+     * general step ends the walk there), so such frames are left to it. */
+    btc_memview plain_view = ctx->mem;
+    if (ctx->last_cfa && ctx->last_cfa < plain_view.hi)
+        plain_view.hi = ctx->last_cfa;
     row_cache_follow_modules();
     while (n < max) {
         if (!exact && BTC_LIKELY(!ctx->rows)) {
             bool done = false;
-            n = walk_plain(ctx, &r, out, n, max, &done);
+            n = walk_plain(ctx, &plain_view, &r, out, n, max, &done);
             if (done || n == max)
                 break;
         }
@@ -358,10 +367,11 @@ int btc_test_plain_step(const btc_cfi_row *row, const uintptr_t *regs, uintptr_t
     btc_regs fast = {.ip = regs[0], .sp = regs[1], .fp = regs[2], .aux = regs[3]}, slow = fast;
     if (!plain_form(row, &p))
         return -1;
-    if (!frame_readable(&p, &ctx.mem, fast.sp))
+    const uintptr_t *at = frame_at(&p, &ctx.mem, fast.sp);
+    if (!at)
         return 2;
     uintptr_t cfa_fast = 0, cfa_slow = 0;
-    bool more_fast = step_plain(&p, &fast, &cfa_fast), more_slow = step(row, &ctx, false, &slow, &cfa_slow);
+    bool more_fast = step_plain(&p, at, &fast, &cfa_fast), more_slow = step(row, &ctx, false, &slow, &cfa_slow);
     out[0] = fast.ip, out[1] = fast.sp, out[2] = fast.fp, out[3] = fast.aux, out[4] = cfa_fast;
     return more_fast == more_slow && cfa_fast == cfa_slow && fast.ip == slow.ip && fast.sp == slow.sp &&
            fast.fp == slow.fp && fast.aux == slow.aux;
