@@ -228,6 +228,14 @@ int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out
  * max, <= 16) and returns how many. */
 int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uintptr_t *pcs, int max);
 
+/* Test-only: the walker's plain form of row (unwind.c: CFA = sp + K, every
+ * saved register in the frame) stepped against its rule interpreter, from
+ * regs {ip, sp, fp, aux} through the stack view [lo, hi): -1 if row has no
+ * plain form, 2 if its frame cannot be read in place there (the interpreter
+ * steps it), 1 if both give the same registers, CFA and answer, 0 if not.
+ * out: {ip, sp, fp, aux, cfa} after the plain step. */
+int btc_test_plain_step(const btc_cfi_row *row, const uintptr_t *regs, uintptr_t lo, uintptr_t hi, uintptr_t *out);
+
 /* Build a CFI table from `data` as if it were a module's .eh_frame (no
  * .eh_frame_hdr, readable range = the buffer) and check the table's
  * invariants; for fuzz tests.  Returns the row count, -1 if no table could be

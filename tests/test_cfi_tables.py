@@ -440,3 +440,57 @@ def test_noise_never_crashes():
     fde_body = struct.pack("<IiI", len(cie) + 4, -0x1000, 0x100) + b"\x00" + b"\x0a" * 40 + b"\x41" * 20
     fde = struct.pack("<I", len(fde_body)) + fde_body
     assert build_from_bytes(cie + fde + b"\x00" * 4) != -2
+
+
+# ---- the walker's plain form (unwind.c) against the rule interpreter ----
+
+PLAIN_STACK_WORDS = 1 << 17   # 1 MiB: every frame of these modules fits
+
+
+def _plain_modules(chain):
+    modules = {name: MODULES[name]()[1] for name in MODULES}
+    modules["chain"] = chain.fn_addr(1)   # the test extension (tests/fixtures/chain.cpp)
+    return modules
+
+
+def test_plain_rows_step_as_the_interpreter(chain):
+    """Every row of libpython, libc, greenlet and the chain fixture that the
+    walker precompiles to its plain form (CFA = sp + K, the return address
+    and every saved register in the frame) steps one frame exactly as the
+    rule interpreter does with that row (step()), and as the row says (read
+    here from a stack whose every word is distinct); the rows it does not
+    precompile are left to the interpreter.  The rows themselves equal
+    pyelftools' decoding (test_rows_equal_pyelftools), so each pc gets the
+    same caller registers from the plain form as from the DWARF CFI."""
+    stack = ffi.new("uintptr_t[]", PLAIN_STACK_WORDS)
+    lo = int(ffi.cast("uintptr_t", stack))
+    hi = lo + PLAIN_STACK_WORDS * 8
+    for i in range(PLAIN_STACK_WORDS):
+        stack[i] = (lo + 8 * i) ^ 0x5A5A0000
+    regs = ffi.new("uintptr_t[4]", [0x1111, lo, 0xF0F0F0F0, 0xB0B0B0B0])
+    out = ffi.new("uintptr_t[5]")
+    word = lambda addr: stack[(addr - lo) // 8]
+    for name, pc in _plain_modules(chain).items():
+        bias = ffi.new("uintptr_t *")
+        n = lib.btc_cfi_rows(pc, ffi.NULL, 0, bias)
+        rows = ffi.new("btc_cfi_row[]", n)
+        assert lib.btc_cfi_rows(pc, rows, n, bias) == n
+        counts = {-1: 0, 0: 0, 1: 0, 2: 0}
+        for i in range(n):
+            row = rows[i]
+            if row.cfa_kind == CFA_NONE:
+                continue
+            got = lib.btc_test_plain_step(rows + i, regs, lo, hi, out)
+            counts[got] += 1
+            assert got != 0, (name, hex(row.pc))
+            if got == 1:
+                cfa = lo + row.cfa_off
+                expect = [word(cfa + row.ra_off), cfa,
+                          word(cfa + row.fp_off) if row.fp_rule == RULE_AT_CFA else regs[2],
+                          word(cfa + row.aux_off) if row.aux_rule == RULE_AT_CFA else regs[3], cfa]
+                if ARCH == "aarch64":
+                    expect[3] = expect[0]   # the caller's lr: the return address
+                assert list(out) == expect, (name, hex(row.pc))
+        # Most rows take the plain form (the fast path is the common case),
+        # and the others exist (the interpreter is still exercised).
+        assert counts[1] > 0.5 * n and counts[-1] > 0 and counts[2] == 0, (name, counts)

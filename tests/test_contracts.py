@@ -13,6 +13,7 @@ product must fail; tests/mutations/run.py checks that they do):
 import gc
 import platform
 import subprocess
+import sys
 import weakref
 
 import pytest
@@ -130,3 +131,54 @@ def test_cached_python_entry_keeps_its_code_object_alive():
     btcore.cache.clear()
     gc.collect()
     assert code() is None, "something other than the cache kept the code object"
+
+
+def odd_cfi_row(pc):
+    """The CFI row covering pc (odd_cfi's: CFA = sp + 16, return address at CFA - 16)."""
+    bias = ffi.new("uintptr_t *")
+    n = lib.btc_cfi_rows(pc, ffi.NULL, 0, bias)
+    rows = ffi.new("btc_cfi_row[]", n)
+    assert lib.btc_cfi_rows(pc, rows, n, bias) == n
+    covering = [i for i in range(n) if rows[i].pc <= pc - bias[0]][-1]
+    assert (rows[covering].cfa_off, rows[covering].ra_off) == (16, -16)
+    return rows + covering
+
+
+def test_plain_frames_are_read_in_place_only_inside_the_view(view, odd_cfi_pc):
+    """Guards the walker's one bounds test per plain frame (unwind.c
+    frame_at): the frame [sp, CFA) is read in place only when it lies
+    in the view; at CFA = hi + 8 (its return address, at hi - 8, readable)
+    or sp = lo - 8, the rule interpreter takes the frame, read by read."""
+    buf, lo, hi = view
+    row = odd_cfi_row(odd_cfi_pc)
+    regs = ffi.new("uintptr_t[4]")
+    out = ffi.new("uintptr_t[5]")
+
+    def plain_step(sp):
+        regs[1] = sp
+        return lib.btc_test_plain_step(row, regs, lo, hi, out)
+
+    assert plain_step(hi - 16) == 1 and out[0] == buf[10] and out[1] == hi   # CFA = hi: inside
+    assert plain_step(hi - 8) == 2      # CFA = hi + 8
+    assert plain_step(lo) == 1 and out[0] == buf[4]
+    assert plain_step(lo - WORD) == 2   # the frame starts below the view
+    assert plain_step(lo + 4) == 2      # misaligned
+
+
+def test_walk_before_the_eval_loop_is_known_still_merges():
+    """The walker caches per pc whether it runs the eval loop; a native walk
+    made before the eval loop's ranges are found (btc_backtrace first, in a
+    fresh process) must not leave the eval loop's pcs cached as plain
+    native frames: the first collect() merges as it does anywhere else."""
+    code = ("from btcore._native import ffi, lib\n"
+            "buf = ffi.new('uintptr_t[]', 64)\n"
+            "import sys; first = sys.argv[1] == 'walk'\n"
+            "assert not first or lib.btc_backtrace(buf, 64) > 3\n"
+            "import btcore\n"
+            "def f(): return btcore.collect()\n"
+            "print([fr.kind for fr in f().frames()][:4])\n")
+    runs = [subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=120)
+            for how in ("walk", "plain")]
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]
+    assert runs[0].stdout == runs[1].stdout
+    assert "native" in runs[0].stdout and runs[0].stdout.startswith("['python'")

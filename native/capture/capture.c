@@ -15,11 +15,6 @@
 #include "capture/unwind.h"
 #include "common/errors.h"
 
-static bool in_eval_loop(const btc_native_frame *f)
-{
-    return btc_in_eval_loop(f->exact ? f->pc : f->pc - 1);
-}
-
 /* ---- the output ---- */
 
 typedef struct {
@@ -146,6 +141,23 @@ static int hide_greenlet_internals(native_walk *w)
     return first;
 }
 
+/* From nat[i] on, the native frames merge() emits with no flag (not the
+ * eval loop, not exact, no signal, not greenlet's own), up to the room
+ * left: the bulk of a deep native stack, copied in a loop of their own.
+ * Returns how many. */
+static int copy_plain_natives(sink *s, const native_walk *w, int i)
+{
+    int k = 0, room = s->max - s->n;
+    btc_frame *out = s->out + s->n;
+    for (const btc_native_frame *f = &w->nat[i]; i + k < w->n && k < room; f++, k++) {
+        if (f->eval | f->exact | f->signal || (w->greenlet && btc_greenlet_internal(f->pc - 1)))
+            break;
+        out[k] = (btc_frame){.addr = f->pc, .lasti = -1, .kind = BTC_KIND_NATIVE};
+    }
+    s->n += k;
+    return k;
+}
+
 /* Replace each eval-loop frame with the Python frames it runs.  A capture
  * of the calling thread starts inside btcore: its native frames (the C core,
  * the call into it) and its skip_python Python frames are dropped, up to the
@@ -155,12 +167,14 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
     bool want_py = want & BTC_WANT_PYTHON, want_native = want & BTC_WANT_NATIVE;
     bool own = w->own_first;
     for (int i = 0; i < w->n; i++) {
+        if (want_native && !own && (i += copy_plain_natives(s, w, i)) == w->n)
+            break;
         const btc_native_frame *f = &w->nat[i];
         int flags = (f->exact ? BTC_F_EXACT : 0) | (f->signal ? BTC_F_SIGNAL : 0);
         if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;
-        if (in_eval_loop(f)) {
+        if (f->eval) {   /* the walker's btc_in_eval_loop(), cached per pc */
             int users = 0;
             int taken = take_eval_call(s, py, want_py, &users);
             if (own && users == 0 && taken > 0)

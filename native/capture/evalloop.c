@@ -136,6 +136,11 @@ const char *btc_eval_part_name(uintptr_t pc, uintptr_t *lo)
     return NULL;
 }
 
+int btc_eval_ranges_found(void)
+{
+    return n_eval;
+}
+
 bool btc_in_eval_loop(uintptr_t pc)
 {
     return listed(pc);

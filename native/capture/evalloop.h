@@ -7,6 +7,10 @@
 
 /* Find the eval loop's code ranges once (with the module lock held). */
 void btc_eval_ranges_init(void);
+/* How many ranges the eval loop has: -1 until btc_eval_ranges_init() ran
+ * (the walker caches btc_in_eval_loop per pc and starts over when this
+ * changes). */
+int btc_eval_ranges_found(void);
 /* Is pc (already adjusted for return addresses) in the eval loop? */
 bool btc_in_eval_loop(uintptr_t pc);
 /* For a pc in an unnamed part of the eval loop (a stripped interpreter):

@@ -2,6 +2,7 @@
  * signal handler) goes through btc_unwind(); only the context differs. */
 #include <string.h>
 
+#include "capture/evalloop.h"
 #include "capture/modules.h"
 #include "capture/unwind.h"
 
@@ -113,31 +114,117 @@ BTC_HOT bool read_signal_frame(const btc_cfi_row *row, const btc_memview *m, btc
 #endif
 }
 
-/* pc -> CFI row, direct-mapped: a stack is walked again and again through
+/* A row in the form the walk steps without the rule interpreter: nearly
+ * every row of compiled code says CFA = sp + K, the return address saved at
+ * CFA + off, fp and aux unchanged or saved at CFA + off.  Kept only when
+ * every slot lies 8-aligned inside the frame, [CFA - K, CFA - 8]: then one
+ * test of the frame against the view (frame_at) bounds all its reads. */
+typedef struct {
+    int32_t cfa_off;           /* CFA = sp + cfa_off; > 0, a multiple of 8 */
+    int16_t ra_word;           /* return address at CFA + 8 * ra_word (< 0) */
+    int16_t fp_word, aux_word; /* 0: unchanged, else saved at CFA + 8 * word */
+} plain_rule;
+
+/* off, a slot inside the frame, in words from the CFA (-1 the highest). */
+static bool slot_in_frame(int32_t cfa_off, int off, int16_t *word)
+{
+    *word = (int16_t)(off / 8);
+    return off < 0 && -off <= cfa_off && (off & 7) == 0;
+}
+
+static bool saved_or_same(uint8_t rule, int16_t off, int32_t cfa_off, int16_t *word)
+{
+    *word = 0;
+    return rule == BTC_RULE_SAME || (rule == BTC_RULE_AT_CFA && slot_in_frame(cfa_off, off, word));
+}
+
+/* The plain form of row, if it has one. */
+static bool plain_form(const btc_cfi_row *row, plain_rule *p)
+{
+    p->cfa_off = row->cfa_off;
+    return row->cfa_kind == BTC_CFA_REG && row->cfa_reg == BTC_DWARF_SP && row->flags == 0 &&
+           row->cfa_off > 0 && (row->cfa_off & 7) == 0 && row->ra_rule == BTC_RULE_AT_CFA &&
+           slot_in_frame(row->cfa_off, row->ra_off, &p->ra_word) &&
+           saved_or_same(row->fp_rule, row->fp_off, row->cfa_off, &p->fp_word) &&
+           saved_or_same(row->aux_rule, row->aux_off, row->cfa_off, &p->aux_word);
+}
+
+/* Where the words of the frame [sp, sp + cfa_off) can be read, as a
+ * pointer to its CFA: the frame lies in the view, 8-aligned, and wholly on
+ * one side of the spill (the stack itself, or greenlet's heap copy of that
+ * part of it); every slot of a plain_rule is then read through it.  NULL
+ * otherwise: step() decides, read by read. */
+BTC_HOT const uintptr_t *frame_at(const plain_rule *p, const btc_memview *m, uintptr_t sp)
+{
+    uintptr_t cfa = sp + (uintptr_t)p->cfa_off;
+    if ((sp & 7) || sp < m->lo || cfa <= sp || cfa > m->hi)
+        return NULL;
+    if (cfa <= m->spill_lo || sp >= m->spill_hi)
+        return (const uintptr_t *)cfa;
+    if (sp >= m->spill_lo && cfa <= m->spill_hi)
+        return (const uintptr_t *)(m->spill + (cfa - m->spill_lo));
+    return NULL;
+}
+
+/* step() for a plain_rule whose frame_at() is at: the same answer, with no
+ * rule to interpret and no read to check (the return address is never in
+ * a register here: its rule is AT_CFA, so no leaf case; no signal frame). */
+BTC_HOT bool step_plain(const plain_rule *p, const uintptr_t *at, btc_regs *r, uintptr_t *cfa_out)
+{
+    uintptr_t cfa = r->sp + (uintptr_t)p->cfa_off;
+    uintptr_t ip = at[p->ra_word];
+    *cfa_out = cfa;
+    *r = (btc_regs){.ip = ip, .sp = cfa, .fp = p->fp_word ? at[p->fp_word] : r->fp,
+                    .aux = BTC_LINK_REGISTER ? ip : p->aux_word ? at[p->aux_word] : r->aux};
+    return ip != 0;
+}
+
+/* What the walk needs to know about a pc, precomputed once per pc. */
+enum { PC_NO_ROW, PC_ROW, PC_PLAIN };
+typedef struct {
+    plain_rule plain;
+    uint8_t kind;    /* PC_NO_ROW: no module or no FDE covers pc; PC_PLAIN: plain holds row's plain form */
+    bool eval;       /* pc runs the interpreter's eval loop (btc_in_eval_loop) */
+    btc_cfi_row row;
+} pc_info;
+
+static void pc_info_set(pc_info *info, const btc_cfi_row *row, bool eval)
+{
+    info->kind = !row ? PC_NO_ROW : plain_form(row, &info->plain) ? PC_PLAIN : PC_ROW;
+    info->eval = eval;
+    if (row)
+        info->row = *row;
+}
+
+/* pc -> pc_info, direct-mapped: a stack is walked again and again through
  * the same call sites, and the row tables are large (1.4 MB for libpython),
- * so a hit here saves the module search and the table's cache misses.
+ * so a hit here saves the module search, the table's binary search and its
+ * cache misses, the row's classification and the eval-loop test.
  * Rows live as long as their table: the cache is emptied whenever the
  * module list was rebuilt since it was filled (btc_modules_generation), so
- * the module list never calls back into the walker.  Used under the module
- * lock. */
+ * the module list never calls back into the walker, and once the eval
+ * loop's ranges are found (the eval flags filled before are wrong).  Used
+ * under the module lock. */
 #define ROW_CACHE_BITS 10
 /* The row is copied into the entry: a hit then reads one cache line, not
  * the entry and a row somewhere in a table of megabytes (a second cache and
  * TLB miss per frame). */
 static struct {
     uintptr_t pc;
-    btc_cfi_row row;
-    bool found;   /* false: no module or no FDE covers pc */
-} row_cache[1 << ROW_CACHE_BITS];
+    pc_info info;
+} __attribute__((aligned(64))) row_cache[1 << ROW_CACHE_BITS];   /* an entry: one cache line */
 static uint64_t row_cache_generation;
+static int row_cache_eval_ranges;
 
 /* Drop the rows of a previous module list: their tables may be freed. */
 static void row_cache_follow_modules(void)
 {
-    if (BTC_LIKELY(row_cache_generation == btc_modules_generation))
+    int eval_ranges = btc_eval_ranges_found();
+    if (BTC_LIKELY(row_cache_generation == btc_modules_generation && row_cache_eval_ranges == eval_ranges))
         return;
     memset(row_cache, 0, sizeof row_cache);
     row_cache_generation = btc_modules_generation;
+    row_cache_eval_ranges = eval_ranges;
 }
 
 /* *lasting: the answer holds until the module list changes (false when a
@@ -150,29 +237,37 @@ static const btc_cfi_row *find_row(uintptr_t pc, bool *lasting)
     return t ? btc_table_lookup(t, (uint32_t)(pc - m->bias)) : NULL;
 }
 
-/* The row for pc, valid until the next call. */
-BTC_HOT const btc_cfi_row *cached_row(uintptr_t pc)
+BTC_HOT size_t row_cache_slot(uintptr_t pc)
 {
-    size_t i = (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
+    return (pc * 0x9E3779B97F4A7C15ull) >> (64 - ROW_CACHE_BITS);
+}
+
+/* What the walk knows about pc, valid until the next call; NULL: nothing
+ * yet (the table is built later). */
+BTC_HOT const pc_info *cached_info(uintptr_t pc)
+{
+    size_t i = row_cache_slot(pc);
     if (row_cache[i].pc != pc) {
         bool lasting;
         const btc_cfi_row *row = find_row(pc, &lasting);
         if (!lasting)
             return NULL;   /* not cached: the table is built later */
-        row_cache[i].found = row != NULL;
-        if (row)
-            row_cache[i].row = *row;
+        pc_info_set(&row_cache[i].info, row, btc_in_eval_loop(pc));
         row_cache[i].pc = pc;
     }
-    return row_cache[i].found ? &row_cache[i].row : NULL;
+    return &row_cache[i].info;
 }
 
 /* Another process's modules (ctx->rows) are looked up without the row
- * cache, which holds this process's rows. */
-BTC_HOT const btc_cfi_row *find_row_for(const btc_context *ctx, uintptr_t pc)
+ * cache, which holds this process's rows; their pcs are never in this
+ * process's eval loop (eval false: the remote dump merges in Python). */
+BTC_HOT const pc_info *find_info(const btc_context *ctx, uintptr_t pc, pc_info *scratch)
 {
+    if (BTC_LIKELY(!ctx->rows))
+        return cached_info(pc);
     bool ignored;
-    return BTC_LIKELY(!ctx->rows) ? cached_row(pc) : ctx->rows->find(ctx->rows, pc, &ignored);
+    pc_info_set(scratch, ctx->rows->find(ctx->rows, pc, &ignored), false);
+    return scratch;
 }
 
 static bool in_some_module(const btc_context *ctx, uintptr_t pc)
@@ -192,16 +287,55 @@ static bool ends_walk(const btc_context *ctx, uintptr_t pc)
     return false;
 }
 
+/* The walk's common case in a loop of its own: a return address whose pc
+ * the row cache holds with a plain rule, its frame readable in place.
+ * Stops at the first frame that is not, for btc_unwind's general step to
+ * take it; *done: the walk ended at a frame recorded here.  This process's
+ * modules only (the row cache), after row_cache_follow_modules(). */
+static int walk_plain(const btc_context *ctx, const btc_memview *mem, btc_regs *r, btc_native_frame *out, int n,
+                      int max, bool *done)
+{
+    while (n < max) {
+        uintptr_t pc = r->ip - 1;
+        size_t i = row_cache_slot(pc);
+        const pc_info *info = &row_cache[i].info;
+        const uintptr_t *at;
+        if (row_cache[i].pc != pc || info->kind != PC_PLAIN || !(at = frame_at(&info->plain, mem, r->sp)))
+            break;
+        uintptr_t cfa;
+        bool more = step_plain(&info->plain, at, r, &cfa);
+        out[n++] = (btc_native_frame){.pc = pc + 1, .cfa = cfa, .eval = info->eval};
+        if (!more || BTC_UNLIKELY(ctx->nend && ends_walk(ctx, pc))) {
+            *done = true;
+            break;
+        }
+    }
+    return n;
+}
+
 int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
 {
     btc_regs r = ctx->regs;
     bool exact = ctx->ip_is_exact;
     int n = 0;
+    pc_info scratch;
+    /* walk_plain's view: a frame above last_cfa is not recorded (the
+     * general step ends the walk there), so such frames are left to it. */
+    btc_memview plain_view = ctx->mem;
+    if (ctx->last_cfa && ctx->last_cfa < plain_view.hi)
+        plain_view.hi = ctx->last_cfa;
     row_cache_follow_modules();
     while (n < max) {
+        if (!exact && BTC_LIKELY(!ctx->rows)) {
+            bool done = false;
+            n = walk_plain(ctx, &plain_view, &r, out, n, max, &done);
+            if (done || n == max)
+                break;
+        }
         /* A return address points after the call: look up the call itself. */
         uintptr_t pc = exact ? r.ip : r.ip - 1;
-        const btc_cfi_row *row = pc ? find_row_for(ctx, pc) : NULL;
+        const pc_info *info = pc ? find_info(ctx, pc, &scratch) : NULL;
+        const btc_cfi_row *row = info && info->kind != PC_NO_ROW ? &info->row : NULL;
         uintptr_t cfa = 0;
         bool more, signal;
         if (!exact && read_signal_frame(row, &ctx->mem, &r, &cfa)) {
@@ -214,14 +348,31 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
         }
         if (cfa && ctx->last_cfa && cfa > ctx->last_cfa)
             break;  /* this frame belongs to whoever is below the target's stack */
-        out[n].pc = exact ? pc : pc + 1;
-        out[n].cfa = cfa;
-        out[n].exact = exact;
-        out[n].signal = signal;
+        out[n] = (btc_native_frame){.pc = exact ? pc : pc + 1, .cfa = cfa, .exact = exact, .signal = signal,
+                                    .eval = info ? info->eval : btc_in_eval_loop(pc)};
         n++;
         if (!more || ends_walk(ctx, pc))
             break;
         exact = signal;   /* the frame a signal interrupted resumes at its exact pc */
     }
     return n;
+}
+
+/* Test-only (btcore_api.h): a row's plain form against the rule
+ * interpreter, on one frame. */
+int btc_test_plain_step(const btc_cfi_row *row, const uintptr_t *regs, uintptr_t lo, uintptr_t hi, uintptr_t *out)
+{
+    plain_rule p;
+    btc_context ctx = {.mem = {.lo = lo, .hi = hi}};
+    btc_regs fast = {.ip = regs[0], .sp = regs[1], .fp = regs[2], .aux = regs[3]}, slow = fast;
+    if (!plain_form(row, &p))
+        return -1;
+    const uintptr_t *at = frame_at(&p, &ctx.mem, fast.sp);
+    if (!at)
+        return 2;
+    uintptr_t cfa_fast = 0, cfa_slow = 0;
+    bool more_fast = step_plain(&p, at, &fast, &cfa_fast), more_slow = step(row, &ctx, false, &slow, &cfa_slow);
+    out[0] = fast.ip, out[1] = fast.sp, out[2] = fast.fp, out[3] = fast.aux, out[4] = cfa_fast;
+    return more_fast == more_slow && cfa_fast == cfa_slow && fast.ip == slow.ip && fast.sp == slow.sp &&
+           fast.fp == slow.fp && fast.aux == slow.aux;
 }

@@ -9,6 +9,8 @@ typedef struct {
     uintptr_t cfa;   /* canonical frame address (the caller's sp) */
     uint8_t exact;   /* pc is exact (innermost or interrupted by a signal) */
     uint8_t signal;  /* a signal return stub: pc is its first instruction, not after a call */
+    uint8_t eval;    /* the interpreter's eval loop (btc_in_eval_loop), once its ranges are found;
+                      * always 0 for another process's modules */
 } btc_native_frame;
 
 /* Walk from ctx; writes at most max frames.  Any failure (no CFI, a read

@@ -141,7 +141,7 @@ MUTATIONS = [
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
              "every remote Python frame is taken for the first of its eval-loop call: the merge misplaces "
              "Python frames that one C frame of the eval loop runs together"),
-    Mutation("native/capture/unwind.c", "out[n].signal = signal;", "out[n].signal = 0;",
+    Mutation("native/capture/unwind.c", ".signal = signal,", ".signal = 0,",
              "tests/test_symbolize.py::test_signal_frames_are_named_like_gdb",
              "a signal return stub is named at pc - 1 (no name) instead of __restore_rt"),
     Mutation("native/symbols/dwarf.c", "return name || d->debug == d->elf ? name :", "return name ? name : NULL; (void)",
@@ -573,6 +573,22 @@ MUTATIONS = [
     Mutation('src/btcore/profile_run.py', '    if settings["group_by"] == "spawn":', '    if False:',
              'tests/test_profile.py::test_cli_groups_by_spawn_site_with_tracking_turned_on',
              "--group-by spawn without spawn tracking: every stack is 'spawn site unknown'"),
+    Mutation("native/capture/unwind.c", "cfa <= sp || cfa > m->hi)", "cfa <= sp || cfa > m->hi + 8)",
+             "tests/test_contracts.py::test_plain_frames_are_read_in_place_only_inside_the_view",
+             "the walker's plain path reads a frame whose CFA lies 8 bytes past the view's end in place"),
+    Mutation("native/capture/unwind.c", "row->cfa_kind == BTC_CFA_REG && row->cfa_reg == BTC_DWARF_SP && row->flags == 0",
+             "row->cfa_kind == BTC_CFA_REG && row->flags == 0",
+             "tests/test_cfi_tables.py::test_plain_rows_step_as_the_interpreter",
+             "rows whose CFA is based on fp (or another register) take the plain form, which adds to sp"),
+    Mutation("native/capture/capture.c", "if (f->eval | f->exact | f->signal ||", "if (f->exact | f->signal ||",
+             "tests/test_collect.py",
+             "the merge's run of plain native frames takes eval-loop frames too: their Python frames are not merged"),
+    Mutation("native/capture/unwind.c", "(m->spill + (cfa - m->spill_lo))", "(m->spill + (cfa - m->spill_lo) + 8)",
+             "tests/test_greenlets.py",
+             "the walker's plain path reads a suspended greenlet's frame from the wrong words of its heap copy"),
+    Mutation("native/capture/unwind.c", "row_cache_eval_ranges == eval_ranges", "true",
+             "tests/test_contracts.py::test_walk_before_the_eval_loop_is_known_still_merges",
+             "pcs cached by a walk made before the eval loop's ranges were found stay marked as not the eval loop"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
