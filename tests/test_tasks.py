@@ -18,6 +18,10 @@ import btcore
 from btcore.introspect import RUNNING, SUSPENDED, NOT_STARTED
 from btcore.tasks import TaskInfo
 
+import conftest
+
+pytestmark = pytest.mark.skipif(not conftest.ONLY_311, reason=f"{conftest.ONLY_311_SKIP}: asyncio tasks")
+
 
 async def leaf():
     await asyncio.sleep(60)
