@@ -141,7 +141,7 @@ def odd_cfi_row(pc):
     assert lib.btc_cfi_rows(pc, rows, n, bias) == n
     covering = [i for i in range(n) if rows[i].pc <= pc - bias[0]][-1]
     assert (rows[covering].cfa_off, rows[covering].ra_off) == (16, -16)
-    return rows + covering
+    return ffi.new("btc_cfi_row *", rows[covering])   # a copy: `rows + covering` would not keep rows alive
 
 
 def test_plain_frames_are_read_in_place_only_inside_the_view(view, odd_cfi_pc):
