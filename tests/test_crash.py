@@ -91,8 +91,11 @@ def python_frames(lines, pattern):
 
 
 def faulthandler_frames(stderr):
-    block = stderr.split("most recent call first):\n")[-1].split("\n\n")[0].splitlines()
-    return python_frames(block, r'\s+File "(.*)", line (\d+) in (.*)$')
+    # The Python frames' block: 3.14's faulthandler adds a block of C frames
+    # ("Current thread's C stack trace (most recent call first):") after it.
+    blocks = [b.split("\n\n")[0].splitlines() for b in stderr.split("most recent call first):\n")[1:]]
+    frames = (python_frames(b, r'\s+File "(.*)", line (\d+) in (.*)$') for b in blocks)
+    return next((found for found in frames if found), [])
 
 
 def btcore_python_frames(stderr):
