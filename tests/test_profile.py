@@ -119,7 +119,9 @@ def test_wall_clock_time_of_each_waiting_greenlet_is_where_it_waits(split):
         names = stacks[0]
         at = next(i for i, frame in enumerate(names) if frame.startswith(f"{name} ({__file__}:"))
         # below the test's function: the gevent call it waits in, then gevent's native (Cython) frames
-        assert waits_in in names[at + 1], names
+        # (past any unnamed frame of a stripped interpreter, "[python3.15+0x...]", which only 3.11 folds)
+        below = [frame for frame in names[at + 1:] if not frame.startswith("[python")]
+        assert waits_in in below[0], names
         assert any(frame.endswith(".so]") for frame in names[at + 1:]), names
     burner = groups[("Greenlet (burn)", "running")] + groups[("Greenlet (burn)", "parked")]
     assert burner >= 0.95 * split.sampled
