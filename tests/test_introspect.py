@@ -623,3 +623,24 @@ def test_greenlets_of_a_subclass_made_after_import_are_found():
         assert info.state == "suspended"
     finally:
         g.kill()
+
+
+def test_the_web_views_snapshot_pauses_let_the_loops_timers_run():
+    """Guards the pause the web view's gevent callers give snapshot(): between
+    two steps the loop runs its due timers (gevent.sleep(0) would only run
+    callbacks: a ticker, a timeout, a socket's deadline waited for the whole
+    snapshot)."""
+    from btcore import web
+    ran = []
+    timer = gevent.spawn_later(0.0005, ran.append, True)
+
+    def viewer():
+        pause = web._renders_here()._pause
+        time.sleep(0.005)      # the timer is due, the loop has not polled since
+        pause()
+        return bool(ran)
+
+    try:
+        assert gevent.spawn(viewer).get(timeout=TIMEOUT) is True
+    finally:
+        timer.kill()

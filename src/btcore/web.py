@@ -179,8 +179,10 @@ def _renders_here() -> _Renders:
     if renders is None:
         import gevent.event
         import gevent.lock
+        # A pause of 1 ms, not sleep(0): gevent runs sleep(0)'s callback before
+        # the loop polls again, so timers and sockets would wait for the whole snapshot.
         renders = _hub_renders[hub] = _Renders(gevent.lock.Semaphore, gevent.event.AsyncResult, _in_threadpool,
-                                               partial(gevent.sleep, 0))
+                                               partial(gevent.sleep, 0.001))
     return renders
 
 
