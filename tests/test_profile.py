@@ -318,8 +318,11 @@ def test_a_greenlet_made_while_sampling_is_found_after_a_collection_moved_it():
         profile = btcore.stop_profiler()
         late.kill()
     groups = _by_group(profile.stacks("wall"), 2)
-    # found before the next full scan (>= 1 s after start), from the gc callback
-    assert groups.get(("Greenlet (on_sleep)", "parked"), 0) >= 0.5 * profile.sampled, groups
+    # found before the next full scan (>= 1 s after start), so from the gc callback; how soon
+    # after its start depends on when the ticks ran (late ones on a loaded machine: a share
+    # of the sampled time would be a timing test)
+    assert profile.duration < 1.0, profile.duration
+    assert groups.get(("Greenlet (on_sleep)", "parked"), 0) > 0, groups
 
 
 def test_a_greenlet_parking_in_turn_at_two_places_shows_both():
