@@ -17,6 +17,10 @@ import textwrap
 import pytest
 from cffi import FFI
 
+import conftest
+
+pytestmark = pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan handles fatal signals itself")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE = "_btfix_crash"
 BTCORE_HEADER = "btcore crash report (most recent call first):"

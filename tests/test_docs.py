@@ -61,6 +61,8 @@ def test_guide_example_runs(source, tmp_path):
             pytest.skip(f"{server} is not installed")   # (not imported here: Locust monkey-patches on import)
     if any(name in source for name in INTERPRETER_STATIC_FUNCTIONS) and not conftest.INTERPRETER_HAS_SYMTAB:
         pytest.skip("stripped interpreter: the example names its static C functions")
+    if "enable_crash_report" in source and conftest.UNDER_ASAN:
+        pytest.skip("ASan handles fatal signals itself")
     if "import asyncio" in source and not conftest.ONLY_311:
         pytest.skip(f"{conftest.ONLY_311_SKIP}: asyncio tasks")
     if "dump_process(" in source and not conftest.DUMPS_OTHER_PROCESSES:

@@ -20,6 +20,8 @@ import threading
 
 import pytest
 
+import conftest
+
 import btcore
 from btcore import codec
 from test_codec import PADDING, build_library, symbol_vaddr, token_with_module
@@ -234,6 +236,7 @@ def test_a_dumped_process_whose_library_became_a_fifo(files):
         target.wait()
 
 
+@pytest.mark.skipif(conftest.UNDER_ASAN, reason="LeakSanitizer needs /proc")
 def test_without_proc_regular_files_are_still_read_and_fifos_refused(files):
     """Guards the fallback where /proc is not mounted (no /proc/self/fd to
     reopen through): the library is still named, opened by its path again
