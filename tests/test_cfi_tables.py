@@ -491,6 +491,7 @@ def test_plain_rows_step_as_the_interpreter(chain):
                 if ARCH == "aarch64":
                     expect[3] = expect[0]   # the caller's lr: the return address
                 assert list(out) == expect, (name, hex(row.pc))
-        # Most rows take the plain form (the fast path is the common case),
-        # and the others exist (the interpreter is still exercised).
-        assert counts[1] > 0.5 * n and counts[-1] > 0 and counts[2] == 0, (name, counts)
+        # Many rows take the plain form (the fast path is a common case: 57-60%
+        # here, 27% of Debian's static python3.15), and the others exist (the
+        # interpreter is still exercised).
+        assert counts[1] > 0.1 * n and counts[-1] > 0 and counts[2] == 0, (name, counts)
