@@ -494,4 +494,7 @@ def test_plain_rows_step_as_the_interpreter(chain):
         # Many rows take the plain form (the fast path is a common case: 57-60%
         # here, 27% of Debian's static python3.15), and the others exist (the
         # interpreter is still exercised).
-        assert counts[1] > 0.1 * n and counts[-1] > 0 and counts[2] == 0, (name, counts)
+        # On aarch64 none may: Debian's arm64 binaries sign their return
+        # addresses, and a signed row is never plain (its RA needs stripping).
+        assert counts[1] > (0.1 * n if ARCH == "x86_64" else -1), (name, counts)
+        assert counts[-1] > 0 and counts[2] == 0, (name, counts)

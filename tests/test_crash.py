@@ -14,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 
+import platform
+
 import pytest
 from cffi import FFI
 
@@ -87,7 +89,8 @@ def ours(stderr):
     """Our report's frame lines (empty if there is none)."""
     if BTCORE_HEADER not in stderr:
         return []
-    return stderr.split(BTCORE_HEADER, 1)[1].lstrip("\n").split("\n\n", 1)[0].splitlines()
+    lines = stderr.split(BTCORE_HEADER, 1)[1].lstrip("\n").split("\n\n", 1)[0].splitlines()
+    return [line for line in lines if not line.startswith("qemu: ")]   # qemu-user's own word on the signal
 
 
 def python_frames(lines, pattern):
@@ -113,7 +116,9 @@ def native_offset(line, module):
 
 @pytest.mark.parametrize("action, sig, function", [
     ("lib.crash_null_write()", signal.SIGSEGV, "crash_null_write"),
-    ("lib.crash_divide(0)", signal.SIGFPE, "crash_divide"),
+    pytest.param("lib.crash_divide(0)", signal.SIGFPE, "crash_divide",
+                 marks=pytest.mark.skipif(platform.machine() != "x86_64",
+                                          reason="aarch64's integer division by zero does not trap")),
 ])
 def test_fault_in_c_reached_from_a_greenlet(fixture_dir, fixture_symbols, action, sig, function):
     out = crash(fixture_dir, action)

@@ -121,7 +121,8 @@ def test_wall_clock_time_of_each_waiting_greenlet_is_where_it_waits(split):
         # below the test's function: the gevent call it waits in, then gevent's native (Cython) frames
         # (past any unnamed frame of a stripped interpreter, "[python3.15+0x...]", which only 3.11 folds)
         below = [frame for frame in names[at + 1:] if not frame.startswith("[python")]
-        assert waits_in in below[0], names
+        # (gevent's Cython call plumbing may come first: aarch64's wheels keep it unfolded)
+        assert any(waits_in in frame for frame in below[:4]), names
         assert any(frame.endswith(".so]") for frame in names[at + 1:]), names
     burner = groups[("Greenlet (burn)", "running")] + groups[("Greenlet (burn)", "parked")]
     assert burner >= 0.95 * split.sampled
@@ -253,6 +254,7 @@ def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
     assert sum(wall for _, (_, wall), _ in ungrouped["samples"]) == sum(wall.values())
 
 
+@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: go tool pprof runs past its timeout under emulation")
 def test_go_pprof_reads_the_file(split, tmp_path):
     why = conftest.apt_install(("go",), ("golang-go",), "Go cannot be installed")
     if why:
@@ -375,6 +377,7 @@ def test_threads_only_records_running_stacks_only():
     assert states == {"running"}, states
 
 
+@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: no browser under emulation (the arm64 lane leaves test_html out for the same reason)")
 def test_html_flame_view_in_a_browser(split, tmp_path, driver):
     path = tmp_path / "flame.html"
     split.write(path)
@@ -575,6 +578,7 @@ def test_cli_refuses_bad_arguments(tmp_path, args, message):
     assert child.returncode == 2 and message in stderr, stderr
 
 
+@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: a command that cannot run is reported by qemu's exec, not the kernel's")
 def test_cli_without_a_command_and_a_program_that_writes_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-m", "btcore", "profile"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "give the program to run after --" in done.stderr
