@@ -9,6 +9,7 @@ own function names, read from its symbol table with pyelftools, and the
 Python function that called it.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,6 +159,9 @@ def test_report_comes_while_stuck_and_names_both_sides(stuck_so, function, inner
     # ... and that second report of the same stuck call is shorter: the full stack is not repeated
     first, second = episode_reports(err)[:2]
     assert second[0].startswith(f"{thread} still has not switched greenlets, for "), err
+    changed = re.search(r"the inner (\d+) frames? \(the outer (\d+) as at", second[0])
+    if changed and len(first) - 1 < int(changed.group(1)) + int(changed.group(2)):
+        return   # the first sample was cut shorter than the stack (a loaded 3.13 lane): no full one to compare
     assert len(second) < len(first), err
 
 
