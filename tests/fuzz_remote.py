@@ -178,7 +178,7 @@ def _walk(memory: Memory) -> None:
     frames = ffi.new("btc_remote_pyframe[]", room)
     nframes = lib.btc_remote_greenlet_copies(memory.handle, states, kept, spill, total, frames, room)
     assert 0 <= nframes <= room
-    names = bounds.Names(memory, LAY, CODE_TYPE, budget=1 << 16)
+    names = bounds.Names(memory, LAY, bounds.Types(code=CODE_TYPE), budget=1 << 16)
     for g in states[0:kept]:
         assert g.bad in (0, lib.BTC_REMOTE_BAD_UNREADABLE, lib.BTC_REMOTE_BAD_INCONSISTENT,
                          lib.BTC_REMOTE_BAD_SKIPPED)

@@ -294,6 +294,34 @@ def test_saved_stacks_are_copied_only_on_one_stack_and_within_the_budget():
     assert [g.bad == lib.BTC_REMOTE_BAD_SKIPPED for g in gs] == [take == 0 for *_, take in states]
 
 
+def test_a_name_or_line_table_pointer_to_another_object_is_refused():
+    # guards: bounds.Names checks a name's and a line table's type (the CI failure: co_filename pointing at the
+    # code object itself was read as a str whose state and length are the code's own words). An int whose words
+    # at a compact ASCII str's offsets hold a valid state, a length of 3 and "abc" is refused as a str and as
+    # bytes; real ones are read.
+    import ctypes
+    import types
+    from btcore import bounds, py311_layout
+    from btcore.remote import Memory
+    lay = py311_layout.layout(sys.hexversion)
+    impostor = ctypes.create_string_buffer(lay.ascii_data + 8)   # an object of type int, as memory holds it
+    base = ctypes.addressof(impostor)
+    ctypes.c_uint64.from_address(base + 8).value = id(int)
+    ctypes.c_uint64.from_address(base + lay.unicode_length).value = 3   # = a bytes object's size, 3
+    ctypes.c_uint64.from_address(base + lay.unicode_state).value = (1 << 2) | (1 << 5) | (1 << 6)  # kind 1, compact, ascii
+    ctypes.memmove(base + lay.ascii_data, b"abc", 3)
+    memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
+    try:
+        typed = bounds.Names(memory, lay, bounds.Types(id(types.CodeType), id(str), id(bytes)))
+        assert bounds.Names(memory, lay, bounds.Types()).string(base) == "abc"   # the impostor, unchecked
+        assert typed.string(base) is None and typed._linetable(base) is None
+        code = typed.code(id(test_a_name_or_line_table_pointer_to_another_object_is_refused.__code__))
+        assert code.qualname == "test_a_name_or_line_table_pointer_to_another_object_is_refused" and not code.error
+        assert code.filename == __file__
+    finally:
+        memory.close()
+
+
 def test_garbage_target_images_through_the_remote_readers():
     # guards: the readers (gc walk, greenlet states, the saved-stack plan, both frame walkers, code objects,
     # names, line tables) over 3 000 seeded mutations of well-formed target images: results within their bounds,
@@ -319,7 +347,8 @@ def test_code_objects_are_read_within_their_bounds_and_the_dumps_budget():
         long_code, short_code = scope[long_name].__code__, scope["short"].__code__
         budget = (len("<string>") + len(long_code.co_linetable)   # the long name is refused unread
                   + len("short") + len("<string>") + len(short_code.co_linetable))
-        names = bounds.Names(memory, py311_layout.layout(sys.hexversion), id(types.CodeType), budget=budget)
+        names = bounds.Names(memory, py311_layout.layout(sys.hexversion), bounds.Types(id(types.CodeType), id(str),
+                                                                                       id(bytes)), budget=budget)
         assert names.code(id(scope)).error == "not a code object"
         long_read = names.code(id(long_code))
         assert long_read.qualname is None and "name" in long_read.error and long_read.filename == "<string>"

@@ -84,6 +84,18 @@ def linetable_ok(table: bytes) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Types:
+    """The target's type objects an object read there is checked against
+    before its fields are trusted (0: not known, that kind is not checked):
+    a corrupt pointer to some other object would otherwise be read through
+    the wrong layout, and its words taken for a length, flags and text."""
+    code: int = 0    # PyCode_Type
+    str: int = 0     # PyUnicode_Type: co_qualname and co_filename are exact str
+    bytes: int = 0   # PyBytes_Type: co_linetable is exact bytes
+    frame: int = 0   # PyFrame_Type
+
+
 @dataclass
 class Code:
     qualname: str | None
@@ -100,8 +112,8 @@ class Names:
     line tables and code sizes past their bounds are refused; all of them
     together within NAME_BUDGET (then codes are left unnamed)."""
 
-    def __init__(self, memory, layout, code_type: int, budget: int = NAME_BUDGET):
-        self._m, self._lay, self._code_type, self.left = memory, layout, code_type, budget
+    def __init__(self, memory, layout, types: Types, budget: int = NAME_BUDGET):
+        self._m, self._lay, self._types, self.left = memory, layout, types, budget
         self._codes = {}
 
     def code(self, addr: int) -> Code:
@@ -112,7 +124,7 @@ class Names:
 
     def _read_code(self, addr: int) -> Code:
         m, lay = self._m, self._lay
-        if self._code_type and m.word(addr + _OB_TYPE) != self._code_type:
+        if not self._is(addr, self._types.code):
             return Code(None, None, None, None, 0, "not a code object")
         if self.left <= 0:
             return Code(None, None, None, None, 0, "names not read: the dump's name budget is spent")
@@ -127,11 +139,17 @@ class Names:
         code.error = wrong and f"its {', '.join(wrong)} unreadable or out of bounds" or None
         return code
 
+    def _is(self, obj: int, type_: int) -> bool:
+        """Is obj's type type_ (when type_ is known)?"""
+        return not type_ or self._m.word(obj + _OB_TYPE) == type_
+
     def string(self, obj: int | None) -> str | None:
-        """A compact str object's text (None: unreadable, not compact, or longer than MAX_STRING)."""
+        """A compact str object's text (None: unreadable, not a str, not compact, or longer than MAX_STRING)."""
         lay, m = self._lay, self._m
-        state = m.word(obj + lay.unicode_state) if obj else None
-        length = m.word(obj + lay.unicode_length) if obj else None
+        if not obj or not self._is(obj, self._types.str):
+            return None
+        state = m.word(obj + lay.unicode_state)
+        length = m.word(obj + lay.unicode_length)
         if state is None or length is None or length > MAX_STRING:
             return None
         kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
@@ -144,7 +162,7 @@ class Names:
         return raw.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], "replace")
 
     def _linetable(self, obj: int | None) -> bytes | None:
-        size = self._m.word(obj + self._lay.bytes_size) if obj else None
+        size = self._m.word(obj + self._lay.bytes_size) if obj and self._is(obj, self._types.bytes) else None
         if size is None or size > MAX_LINETABLE:
             return None
         table = self._m.read(obj + self._lay.bytes_data, size)

@@ -56,7 +56,7 @@ class _Walker:
     def __init__(self, snap: Snapshot, native: bool):
         self.snap, self.native = snap, native
         self._symbols = {}   # pc (looked-up) -> (module, symbol, start)
-        self._names = bounds.Names(snap.memory, snap.layout, snap.code_type)
+        self._names = bounds.Names(snap.memory, snap.layout, snap.types)
         self._named = {}     # raw frame -> (its Frames, what is wrong with it or None)
         code = snap.greenlet_code
         stubs = [(code.stub_lo[i], code.stub_hi[i]) for i in range(code.nstub)] if code else []
@@ -294,7 +294,7 @@ def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, e
     target = Target(pid, memory, [m for m in mappings if m.path] + [m for m in mappings if not m.path], notes)
     threads, greenlets = gather(target, regs_of, threads_only)
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
-                    target.greenlet_code, target.layout, 0.0, notes, code_type=target.code_type)
+                    target.greenlet_code, target.layout, 0.0, notes, types=target.types)
 
 
 _AT_SYSINFO_EHDR = 33

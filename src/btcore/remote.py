@@ -276,7 +276,7 @@ class Snapshot:
     stopped_cpu: float = 0.0    # seconds of this thread's CPU time in that window (a loaded machine
                                 # stretches stopped_for, not this)
     stopped_reads: int = 0      # syscalls that read its memory in that window
-    code_type: int = 0          # the target's PyCode_Type (0: unknown, frames' code objects are not checked)
+    types: bounds.Types = field(default_factory=bounds.Types)   # the target's type objects (bounds.Names)
 
 
 _PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
@@ -308,10 +308,9 @@ class Target:
             if name.startswith("libpython") or name.startswith("python"):
                 value = symbol_value(mod.path, "_PyRuntime")
                 if value:
-                    frame_type = symbol_value(mod.path, "PyFrame_Type")
-                    self.frame_type = mod.bias + frame_type if frame_type else 0
-                    code_type = symbol_value(mod.path, "PyCode_Type")
-                    self.code_type = mod.bias + code_type if code_type else 0
+                    self.types = bounds.Types(*(mod.bias + value if value else 0 for value in (
+                        symbol_value(mod.path, name) for name in ("PyCode_Type", "PyUnicode_Type", "PyBytes_Type",
+                                                                  "PyFrame_Type"))))
                     return (mod.bias + value,) + self._layout(mod, mod.bias + value)
         raise DumpError(f"process {self.pid} is not a CPython process (no _PyRuntime symbol in its modules)")
 
@@ -330,7 +329,7 @@ class Target:
             raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}, btcore "
                             f"reads {_version(ours.version_hex)} (its own), 3.11 (its known layout) and 3.13-3.15 "
                             "(their _Py_DebugOffsets): dump it with a btcore installed for that version")
-        portable.code_type = self.code_type
+        portable.code_type = self.types.code
         return portable, True
 
     def thread_frames(self, tstate: int) -> list:
@@ -356,7 +355,7 @@ class Target:
             if _same_build(mod.path, greenlet._greenlet.__file__):
                 return greenlet_type, code, greenlet_offsets.local()
             return greenlet_type, code, greenlet_offsets.learned(
-                self.memory, self._some_greenlets(greenlet_type), greenlet_type, self.frame_type)
+                self.memory, self._some_greenlets(greenlet_type), greenlet_type, self.types.frame)
         except greenlet_offsets.Unlearnable as e:
             self.notes.append(f"the target's greenlet ({mod.path}): {e}: suspended greenlets are not listed")
             return 0, None, None
@@ -755,4 +754,4 @@ def _snapshot(pid: int, memory: Memory, mappings: list, threads_only: bool, time
         notes.append("the process exited during the dump: what was read before is shown")
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
                     target.greenlet_code, target.layout, stopped_for, notes, stopped_cpu, stopped_reads,
-                    target.code_type)
+                    target.types)

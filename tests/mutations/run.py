@@ -78,6 +78,10 @@ MUTATIONS = [
     Mutation("src/btcore/bounds.py", "        if at > n:\n            return False", "        pass",
              "tests/test_hostile_dump.py::test_line_tables_whose_last_entry_runs_past_their_end_are_refused",
              "a line table whose last entry runs past its end reaches CPython's co_lines, which reads past it"),
+    Mutation("src/btcore/bounds.py", "        if not obj or not self._is(obj, self._types.str):", "        if not obj:",
+             "tests/test_hostile_dump.py::test_a_name_or_line_table_pointer_to_another_object_is_refused",
+             "a name pointer to another object (the code itself) is read as a str: its words taken for a length "
+             "and flags, garbage shown as a name with no note"),
     Mutation("src/btcore/bounds.py", "        if self.left <= 0:", "        if False:",
              "tests/test_hostile_dump.py::test_code_objects_are_read_within_their_bounds_and_the_dumps_budget",
              "names and line tables are read past the dump's budget: a target of many codes with maximal names "
