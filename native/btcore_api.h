@@ -497,6 +497,11 @@ void btc_test_signal_stress_stop(int64_t *counts, btc_sigsample *last_invalid);
  * from getcontext()'s registers, without a signal.  0, or -1 if the thread
  * is not registered. */
 int btc_test_capture_here(btc_sigsample *out);
+/* Test-only: the watchdog's text of a repeat report of a stuck call (the
+ * second), after a first report of `first` at first_at seconds; its length
+ * (cut at size - 1). */
+int btc_test_watchdog_repeat(const btc_sigsample *first, double first_at, const btc_sigsample *then,
+                             double then_at, char *buf, size_t size);
 /* ---- another process, from outside (native/remote/) ---- */
 
 /* Its memory: a live process (process_vm_readv, else /proc/PID/mem) or

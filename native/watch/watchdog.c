@@ -193,13 +193,18 @@ static int common_outer(const btc_sigsample *a, const btc_sigsample *b)
 /* The stack of a report of slot's stuck call: in full the first time;
  * later, against the sample last shown, "the same stack", or only the
  * inner frames that changed (the ~35 lines of a request handler, repeated
- * at every doubling, hid what did change). */
-static void add_stack(btc_text *t, int slot, const btc_sigsample *sample, double stuck_for)
+ * at every doubling, hid what did change).  In full again when the sample
+ * last shown was cut where this one is not: the frames it lacked were
+ * never shown, so no later report may point back at it. */
+static void add_stack(btc_text *t, stuck_state *s, btc_sigsample *shown, const btc_sigsample *sample,
+                      double stuck_for)
 {
-    stuck_state *s = &dog.states[slot];
-    btc_sigsample *shown = &dog.shown[slot];
     if (!s->shown) {
         btc_text_addf(t, "has not switched greenlets for %.1f s; its stack, innermost first:\n", stuck_for);
+        btc_sigsample_text(sample, t);
+    } else if (shown->partial & ~sample->partial) {
+        btc_text_addf(t, "still has not switched greenlets, for %.1f s now; the report at %.1f s was partial: "
+                         "its whole stack, innermost first:\n", stuck_for, s->shown_at);
         btc_sigsample_text(sample, t);
     } else {
         int n = frame_count(sample), outer = common_outer(sample, shown);
@@ -217,12 +222,24 @@ static void add_stack(btc_text *t, int slot, const btc_sigsample *sample, double
     s->shown_at = stuck_for;
 }
 
+int btc_test_watchdog_repeat(const btc_sigsample *first, double first_at, const btc_sigsample *then,
+                              double then_at, char *buf, size_t size)
+{
+    stuck_state state = {0};
+    btc_sigsample shown;
+    btc_text t = {buf, size, 0};
+    add_stack(&t, &state, &shown, first, first_at);
+    t.len = 0;
+    add_stack(&t, &state, &shown, then, then_at);
+    return (int)t.len;
+}
+
 static void report_stuck(int slot, uint64_t thread, const btc_sigsample *sample, double stuck_for)
 {
     btc_text t = {report_buf, sizeof report_buf, 0};
     btc_text_addf(&t, "btcore watchdog: thread %llu ", (unsigned long long)thread);
     if (sample)
-        add_stack(&t, slot, sample, stuck_for);
+        add_stack(&t, &dog.states[slot], &dog.shown[slot], sample, stuck_for);
     else
         btc_text_addf(&t, "has not switched greenlets for %.1f s; its stack, innermost first:\n"
                           "  (the thread did not answer the capture signal)\n", stuck_for);

@@ -457,6 +457,10 @@ MUTATIONS = [
              "tests/test_symbolize.py::test_unit_with_ranges_found_after_a_miss",
              "a unit with DW_AT_ranges and a base DW_AT_low_pc covers nothing once a miss in .debug_aranges "
              "rebuilt the unit table from the DIEs: every later lookup in it loses file:line"),
+    Mutation("native/watch/watchdog.c", "} else if (shown->partial & ~sample->partial) {", "} else if (false) {",
+             "tests/test_watchdog.py::test_a_repeat_after_a_partial_report_shows_the_whole_stack[2]",
+             "after a partial report, the next shows only frames that changed against it: frames the partial "
+             "one lacked are never shown"),
     Mutation("native/watch/watchdog.c", "    s->shown = true;", "    s->shown = false;",
              "tests/test_watchdog.py::test_a_later_report_of_the_same_stuck_call_says_same_stack",
              "every report of one stuck call repeats the whole stack (the ~35 lines of a request handler)"),
