@@ -404,3 +404,12 @@ def test_template_is_installed_with_the_package():
     from importlib import resources
     text = resources.files("btcore").joinpath("page.html").read_text(encoding="utf-8")
     assert text.count("{{BTCORE_DATA}}") == 1
+
+
+def test_every_page_forbids_loading_anything():
+    """Guards the shared head (html._HEAD): the greenlet page and the profile page both carry the policy that
+    lets them load nothing (their data are a target's strings) and run their inline script only."""
+    from btcore import html
+    for name in ("page.html", "profile.html"):
+        head = html._template(name).split("<title>", 1)[0]
+        assert head.startswith("<!DOCTYPE html>") and "default-src 'none'; script-src 'unsafe-inline'" in head, name

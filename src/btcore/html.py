@@ -66,9 +66,21 @@ def write_html(path) -> None:
         f.write(text)
 
 
+# Every page's head: what it may load is nothing (no network, no other origin: the data are
+# a target's strings), its inline script and style only.
+_HEAD = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+"""
+
+
 @functools.cache
 def _template(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    """A page of this package (page.html, profile.html: from its <title> on) after the common head."""
+    return _HEAD + resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 def _page_frames_json(bt) -> list:
