@@ -55,7 +55,10 @@ FUZZ = os.environ.get("BTCORE_FUZZ") == "1"
 LINK_SANITIZE = SANITIZE
 if FUZZ:
     SANITIZE, LINK_SANITIZE = ["-fsanitize=address,fuzzer-no-link", "-fno-omit-frame-pointer"], []
-LTO = [] if FUZZ else ["-flto"]
+# BTCORE_LTO=0 (tests/mutations/run.py): no link-time optimisation, so a
+# compiler cache can reuse every unit but the mutated one (with -flto the
+# link compiles the whole program again); the product is always built with it.
+LTO = [] if FUZZ or os.environ.get("BTCORE_LTO") == "0" else ["-flto"]
 
 ffibuilder.set_source(
     "btcore._native",
