@@ -447,6 +447,11 @@ int btc_sigsample_format(const btc_sigsample *s, char *buf, size_t size);
  * again changes fd and gives the calling thread an alternate stack.
  * Returns 0 or -1. */
 int btc_crash_enable(int fd);
+/* The command that writes the rest of the report from outside (argc
+ * arguments, argv[0] a path; the crashed process's pid is appended at crash
+ * time), run after the crashing thread's frames and waited for at most
+ * timeout_ms; argc 0: none.  0, or -1 (over 8 arguments or 8 KiB). */
+int btc_crash_set_helper(const char *const *argv, int argc, int timeout_ms);
 /* Put the previous dispositions back where our handler still is. */
 void btc_crash_disable(void);
 int btc_crash_enabled(void);

@@ -229,3 +229,99 @@ print("child killed by", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     assert f"child killed by {int(signal.SIGSEGV)}" in out.stderr
     assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
     assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr.split("child killed")[0])
+
+
+OUTSIDE_HEADER = "btcore crash report, the rest read from outside (every thread and greenlet):"
+PARKED = """
+import ctypes, os, sys
+import gevent, btcore
+btcore.enable_crash_report({options})
+
+def parked_in_python(n):
+    gevent.sleep(60)
+
+def parked_on_event(event):
+    event.wait()
+
+def crasher():
+    gevent.sleep(0.05)
+    for g in parked:   # CPython's own view of each parked greenlet, its frames outermost first
+        chain, f = [], g.gr_frame
+        while f is not None:
+            chain.append(f.f_code.co_name)
+            f = f.f_back
+        print("PARKED", hex(id(g)), ",".join(reversed(chain)), file=sys.stderr, flush=True)
+    {crash}
+
+import gevent.event
+parked = [gevent.spawn(parked_in_python, n) for n in range(12)] + \
+    [gevent.spawn(parked_on_event, gevent.event.Event()) for n in range(8)]
+{run}
+"""
+
+
+def crash_parked(options="", crash="ctypes.string_at(0)", run="gevent.spawn(crasher).join()"):
+    code = PARKED.format(options=options, crash=crash, run=run)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def outside_groups(stderr):
+    """[(greenlets in the group, the addresses it names, its Python functions outermost first)] of the
+    helper's part: its suspended groups."""
+    part = stderr.split(OUTSIDE_HEADER, 1)[1]
+    groups = []
+    for block in part.split("\n=== stack ")[1:]:
+        count = re.match(r"\d+: (\d+) greenlets?, suspended ===", block)
+        if count:
+            groups.append((int(count.group(1)), re.findall(r" at (0x[0-9a-f]+)>", block.split("\n")[1]),
+                           [f.rsplit(".", 1)[-1] for f in re.findall(r'^  File ".*", line \d+, in (\S+)$', block, re.M)]))
+    return groups
+
+
+@pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
+def test_the_helper_shows_every_parked_greenlet_as_cpython_sees_it():
+    # guards: the helper part of the report (crash.c run_helper, crash.py helper_command): after the crashing
+    # thread's frames, every greenlet parked in the crashed process, each with the Python frames CPython's own
+    # gr_frame chain has (printed by the target just before the crash); the process dies by its signal.
+    out = crash_parked()
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert out.stderr.index(BTCORE_HEADER) < out.stderr.index(OUTSIDE_HEADER), out.stderr
+    assert f"process {out.stderr.split('thread ')[1].split()[0].rstrip(',')}:" in out.stderr   # its own pid
+    parked = dict(line.split()[1:] for line in out.stderr.splitlines() if line.startswith("PARKED "))
+    by_chain = {}
+    for address, chain in parked.items():
+        by_chain.setdefault(tuple(chain.split(",")), set()).add(address)
+    assert len(parked) == 20 and len(by_chain) == 2, out.stderr
+    groups = outside_groups(out.stderr)
+    for chain, addresses in by_chain.items():   # one group each: all of its greenlets, their frames
+        group = [g for g in groups if tuple(g[2][-len(chain):]) == chain]
+        assert len(group) == 1 and group[0][0] == len(addresses), (chain, out.stderr)
+        assert set(group[0][1]) <= addresses and group[0][1], (chain, out.stderr)
+
+
+@pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
+def test_the_helper_is_off_bounded_and_run_for_a_fork_child():
+    # guards: helper=False writes the crashing thread's part alone; a helper that outlives helper_timeout is
+    # killed and the process still dies by its signal; a fork child's helper dumps the child (the pid is
+    # written at crash time).
+    off = crash_parked(options="helper=False")
+    assert off.returncode == -signal.SIGSEGV and BTCORE_HEADER in off.stderr and OUTSIDE_HEADER not in off.stderr
+    stalled = crash_parked(options="helper_timeout=0.001")   # killed before Python has started
+    assert stalled.returncode == -signal.SIGSEGV and OUTSIDE_HEADER not in stalled.stderr, stalled.stderr
+    forked = crash_parked(run="""
+pid = os.fork()
+if pid == 0:
+    gevent.spawn(crasher).join()
+    os._exit(0)
+print("CHILD", pid, "STATUS", os.waitpid(pid, 0)[1], file=sys.stderr)
+""")
+    child = forked.stderr.split("CHILD ")[1].split()[0]
+    assert f"STATUS {int(signal.SIGSEGV)}" in forked.stderr, forked.stderr
+    assert f"Process dump, process {child}:" in forked.stderr, forked.stderr
+    assert sum(n for n, _, _ in outside_groups(forked.stderr)) >= 20
+
+
+def test_enable_crash_report_checks_the_helper_timeout():
+    import btcore
+    with pytest.raises(ValueError):
+        btcore.enable_crash_report(helper_timeout=-1)

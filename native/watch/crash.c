@@ -25,6 +25,19 @@
  * handler runs, so a fault inside it is fatal at once (the kernel forces the
  * default action of a blocked synchronous signal): no loop.  Another thread
  * crashing meanwhile waits (bounded) for the first report to end.
+ *
+ * The rest of the report comes from a healthy process (Crashpad's way):
+ * after the crashing thread's frames, the handler starts the helper command
+ * set at enable time (`python -m btcore dump PID`, PID written here) with the
+ * report's descriptor as its output, lets it trace this process
+ * (PR_SET_PTRACER: Yama allows tracing descendants only, not a parent) and
+ * waits for it, bounded.  The helper stops every thread and reads them, and
+ * every parked greenlet with its name, through the one remote engine, which
+ * trusts nothing it reads; nothing of that runs in the crashed process.  The
+ * child is made with a raw clone (glibc's fork() runs atfork handlers, which
+ * may take the locks the crash holds) and calls only async-signal-safe
+ * functions before execve.  Where it cannot start (no fork, seccomp, no
+ * ptrace rights) the report is the crashing thread's alone.
  */
 #include <Python.h>
 #include <errno.h>
@@ -32,7 +45,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,7 +65,17 @@ static bool installed;
 static _Atomic int report_fd = -1;
 static _Atomic uintptr_t reporter;   /* pthread_t of the thread reporting; 0: none yet */
 static _Atomic int fault_in_report;  /* tests: fault inside the report (a second crash) */
-static volatile uintptr_t unmapped = 8;   /* in the never-mapped first page; volatile: a real store, not a trap */
+static volatile uintptr_t unmapped = 8;
+extern char **environ;
+
+/* The helper's command: argv copied here at enable time; its last argument
+ * is this process's pid, written at crash time (a fork child crashes as
+ * itself). */
+#define HELPER_ARGS 8
+static char helper_text[8192];
+static char *helper_argv[HELPER_ARGS + 2];
+static char helper_pid[24];
+static int helper_timeout_ms;   /* in the never-mapped first page; volatile: a real store, not a trap */
 
 /* The handler's working memory: one report per process. */
 static btc_sigsample sample;
@@ -114,6 +140,64 @@ static void wait_for_reporter(void)
         nanosleep(&ten_ms, NULL);
 }
 
+static void decimal(char *out, uint64_t n)
+{
+    char digits[24];
+    int len = 0;
+    do
+        digits[len++] = (char)('0' + n % 10);
+    while ((n /= 10) && len < 23);
+    while (len)
+        *out++ = digits[--len];
+    *out = 0;
+}
+
+/* The helper's process: wait for leave to trace, write to fd, no signal blocked. */
+static void helper_child(int gate, int fd)
+{
+    char go;
+    while (read(gate, &go, 1) < 0 && errno == EINTR)
+        ;
+    if (dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+        _exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);   /* a blocked SIGSEGV would stay blocked across execve */
+    execve(helper_argv[0], helper_argv, environ);
+    _exit(127);
+}
+
+/* Run the helper on fd and wait for it, at most helper_timeout_ms (then it is killed). */
+static void run_helper(int fd)
+{
+    int gate[2];
+    if (!helper_argv[0] || pipe2(gate, O_CLOEXEC) != 0)
+        return;
+    decimal(helper_pid, (uint64_t)getpid());
+    pid_t child = (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+    if (child == 0)
+        helper_child(gate[0], fd);
+    if (child > 0)
+        prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
+    close(gate[0]);
+    if (write(gate[1], "g", 1) < 0) {
+        /* the child reads EOF as well: it goes on */
+    }
+    close(gate[1]);
+    if (child <= 0)
+        return;
+    struct timespec step = {0, 10 * 1000 * 1000};
+    int status;
+    for (int waited = 0; waited < helper_timeout_ms; waited += 10) {
+        pid_t done = waitpid(child, &status, WNOHANG);
+        if (done == child || (done < 0 && errno != EINTR))   /* ECHILD: reaped by the program's own handler */
+            return;
+        nanosleep(&step, NULL);
+    }
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+}
+
 static void on_fatal_signal(int sig, siginfo_t *si, void *ucontext)
 {
     int saved_errno = errno;
@@ -130,6 +214,7 @@ static void on_fatal_signal(int sig, siginfo_t *si, void *ucontext)
         frames(&t, ucontext);
         btc_text_add(&t, "\n");
         btc_text_write(&t, fd);
+        run_helper(fd);
         atomic_store(&report_fd, -1);
     } else {
         wait_for_reporter();
@@ -176,6 +261,28 @@ int btc_crash_enable(int fd)
             return -1;
         }
     installed = true;
+    return 0;
+}
+
+int btc_crash_set_helper(const char *const *argv, int argc, int timeout_ms)
+{
+    if (argc < 0 || argc > HELPER_ARGS || timeout_ms < 0)
+        return -1;
+    helper_argv[0] = NULL;   /* no helper while its command is half written: argv[0] comes last */
+    char *at[HELPER_ARGS];
+    size_t used = 0;
+    for (int i = 0; i < argc; i++) {
+        size_t n = strlen(argv[i]) + 1;
+        if (n > sizeof helper_text - used)
+            return -1;
+        at[i] = memcpy(helper_text + used, argv[i], n);
+        used += n;
+    }
+    helper_argv[argc] = argc ? helper_pid : NULL;
+    helper_argv[argc + 1] = NULL;
+    helper_timeout_ms = timeout_ms;
+    for (int i = argc - 1; i >= 0; i--)
+        helper_argv[i] = at[i];
     return 0;
 }
 
