@@ -4,13 +4,13 @@ and a core file's segments, threads, auxiliary vector and mapped files.
 These are what the dump of another process reads (btcore/remote.py,
 btcore/process.py, btcore/codec.py); pyelftools is not among btcore's
 run-time dependencies."""
+import json
 import os
 import random
 import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import greenlet
 import pytest
@@ -264,3 +264,23 @@ def test_garbage_cores_and_headers():
     done = subprocess.run([sys.executable, "-P", os.path.join(here, "fuzz_core.py"), "20000", "--seed", "26"],
                           capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONFAULTHANDLER="1"))
     assert done.returncode == 0 and "every result within its bounds" in done.stdout, done.stderr[-3000:]
+
+
+NO_PYELFTOOLS = textwrap.dedent("""
+    import sys
+    sys.modules["elftools"] = None   # any import of pyelftools now fails
+    import btcore.__main__
+    sys.exit(btcore.__main__.main(sys.argv[1:]))
+""")
+
+
+def test_a_core_dump_needs_no_pyelftools(core_file):
+    # guards: pyelftools is a test dependency only (pyproject.toml): the dump of a core reads it with elf.c
+    path, pid = core_file
+    done = subprocess.run([sys.executable, "-P", "-c", NO_PYELFTOOLS, "dump", "--json", "--core", path, "--exe",
+                           sys.executable], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "elftools" not in done.stderr
+    doc = json.loads(done.stdout)
+    threads = [st for st in doc["stacks"] if st["kind"] == "thread"]
+    assert doc["pid"] == pid and len(threads) == 2 and all(len(st["frames"]) > 3 for st in threads)
