@@ -6,7 +6,7 @@ note.  The build-id reader (btc_elf_file_build_id) reads the same headers
 and notes: it is fed each input too.
 
 tiny_core() builds a well-formed x86-64 core: an ELF header, a PT_NOTE
-segment with NT_PRSTATUS (two threads), NT_AUXV and NT_FILE notes, and a
+segment with NT_PRSTATUS (two threads), NT_FILE and NT_AUXV notes, and a
 PT_LOAD segment; mutate() corrupts one (header fields, note sizes and
 counts, bytes anywhere, a truncation).
 
@@ -24,7 +24,8 @@ import sys
 from btcore._native import ffi, lib
 
 LOAD_VADDR = 0x7f0000000000
-FILES = [(0x400000, 0x401000, 0, b"/usr/bin/python3"), (0x7f0000001000, 0x7f0000003000, 2, b"/lib/libc.so.6")]
+# NT_FILE's description is 98 bytes: 2 bytes of padding before the next note
+FILES = [(0x400000, 0x401000, 0, b"/usr/bin/python3"), (0x7f0000001000, 0x7f0000003000, 2, b"/lib64/libc.so.6")]
 THREADS = [(4242, 0x401234, 0x7ffc0000, 0x7ffc0100, 7), (4243, 0x401250, 0x7ffd0000, 0x7ffd0100, 9)]
 VDSO = 0x7fff00000000
 ROOM = (8, 8, 8, 256)   # segments, threads, files, path bytes
@@ -49,8 +50,8 @@ def _nt_file() -> bytes:
 
 def tiny_core(threads=THREADS) -> bytes:
     notes = b"".join(_note(1, b"CORE\0", _prstatus(*t)) for t in threads)
-    notes += _note(6, b"CORE\0", struct.pack("<4Q", 33, VDSO, 0, 0))
     notes += _note(0x46494c45, b"CORE\0", _nt_file())
+    notes += _note(6, b"CORE\0", struct.pack("<6Q", 6, 4096, 33, VDSO, 0, 0))   # AT_PAGESZ, AT_SYSINFO_EHDR, AT_NULL
     phoff, nph = 64, 2
     notes_at = phoff + nph * 56
     load_at = notes_at + len(notes)

@@ -229,6 +229,28 @@ def test_core_read_asks_for_room_it_needs(core_file):
     assert (small.nsegments, small.nthreads, small.nfiles, small.paths_used) == need
     rc, exact, _keep3 = _native_core(path, need)
     assert rc == 0
+    for short in range(4):   # each capacity is checked
+        rc, _, _keep4 = _native_core(path, tuple(n - (k == short) for k, n in enumerate(need)))
+        assert rc == -3, short
+
+
+def test_the_dump_reads_a_core_that_needs_more_room_than_its_first_guess(core_file, monkeypatch):
+    # guards: process.py's second read of the notes, with the room the first read asked for
+    from btcore import process
+    from btcore.remote import Memory
+    path, pid = core_file
+
+    def read():
+        f = open(path, "rb")
+        memory = Memory(lib.btc_rmem_open_segments(), [f])
+        try:
+            return process._read_core(path, f, memory)
+        finally:
+            memory.close()
+    mappings, regs_of, vdso = read()
+    monkeypatch.setattr(process, "_CORE_ROOM", (1, 1, 1, 8))
+    assert read() == (mappings, regs_of, vdso)
+    assert next(iter(regs_of)) == pid and len(mappings) > 10 and vdso
 
 
 def test_core_read_refuses_what_is_not_a_core(fixture_so, tmp_path):
