@@ -156,7 +156,8 @@ int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t
     rc = -2;
     if (!place(m, map_start, map_offset))
         goto fail;
-    size_t nwant = btc_elf_phdrs_build_id(fd, m->phdrs, m->nphdrs, want, BTC_BUILD_ID_MAX), nhave = mem ? mapped_build_id(mem, m, have) : nwant;
+    size_t nwant = btc_elf_phdrs_build_id(fd, m->phdrs, m->nphdrs, want, BTC_BUILD_ID_MAX);
+    size_t nhave = mem ? mapped_build_id(mem, m, have) : nwant;
     rc = -3;
     if (mem && (nwant != nhave || memcmp(want, have, nwant < BTC_BUILD_ID_MAX ? nwant : BTC_BUILD_ID_MAX) != 0))
         goto fail;   /* the file on disk is not the one the target mapped */
