@@ -48,7 +48,9 @@ def _nt_file() -> bytes:
         b"".join(path + b"\0" for *_, path in FILES)
 
 
-def tiny_core(threads=THREADS) -> bytes:
+def tiny_core(threads=THREADS, xnum=False) -> bytes:
+    """xnum: the program headers counted as a core with 65 535 or more
+    mappings counts them (e_phnum PN_XNUM, the count in section 0's sh_info)."""
     notes = b"".join(_note(1, b"CORE\0", _prstatus(*t)) for t in threads)
     notes += _note(0x46494c45, b"CORE\0", _nt_file())
     notes += _note(6, b"CORE\0", struct.pack("<6Q", 6, 4096, 33, VDSO, 0, 0))   # AT_PAGESZ, AT_SYSINFO_EHDR, AT_NULL
@@ -56,15 +58,17 @@ def tiny_core(threads=THREADS) -> bytes:
     notes_at = phoff + nph * 56
     load_at = notes_at + len(notes)
     load = b"\x7fELF" + bytes(60)
-    header = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 4, 62, 1, 0, phoff, 0, 0, 64, 56,
-                                                               nph, 64, 0, 0)
+    shoff = load_at + len(load) if xnum else 0
+    header = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 4, 62, 1, 0, phoff, shoff, 0, 64, 56,
+                                                               0xffff if xnum else nph, 64, 1 if xnum else 0, 0)
+    section0 = struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, nph, 0, 0) if xnum else b""
     phdrs = struct.pack("<IIQQQQQQ", 4, 0, notes_at, 0, 0, len(notes), 0, 4)
     phdrs += struct.pack("<IIQQQQQQ", 1, 5, load_at, LOAD_VADDR, 0, len(load), 0x1000, 0x1000)
-    return header + phdrs + notes + load
+    return header + phdrs + notes + load + section0
 
 
 def seeds() -> list:
-    return [tiny_core(), tiny_core(THREADS[:1]), tiny_core([])]
+    return [tiny_core(), tiny_core(THREADS[:1]), tiny_core([]), tiny_core(xnum=True)]
 
 
 def mutate(rng: random.Random, core: bytes) -> bytes:

@@ -262,12 +262,14 @@ def test_core_read_refuses_what_is_not_a_core(fixture_so, tmp_path):
         assert lib.btc_core_read(f.fileno(), c) == -1
 
 
-def test_a_small_core_is_read_as_built():
-    # guards: the decoding of each note's description on a core whose contents are known (fuzz_core's seed)
+@pytest.mark.parametrize("xnum", [False, True], ids=["phnum", "PN_XNUM"])
+def test_a_small_core_is_read_as_built(xnum):
+    # guards: the decoding of each note's description on a core whose contents are known (fuzz_core's seed);
+    # PN_XNUM: the count of program headers a core with >= 65 535 mappings keeps in section 0
     import fuzz_core
     fd = os.memfd_create("btcore-core")
     try:
-        os.write(fd, fuzz_core.tiny_core())
+        os.write(fd, fuzz_core.tiny_core(xnum=xnum))
         rc, c, _keep = fuzz_core.read(fd)
     finally:
         os.close(fd)
