@@ -9,6 +9,9 @@ Targets, each fed through the core's cffi entry points:
   elf       a whole file -> ELF headers and sections, symbol tables, DWARF
             info/abbrev/lines/ranges, compressed sections (btc_symbolize_file
             at addresses of the seeds' functions)
+            and, on the same file, symbols by name and the PT_NOTE build-id
+  core      a core file -> its program headers and notes (btc_core_read) and
+            the build-id reader (tests/fuzz_core.py's check)
   demangle  a symbol name -> the Itanium/Rust demanglers (btc_demangle)
   codec     "d" (format 4), "3" or "2" (formats 3, 2) + bytes -> a token of that body -> btcore.decode() and the
             frames; other bytes -> a backtrace (a record per 4 bytes: real
@@ -25,6 +28,7 @@ with DWARF 4, DWARF 5 and zlib-compressed sections).
     python ci/fuzz.py --target NAME CORPUS... [-- libFuzzer options]   one target (internal)
     python ci/fuzz.py --codec-seeds DIR                                  the codec seeds (internal)
     python ci/fuzz.py --remote-seeds DIR                                 the remote seeds (internal)
+    python ci/fuzz.py --core-seeds DIR                                   the core seeds (internal)
 """
 import os
 import subprocess
@@ -44,7 +48,7 @@ int outer(int x) { int r = helper(x + 1); return r + hidden(r); }
 NAMES = [b"_ZNSt6vectorIiSaIiEE9push_backERKi", b"_ZN3std2rt10lang_start17h9a1b2c3d4e5f6a7bE",
          b"_RNvXCs1234_5helloNtB2_3FooNtNtCsk_4core3fmt5Debug3fmt", b"_RINvCs1_1a1fTRShmEE",
          b"_ZZN1A1fEvE1x", b"_ZN9__gnu_cxx13new_allocatorIcED2Ev", b"_ZTVN10__cxxabiv117__class_type_infoE"]
-MAX_LEN = {"cfi": 1 << 20, "elf": 1 << 16, "demangle": 256, "codec": 4096, "remote": 1 << 16}
+MAX_LEN = {"cfi": 1 << 20, "elf": 1 << 16, "demangle": 256, "codec": 4096, "remote": 1 << 16, "core": 4096}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -86,6 +90,8 @@ def write_seeds(work):
                    env=fuzzer_env(), check=True, timeout=600)
     subprocess.run([sys.executable, os.path.abspath(__file__), "--remote-seeds", dirs["remote"]],
                    env=fuzzer_env(), check=True, timeout=600)
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--core-seeds", dirs["core"]],
+                   env=fuzzer_env(), check=True, timeout=600)
     return dirs
 
 
@@ -114,6 +120,15 @@ def write_remote_seeds(folder):
     for i, (greenlets, depth) in enumerate([(3, 2), (1, 1), (6, 4)]):
         with open(os.path.join(folder, "image%d" % i), "wb") as f:
             f.write(fuzz_remote.seed(greenlets, depth))
+
+
+def write_core_seeds(folder):
+    """Small well-formed cores (tests/fuzz_core.py's seeds())."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import fuzz_core
+    for i, core in enumerate(fuzz_core.seeds()):
+        with open(os.path.join(folder, "core%d" % i), "wb") as f:
+            f.write(core)
 
 
 def seed_addresses(corpus):
@@ -149,6 +164,8 @@ def target_elf(corpus):
     buf = ffi.new("char[4096]")
     path = "/dev/shm/btcore-fuzz-%d.so" % os.getpid()
     counter = [0]
+    value = ffi.new("uint64_t *")
+    build_id = ffi.new("uint8_t[32]")
 
     def one(data):
         # a new name each time: the engine caches files by path and inode/size/mtime
@@ -166,6 +183,14 @@ def target_elf(corpus):
                     if out[k].file != ffi.NULL:
                         ffi.string(out[k].file)
             lib.btc_symbolize_reset()
+            e = lib.btc_elf_open(name.encode())
+            if e != ffi.NULL:
+                for symbol in (b"outer", b"hidden", b"counter", b"memcpy"):
+                    assert lib.btc_elf_symbol_value(e, symbol, value) in (0, -1)
+                lib.btc_elf_close(e)
+            fd = os.open(name, os.O_RDONLY)
+            assert lib.btc_elf_file_build_id(fd, build_id, len(build_id)) >= -1
+            os.close(fd)
         finally:
             os.unlink(name)
     return one
@@ -209,10 +234,17 @@ def target_remote():
     return fuzz_remote.check
 
 
+def target_core():
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import fuzz_core
+    return fuzz_core.check
+
+
 def run_target(name, argv):
     import atheris
     corpora = [a for a in argv if not a.startswith("-")]
-    one = {"cfi": target_cfi, "demangle": target_demangle, "codec": target_codec, "remote": target_remote}.get(name)
+    one = {"cfi": target_cfi, "demangle": target_demangle, "codec": target_codec, "remote": target_remote,
+           "core": target_core}.get(name)
     one = one() if one else target_elf(corpora[0])
     atheris.Setup([sys.argv[0], *argv], one)
     atheris.Fuzz()
@@ -254,6 +286,9 @@ def main():
         return 0
     if sys.argv[1] == "--remote-seeds":
         write_remote_seeds(sys.argv[2])
+        return 0
+    if sys.argv[1] == "--core-seeds":
+        write_core_seeds(sys.argv[2])
         return 0
     if sys.argv[1] == "--target":
         run_target(sys.argv[2], [a for a in sys.argv[3:] if a != "--"])

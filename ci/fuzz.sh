@@ -7,7 +7,7 @@
 # past -rss_limit_mb fails the run and leaves the input in the work dir.
 #
 # Usage: ci/fuzz.sh [--long] [SECONDS_PER_TARGET]
-#   default 50 s per target (5 targets, CI); --long: 1800 s per target.
+#   default 50 s per target (6 targets, CI); --long: 1800 s per target.
 # Environment: BTCORE_FUZZ_VENV, BTCORE_FUZZ_WORK (given: kept, corpus and
 # artifacts; else a temporary dir, kept only when the run fails).
 # Needs clang-14: installed with apt-get when missing and run as root.

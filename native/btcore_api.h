@@ -323,6 +323,54 @@ void btc_symbolize_reset(void);
 /* Where separate debug files live (default /usr/lib/debug); drops the cache. */
 void btc_symbolize_debug_root(const char *dir);
 
+/* ---- ELF files: what the dump of another process reads (symbols/elf.c, elf_core.c) ---- */
+
+/* An ELF file's sections and symbols (symbols/elf.h): the file at path,
+ * opened as btc_open_regular() opens it, read once and shared while open
+ * (the same file opened twice is one btc_elf); NULL if it is not a 64-bit
+ * little-endian ELF file with readable section headers. */
+typedef struct btc_elf btc_elf;
+btc_elf *btc_elf_open(const char *path);
+void btc_elf_close(btc_elf *e);
+/* The value of the defined symbol (any type) named `name`, .dynsym first,
+ * then .symtab: 0 and *value, or -1 if there is none. */
+int btc_elf_symbol_value(btc_elf *e, const char *name, uint64_t *value);
+/* The GNU build-id of the file open as fd, from its PT_NOTE segments (what
+ * the loader maps): its full length (its first max bytes copied to out), 0
+ * if it has none, -1 if fd is not a 64-bit little-endian ELF file. */
+int btc_elf_file_build_id(int fd, uint8_t *out, int max);
+
+/* A core file: its PT_LOAD segments and its notes.  The caller gives the
+ * arrays and their capacities; the counts say how many the core has (more
+ * than the capacity: only that many written, call again with room). */
+typedef struct {
+    uint64_t vaddr, filesz, memsz, offset;
+} btc_core_segment;
+typedef struct {
+    int32_t tid;
+    uintptr_t regs[4];   /* ip, sp, rbp, rbx (NT_PRSTATUS) */
+} btc_core_thread;
+typedef struct {
+    uint64_t lo, hi, offset;   /* offset: bytes into the file (NT_FILE gives pages) */
+    uint32_t path_at;          /* its NUL-terminated path: paths + path_at */
+} btc_core_file;
+typedef struct {
+    btc_core_segment *segments;
+    int max_segments, nsegments;
+    btc_core_thread *threads;   /* in the note's order: the first is the process's */
+    int max_threads, nthreads;
+    btc_core_file *files;
+    int max_files, nfiles;
+    char *paths;
+    size_t paths_size, paths_used;
+    uintptr_t vdso;             /* AT_SYSINFO_EHDR (NT_AUXV), 0 if absent */
+} btc_core;
+/* 0; -1 fd is not a 64-bit little-endian ELF file (or its program headers
+ * lie outside it); -2 it is not an x86-64 core file; -3 a count exceeds
+ * its capacity or paths is too small (counts and paths_used say how much
+ * is needed).  Bounded: a malformed note is skipped, never read past. */
+int btc_core_read(int fd, btc_core *out);
+
 /* ---- codec: module identity for compact tokens (capture/modules.c, symbols/symbolize.c) ---- */
 
 /* A record of a Backtrace built by btcore.decode(): the frame came from a

@@ -1,5 +1,5 @@
 """Garbage in, no crash out: ELF and DWARF readers (native/symbols/elf.c, dwarf.c)
-and the demangler on truncated and mutated input.
+and the demangler on truncated and mutated input (core files: tests/fuzz_core.py).
 
 Each batch runs in a child process so that a crash shows up as a failed
 test with the seed to reproduce it, not as a dead test session.  Every
@@ -57,6 +57,20 @@ CHILD = textwrap.dedent(r"""
             b[at] = rng.choice([0, 0xff, 0x80, 0x7f, rng.randrange(256)])
         return bytes(b)
 
+    value = ffi.new("uint64_t *")
+    id_out = ffi.new("uint8_t[32]")
+
+    def check_lookups(path):
+        # what the dump of another process reads: symbols by name, the build-id of PT_NOTE segments
+        e = lib.btc_elf_open(path.encode())
+        if e != ffi.NULL:
+            for name in (b"outer", b"split", b"counter", b"hidden", b"_PyRuntime", b"PyEval_EvalCode"):
+                assert lib.btc_elf_symbol_value(e, name, value) in (0, -1)
+            lib.btc_elf_close(e)
+        fd = os.open(path, os.O_RDONLY)
+        assert lib.btc_elf_file_build_id(fd, id_out, len(id_out)) >= -1
+        os.close(fd)
+
     for i in range(variants):
         path = os.path.join(workdir, "v%d_%d.so" % (seed, i))
         with open(path, "wb") as f:
@@ -70,6 +84,7 @@ CHILD = textwrap.dedent(r"""
                 if out[k].file != ffi.NULL:
                     ffi.string(out[k].file)
         lib.btc_symbolize_reset()
+        check_lookups(path)
         os.unlink(path)
     print("ok")
 """)

@@ -138,26 +138,6 @@ static bool mapped_readable(const struct dl_phdr_info *info, uintptr_t a, size_t
     return false;
 }
 
-/* The GNU build-id in one PT_NOTE segment of size n at a; its length, or 0. */
-size_t btc_note_build_id(const uint8_t *a, size_t n, uint8_t *out)
-{
-    for (size_t at = 0; at <= n && n - at >= 12;) {
-        uint32_t namesz, descsz, type;
-        memcpy(&namesz, a + at, 4);
-        memcpy(&descsz, a + at + 4, 4);
-        memcpy(&type, a + at + 8, 4);
-        size_t name_at = at + 12, desc_at = name_at + ((namesz + 3ULL) & ~3ULL);
-        if (desc_at > n || descsz > n - desc_at)
-            return 0;
-        if (type == NT_GNU_BUILD_ID && namesz == 4 && memcmp(a + name_at, "GNU", 4) == 0 && descsz) {
-            memcpy(out, a + desc_at, descsz < BTC_BUILD_ID_MAX ? descsz : BTC_BUILD_ID_MAX);
-            return descsz;
-        }
-        at = desc_at + ((descsz + 3ULL) & ~3ULL);
-    }
-    return 0;
-}
-
 /* What tells modules apart: the mapping, the file and the build. */
 typedef struct {
     uintptr_t bias, lo, hi;
@@ -176,7 +156,7 @@ static bool identify(const struct dl_phdr_info *info, bool first, module_identit
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         uintptr_t a = info->dlpi_addr + ph->p_vaddr;
         if (ph->p_type == PT_NOTE && mapped_readable(info, a, ph->p_memsz))
-            id->build_id_len = btc_note_build_id((const uint8_t *)a, ph->p_memsz, id->build_id);
+            id->build_id_len = btc_note_build_id((const uint8_t *)a, ph->p_memsz, id->build_id, BTC_BUILD_ID_MAX);
     }
     id->path = module_path(info, first);
     return id->path != NULL;

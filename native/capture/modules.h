@@ -53,8 +53,4 @@ btc_elf *btc_module_elf(btc_module *m);
  * addresses. */
 int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max);
 
-/* The GNU build-id in a PT_NOTE segment's n bytes at a (the first
- * BTC_BUILD_ID_MAX bytes copied to out): its full length, or 0. */
-size_t btc_note_build_id(const uint8_t *a, size_t n, uint8_t *out);
-
 #endif

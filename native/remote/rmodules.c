@@ -82,44 +82,11 @@ void btc_rmodules_free(btc_rmodules *s)
 
 /* ---- the file ---- */
 
-static bool read_at(int fd, uint64_t off, void *buf, size_t n)
-{
-    uint8_t *p = buf;
-    while (n) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
-        if (r <= 0)
-            return false;
-        p += r;
-        off += (uint64_t)r;
-        n -= (size_t)r;
-    }
-    return true;
-}
-
 static bool read_phdrs(int fd, rmodule *m)
 {
     Elf64_Ehdr eh;
-    if (!read_at(fd, 0, &eh, sizeof eh) || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
-        eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_phentsize != sizeof(Elf64_Phdr) ||
-        eh.e_phnum == 0 || eh.e_phnum > MAX_PHDRS)
-        return false;
-    m->nphdrs = eh.e_phnum;
-    return read_at(fd, eh.e_phoff, m->phdrs, eh.e_phnum * sizeof(Elf64_Phdr));
-}
-
-/* The file's build-id (from its PT_NOTE segments): its length, or 0. */
-static size_t file_build_id(int fd, const rmodule *m, uint8_t *out)
-{
-    for (int i = 0; i < m->nphdrs; i++) {
-        const Elf64_Phdr *ph = &m->phdrs[i];
-        uint8_t note[MAX_NOTE];
-        if (ph->p_type != PT_NOTE || ph->p_filesz > MAX_NOTE || !read_at(fd, ph->p_offset, note, ph->p_filesz))
-            continue;
-        size_t n = btc_note_build_id(note, ph->p_filesz, out);
-        if (n)
-            return n;
-    }
-    return 0;
+    m->nphdrs = btc_elf_phdrs(fd, &eh, m->phdrs, MAX_PHDRS);
+    return m->nphdrs > 0 && m->nphdrs <= MAX_PHDRS;
 }
 
 /* The same note, as mapped in the target. */
@@ -131,7 +98,7 @@ static size_t mapped_build_id(btc_rmem *mem, const rmodule *m, uint8_t *out)
         if (ph->p_type != PT_NOTE || ph->p_memsz > MAX_NOTE ||
             btc_rmem_read(mem, m->bias + ph->p_vaddr, note, ph->p_memsz) != 0)
             continue;
-        size_t n = btc_note_build_id(note, ph->p_memsz, out);
+        size_t n = btc_note_build_id(note, ph->p_memsz, out, BTC_BUILD_ID_MAX);
         if (n)
             return n;
     }
@@ -189,7 +156,8 @@ int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t
     rc = -2;
     if (!place(m, map_start, map_offset))
         goto fail;
-    size_t nwant = file_build_id(fd, m, want), nhave = mem ? mapped_build_id(mem, m, have) : nwant;
+    size_t nwant = btc_elf_phdrs_build_id(fd, m->phdrs, m->nphdrs, want, BTC_BUILD_ID_MAX);
+    size_t nhave = mem ? mapped_build_id(mem, m, have) : nwant;
     rc = -3;
     if (mem && (nwant != nhave || memcmp(want, have, nwant < BTC_BUILD_ID_MAX ? nwant : BTC_BUILD_ID_MAX) != 0))
         goto fail;   /* the file on disk is not the one the target mapped */
@@ -228,7 +196,7 @@ static bool load_image(rmodule *m)
     for (int i = 0; ok && i < m->nphdrs; i++) {
         const Elf64_Phdr *ph = &m->phdrs[i];
         if (ph->p_type == PT_LOAD && ph->p_filesz <= ph->p_memsz)
-            ok = read_at(fd, ph->p_offset, image + (ph->p_vaddr - lo), ph->p_filesz);
+            ok = btc_read_exact(fd, ph->p_offset, image + (ph->p_vaddr - lo), ph->p_filesz);
     }
     if (fd >= 0)
         close(fd);

@@ -58,8 +58,7 @@ struct btc_elf {
 
 /* ---- reading the file ---- */
 
-/* Exactly size bytes at off, or false (short read: truncated file). */
-static bool read_exact(int fd, uint64_t off, void *buf, size_t size)
+bool btc_read_exact(int fd, uint64_t off, void *buf, size_t size)
 {
     uint8_t *p = buf;
     while (size) {
@@ -89,7 +88,7 @@ static bool read_bytes(const btc_elf *e, uint64_t off, uint64_t size, btc_bytes 
     uint8_t *data = malloc(size + 1);
     if (!data)
         return false;
-    if (!read_exact(e->fd, off, data, size)) {
+    if (!btc_read_exact(e->fd, off, data, size)) {
         free(data);
         return false;
     }
@@ -133,7 +132,7 @@ static bool read_section_headers(btc_elf *e, const Elf64_Ehdr *h)
 {
     Elf64_Shdr first;
     if (h->e_shoff == 0 || !range_in_file(e, h->e_shoff, sizeof first) ||
-        !read_exact(e->fd, h->e_shoff, &first, sizeof first))
+        !btc_read_exact(e->fd, h->e_shoff, &first, sizeof first))
         return false;
     uint64_t shnum = h->e_shnum ? h->e_shnum : first.sh_size;
     uint64_t shstrndx = h->e_shstrndx == SHN_XINDEX ? first.sh_link : h->e_shstrndx;
@@ -141,7 +140,7 @@ static bool read_section_headers(btc_elf *e, const Elf64_Ehdr *h)
         !range_in_file(e, h->e_shoff, shnum * sizeof(Elf64_Shdr)))
         return false;
     e->shdrs = malloc(shnum * sizeof(Elf64_Shdr));
-    if (!e->shdrs || !read_exact(e->fd, h->e_shoff, e->shdrs, shnum * sizeof(Elf64_Shdr)))
+    if (!e->shdrs || !btc_read_exact(e->fd, h->e_shoff, e->shdrs, shnum * sizeof(Elf64_Shdr)))
         return false;
     e->shnum = (uint32_t)shnum;
     const Elf64_Shdr *s = &e->shdrs[shstrndx];
@@ -289,7 +288,7 @@ static bool feed(z_stream *z, const zstream_in *s, uint64_t *next, uint8_t *chun
 {
     uint64_t left = s->at + s->size - *next;
     size_t n = left < ZINPUT_CHUNK ? (size_t)left : ZINPUT_CHUNK;
-    if (n == 0 || !read_exact(s->e->fd, *next, chunk, n))
+    if (n == 0 || !btc_read_exact(s->e->fd, *next, chunk, n))
         return false;
     *next += n;
     z->next_in = chunk;
@@ -309,7 +308,7 @@ static bool inflate_from(const zstream_in *s, const zpoint *p, uint64_t off, uin
     uint64_t next = s->at + p->in;
     z_stream z;
     memset(&z, 0, sizeof z);
-    if (!scratch || (p->bits && !read_exact(s->e->fd, next - 1, &pending, 1)) ||
+    if (!scratch || (p->bits && !btc_read_exact(s->e->fd, next - 1, &pending, 1)) ||
         zlib.init_raw(&z, -15, ZLIB_VERSION, (int)sizeof z) != Z_OK) {
         free(scratch);
         return false;
@@ -474,7 +473,7 @@ static bool inflate_part(const btc_elf *e, const Elf64_Shdr *s, bool shf, const 
     size_t header;
     uint64_t total;
     if (!ix || ix->n == 0 || !range_in_file(e, s->sh_offset, s->sh_size) ||
-        !read_exact(e->fd, s->sh_offset, head, first.size) || !compressed_layout(&first, shf, &header, &total) ||
+        !btc_read_exact(e->fd, s->sh_offset, head, first.size) || !compressed_layout(&first, shf, &header, &total) ||
         off > total || total > MAX_SECTION || header > s->sh_size)
         return false;
     if (*size > total - off)
@@ -527,9 +526,8 @@ static bool is_function(const btc_elf *e, const Elf64_Sym *s)
     return (e->shdrs[s->st_shndx].sh_flags & SHF_EXECINSTR) != 0;
 }
 
-/* Append the function symbols of one symbol table; its string table is kept
- * in *strings.  A missing or malformed table adds nothing. */
-static bool load_symbols(btc_elf *e, uint32_t type, btc_bytes *strings)
+/* The symbol table of `type` (SHT_SYMTAB, SHT_DYNSYM) if it is well formed. */
+static const Elf64_Shdr *symbol_table(const btc_elf *e, uint32_t type)
 {
     const Elf64_Shdr *tab = NULL;
     for (uint32_t i = 1; i < e->shnum && !tab; i++)
@@ -537,6 +535,16 @@ static bool load_symbols(btc_elf *e, uint32_t type, btc_bytes *strings)
             tab = &e->shdrs[i];
     if (!tab || tab->sh_entsize != sizeof(Elf64_Sym) || tab->sh_link == 0 || tab->sh_link >= e->shnum ||
         e->shdrs[tab->sh_link].sh_type != SHT_STRTAB)
+        return NULL;
+    return tab;
+}
+
+/* Append the function symbols of one symbol table; its string table is kept
+ * in *strings.  A missing or malformed table adds nothing. */
+static bool load_symbols(btc_elf *e, uint32_t type, btc_bytes *strings)
+{
+    const Elf64_Shdr *tab = symbol_table(e, type);
+    if (!tab)
         return true;
     btc_bytes raw;
     if (!read_section(e, tab, &raw))
@@ -607,7 +615,7 @@ static btc_elf *elf_read(int fd, const struct stat *st)
     e->ino = st->st_ino;
     e->mtime = st->st_mtim;
     Elf64_Ehdr h;
-    if (!range_in_file(e, 0, sizeof h) || !read_exact(e->fd, 0, &h, sizeof h) || !valid_ehdr(&h) ||
+    if (!range_in_file(e, 0, sizeof h) || !btc_read_exact(e->fd, 0, &h, sizeof h) || !valid_ehdr(&h) ||
         !read_section_headers(e, &h))
         goto fail;
     if (!load_symbols(e, SHT_SYMTAB, &e->strtab) || !load_symbols(e, SHT_DYNSYM, &e->dynstr))
@@ -909,32 +917,15 @@ bool btc_elf_has_section(btc_elf *e, const char *name)
     return find_section(e, name) != NULL;
 }
 
-/* The bytes of the NT_GNU_BUILD_ID note; 0 when there is none. */
+/* The bytes of the NT_GNU_BUILD_ID note in the .note.gnu.build-id section; 0 when there is none. */
 static size_t read_build_id(btc_elf *e, uint8_t out[MAX_BUILD_ID])
 {
     btc_bytes notes;
     if (!btc_elf_read_section(e, ".note.gnu.build-id", &notes))
         return 0;
-    size_t found = 0;
-    const uint8_t *p = notes.data, *end = notes.data + notes.size;
-    while (!found && end - p >= 12) {
-        uint32_t namesz, descsz, type;
-        memcpy(&namesz, p, 4);
-        memcpy(&descsz, p + 4, 4);
-        memcpy(&type, p + 8, 4);
-        p += 12;
-        uint64_t name_room = ((uint64_t)namesz + 3) & ~3ull, desc_room = ((uint64_t)descsz + 3) & ~3ull;
-        if (name_room > (uint64_t)(end - p) || desc_room > (uint64_t)(end - p) - name_room)
-            break;
-        if (type == NT_GNU_BUILD_ID && namesz == 4 && memcmp(p, "GNU", 4) == 0 && descsz > 0 &&
-            descsz <= MAX_BUILD_ID) {
-            memcpy(out, p + name_room, descsz);
-            found = descsz;
-        }
-        p += name_room + desc_room;
-    }
+    size_t found = btc_note_build_id(notes.data, notes.size, out, MAX_BUILD_ID);
     btc_bytes_free(&notes);
-    return found;
+    return found <= MAX_BUILD_ID ? found : 0;
 }
 
 static uint32_t crc_table[256];
@@ -972,7 +963,7 @@ static bool file_crc32(const btc_elf *e, uint32_t *crc)
     bool ok = true;
     while (ok && off < e->file_size) {
         size_t n = e->file_size - off < CHUNK ? (size_t)(e->file_size - off) : CHUNK;
-        ok = read_exact(e->fd, off, buf, n);
+        ok = btc_read_exact(e->fd, off, buf, n);
         c = crc32_update(c, buf, n);
         off += n;
     }
@@ -1065,4 +1056,130 @@ btc_elf *btc_elf_open_debug_file(btc_elf *e, const char *path, const char *debug
     size_t id_len = read_build_id(e, id);
     btc_elf *d = open_by_build_id(id, id_len, debug_root);
     return d ? d : open_by_debuglink(e, path, debug_root, id, id_len);
+}
+
+/* ---- notes and program headers ----
+ *
+ * What a file's sections do not give: the build-id as the loader maps it
+ * (PT_NOTE segments: a module loaded here, another process's, a file a
+ * token names) and a core file's segments and notes (symbols/elf_core.c).
+ * Notes come from memory the caller bounded (a mapped segment, a buffer
+ * read from a file or another process): one walker reads them all. */
+
+bool btc_elf_next_note(reader *r, btc_elf_note *n)
+{
+    n->namesz = read_u32(r);
+    n->descsz = read_u32(r);
+    n->type = read_u32(r);
+    n->name = r->p;
+    skip(r, ((uint64_t)n->namesz + 3) & ~3ull);
+    n->desc = r->p;
+    skip(r, n->descsz);
+    if (r->bad)
+        return false;
+    /* The last note's padding may be cut off: the note is still whole. */
+    size_t pad = (size_t)(-n->descsz & 3u), left = (size_t)(r->end - r->p);
+    r->p += pad < left ? pad : left;
+    return true;
+}
+
+bool btc_elf_note_named(const btc_elf_note *n, const char *name)
+{
+    size_t len = strlen(name) + 1;
+    return n->namesz == len && memcmp(n->name, name, len) == 0;
+}
+
+size_t btc_note_build_id(const uint8_t *a, size_t n, uint8_t *out, size_t max)
+{
+    reader r = reader_over(a, a + n);
+    btc_elf_note note;
+    while (btc_elf_next_note(&r, &note))
+        if (note.type == NT_GNU_BUILD_ID && btc_elf_note_named(&note, "GNU") && note.descsz) {
+            memcpy(out, note.desc, note.descsz < max ? note.descsz : max);
+            return note.descsz;
+        }
+    return 0;
+}
+
+/* More than any file or core has (a core has one per mapping); with
+ * PN_XNUM extended numbering up to 2^32 could be claimed. */
+#define MAX_PHDRS_TOTAL (1 << 20)
+
+int btc_elf_phdrs(int fd, Elf64_Ehdr *eh, Elf64_Phdr *out, int max)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof *eh || !btc_read_exact(fd, 0, eh, sizeof *eh) ||
+        memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh->e_ident[EI_DATA] != ELFDATA2LSB || eh->e_phentsize != sizeof(Elf64_Phdr))
+        return -1;
+    uint64_t size = (uint64_t)st.st_size, count = eh->e_phnum;
+    if (count == PN_XNUM) {   /* the real count is section 0's sh_info */
+        Elf64_Shdr first;
+        if (eh->e_shoff > size || size - eh->e_shoff < sizeof first || !btc_read_exact(fd, eh->e_shoff, &first, sizeof first))
+            return -1;
+        count = first.sh_info;
+    }
+    if (count > MAX_PHDRS_TOTAL || eh->e_phoff > size || count * sizeof *out > size - eh->e_phoff)
+        return -1;
+    uint64_t n = count < (uint64_t)(max > 0 ? max : 0) ? count : (uint64_t)(max > 0 ? max : 0);
+    return btc_read_exact(fd, eh->e_phoff, out, n * sizeof *out) ? (int)count : -1;
+}
+
+/* The notes of one PT_NOTE segment larger than this are not read. */
+#define MAX_NOTE_SEGMENT (1u << 16)
+
+size_t btc_elf_phdrs_build_id(int fd, const Elf64_Phdr *ph, int n, uint8_t *out, size_t max)
+{
+    uint8_t *notes = malloc(MAX_NOTE_SEGMENT);
+    size_t found = 0;
+    for (int i = 0; notes && i < n && !found; i++)
+        if (ph[i].p_type == PT_NOTE && ph[i].p_filesz <= MAX_NOTE_SEGMENT &&
+            btc_read_exact(fd, ph[i].p_offset, notes, ph[i].p_filesz))
+            found = btc_note_build_id(notes, ph[i].p_filesz, out, max);
+    free(notes);
+    return found;
+}
+
+#define MAX_FILE_PHDRS 64
+
+int btc_elf_file_build_id(int fd, uint8_t *out, int max)
+{
+    Elf64_Ehdr eh;
+    Elf64_Phdr ph[MAX_FILE_PHDRS];
+    int n = btc_elf_phdrs(fd, &eh, ph, MAX_FILE_PHDRS);
+    if (n < 0)
+        return -1;
+    return (int)btc_elf_phdrs_build_id(fd, ph, n < MAX_FILE_PHDRS ? n : MAX_FILE_PHDRS, out,
+                                       max > 0 ? (size_t)max : 0);
+}
+
+/* ---- a symbol by name ---- */
+
+/* The defined symbol `name` in one table, whose names are in strings. */
+static bool find_symbol(const btc_elf *e, uint32_t type, const btc_bytes *strings, const char *name, uint64_t *value)
+{
+    const Elf64_Shdr *tab = symbol_table(e, type);
+    btc_bytes raw;
+    if (!tab || !strings->data || !read_section(e, tab, &raw))
+        return false;
+    bool found = false;
+    for (size_t i = 0; !found && i < raw.size / sizeof(Elf64_Sym); i++) {
+        Elf64_Sym s;
+        memcpy(&s, raw.data + i * sizeof s, sizeof s);
+        if (s.st_shndx != SHN_UNDEF && s.st_name < strings->size &&
+            strcmp((const char *)strings->data + s.st_name, name) == 0) {
+            *value = s.st_value;
+            found = true;
+        }
+    }
+    btc_bytes_free(&raw);
+    return found;
+}
+
+int btc_elf_symbol_value(btc_elf *e, const char *name, uint64_t *value)
+{
+    if (!e || !name || !*name)
+        return -1;
+    return find_symbol(e, SHT_DYNSYM, &e->dynstr, name, value) || find_symbol(e, SHT_SYMTAB, &e->strtab, name, value)
+               ? 0 : -1;
 }

@@ -4,20 +4,26 @@
 #ifndef BTC_ELF_H
 #define BTC_ELF_H
 
+#include <elf.h>
+
 #include "common/reader.h"
 
-typedef struct btc_elf btc_elf;
+/* btc_elf, btc_elf_open/close, btc_elf_symbol_value, btc_elf_file_build_id
+ * and btc_core_read: btcore_api.h ("ELF files"). */
+
+/* Exactly size bytes of the file fd at off (pread), or false (a short read:
+ * the file is truncated). */
+bool btc_read_exact(int fd, uint64_t off, void *buf, size_t size);
+
 /* The file at path, read once and shared: opening a file already open
  * (same device, inode, size and mtime) returns the same btc_elf, counted;
  * the last close frees it.  Immutable once open: usable by any thread
  * without a lock. */
-btc_elf *btc_elf_open(const char *path);
 /* The same for the file open as fd (a regular file; the caller keeps fd:
  * the btc_elf reads through its own duplicate).  btc_elf_open(path) opens
  * path with btc_open_regular() first: nothing but a regular file is ever
  * opened, whoever named the path. */
 btc_elf *btc_elf_open_fd(int fd);
-void btc_elf_close(btc_elf *e);
 /* The symbol covering the virtual address vaddr (module-relative). */
 const char *btc_elf_symbolize(btc_elf *e, uintptr_t vaddr, uintptr_t *sym_vaddr);
 /* Address range [lo, hi) of every function symbol whose name is `name` or
@@ -55,5 +61,27 @@ bool btc_elf_read_section_part(btc_elf *e, const char *name, const btc_zindex *i
 /* The separate debug file holding e's DWARF (found through its build-id
  * under debug_root, or its .gnu_debuglink), or NULL.  path is e's own path. */
 btc_elf *btc_elf_open_debug_file(btc_elf *e, const char *path, const char *debug_root);
+
+/* ---- notes and program headers (not sections: what is mapped) ---- */
+
+typedef struct {
+    uint32_t type, namesz, descsz;
+    const uint8_t *name, *desc;   /* inside the reader's buffer */
+} btc_elf_note;
+/* The next note of a note segment or section r spans; false at its end or
+ * where a note does not fit (r is then bad). */
+bool btc_elf_next_note(reader *r, btc_elf_note *n);
+/* Whether the note's name is `name` (with its NUL). */
+bool btc_elf_note_named(const btc_elf_note *n, const char *name);
+/* The GNU build-id among the n bytes of notes at a (its first max bytes
+ * copied to out): its full length, or 0. */
+size_t btc_note_build_id(const uint8_t *a, size_t n, uint8_t *out, size_t max);
+/* The ELF header of the 64-bit little-endian file open as fd, and its
+ * program headers (at most max written, PN_XNUM counts followed): how many
+ * it has, or -1 if it is not such a file or they lie outside it. */
+int btc_elf_phdrs(int fd, Elf64_Ehdr *eh, Elf64_Phdr *out, int max);
+/* The build-id in the PT_NOTE segments among ph[0..n) of the file open as fd
+ * (first max bytes to out): its full length, or 0. */
+size_t btc_elf_phdrs_build_id(int fd, const Elf64_Phdr *ph, int n, uint8_t *out, size_t max);
 
 #endif

@@ -37,8 +37,8 @@ if __import__("os").environ.get("BTCORE_CRASH_REPORT") == "1":
 
 
 def __getattr__(name):
-    # dump_process() reads ELF files through pyelftools, whose import costs
-    # ~0.1 s: it is imported on first use, not with btcore.
+    # dump_process() and its modules (process.py, remote.py and the layout
+    # tables they import) are imported on first use, not with btcore.
     if name in ("dump_process", "DumpError", "DumpPermissionError"):
         from . import process
         return getattr(process, name)

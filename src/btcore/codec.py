@@ -1250,10 +1250,6 @@ class _FrameReader:
 
 # ---- reading a module's build-id from a file named by a token ----
 
-_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
-_PHDR = struct.Struct("<IIQQQQQQ")
-PT_NOTE = 4
-MAX_NOTES = 1 << 16
 _file_ids = FrameCache(256)   # (device, inode, mtime, size) -> build-id
 
 
@@ -1283,33 +1279,10 @@ def _fd_build_id(fd: int) -> bytes | None:
 
 
 def _read_build_id(fd: int) -> bytes | None:
-    header = os.pread(fd, _ELF_HEADER.size, 0)
-    if len(header) < _ELF_HEADER.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+    """The build-id in the file's PT_NOTE segments (native/symbols/elf.c),
+    None without one or with one longer than a module's (btc_modinfo)."""
+    out = ffi.new("uint8_t[]", lib.BTC_BUILD_ID_MAX)
+    n = lib.btc_elf_file_build_id(fd, out, len(out))
+    if n < 0:
         raise OSError(0, "not a 64-bit little-endian ELF file")
-    fields = _ELF_HEADER.unpack(header)
-    phoff, phentsize, phnum = fields[5], fields[9], fields[10]
-    if phentsize != _PHDR.size or phnum > 512:
-        raise OSError(0, "unexpected ELF program headers")
-    table = os.pread(fd, phentsize * phnum, phoff)
-    for i in range(len(table) // phentsize):
-        p_type, _, p_offset, _, _, p_filesz, _, _ = _PHDR.unpack_from(table, i * phentsize)
-        if p_type == PT_NOTE:
-            found = _note_build_id(os.pread(fd, min(p_filesz, MAX_NOTES), p_offset))
-            if found:
-                return found
-    return None
-
-
-def _note_build_id(notes: bytes) -> bytes | None:
-    """The GNU build-id note's bytes, as native/capture/modules.c reads them."""
-    at = 0
-    while len(notes) - at >= 12:
-        namesz, descsz, kind = struct.unpack_from("<III", notes, at)
-        at += 12
-        name_room, desc_room = (namesz + 3) & ~3, (descsz + 3) & ~3
-        if at + name_room + desc_room > len(notes):
-            return None
-        if kind == 3 and notes[at:at + namesz] == b"GNU\0" and 0 < descsz <= 32:
-            return notes[at + name_room:at + name_room + descsz]
-        at += name_room + desc_room
-    return None
+    return bytes(out[0:n]) if 0 < n <= len(out) else None

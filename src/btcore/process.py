@@ -17,8 +17,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from elftools.elf.elffile import ELFFile
-
 from . import bounds
 from ._native import ffi, lib
 from .frame import NATIVE, PYTHON, Frame
@@ -245,37 +243,50 @@ def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
     f = open(core, "rb")
     memory = Memory(lib.btc_rmem_open_segments(), [f])
     try:
-        elf = ELFFile(f)
-        if elf["e_type"] != "ET_CORE":
-            raise DumpError(f"{core} is not a core file")
-        mappings, regs_of, vdso = _read_core(elf, f, memory)
+        mappings, regs_of, vdso = _read_core(core, f, memory)
         return _snapshot_core_memory(memory, mappings, regs_of, vdso, exe, threads_only)
     except BaseException:
         memory.close()
         raise
 
 
-def _read_core(elf, f, memory: Memory) -> tuple:
+_CORE_ROOM = (1024, 256, 1024, 1 << 16)   # first guess of segments, threads, files, path bytes
+
+
+def _core_notes(core: str, f):
+    """The btc_core of a core file (native/symbols/elf_core.c), read again
+    with the room the first read said it needs."""
+    segments, threads, files, paths = _CORE_ROOM
+    for _ in range(2):
+        c = ffi.new("btc_core *")
+        keep = [ffi.new("btc_core_segment[]", segments), ffi.new("btc_core_thread[]", threads),
+                ffi.new("btc_core_file[]", files), ffi.new("char[]", paths)]
+        c.segments, c.threads, c.files, c.paths = keep
+        c.max_segments, c.max_threads, c.max_files, c.paths_size = segments, threads, files, paths
+        rc = lib.btc_core_read(f.fileno(), c)
+        if rc == 0:
+            return c, keep
+        if rc != -3:
+            raise DumpError(f"{core} is not a core file" + (" of an x86-64 process" if rc == -2 else ""))
+        segments, threads, files, paths = c.nsegments, c.nthreads, c.nfiles, c.paths_used
+    raise DumpError(f"{core}: its notes changed while read")
+
+
+def _read_core(core: str, f, memory: Memory) -> tuple:
     """(mappings, tid -> registers (the first thread listed is the process's), vDSO address) of
     a core file; its PT_LOAD data becomes memory's first segments."""
-    mappings, regs_of, vdso = [], {}, None
-    for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
-            lib.btc_rmem_add_segment(memory.handle, seg["p_vaddr"], seg["p_filesz"], f.fileno(), seg["p_offset"])
-            mappings.append(Mapping(seg["p_vaddr"], seg["p_vaddr"] + seg["p_memsz"], "", 0, ""))
-        for note in seg.iter_notes() if seg["p_type"] == "PT_NOTE" else ():
-            if note["n_type"] == "NT_PRSTATUS":
-                desc = note["n_desc"] if isinstance(note["n_desc"], bytes) else bytes(note["n_desc"], "latin-1")
-                regs = struct.unpack_from("<27Q", desc, 112)   # elf_prstatus.pr_reg: user_regs_struct
-                regs_of[struct.unpack_from("<i", desc, 32)[0]] = (regs[16], regs[19], regs[4], regs[5])
-            elif note["n_type"] == "NT_AUXV":
-                vdso = _auxv_vdso(note["n_desc"])
-            elif note["n_type"] == "NT_FILE":
-                page = note["n_desc"]["page_size"]
-                for entry, name in zip(note["n_desc"]["Elf_Nt_File_Entry"], note["n_desc"]["filename"]):
-                    path = name.decode() if isinstance(name, bytes) else name
-                    mappings.append(Mapping(entry["vm_start"], entry["vm_end"], "", entry["page_offset"] * page, path))
-    return mappings, regs_of, vdso
+    c, _keep = _core_notes(core, f)
+    mappings = []
+    for seg in c.segments[0:c.nsegments]:
+        lib.btc_rmem_add_segment(memory.handle, seg.vaddr, seg.filesz, f.fileno(), seg.offset)
+        mappings.append(Mapping(seg.vaddr, seg.vaddr + seg.memsz, "", 0, ""))
+    for entry in c.files[0:c.nfiles]:
+        path = ffi.string(c.paths + entry.path_at).decode("utf-8", "surrogateescape")
+        mappings.append(Mapping(entry.lo, entry.hi, "", entry.offset, path))
+    regs_of = {}
+    for t in c.threads[0:c.nthreads]:
+        regs_of[t.tid] = tuple(t.regs)
+    return mappings, regs_of, c.vdso or None
 
 
 def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, exe, threads_only) -> Snapshot:
@@ -295,16 +306,6 @@ def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, e
     threads, greenlets = gather(target, regs_of, threads_only)
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
                     target.greenlet_code, target.layout, 0.0, notes, types=target.types)
-
-
-_AT_SYSINFO_EHDR = 33
-
-
-def _auxv_vdso(desc):
-    """The vDSO's address from the auxiliary vector (NT_AUXV), or None."""
-    raw = desc if isinstance(desc, bytes) else bytes(desc, "latin-1")
-    pairs = struct.iter_unpack("<QQ", raw[: len(raw) // 16 * 16])
-    return next((value for kind, value in pairs if kind == _AT_SYSINFO_EHDR), None)
 
 
 # ---- public ----

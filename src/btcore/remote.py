@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass, field
 
 import greenlet
-from elftools.elf.elffile import ELFFile
 
 from . import bounds, debug_offsets, greenlet_offsets, py311_layout
 from ._native import ffi, lib
@@ -202,35 +201,19 @@ class Modules:
         return next((m for m in self.list if predicate(os.path.basename(m.path))), None)
 
 
-_SYM = struct.Struct("<IBBHQQ")   # Elf64_Sym: name, info, other, shndx, value, size
-
-
-@functools.lru_cache(maxsize=64)
-def _symbol_tables(path: str, mtime: float) -> list:
-    """(symbols, string table) bytes of .dynsym and .symtab (pyelftools finds
-    the sections; decoding thousands of symbols through it takes a second)."""
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        tables = []
-        for name in (".dynsym", ".symtab"):
-            table = elf.get_section_by_name(name)
-            if table is not None and table["sh_entsize"] == _SYM.size:
-                strings = elf.get_section(table["sh_link"])
-                tables.append((table.data(), strings.data()))
-        return tables
+@functools.lru_cache(maxsize=8)
+def _elf(path: str, mtime: float):
+    """The file's btc_elf (native/symbols/elf.c: sections and symbol tables,
+    read once), kept open while cached; None if it is not a readable ELF file."""
+    e = lib.btc_elf_open(path.encode())
+    return None if e == ffi.NULL else ffi.gc(e, lib.btc_elf_close)
 
 
 def symbol_value(path: str, name: str) -> int | None:
     """A defined symbol's module-relative value (.dynsym, then .symtab) in the ELF file at path."""
-    wanted = b"\0" + name.encode() + b"\0"
-    for symbols, strings in _symbol_tables(path, os.stat(path).st_mtime):
-        at = strings.find(wanted)
-        while at >= 0:
-            for st_name, _, _, shndx, value, _ in _SYM.iter_unpack(symbols):
-                if st_name == at + 1 and shndx != 0:
-                    return value
-            at = strings.find(wanted, at + 1)
-    return None
+    e = _elf(path, os.stat(path).st_mtime)
+    value = ffi.new("uint64_t *")
+    return value[0] if e is not None and lib.btc_elf_symbol_value(e, name.encode(), value) == 0 else None
 
 
 # ---- what is copied while the target is stopped ----
