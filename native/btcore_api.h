@@ -646,7 +646,7 @@ int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint
  * address only). */
 typedef struct {
     uint64_t version_hex;
-    uint32_t type_dictoffset, type_dict, type_flags;
+    uint32_t type_dictoffset, type_dict, type_flags, type_base, heaptype_qualname;
     uint64_t heaptype_flag;
     uint32_t dict_keys, dict_values, values_values;
     uint32_t keys_log2_index_bytes, keys_kind, keys_nentries, keys_indices, kind_general;

@@ -22,6 +22,8 @@ int btc_remote_pyobjects(btc_remote_objlayout *o)
     o->type_dictoffset = offsetof(PyTypeObject, tp_dictoffset);
     o->type_dict = offsetof(PyTypeObject, tp_dict);
     o->type_flags = offsetof(PyTypeObject, tp_flags);
+    o->type_base = offsetof(PyTypeObject, tp_base);
+    o->heaptype_qualname = offsetof(PyHeapTypeObject, ht_qualname);
     o->heaptype_flag = Py_TPFLAGS_HEAPTYPE;
     o->dict_keys = offsetof(PyDictObject, ma_keys);
     o->dict_values = offsetof(PyDictObject, ma_values);
