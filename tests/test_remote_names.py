@@ -58,11 +58,12 @@ def test_outside_names_are_the_in_process_names(target):
     dumped = members(proc.pid)
     skip = set(oracle["fallback"]) | {oracle["huge"]}
     compared = {a: o["name"] for a, o in oracle["in_process"].items() if a not in skip and a in dumped}
-    assert len(compared) >= 7, compared   # 3 workers, custom, hostile, subclass, plain
+    assert len(compared) >= 8, compared   # 3 workers, custom, hostile, subclass, plain, plain subclass
     assert {a: dumped[a]["name"] for a in compared} == {a: remote_names.shown(n) for a, n in compared.items()}
     names = set(compared.values())
     assert {"Greenlet-0 (worker)", "custom <b>name</b> (worker)"} <= names
     assert any(n.startswith("<greenlet.greenlet at 0x") and n.endswith("> (parked)") for n in names)
+    assert any(n.startswith("<__main__.Plain at 0x") and n.endswith("> (parked)") for n in names)
     # the main greenlet runs in-process (not in the oracle); outside it is parked while the hub runs
     assert any(m["name"] == f"<greenlet.greenlet at {a} main>" and m["parent"] is None for a, m in dumped.items())
 
@@ -73,7 +74,7 @@ def test_outside_parents_are_the_in_process_parents(target):
     dumped = members(proc.pid)
     parents = {a: o["parent"] for a, o in oracle["in_process"].items() if a in dumped}
     assert {a: dumped[a]["parent"] and hex(dumped[a]["parent"]) for a in parents} == parents
-    assert sum(p is not None for p in parents.values()) >= 8
+    assert sum(p is not None for p in parents.values()) >= 9
 
 
 def test_corrupt_name_fields_fall_back_to_the_plain_label(target):
@@ -105,3 +106,29 @@ def test_shown_escapes_and_bounds():
     cut = remote_names.shown("x" * 10_000)
     assert len(cut) == remote_names.MAX_NAME and cut.endswith("...")
     assert remote_names.shown("y" * remote_names.MAX_NAME) == "y" * remote_names.MAX_NAME
+
+
+EVENTLET_TARGET = """
+import eventlet
+def leaf():
+    eventlet.sleep(3600)
+threads = [eventlet.spawn(leaf) for _ in range(2)]
+eventlet.sleep(0)
+print("ready", flush=True)
+eventlet.sleep(3600)
+"""
+
+
+def test_an_eventlet_green_thread_is_not_named_after_its_main():
+    # guards: eventlet's GreenThread runs its function from GreenThread.main, whose locals are not read
+    # from outside: the label names no function rather than "main".
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", EVENTLET_TARGET], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        names = [m["name"] for m in members(proc.pid).values()]
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+    green = [n for n in names if n.startswith("<eventlet.greenthread.GreenThread at 0x")]
+    assert len(green) == 2 and all(n.endswith(">") for n in green), names

@@ -22,6 +22,7 @@ and with every unprintable character escaped before they are shown.
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ MAX_NAME = 200          # characters of a name as shown (an absurd one is cut, w
 MAX_DICT_ENTRIES = 256  # entries of an instance dict looked through
 MAX_TYPE_DEPTH = 32     # tp_base links followed
 _GEVENT_GREENLET = "gevent._gevent_cgreenlet.Greenlet"
+_EVENTLET_MAIN = os.path.join("eventlet", "greenthread.py")
 _LONG_DIGITS = 2        # an ident fits in 2 digits of 30 bits
 
 
@@ -233,7 +235,10 @@ class Labels:
         if not pyframes or not self._lay:
             return None
         code = pyframes[-1][0]
-        if self._names.code(code).error:   # not a code object (or unreadable): its name is not read
+        read = self._names.code(code)
+        if read.error or (read.qualname == "GreenThread.main" and (read.filename or "").endswith(_EVENTLET_MAIN)):
+            # not a code object (or unreadable); or eventlet's GreenThread.main, which runs the function
+            # in its local `function` (frames' locals are not read): no function rather than "main"
             return None
         return self._string(self._m.word(code + self._lay.code_name))
 
