@@ -51,6 +51,7 @@ class ProcessStack:
     error: str | None = None
     address: int | None = None   # greenlet: its object's address in the target
     parent: int | None = None    # greenlet: its parent's address, if known
+    spawned_by: int | None = None   # greenlet: its live spawner's address, if known
 
 
 # ---- walking the copies ----
@@ -208,7 +209,7 @@ def _greenlet_stack(snap: Snapshot, walker: _Walker, g, native: bool, label) -> 
     inside = g.start if g.main else g.stop - 1
     thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
     stack = ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
-                         parent=label.parent)
+                         parent=label.parent, spawned_by=label.spawned_by)
     pyframes, cut = _uncut(g.pyframes)
     natives = []
     if native and snap.greenlet_code is not None and g.error is None:
@@ -402,8 +403,8 @@ def _json(snap: Snapshot, stacks: list) -> str:
         "stopped_ms": snap.stopped_for * 1000,
         "notes": snap.notes,
         "stacks": [{"id": n, "kind": g[0].kind, "count": len(g), "error": g[0].error,
-                    "members": [{"name": s.name, "tid": s.tid, "address": s.address, "parent": s.parent}
-                                for s in g],
+                    "members": [{"name": s.name, "tid": s.tid, "address": s.address, "parent": s.parent,
+                                 "spawned_by": s.spawned_by} for s in g],
                     "frames": [{"kind": f.kind, "function": f.function, "file": f.file, "line": f.line,
                                 "module": f.module, "ip": f.ip, "offset": f.offset, "inlined": f.inlined}
                                for f in g[0].frames]}

@@ -46,10 +46,13 @@ class RemoteLabel:
     """name      as dump_all() names the greenlet, escaped and bounded
     function  the function it runs, if known
     parent    the address of its parent greenlet (None: a thread's main
-              greenlet, or not known)"""
+              greenlet, or not known)
+    spawned_by  the address of the greenlet that spawned it, while that one
+              lives (gevent's spawning_greenlet; None: not known)"""
     name: str
     function: str | None = None
     parent: int | None = None
+    spawned_by: int | None = None
 
 
 def shown(text: str) -> str:
@@ -71,11 +74,12 @@ class Labels:
         same_family = lib.btc_remote_pyobjects(lay) == 0 and snap.layout.version_hex >> 16 == lay.version_hex >> 16
         self._lay = lay if same_family else None
         self._types = _types(snap) if same_family else {}
-        self._ident_at = _gevent_ident_offset(snap) if same_family else None
+        self._gevent = _gevent_offsets(snap) if same_family else {}
         self._parent_at = _parent_offset(snap)
         self._type_info = {}    # type address -> (shown name, is gevent's Greenlet)
         self._strings = {}      # str object address -> text (interned keys, shared function names)
         self._functions = {}    # callable address -> its name
+        self._greenlet_types = {}   # type address -> is it greenlet's or a subclass
 
     def label(self, g) -> RemoteLabel:
         """The label of a remote.GreenletCopy: what can be read of it, else
@@ -96,8 +100,10 @@ class Labels:
             fields = self._dict(g.address, tp)
             function = self._function(fields.get("_run"))
             name = self._string(fields.get("name")) or self._ident_name(g.address)
+            spawner = self._spawner(g.address)
             if name:
-                return RemoteLabel(shown(f"{name} ({function})" if function else name), function, parent)
+                return RemoteLabel(shown(f"{name} ({function})" if function else name), function, parent, spawner)
+            return RemoteLabel(shown(f"{plain} ({function})" if function else plain), function, parent, spawner)
         else:
             function = self._outermost(g.pyframes)
         return RemoteLabel(shown(f"{plain} ({function})" if function else plain), function, parent)
@@ -210,10 +216,23 @@ class Labels:
     def _ident_name(self, g: int) -> str | None:
         """"Greenlet-N" once gevent gave g its ident (in-process: the first
         time anything asked for its name; the target's own dump_all() does)."""
-        if self._ident_at is None:
+        if "ident" not in self._gevent:
             return None
-        value = self._int(self._m.word(g + self._ident_at))
+        value = self._int(self._m.word(g + self._gevent["ident"]))
         return f"Greenlet-{value}" if value is not None else None
+
+    def _spawner(self, g: int) -> int | None:
+        """What gevent's weak reference to g's spawner points at, if it is a
+        greenlet object (a dead spawner's reference points at None)."""
+        ref = self._m.word(g + self._gevent["spawner"]) if "spawner" in self._gevent else None
+        spawner = self._m.word(ref + self._lay.weakref_object) if self._is(ref, "weakref") else None
+        tp = self._m.word(spawner + 8) if spawner and not spawner & 7 else None
+        return spawner if tp and self._greenlet_type(tp) else None
+
+    def _greenlet_type(self, tp: int) -> bool:
+        if tp not in self._greenlet_types:
+            self._greenlet_types[tp] = self._inherits(tp, "greenlet.greenlet")
+        return self._greenlet_types[tp]
 
     def _int(self, obj) -> int | None:
         """A small non-negative int object's value (3.11's digits)."""
@@ -257,7 +276,8 @@ def _types(snap) -> dict:
         return {}
     found = {"str": snap.types.str}
     for kind, symbol in (("dict", "PyDict_Type"), ("int", "PyLong_Type"), ("function", "PyFunction_Type"),
-                         ("method", "PyMethod_Type"), ("builtin", "PyCFunction_Type")):
+                         ("method", "PyMethod_Type"), ("builtin", "PyCFunction_Type"),
+                         ("weakref", "_PyWeakref_RefType")):
         value = symbol_value(interpreter.path, symbol)
         found[kind] = interpreter.bias + value if value else None
     return found
@@ -286,35 +306,46 @@ def _once(key, learn):
     return _learned[key]
 
 
-def _gevent_ident_offset(snap) -> int | None:
-    """Where gevent's Greenlet keeps its ident, if the target runs the
-    gevent build this process can import."""
+def _gevent_offsets(snap) -> dict:
+    """{"ident": offset, "spawner": offset} of gevent's Greenlet fields, if
+    the target runs the gevent build this process can import."""
     try:
         from gevent import _gevent_cgreenlet
     except ImportError:
-        return None
+        return {}
     if not _same_build(snap, "_gevent_cgreenlet", _gevent_cgreenlet.__file__):
-        return None
-    return _once("gevent ident", _learn_gevent_ident)
+        return {}
+    kind = _gevent_cgreenlet.Greenlet
+    found = {"ident": _once("gevent ident", lambda: _field_behind(kind, "minimal_ident", 10 ** 30)),
+             "spawner": _once("gevent spawner", lambda: _field_behind(kind, "spawning_greenlet", object()))}
+    return {field: at for field, at in found.items() if at is not None}
 
 
-def _learn_gevent_ident() -> int | None:
-    """The one word of a Greenlet holding its minimal_ident, in two Greenlets
-    of this process given different idents (never started: no hub, no loop:
-    their parent only has to look like a hub to gevent's ident code)."""
-    from gevent._gevent_c_greenlet_primitives import SwitchOutGreenletWithLoop
-    from gevent._gevent_cgreenlet import Greenlet
-    from gevent._ident import IdentRegistry
-    hub = SwitchOutGreenletWithLoop.__new__(SwitchOutGreenletWithLoop)
-    hub.ident_registry = IdentRegistry()
-    found = None
-    for _ in range(2):
-        g = Greenlet.__new__(Greenlet)
-        g.parent = hub
-        ident = g.minimal_ident
-        hits = _words_equal(id(g), Greenlet.__basicsize__, id(ident))
-        found = hits if found is None else found & hits
-    return found.pop() if found and len(found) == 1 else None
+def _field_behind(kind, attribute: str, sentinel) -> int | None:
+    """The offset of the object field whose value the getter of `attribute`
+    returns (Cython keeps gevent's fields in its own struct, behind getters
+    and no descriptor with an offset): in a never-started instance of kind,
+    each word holding None in turn is pointed at sentinel and the getter
+    asked; exactly one word must give it back.  (minimal_ident returns its
+    field when set, else asks the greenlet's parent for a hub: a TypeError.)"""
+    g = kind.__new__(kind)   # never started: no hub, no loop
+    words = (ctypes.c_uint64 * (kind.__basicsize__ // 8)).from_address(id(g))
+    found = []
+    for i in range(greenlet.greenlet.__basicsize__ // 8, len(words)):
+        if words[i] != id(None):
+            continue
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(sentinel))   # the field's reference while it is planted
+        words[i] = id(sentinel)
+        try:
+            got = getattr(g, attribute)
+        except Exception:
+            got = None
+        finally:
+            words[i] = id(None)   # the reference to None it held, given back
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(sentinel))
+        if got is sentinel:
+            found.append(i * 8)
+    return found[0] if len(found) == 1 else None
 
 
 def _parent_offset(snap) -> tuple | None:
