@@ -80,6 +80,12 @@ class Labels:
         self._strings = {}      # str object address -> text (interned keys, shared function names)
         self._functions = {}    # callable address -> its name
         self._greenlet_types = {}   # type address -> is it greenlet's or a subclass
+        self._greenlets = {}        # spawner address -> is it a greenlet object
+        lay = self._lay
+        # the words of a greenlet object read: up to its last field a label reads (PyGreenlet's own, gevent's)
+        fields = [8] + [self._parent_at[0]] * bool(self._parent_at) + list(self._gevent.values())
+        self._span = max(fields) // 8 + 1
+        self._dict_words = max(lay.dict_keys, lay.dict_values) // 8 + 1 if lay else 0
 
     def label(self, g) -> RemoteLabel:
         """The label of a remote.GreenletCopy: what can be read of it, else
@@ -90,29 +96,38 @@ class Labels:
             return RemoteLabel(shown(f"<{g.type_name} at 0x{g.address:x}{' main' if g.main else ''}>"))
 
     def _label(self, g) -> RemoteLabel:
-        tp = self._m.word(g.address + 8) if self._lay else None   # ob_type: the type gc listed it by
-        type_name, gevent = self._type(tp) if tp else (g.type_name, False)
-        parent = self._parent(g.address)
+        # the object's words up to the last field read, in one read (ob_type first: the type gc listed it by)
+        words = self._words(g.address, self._span)
+        type_name, gevent, dictoffset = self._type(words[1]) if words and self._lay else (g.type_name, False, 0)
+        parent = self._parent(words)
         plain = f"<{type_name} at 0x{g.address:x}{' main' if g.main else ''}>"
         if g.main:
             return RemoteLabel(shown(plain), None, None)
-        if gevent:
-            fields = self._dict(g.address, tp)
-            function = self._function(fields.get("_run"))
-            name = self._string(fields.get("name")) or self._ident_name(g.address)
-            spawner = self._spawner(g.address)
-            if name:
-                return RemoteLabel(shown(f"{name} ({function})" if function else name), function, parent, spawner)
-            return RemoteLabel(shown(f"{plain} ({function})" if function else plain), function, parent, spawner)
-        else:
-            function = self._outermost(g.pyframes)
-        return RemoteLabel(shown(f"{plain} ({function})" if function else plain), function, parent)
+        if not gevent:
+            function = self._outermost(g.pyframes) if self._lay else None
+            return RemoteLabel(shown(f"{plain} ({function})" if function else plain), function, parent)
+        fields = self._entries(words[dictoffset // 8]) if dictoffset < 8 * self._span else {}
+        function = self._function(fields.get("_run"))
+        name = self._string(fields.get("name")) or self._ident_name(words)
+        spawner = self._spawner(words)
+        shown_as = name or plain
+        return RemoteLabel(shown(f"{shown_as} ({function})" if function else shown_as), function, parent, spawner)
+
+    def _words(self, address: int, n: int) -> tuple | None:
+        """n words of the target at address (None: unreadable or misaligned)."""
+        raw = self._m.read(address, 8 * n) if address and not address & 7 else None
+        return struct.unpack(f"<{n}Q", raw) if raw else None
 
     # ---- the target's objects, each read checked ----
 
     def _is(self, obj, kind: str) -> bool:
         wanted = self._types.get(kind)
         return bool(obj) and not obj & 7 and wanted is not None and self._m.word(obj + 8) == wanted
+
+    def _object(self, obj, kind: str, n: int) -> tuple | None:
+        """The first n words of obj (n >= 2) if its type is the target's `kind`, in one read."""
+        words = self._words(obj, n)
+        return words if words and self._types.get(kind) is not None and words[1] == self._types[kind] else None
 
     def _string(self, obj) -> str | None:
         if not obj:
@@ -122,10 +137,13 @@ class Labels:
         return self._strings[obj]
 
     def _type(self, tp: int) -> tuple:
-        """(type's name as dump_all() shows it, is it gevent's Greenlet or a subclass)."""
+        """(type's name as dump_all() shows it, is it gevent's Greenlet or a subclass, the place of its
+        instances' dict: past the words read when none)."""
         found = self._type_info.get(tp)
         if found is None:
-            found = self._type_info[tp] = (self._type_name(tp) or "?", self._inherits(tp, _GEVENT_GREENLET))
+            offset = self._m.word(tp + self._lay.type_dictoffset)
+            aligned = offset if offset is not None and 0 < offset < self._span * 8 and not offset & 7 else 8 * self._span
+            found = self._type_info[tp] = (self._type_name(tp) or "?", self._inherits(tp, _GEVENT_GREENLET), aligned)
         return found
 
     def _tp_name(self, tp: int) -> str | None:
@@ -153,24 +171,19 @@ class Labels:
             tp = self._m.word(tp + self._lay.type_base)
         return False
 
-    def _dict(self, obj: int, tp: int) -> dict:
-        """{key: value address} of obj's instance dict (str keys; a split
-        dict's values from its values array); {} when unreadable."""
-        lay, m = self._lay, self._m
-        offset = m.word(tp + lay.type_dictoffset)
-        if offset is None or not 0 < offset < 1 << 16:   # negative: a variable-size object's, not greenlet's
-            return {}
-        d = m.word(obj + offset)
-        return self._entries(d) if self._is(d, "dict") else {}
-
     def _lookup(self, d, key: str):
-        return self._entries(d).get(key) if self._is(d, "dict") else None
+        return self._entries(d).get(key)
 
-    def _entries(self, d: int) -> dict:
+    def _entries(self, d) -> dict:
+        """{key: value address} of a dict object (str keys; a split dict's
+        values from its values array); {} when it is not one or unreadable."""
         lay, m = self._lay, self._m
-        keys, values = m.word(d + lay.dict_keys), m.word(d + lay.dict_values)
+        words = self._object(d, "dict", self._dict_words)
+        if words is None:
+            return {}
+        keys, values = words[lay.dict_keys // 8], words[lay.dict_values // 8]
         head = m.read(keys, lay.keys_indices) if keys else None
-        if head is None or values is None:
+        if head is None:
             return {}
         log2_index_bytes, kind = head[lay.keys_log2_index_bytes], head[lay.keys_kind]
         n = struct.unpack_from("<q", head, lay.keys_nentries)[0]
@@ -213,39 +226,40 @@ class Labels:
             return raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else None
         return None
 
-    def _ident_name(self, g: int) -> str | None:
+    def _ident_name(self, g: tuple) -> str | None:
         """"Greenlet-N" once gevent gave g its ident (in-process: the first
         time anything asked for its name; the target's own dump_all() does)."""
         if "ident" not in self._gevent:
             return None
-        value = self._int(self._m.word(g + self._gevent["ident"]))
+        value = self._int(g[self._gevent["ident"] // 8])
         return f"Greenlet-{value}" if value is not None else None
 
-    def _spawner(self, g: int) -> int | None:
+    def _spawner(self, g: tuple) -> int | None:
         """What gevent's weak reference to g's spawner points at, if it is a
         greenlet object (a dead spawner's reference points at None)."""
-        ref = self._m.word(g + self._gevent["spawner"]) if "spawner" in self._gevent else None
-        spawner = self._m.word(ref + self._lay.weakref_object) if self._is(ref, "weakref") else None
-        tp = self._m.word(spawner + 8) if spawner and not spawner & 7 else None
-        return spawner if tp and self._greenlet_type(tp) else None
+        ref = g[self._gevent["spawner"] // 8] if "spawner" in self._gevent else None
+        words = self._object(ref, "weakref", self._lay.weakref_object // 8 + 1)
+        spawner = words[-1] if words else None
+        return spawner if spawner and self._is_greenlet(spawner) else None
 
-    def _greenlet_type(self, tp: int) -> bool:
-        if tp not in self._greenlet_types:
-            self._greenlet_types[tp] = self._inherits(tp, "greenlet.greenlet")
-        return self._greenlet_types[tp]
+    def _is_greenlet(self, obj: int) -> bool:
+        """Is obj of greenlet's type or a subclass? (Remembered: a few spawners spawn many greenlets.)"""
+        if obj not in self._greenlets:
+            tp = self._m.word(obj + 8) if not obj & 7 else None
+            if tp not in self._greenlet_types:
+                self._greenlet_types[tp] = bool(tp) and self._inherits(tp, "greenlet.greenlet")
+            self._greenlets[obj] = self._greenlet_types[tp]
+        return self._greenlets[obj]
 
     def _int(self, obj) -> int | None:
         """A small non-negative int object's value (3.11's digits)."""
         lay = self._lay
-        if not self._is(obj, "int"):
-            return None
-        size = self._m.word(obj + lay.long_size)
+        words = self._object(obj, "int", (lay.long_digits + 4 * _LONG_DIGITS + 7) // 8)
+        size = words[lay.long_size // 8] if words else None
         if size is None or not 0 <= size <= _LONG_DIGITS:
             return None
-        raw = self._m.read(obj + lay.long_digits, 4 * size)
-        if raw is None:
-            return None
-        digits = struct.unpack(f"<{size}I", raw)
+        raw = struct.pack(f"<{len(words)}Q", *words)
+        digits = struct.unpack_from(f"<{size}I", raw, lay.long_digits)
         return sum(d << (lay.long_shift * i) for i, d in enumerate(digits))
 
     def _outermost(self, pyframes: list) -> str | None:
@@ -261,10 +275,10 @@ class Labels:
             return None
         return self._string(self._m.word(code + self._lay.code_name))
 
-    def _parent(self, g: int) -> int | None:
-        if self._parent_at is None:
+    def _parent(self, g: tuple | None) -> int | None:
+        if self._parent_at is None or g is None:
             return None
-        pimpl = self._m.word(g + self._parent_at[0])
+        pimpl = g[self._parent_at[0] // 8]
         parent = self._m.word(pimpl + self._parent_at[1]) if pimpl and not pimpl & 7 else None
         return parent if parent and not parent & 7 else None
 

@@ -609,8 +609,8 @@ MUTATIONS = [
              "tests/test_remote_names.py::test_hostile_names_are_bounded_and_escaped_in_the_text_dump",
              "a greenlet name of thousands of characters from the target is printed whole in every group header"),
     Mutation("src/btcore/remote_names.py",
-             "        return bool(obj) and not obj & 7 and wanted is not None and self._m.word(obj + 8) == wanted",
-             "        return bool(obj) and not obj & 7 and wanted is not None",
+             "        return words if words and self._types.get(kind) is not None and words[1] == self._types[kind] else None",
+             "        return words",
              "tests/test_remote_names.py::test_corrupt_name_fields_fall_back_to_the_plain_label",
              "objects of the target are read through the layout of the type expected, whatever their type: a "
              "float taken for gevent's ident, a list for the instance dict, an int for the function's name"),
