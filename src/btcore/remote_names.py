@@ -59,6 +59,8 @@ def shown(text: str) -> str:
     """text as a dump may print it: unprintable characters escaped (a name
     cannot start a line of its own or move the cursor), at most MAX_NAME
     characters."""
+    if len(text) <= MAX_NAME and text.isprintable():   # nearly every name: nothing to do
+        return text
     out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:MAX_NAME + 1])
     return out if len(out) <= MAX_NAME else out[:MAX_NAME - 3] + "..."
 
