@@ -38,6 +38,7 @@ MAX_DICT_ENTRIES = 256  # entries of an instance dict looked through
 MAX_TYPE_DEPTH = 32     # tp_base links followed
 _GEVENT_GREENLET = "gevent._gevent_cgreenlet.Greenlet"
 _EVENTLET_MAIN = os.path.join("eventlet", "greenthread.py")
+_GREENLET_WORDS = greenlet.greenlet.__basicsize__ // 8   # PyGreenlet (its pimpl last)
 _LONG_DIGITS = 2        # an ident fits in 2 digits of 30 bits
 
 
@@ -78,11 +79,11 @@ class Labels:
         self._types = _types(snap) if same_family else {}
         self._gevent = _gevent_offsets(snap) if same_family else {}
         self._parent_at = _parent_offset(snap)
-        self._type_info = {}    # type address -> (shown name, is gevent's Greenlet)
+        self._type_info = {}    # type address -> (shown name, is gevent's Greenlet, its dict's offset)
         self._strings = {}      # str object address -> text (interned keys, shared function names)
         self._functions = {}    # callable address -> its name
         self._greenlet_types = {}   # type address -> is it greenlet's or a subclass
-        self._greenlets = {}        # spawner address -> is it a greenlet object
+        self._greenlets = {}        # parent or spawner address -> is it a greenlet object
         lay = self._lay
         # the words of a greenlet object read: up to its last field a label reads (PyGreenlet's own, gevent's)
         fields = [8] + [self._parent_at[0]] * bool(self._parent_at) + list(self._gevent.values())
@@ -98,9 +99,11 @@ class Labels:
             return RemoteLabel(shown(f"<{g.type_name} at 0x{g.address:x}{' main' if g.main else ''}>"))
 
     def _label(self, g) -> RemoteLabel:
-        # the object's words up to the last field read, in one read (ob_type first: the type gc listed it by)
-        words = self._words(g.address, self._span)
+        # the object's words up to the last field read, in one read (ob_type first: the type gc listed it by);
+        # a plain greenlet is smaller: if its object ends where memory does, its own words
+        words = self._words(g.address, self._span) or self._words(g.address, _GREENLET_WORDS)
         type_name, gevent, dictoffset = self._type(words[1]) if words and self._lay else (g.type_name, False, 0)
+        gevent = gevent and len(words) == self._span
         parent = self._parent(words)
         plain = f"<{type_name} at 0x{g.address:x}{' main' if g.main else ''}>"
         if g.main:
@@ -245,7 +248,7 @@ class Labels:
         return spawner if spawner and self._is_greenlet(spawner) else None
 
     def _is_greenlet(self, obj: int) -> bool:
-        """Is obj of greenlet's type or a subclass? (Remembered: a few spawners spawn many greenlets.)"""
+        """Is obj of greenlet's type or a subclass? (Remembered: a few parents and spawners have many greenlets.)"""
         if obj not in self._greenlets:
             tp = self._m.word(obj + 8) if not obj & 7 else None
             if tp not in self._greenlet_types:
@@ -278,11 +281,11 @@ class Labels:
         return self._string(self._m.word(code + self._lay.code_name))
 
     def _parent(self, g: tuple | None) -> int | None:
-        if self._parent_at is None or g is None:
+        if self._parent_at is None or g is None or self._lay is None:   # greenlet types are told by their tp_base
             return None
         pimpl = g[self._parent_at[0] // 8]
         parent = self._m.word(pimpl + self._parent_at[1]) if pimpl and not pimpl & 7 else None
-        return parent if parent and not parent & 7 else None
+        return parent if parent and self._is_greenlet(parent) else None
 
 
 def _types(snap) -> dict:
