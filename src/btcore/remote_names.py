@@ -86,7 +86,7 @@ class Labels:
         self._greenlets = {}        # parent or spawner address -> is it a greenlet object
         lay = self._lay
         # the words of a greenlet object read: up to its last field a label reads (PyGreenlet's own, gevent's)
-        fields = [8] + [self._parent_at[0]] * bool(self._parent_at) + list(self._gevent.values())
+        fields = [8] + ([self._parent_at[0]] if self._parent_at else []) + list(self._gevent.values())
         self._span = max(fields) // 8 + 1
         self._dict_words = max(lay.dict_keys, lay.dict_values) // 8 + 1 if lay else 0
 
