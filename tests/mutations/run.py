@@ -631,7 +631,7 @@ MUTATIONS = [
              "        if read.error or (False",
              "tests/test_remote_names.py::test_an_eventlet_green_thread_is_not_named_after_its_main",
              "eventlet's green threads are all said to run \"main\" (the function that runs theirs)"),
-    Mutation("src/btcore/remote_names.py", "        return spawner if tp and self._greenlet_type(tp) else None",
+    Mutation("src/btcore/remote_names.py", "        return spawner if spawner and self._is_greenlet(spawner) else None",
              "        return spawner",
              "tests/test_remote_names.py::test_outside_spawners_are_the_in_process_spawners",
              "a dead spawner's weak reference (pointing at None) is given as the spawner: None's address"),
