@@ -697,3 +697,21 @@ size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *
  * read ahead, in one pass. */
 int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
                                btc_remote_pyframe *frames, int max_frames);
+
+/* Where the target keeps what names its greenlets (btcore/remote_names.py):
+ * offsets in bytes of the CPython btcore is built against; -1 when that
+ * version's are not known here (the dump then names greenlets by type and
+ * address only). */
+typedef struct {
+    uint64_t version_hex;
+    uint32_t type_dictoffset, type_dict, type_flags, type_base, heaptype_qualname;
+    uint64_t heaptype_flag;
+    uint32_t dict_keys, dict_values, values_values;
+    uint32_t keys_log2_index_bytes, keys_kind, keys_nentries, keys_indices, kind_general;
+    uint32_t entry_size, entry_key, entry_value;
+    uint32_t unicode_entry_size, unicode_entry_key, unicode_entry_value;
+    uint32_t func_name, method_func, cfunc_def, methoddef_name, code_name;
+    uint32_t long_size, long_digits, long_shift;
+    uint32_t weakref_object;
+} btc_remote_objlayout;
+int btc_remote_pyobjects(btc_remote_objlayout *out);

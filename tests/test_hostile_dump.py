@@ -108,7 +108,7 @@ def by_greenlet(doc):
     out = {}
     for stack in doc["stacks"]:
         for member in stack["members"] if stack["kind"] == "greenlet" else ():
-            out[member["name"].rsplit(" at ", 1)[1].rstrip(">")] = (comparable(stack["frames"]), stack["error"])
+            out[hex(member["address"])] = (comparable(stack["frames"]), stack["error"])
     return out
 
 

@@ -79,7 +79,7 @@ def greenlets_of(doc):
     out = {}
     for stack in doc["stacks"]:
         for member in stack["members"] if stack["kind"] == "greenlet" else ():
-            out[member["name"].rsplit(" at ", 1)[1].rstrip(">")] = comparable(stack["frames"])
+            out[hex(member["address"])] = comparable(stack["frames"])
     return out
 
 

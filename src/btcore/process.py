@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import bounds
+from . import bounds, remote_names
 from ._native import ffi, lib
 from .frame import NATIVE, PYTHON, Frame
 from .resolve import file_symbol, native_frames
@@ -35,7 +35,8 @@ class ProcessStack:
     """One stack of the target: a thread's running stack, or a suspended greenlet's.
 
     kind      "thread" or "greenlet"
-    name      thread: "Thread <tid>"; greenlet: "<type at 0x...>"
+    name      thread: "Thread <tid>"; greenlet: as dump_all() names it (btcore/remote_names.py),
+              else "<type at 0x...>"
     tid       the thread it runs on (greenlet: whose stack holds it; None if unknown)
     frames    resolved Frames, innermost first
     error     why the stack is missing or short, or None
@@ -46,6 +47,9 @@ class ProcessStack:
     tid: int | None
     frames: list = field(default_factory=list)
     error: str | None = None
+    address: int | None = None   # greenlet: its object's address in the target
+    parent: int | None = None    # greenlet: its parent's address, if known
+    spawned_by: int | None = None   # greenlet: its live spawner's address, if known
 
 
 # ---- walking the copies ----
@@ -179,8 +183,9 @@ def _stacks(snap: Snapshot, native: bool) -> list:
         natives = walker.unwind(t.regs, True, t.stack_lo, t.stack) if native else []
         frames, wrong = walker.resolve(walker.merge(natives, pyframes, False))
         stacks.append(ProcessStack("thread", name, t.tid, frames, _noted(cut, wrong)))
+    labels = remote_names.Labels(snap) if snap.greenlets else None
     for g in snap.greenlets:
-        stacks.append(_greenlet_stack(snap, walker, g, native))
+        stacks.append(_greenlet_stack(snap, walker, g, native, labels.label(g)))
     return stacks
 
 
@@ -197,12 +202,12 @@ def _noted(*why) -> str | None:
     return "; ".join(w for w in why if w) or None
 
 
-def _greenlet_stack(snap: Snapshot, walker: _Walker, g, native: bool) -> ProcessStack:
-    name = f"<{g.type_name} at {g.address:#x}>"
+def _greenlet_stack(snap: Snapshot, walker: _Walker, g, native: bool, label) -> ProcessStack:
     # The thread whose stack holds the greenlet's part still in place.
     inside = g.start if g.main else g.stop - 1
     thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
-    stack = ProcessStack("greenlet", name, thread.tid if thread else None)
+    stack = ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
+                         parent=label.parent, spawned_by=label.spawned_by)
     pyframes, cut = _uncut(g.pyframes)
     natives = []
     if native and snap.greenlet_code is not None and g.error is None:
@@ -399,7 +404,8 @@ def _json(snap: Snapshot, stacks: list) -> str:
         "stopped_ms": snap.stopped_for * 1000,
         "notes": snap.notes,
         "stacks": [{"id": n, "kind": g[0].kind, "count": len(g), "error": g[0].error,
-                    "members": [{"name": s.name, "tid": s.tid} for s in g],
+                    "members": [{"name": s.name, "tid": s.tid, "address": s.address, "parent": s.parent,
+                                 "spawned_by": s.spawned_by} for s in g],
                     "frames": [{"kind": f.kind, "function": f.function, "file": f.file, "line": f.line,
                                 "module": f.module, "ip": f.ip, "offset": f.offset, "inlined": f.inlined}
                                for f in g[0].frames]}

@@ -1,0 +1,147 @@
+"""Names and parents of another process's greenlets, from outside
+(btcore/remote_names.py), against what btcore.snapshot() names them inside
+that process (tests/fixtures/names_target.py writes it: the oracle)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import conftest
+
+from btcore import remote_names
+from btcore._native import ffi, lib
+
+ON_311 = lib.btc_remote_pyobjects(ffi.new("btc_remote_objlayout *")) == 0
+pytestmark = [pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
+              pytest.mark.skipif(not ON_311, reason="objects are read with the layout of btcore's own CPython")]
+TARGET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "names_target.py")
+WAIT = 120   # seconds: hang detection only
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("names")
+    oracle, ready = folder / "oracle.json", folder / "ready"
+    proc = subprocess.Popen([sys.executable, TARGET, str(oracle), str(ready)])
+    try:
+        deadline = time.monotonic() + WAIT
+        while not (ready.exists() and ready.stat().st_size) and proc.poll() is None:
+            assert time.monotonic() < deadline, "the target did not get ready"
+            time.sleep(0.05)
+        assert proc.poll() is None, "the target exited before it was ready"
+        yield proc, json.loads(oracle.read_text())
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
+def dump(pid, *args):
+    done = subprocess.run([sys.executable, "-m", "btcore", "dump", *args, str(pid)], capture_output=True,
+                          text=True, timeout=WAIT, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def members(pid) -> dict:
+    """{address (hex): member} of the JSON dump's suspended greenlets."""
+    doc = json.loads(dump(pid, "--json"))
+    return {hex(m["address"]): m for s in doc["stacks"] if s["kind"] == "greenlet" for m in s["members"]}
+
+
+def test_outside_names_are_the_in_process_names(target):
+    # guards: gevent's Greenlet-N (function), a custom name, a Python subclass, a plain greenlet's
+    # "<type at 0x..> (function)", a main greenlet's " main": as snapshot() names them in the target.
+    proc, oracle = target
+    dumped = members(proc.pid)
+    skip = set(oracle["fallback"]) | {oracle["huge"]}
+    compared = {a: o["name"] for a, o in oracle["in_process"].items() if a not in skip and a in dumped}
+    assert len(compared) >= 11, compared   # 3 workers, spawner, 2 children, custom, hostile, subclass, 2 plain
+    assert {a: dumped[a]["name"] for a in compared} == {a: remote_names.shown(n) for a, n in compared.items()}
+    names = set(compared.values())
+    assert {"Greenlet-0 (worker)", "custom <b>name</b> (worker)"} <= names
+    assert any(n.startswith("<greenlet.greenlet at 0x") and n.endswith("> (parked)") for n in names)
+    assert any(n.startswith("<__main__.Plain at 0x") and n.endswith("> (parked)") for n in names)
+    # the main greenlet runs in-process (not in the oracle); outside it is parked while the hub runs
+    assert any(m["name"] == f"<greenlet.greenlet at {a} main>" and m["parent"] is None for a, m in dumped.items())
+
+
+def test_outside_parents_are_the_in_process_parents(target):
+    # guards: the parent read from greenlet's C++ object (learned offset) is the greenlet's parent.
+    proc, oracle = target
+    dumped = members(proc.pid)
+    parents = {a: o["parent"] for a, o in oracle["in_process"].items() if a in dumped}
+    assert {a: dumped[a]["parent"] and hex(dumped[a]["parent"]) for a in parents} == parents
+    assert sum(p is not None for p in parents.values()) >= 12
+
+
+def test_outside_spawners_are_the_in_process_spawners(target):
+    # guards: gevent's spawning_greenlet (a weak reference in a field learned through its getter) read from
+    # outside is the greenlet snapshot() gives as spawned_by; one spawned by another greenlet than main.
+    proc, oracle = target
+    dumped = members(proc.pid)
+    spawners = {a: o["spawned_by"] for a, o in oracle["in_process"].items() if a in dumped}
+    assert {a: dumped[a]["spawned_by"] and hex(dumped[a]["spawned_by"]) for a in spawners} == spawners
+    by_other = [a for a, s in spawners.items() if s is not None and dumped[s]["name"].endswith("(spawner)")]
+    assert len(by_other) == 1 and dumped[by_other[0]]["parent"] != dumped[by_other[0]]["spawned_by"]
+    orphans = [a for a, s in spawners.items() if s is None and dumped[a]["name"].endswith(" (worker)")]
+    assert len(orphans) == 1   # spawned by a greenlet freed since: its weak reference points at None
+
+
+def test_corrupt_name_fields_fall_back_to_the_plain_label(target):
+    # guards: an ident of the wrong type, a dict pointer to a list, a function whose name is an int,
+    # a name past MAX_STRING, a Greenlet gevent never gave an ident: shown plainly, no crash.
+    proc, oracle = target
+    dumped = members(proc.pid)
+    expected = dict(oracle["fallback"])
+    expected[oracle["huge"]] = f"<gevent._gevent_cgreenlet.Greenlet at {oracle['huge']}> (worker)"
+    assert {a: dumped[a]["name"] for a in expected} == expected
+
+
+def test_hostile_names_are_bounded_and_escaped_in_the_text_dump(target):
+    # guards: a name with markup, an escape sequence and line breaks cannot forge lines or move the cursor,
+    # and is cut to MAX_NAME characters.
+    proc, oracle = target
+    hostile = members(proc.pid)[oracle["hostile"]]["name"]
+    assert len(hostile) == remote_names.MAX_NAME and hostile.endswith("...")
+    assert hostile.startswith("\\x1b[31m<script>alert('x')</script>&amp;\\n=== stack 99: forged ===\\r")
+    text = dump(proc.pid, "--no-native")
+    assert "\x1b" not in text and "\r" not in text
+    assert not any(line.startswith("=== stack 99") for line in text.splitlines())
+
+
+def test_shown_escapes_and_bounds():
+    # guards: shown(): printable text unchanged; control characters escaped; cut with "..." at MAX_NAME.
+    assert remote_names.shown("Greenlet-3 (handler)") == "Greenlet-3 (handler)"
+    assert remote_names.shown("a\nb\x00c\u202e") == "a\\nb\\x00c\\u202e"
+    cut = remote_names.shown("x" * 10_000)
+    assert len(cut) == remote_names.MAX_NAME and cut.endswith("...")
+    assert remote_names.shown("y" * remote_names.MAX_NAME) == "y" * remote_names.MAX_NAME
+
+
+EVENTLET_TARGET = """
+import eventlet
+def leaf():
+    eventlet.sleep(3600)
+threads = [eventlet.spawn(leaf) for _ in range(2)]
+eventlet.sleep(0)
+print("ready", flush=True)
+eventlet.sleep(3600)
+"""
+
+
+def test_an_eventlet_green_thread_is_not_named_after_its_main():
+    # guards: eventlet's GreenThread runs its function from GreenThread.main, whose locals are not read
+    # from outside: the label names no function rather than "main".
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", EVENTLET_TARGET], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        names = [m["name"] for m in members(proc.pid).values()]
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+    green = [n for n in names if n.startswith("<eventlet.greenthread.GreenThread at 0x")]
+    assert len(green) == 2 and all(n.endswith(">") for n in green), names
