@@ -134,38 +134,15 @@ def dump_with(dumper: str, pid: int) -> dict:
     return doc
 
 
-# The dump as a btcore built for another CPython version makes it of a 3.11 target: btcore's own offsets are
-# withheld, so the target is read through 3.11's known layout (btcore/py311_layout.py) and Python walkers.
-OTHER_VERSION_DUMPER = """
-import sys
-import btcore.remote, btcore.__main__
-real = btcore.remote.lib
-
-class WithoutOwnLayout:
-    def __getattr__(self, name):
-        return getattr(real, name)
-
-    def btc_remote_pylayout(self, out):
-        return -1
-
-btcore.remote.lib = WithoutOwnLayout()
-sys.exit(btcore.__main__.main(sys.argv[1:]))
-"""
-ON_311 = lib.btc_remote_pylayout(ffi.new("btc_remote_layout *")) == 0
-NOT_311 = "only a btcore built for 3.11 has a 3.11 target and 3.11's compiled offsets to check against"
+ON_311 = sys.version_info[:2] == (3, 11)
+NOT_311 = "3.11's entry flag is a byte of the frame (a 3.11 interpreter's own frames are the test's input)"
 
 
-@pytest.mark.skipif(not ON_311, reason=NOT_311)
-def test_the_known_311_layout_equals_the_compiled_offsets():
-    # guards: every offset py311_layout shares with btc_remote_layout is the one the compiler gives (offsetof on
-    # 3.11's internal headers, native/remote/rpython.c).
-    from btcore import py311_layout
-    compiled = ffi.new("btc_remote_layout *")
-    lib.btc_remote_pylayout(compiled)
-    known = py311_layout.layout(compiled.version_hex)
-    shared = [name for name, _ in ffi.typeof("btc_remote_layout").fields if hasattr(known, name)]
-    assert len(shared) >= 20
-    assert {name: getattr(known, name) for name in shared} == {name: getattr(compiled, name) for name in shared}
+def layout_311():
+    """The one layout table for this 3.11 interpreter (native/remote/pylayout.c)."""
+    lay = ffi.new("btc_remote_layout *")
+    assert lib.btc_remote_layout_of(sys.hexversion, lay) == 0
+    return lay
 
 
 @pytest.mark.skipif(not ON_311, reason=NOT_311)
@@ -174,9 +151,8 @@ def test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage():
     # rehearsal reads a running target) may hold any value there, and loading such a bool is undefined (UBSan
     # caught one in a CI run of the many-dumps test). Here: 185 in it reads as "entry".
     import ctypes
-    from btcore import py311_layout
     from btcore.remote import Memory
-    lay = py311_layout.layout(sys.hexversion)
+    lay = layout_311()
     code = test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage.__code__
     iframe, frame_object = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
     at = ctypes.addressof(iframe)
@@ -187,21 +163,10 @@ def test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage():
     memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
     try:
         out = ffi.new("btc_remote_pyframe[4]")
-        assert lib.btc_remote_object_frames(memory.handle, ctypes.addressof(frame_object), out, 4) == 1
+        assert lib.btc_remote_object_frames(memory.handle, lay, ctypes.addressof(frame_object), out, 4) == 1
         assert (out[0].code, out[0].lasti, out[0].entry) == (id(code), 2, 1)
     finally:
         memory.close()
-
-
-@pytest.mark.skipif(not ON_311, reason=NOT_311)
-def test_a_311_target_dumped_without_btcores_own_offsets_equals_the_in_process_view(target):
-    # guards: a 3.11 target read as a btcore of another version reads it (3.11's known layout, the Python frame
-    # walk with is_entry, tstate->cframe) gives every greenlet as collect(g) inside, and the stuck thread.
-    proc, oracle = target
-    doc = dump_with(OTHER_VERSION_DUMPER, proc.pid)
-    check_against_oracle(doc, oracle)
-    names = [f["function"] for f in spinner_stack(doc)["frames"]]
-    assert names.index("btfix_spin") < names.index("Thread.run") < names.index("start_thread")
 
 
 def test_live_dump_shows_the_thread_stuck_in_c_with_the_gil(target):
