@@ -223,10 +223,11 @@ def test_a_huge_instruction_offset_is_refused_not_allocated(chain_so, clean, tmp
 
 def test_a_code_pointer_past_the_address_space_is_noted(chain_so, clean, tmp_path):
     # guards: f_code = 2**64-16 (the OverflowError, exit 1): Memory.read refuses ranges past the
-    # address space (bounds.readable), the frame's code is noted as not a code object.
+    # address space (bounds.readable), the frame's code is noted as not a code object (the walker, which checks
+    # each frame's code type, leaves the frame out and says so).
     _, doc = run_case(tmp_path, {"healthy": HEALTHY, "corrupt": [["frame.code", "2^64-16"]]}, chain_so, clean)
     notes = [s["error"] for s in doc["stacks"] if s["kind"] == "greenlet" and s["error"]]
-    assert any("not a code object" in n for n in notes), notes
+    assert any("not a code object" in n or "no code object" in n for n in notes), notes
 
 
 def test_a_self_linked_frame_chain_is_cut_with_a_note(chain_so, clean, tmp_path):
