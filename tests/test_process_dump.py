@@ -507,3 +507,43 @@ def test_greenlets_of_a_target_on_another_cpython_are_listed(version):
         if address != next(reversed(oracle)):   # a worker, parked in Event.wait (Cython) called from Python
             first = next(i for i, f in enumerate(frames) if f[0] == "python")
             assert "gevent._gevent_cevent.Event.wait [cython]" in names[:first], names
+
+
+# A thread and a suspended, spilled greenlet whose chains have one call from C in their middle (map calls
+# called_from_c through a new eval-loop call) and plain Python calls elsewhere (run inline since 3.11).
+ENTRY_TARGET = """
+import json, greenlet, time
+
+def called_from_c(park):
+    park()
+    return 0
+
+def direct(park):
+    return list(map(called_from_c, [park]))
+
+def top(park):
+    return direct(park)
+
+main = greenlet.getcurrent()
+g = greenlet.greenlet(lambda: top(main.switch))
+g.switch()
+greenlet.greenlet(lambda: [0] * 4096 and main.switch()).switch()   # spills g's stack
+top(lambda: print(json.dumps(hex(id(g))), flush=True) or time.sleep(600))
+"""
+
+
+@pytest.mark.parametrize("version", ["3.13", "3.14", "3.15"])
+def test_entry_frames_of_a_target_on_another_cpython_split_the_merge(version):
+    # guards: the one walker's entry frames on a 3.13-3.15 target (the eval loop's shims on a thread's chain;
+    # on a suspended greenlet's, exposed by greenlet, the links it saved, read through the greenlet's heap copy
+    # of its stack): the frame map called starts an eval-loop call, so native frames (map's, the eval loop's
+    # entry) lie between it and its caller, where a walk without entries would merge them together.
+    proc, address, doc = dump_in_chroot(sid_python(version, f"/opt/btcore-venv-{version}/bin/python"), ENTRY_TARGET)
+    assert not doc["notes"], doc["notes"]
+    main = next(s for s in doc["stacks"] if s["kind"] == "thread" and s["members"][0]["tid"] == proc.pid)
+    stacks = {"thread": comparable(main["frames"]), "greenlet": greenlets_of(doc)[address]}
+    for kind, frames in stacks.items():
+        names = [f[1] if f[0] == "python" else None for f in frames]
+        inner, outer = names.index("called_from_c"), names.index("direct")
+        assert inner < outer and None in names[inner:outer], f"{kind}: {names}"
+        assert names[outer + 1] == "top", f"{kind}: a plain call is merged in one eval-loop frame: {names}"
