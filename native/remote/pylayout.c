@@ -70,22 +70,65 @@ PY311_LAYOUT(PINNED)
 #undef PINNED
 #endif
 
-/* 3.13-3.15: what _Py_DebugOffsets does not say. */
+/* 3.13-3.15: what _Py_DebugOffsets does not say.  A row: the family, where
+ * the gc lists (generations[], permanent_generation) lie in the
+ * interpreter's gc state (struct _gc_runtime_state: pycore_gc.h in 3.13,
+ * pycore_interp_structs.h from 3.14), PyFrameObject._f_frame_data (where
+ * greenlet saves a link), f_executable's tag bits (3.14's _PyStackRef).
+ * 3.14 reverted its incremental collector before release: young/old[2]
+ * are the free-threaded layout only.  Where btcore is built for one of
+ * these families, its row is pinned to its headers (below). */
+#define PY313 0x030D, 20, 104, 64, 0
+#define PY314 0x030E, 24, 96, 72, 3
+#define PY315 0x030F, 8, 80, 72, 3
+/* And what they share: */
+#define FRAME_OBJ 48        /* _PyInterpreterFrame.frame_obj, after f_executable, previous, f_funcobj, f_globals,
+                               f_builtins, f_locals */
+#define SHIM_OWNER 3        /* FRAME_OWNED_BY_CSTACK (3.13), _INTERPRETER (3.14+): see capture/cpython/chain.h */
+#define FRAME_OBJECT_F_FRAME 24   /* after PyObject_HEAD and f_back */
+#define GC_GENERATION_SIZE 24     /* struct gc_generation: PyGC_Head, threshold, count */
+#define GC_GENERATIONS 3
+#define VAR_SIZE 16               /* PyVarObject.ob_size */
+
 typedef struct {
-    uint32_t family;
-    uint32_t gc_generations, gc_permanent;   /* in the interpreter's gc state (struct _gc_runtime_state) */
-    uint32_t frame_object_data;              /* PyFrameObject._f_frame_data */
-    uint32_t tag_bits;
+    uint32_t family, gc_generations, gc_permanent, frame_object_data, tag_bits;
 } family_constants;
 
-/* pycore_gc.h (3.13), pycore_interp_structs.h (3.14, 3.15) of default
- * builds.  3.14 reverted its incremental collector before release:
- * young/old[2] are the free-threaded layout only. */
-static const family_constants families[] = {
-    {0x030D, 20, 104, 64, 0},
-    {0x030E, 24, 96, 72, 3},
-    {0x030F, 8, 80, 72, 3},
-};
+#define ROW(...) ROW_(__VA_ARGS__)
+#define ROW_(family_, generations_, permanent_, data_, tag_) {family_, generations_, permanent_, data_, tag_}
+static const family_constants families[] = {ROW(PY313), ROW(PY314), ROW(PY315)};
+
+#if BTC_PY_FAMILY == 313 || BTC_PY_FAMILY == 314
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#include <internal/pycore_interp.h>
+#if BTC_PY_FAMILY == 314
+#include <internal/pycore_interpframe_structs.h>
+#define SHIM FRAME_OWNED_BY_INTERPRETER
+#else
+#define SHIM FRAME_OWNED_BY_CSTACK
+#endif
+#define PIN(...) PIN_(__VA_ARGS__)
+#define PIN_(family_, generations_, permanent_, data_, tag_)                                                \
+    _Static_assert(generations_ == offsetof(PyInterpreterState, gc.generations) - offsetof(PyInterpreterState, gc), \
+                   "gc generations");                                                                        \
+    _Static_assert(permanent_ == offsetof(PyInterpreterState, gc.permanent_generation) -                     \
+                                     offsetof(PyInterpreterState, gc), "gc permanent generation");           \
+    _Static_assert(data_ == offsetof(PyFrameObject, _f_frame_data), "the frame object's spare storage");
+#if PY_VERSION_HEX >= 0x030F0000
+PIN(PY315)
+#elif BTC_PY_FAMILY == 314
+PIN(PY314)
+#else
+PIN(PY313)
+#endif
+_Static_assert(FRAME_OBJ == offsetof(_PyInterpreterFrame, frame_obj), "frame_obj");
+_Static_assert(SHIM_OWNER == SHIM, "the shims' owner");
+_Static_assert(FRAME_OBJECT_F_FRAME == offsetof(PyFrameObject, f_frame), "f_frame");
+_Static_assert(GC_GENERATION_SIZE == sizeof(struct gc_generation), "struct gc_generation");
+_Static_assert(GC_GENERATIONS == NUM_GENERATIONS, "generations");
+_Static_assert(VAR_SIZE == offsetof(PyVarObject, ob_size), "ob_size");
+#endif
 
 int btc_remote_layout_of(uint64_t version_hex, btc_remote_layout *out)
 {
@@ -103,16 +146,16 @@ int btc_remote_layout_of(uint64_t version_hex, btc_remote_layout *out)
         out->version_hex = version_hex;
         out->interp_gc_generations = f->gc_generations;
         out->interp_gc_permanent = f->gc_permanent;
-        out->gc_generation_size = 24;   /* struct gc_generation: PyGC_Head, threshold, count */
-        out->gc_ngenerations = 3;
+        out->gc_generation_size = GC_GENERATION_SIZE;
+        out->gc_ngenerations = GC_GENERATIONS;
         out->tstate_cframe = -1;
         out->frame_is_entry = -1;
-        out->frame_frame_obj = 48;       /* after f_executable, previous, f_funcobj, f_globals, f_builtins, f_locals */
-        out->shim_owner = 3;             /* FRAME_OWNED_BY_CSTACK (3.13), _INTERPRETER (3.14+): see chain.h */
+        out->frame_frame_obj = FRAME_OBJ;
+        out->shim_owner = SHIM_OWNER;
         out->executable_tag_bits = f->tag_bits;
-        out->frame_object_f_frame = 24;  /* after PyObject_HEAD and f_back */
+        out->frame_object_f_frame = FRAME_OBJECT_F_FRAME;
         out->frame_object_data = f->frame_object_data;
-        out->code_size = 16;             /* PyVarObject.ob_size */
+        out->code_size = VAR_SIZE;
         return 1;
     }
     return -1;
