@@ -7,7 +7,8 @@
  * value does not compile).  3.13-3.15 publish most of it in
  * _Py_DebugOffsets (btcore/debug_offsets.py reads those into the same
  * struct); what they do not publish is listed here per family, measured
- * with offsetof against each version's headers.  Internal structs keep
+ * with offsetof against each version's headers, and pinned to them the
+ * same way where btcore is built for that family.  Internal structs keep
  * their layout within a minor version.
  */
 #include <Python.h>
