@@ -149,22 +149,25 @@ def layout_311():
 def test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage():
     # guards: is_entry, a C bool in the target's frame, is read as a byte: a frame read while it changes (the
     # rehearsal reads a running target) may hold any value there, and loading such a bool is undefined (UBSan
-    # caught one in a CI run of the many-dumps test). Here: 185 in it reads as "entry".
+    # caught one in a CI run of the many-dumps test). Here: 185 in it reads as "entry", 0 in its caller as not
+    # (the outermost frame, which ends the chain, is an entry whatever it says).
     import ctypes
     from btcore.remote import Memory
     lay = layout_311()
     code = test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage.__code__
-    iframe, frame_object = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
-    at = ctypes.addressof(iframe)
-    ctypes.c_void_p.from_address(at + lay.frame_executable).value = id(code)
-    ctypes.c_void_p.from_address(at + lay.frame_instr_ptr).value = id(code) + lay.code_adaptive + 2
-    ctypes.c_uint8.from_address(at + lay.frame_is_entry).value = 185
-    ctypes.c_void_p.from_address(ctypes.addressof(frame_object) + lay.frame_object_f_frame).value = at
+    frames, frame_object = [ctypes.create_string_buffer(256) for _ in range(3)], ctypes.create_string_buffer(64)
+    at = [ctypes.addressof(f) for f in frames]
+    for i, (flag, lasti) in enumerate([(185, 2), (0, 4), (0, 6)]):
+        ctypes.c_void_p.from_address(at[i] + lay.frame_executable).value = id(code)
+        ctypes.c_void_p.from_address(at[i] + lay.frame_instr_ptr).value = id(code) + lay.code_adaptive + lasti
+        ctypes.c_uint8.from_address(at[i] + lay.frame_is_entry).value = flag
+        ctypes.c_void_p.from_address(at[i] + lay.frame_previous).value = at[i + 1] if i < 2 else 0
+    ctypes.c_void_p.from_address(ctypes.addressof(frame_object) + lay.frame_object_f_frame).value = at[0]
     memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
     try:
         out = ffi.new("btc_remote_pyframe[4]")
-        assert lib.btc_remote_object_frames(memory.handle, lay, ctypes.addressof(frame_object), out, 4) == 1
-        assert (out[0].code, out[0].lasti, out[0].entry) == (id(code), 2, 1)
+        assert lib.btc_remote_object_frames(memory.handle, lay, ctypes.addressof(frame_object), out, 4) == 3
+        assert [(f.code, f.lasti, f.entry) for f in out[0:3]] == [(id(code), 2, 1), (id(code), 4, 0), (id(code), 6, 1)]
     finally:
         memory.close()
 
