@@ -596,6 +596,11 @@ typedef struct {
     uintptr_t code_type;            /* the target's PyCode_Type: a frame's code must have it (0: unchecked) */
 } btc_remote_layout;
 int btc_remote_layout_of(uint64_t version_hex, btc_remote_layout *out);
+/* For tests: the fields marked D as the in-process readers of this build
+ * compile them in (offsetof on its headers): 0 on a 3.13-3.15 build, whose
+ * table from its own _Py_DebugOffsets must equal them; -1 elsewhere (3.11's
+ * table is pinned to them at compile time). */
+int btc_remote_layout_compiled(btc_remote_layout *out);
 
 typedef struct {
     uintptr_t code;   /* the target's code object */

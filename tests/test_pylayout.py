@@ -45,6 +45,25 @@ def table(memory):
     return lay
 
 
+# The fields _Py_DebugOffsets gives (marked D in native/btcore_api.h).
+DEBUG_FIELDS = ["runtime_interp_head", "interp_next", "interp_threads_head", "tstate_next", "tstate_thread_id",
+                "tstate_native_thread_id", "tstate_current_frame", "frame_previous", "frame_executable",
+                "frame_instr_ptr", "frame_owner", "code_filename", "code_qualname", "code_firstlineno",
+                "code_linetable", "code_adaptive", "type_name", "unicode_state", "unicode_length", "ascii_data",
+                "compact_data", "bytes_size", "bytes_data"]
+
+
+def test_the_table_read_from_debug_offsets_is_the_compiled_one(memory):
+    # guards: debug_offsets.fill (the field order of _Py_DebugOffsets, listed per family) gives every field the
+    # offset this build's in-process readers compile in (offsetof on its headers: pylayout.c), on 3.13-3.15.
+    compiled = ffi.new("btc_remote_layout *")
+    if lib.btc_remote_layout_compiled(compiled) < 0:
+        pytest.skip("3.11's table is pinned to its headers at compile time (native/remote/pylayout.c)")
+    lay = table(memory)
+    assert {name: getattr(lay, name) for name in DEBUG_FIELDS} == {name: getattr(compiled, name)
+                                                                   for name in DEBUG_FIELDS}
+
+
 def cpython_view(frame) -> list:
     """[(code, instruction offset in bytes)] of a frame and its callers, as CPython shows them."""
     out = []

@@ -129,6 +129,50 @@ _Static_assert(FRAME_OBJECT_F_FRAME == offsetof(PyFrameObject, f_frame), "f_fram
 _Static_assert(GC_GENERATION_SIZE == sizeof(struct gc_generation), "struct gc_generation");
 _Static_assert(GC_GENERATIONS == NUM_GENERATIONS, "generations");
 _Static_assert(VAR_SIZE == offsetof(PyVarObject, ob_size), "ob_size");
+
+#include <internal/pycore_runtime.h>
+
+/* The fields _Py_DebugOffsets gives, as this build's headers have them:
+ * the offsets the in-process readers (capture/cpython/) compile in. */
+#define DEBUG_OFFSETS(X)                                                          \
+    X(runtime_interp_head, offsetof(_PyRuntimeState, interpreters.head))         \
+    X(interp_next, offsetof(PyInterpreterState, next))                            \
+    X(interp_threads_head, offsetof(PyInterpreterState, threads.head))            \
+    X(tstate_next, offsetof(PyThreadState, next))                                 \
+    X(tstate_thread_id, offsetof(PyThreadState, thread_id))                       \
+    X(tstate_native_thread_id, offsetof(PyThreadState, native_thread_id))         \
+    X(tstate_current_frame, offsetof(PyThreadState, current_frame))               \
+    X(frame_previous, offsetof(_PyInterpreterFrame, previous))                    \
+    X(frame_executable, offsetof(_PyInterpreterFrame, f_executable))              \
+    X(frame_instr_ptr, offsetof(_PyInterpreterFrame, instr_ptr))                  \
+    X(frame_owner, offsetof(_PyInterpreterFrame, owner))                          \
+    X(code_filename, offsetof(PyCodeObject, co_filename))                         \
+    X(code_qualname, offsetof(PyCodeObject, co_qualname))                         \
+    X(code_firstlineno, offsetof(PyCodeObject, co_firstlineno))                   \
+    X(code_linetable, offsetof(PyCodeObject, co_linetable))                       \
+    X(code_adaptive, offsetof(PyCodeObject, co_code_adaptive))                    \
+    X(type_name, offsetof(PyTypeObject, tp_name))                                 \
+    X(unicode_state, offsetof(PyASCIIObject, state))                              \
+    X(unicode_length, offsetof(PyASCIIObject, length))                            \
+    X(ascii_data, sizeof(PyASCIIObject))                                          \
+    X(compact_data, sizeof(PyCompactUnicodeObject))                               \
+    X(bytes_size, offsetof(PyVarObject, ob_size))                                 \
+    X(bytes_data, offsetof(PyBytesObject, ob_sval))
+
+int btc_remote_layout_compiled(btc_remote_layout *out)
+{
+#define SET(name, value) out->name = (uint32_t)(value);
+    memset(out, 0, sizeof *out);
+    DEBUG_OFFSETS(SET)
+#undef SET
+    return 0;
+}
+#else
+int btc_remote_layout_compiled(btc_remote_layout *out)
+{
+    memset(out, 0, sizeof *out);
+    return -1;
+}
 #endif
 
 int btc_remote_layout_of(uint64_t version_hex, btc_remote_layout *out)

@@ -53,6 +53,12 @@ MUTATIONS = [
              "the layout table puts greenlet's saved link of a 3.14 frame object 8 bytes early: a suspended "
              "greenlet's entry frames are lost, its Python frames merged into one eval-loop frame",
              "built for 3.14 the static assertions refuse it; built for 3.11 it dies in the named test"),
+    Mutation("src/btcore/debug_offsets.py",
+             '"size previous executable instr_ptr localsplus owner stackpointer tlbc_index"',
+             '"size executable previous instr_ptr localsplus owner stackpointer tlbc_index"',
+             "tests/test_process_dump.py::test_a_target_on_another_cpython_is_read_through_its_debug_offsets[3.14]",
+             "3.14's _Py_DebugOffsets are read in the wrong field order: a frame's link taken for its code",
+             "on a 3.14+ build test_pylayout.py's comparison with the compiled offsets kills it too"),
     Mutation("src/btcore/debug_offsets.py", '    lay.interp_gc_generations += o["interpreter_state.gc"]', "",
              "tests/test_process_dump.py::test_greenlets_of_a_target_on_another_cpython_are_listed[3.14]",
              "a 3.13+ target's gc lists are looked for at the start of the interpreter: no greenlet is found"),
