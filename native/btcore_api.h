@@ -625,33 +625,59 @@ int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_gr
  * [lo[i], hi[i]) target addresses, at most max; the count. */
 int btc_rmodules_eval_ranges(btc_rmodules *s, uintptr_t inside, uintptr_t *lo, uintptr_t *hi, int max);
 
-/* The interpreter's layout, as the CPython btcore is built against has it
- * (offsets in bytes); -1 when no remote reader exists for this version. */
+/* CPython's layout, the one table every reader of another process's
+ * interpreter uses (offsets in bytes; native/remote/pylayout.c holds the
+ * known values per version family).  btc_remote_layout_of() fills it for a
+ * target of version_hex: 0 complete (3.11: its layout is known, and pinned
+ * to 3.11's own headers by static assertions where btcore is built for
+ * 3.11); 1 the family's constants only, the rest to be read from the
+ * target's _Py_DebugOffsets (3.13-3.15: btcore/debug_offsets.py fills the
+ * fields marked D; the gc fields it receives relative to the interpreter's
+ * gc state, which it adds); -1 a version btcore cannot read. */
 typedef struct {
     uint64_t version_hex;
-    uint32_t runtime_interp_head, interp_next, interp_threads_head;
+    uint32_t runtime_interp_head, interp_next, interp_threads_head;                       /* D */
     uint32_t interp_gc_generations, interp_gc_permanent, gc_generation_size, gc_ngenerations;
-    uint32_t tstate_next, tstate_thread_id, tstate_native_thread_id;
-    uint32_t code_filename, code_qualname, code_firstlineno, code_linetable, code_size;
-    uint32_t type_name;
-    uint32_t unicode_state, unicode_length, ascii_data, compact_data;
-    uint32_t bytes_size, bytes_data;
+    uint32_t tstate_next, tstate_thread_id, tstate_native_thread_id;                      /* D */
+    int32_t tstate_cframe;          /* 3.11: the current frame is tstate->cframe->current_frame; else -1 */
+    uint32_t tstate_current_frame;  /* in the thread state, or in _PyCFrame (3.11); D */
+    uint32_t frame_previous, frame_executable, frame_instr_ptr, frame_owner;              /* D */
+    int32_t frame_is_entry;         /* 3.11: the frame says whether it is its eval-loop call's entry; else -1 */
+    uint32_t frame_frame_obj;       /* _PyInterpreterFrame.frame_obj */
+    uint32_t shim_owner;            /* owners from this one up are the eval loop's shims (0: none, 3.11) */
+    uint32_t executable_tag_bits;   /* 3.14+: f_executable is a tagged _PyStackRef */
+    uint32_t frame_object_f_frame, frame_object_data;   /* PyFrameObject.f_frame, ._f_frame_data */
+    uint32_t code_filename, code_qualname, code_firstlineno, code_linetable, code_size, code_adaptive; /* D */
+    uint32_t type_name;                                                                   /* D */
+    uint32_t unicode_state, unicode_length, ascii_data, compact_data;                     /* D */
+    uint32_t bytes_size, bytes_data;                                                      /* D */
+    uintptr_t code_type;            /* the target's PyCode_Type: a frame's code must have it (0: unchecked) */
 } btc_remote_layout;
-int btc_remote_pylayout(btc_remote_layout *out);
+int btc_remote_layout_of(uint64_t version_hex, btc_remote_layout *out);
+/* For tests: the fields marked D as the in-process readers of this build
+ * compile them in (offsetof on its headers): 0 on a 3.13-3.15 build, whose
+ * table from its own _Py_DebugOffsets must equal them; -1 elsewhere (3.11's
+ * table is pinned to them at compile time). */
+int btc_remote_layout_compiled(btc_remote_layout *out);
 
 typedef struct {
     uintptr_t code;   /* the target's code object */
-    int32_t lasti;    /* instruction offset in bytes */
+    int32_t lasti;    /* instruction offset in bytes (INT32_MIN: it fits no int32) */
     uint8_t entry;    /* first frame of its eval-loop call */
 } btc_remote_pyframe;
 /* Python frames, innermost first: of a thread state, or from a frame object
- * (a suspended greenlet's top frame).  Returns how many (at most max).  A
- * chain cut short by garbage ends in a frame whose code is 0 and whose
- * lasti says why: */
-#define BTC_REMOTE_CUT_UNREADABLE 1   /* a frame unreadable, misaligned or without code */
+ * (a suspended greenlet's top frame, read without its view of its stack).
+ * The one walker of another process's frames, for any filled layout: shim
+ * frames are skipped and mark the frame they called as its eval-loop call's
+ * entry.  Returns how many (at most max).  A chain cut short by garbage ends
+ * in a frame whose code is 0 and whose lasti says why: */
+#define BTC_REMOTE_CUT_UNREADABLE 1   /* a frame unreadable or misaligned */
 #define BTC_REMOTE_CUT_LOOP 2         /* the chain comes back to a frame it passed */
-int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max);
-int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max);
+#define BTC_REMOTE_CUT_SKIPPED 3      /* a frame without a code object was left out */
+int btc_remote_thread_frames(btc_rmem *m, const btc_remote_layout *lay, uintptr_t tstate, btc_remote_pyframe *out,
+                             int max);
+int btc_remote_object_frames(btc_rmem *m, const btc_remote_layout *lay, uintptr_t frame_object,
+                             btc_remote_pyframe *out, int max);
 
 /* Objects of type `wanted` or a subtype, in the gc lists at heads (the
  * addresses of their PyGC_Head list heads).  Returns how many (written to
@@ -692,11 +718,14 @@ size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *
                                size_t budget);
 /* Copy each greenlet's heap copy of its stack into spill (packed, in
  * order) and its Python frames into frames; returns the frames written.
- * max_frames 0: the caller walks them (a target of another CPython
- * version: btcore/debug_offsets.py); their interpreter frames are still
- * read ahead, in one pass. */
-int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
-                               btc_remote_pyframe *frames, int max_frames);
+ * A greenlet's frames are read through its view of memory (what greenlet
+ * copied to the heap from that copy): from 3.12 on the eval loop's shims
+ * lie on its C stack, and greenlet "exposes" its frames past them (the
+ * saved links tell the entry frames).  A main greenlet's stack ends at the
+ * end of the mapping among the nmaps sorted [lo[i], hi[i]) that holds it. */
+int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *lay, btc_remote_greenlet *gs, int n,
+                               uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
+                               const uintptr_t *lo, const uintptr_t *hi, int nmaps);
 
 /* Where the target keeps what names its greenlets (btcore/remote_names.py):
  * offsets in bytes of the CPython btcore is built against; -1 when that

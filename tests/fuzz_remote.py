@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fuzz the remote readers: a target's memory made of garbage, walked as a
 dump walks it (the gc lists, greenlets' states, which saved stacks to copy,
-their frame chains by both walkers, code objects, names, line tables), must
+their frame chains (with 3.11's table and as 3.14's are walked), code objects, names, line tables), must
 give results within the bounds (btcore/bounds.py, native/remote/) and
 nothing else: no crash, no exception, no hang.
 
@@ -24,7 +24,7 @@ import random
 import struct
 import sys
 
-from btcore import bounds, debug_offsets, greenlet_offsets, py311_layout
+from btcore import bounds, greenlet_offsets
 from btcore._native import ffi, lib
 from btcore.remote import Memory
 
@@ -33,7 +33,13 @@ SIZE = 1 << 16
 STACK = (BASE + 0xc000, BASE + SIZE)   # the span greenlets' stacks lie in: the image's "thread stack"
 NHEADS = 4
 GREENLET_TYPE, FRAME_TYPE, CODE_TYPE = BASE + 0x100, BASE + 0x200, BASE + 0x300
-LAY = py311_layout.layout(0x030B07F0)
+LAY = ffi.new("btc_remote_layout *")   # the one layout table (native/remote/pylayout.c)
+lib.btc_remote_layout_of(0x030B07F0, LAY)
+# The same image walked as a 3.14 target's frames are walked: no entry flag, shims (owner 3 and up), tagged
+# code references, the links greenlet saves in a frame object (here wherever its spare storage would be).
+LAY_SHIMS = ffi.new("btc_remote_layout *", LAY[0])
+LAY_SHIMS.frame_is_entry, LAY_SHIMS.shim_owner, LAY_SHIMS.executable_tag_bits = -1, 3, 3
+LAY_SHIMS.frame_object_data, LAY_SHIMS.code_type = 32, CODE_TYPE
 PIMPL, STATE, TOP_FRAME = greenlet_offsets.local()
 _W = struct.Struct("<Q")
 
@@ -176,21 +182,18 @@ def _walk(memory: Memory) -> None:
     spill = ffi.new("uint8_t[]", max(total, 1))
     room = 64 * kept + 64
     frames = ffi.new("btc_remote_pyframe[]", room)
-    nframes = lib.btc_remote_greenlet_copies(memory.handle, states, kept, spill, total, frames, room)
-    assert 0 <= nframes <= room
     names = bounds.Names(memory, LAY, bounds.Types(code=CODE_TYPE), budget=1 << 16)
-    for g in states[0:kept]:
-        assert g.bad in (0, lib.BTC_REMOTE_BAD_UNREADABLE, lib.BTC_REMOTE_BAD_INCONSISTENT,
-                         lib.BTC_REMOTE_BAD_SKIPPED)
-        assert 0 <= g.frames_at and g.frames_at + g.nframes <= nframes
-        chain = [(f.code, f.lasti) for f in frames[g.frames_at: g.frames_at + g.nframes]]
-        assert all(code for code, _ in chain[:-1]), "a cut marker inside a chain"
-        _name(names, chain)
-        if g.frame and not g.bad:   # the other versions' walk over the same frames
-            iframe = memory.word(g.frame + LAY.frame_object_f_frame)
-            walked = debug_offsets.frame_chain(memory, LAY, iframe, most)
-            assert len(walked) <= most + 1
-            _name(names, [(code, lasti) for code, lasti, _ in walked])
+    maps = ffi.new("uintptr_t[]", [STACK[0]]), ffi.new("uintptr_t[]", [STACK[1]]), 1
+    for lay in (LAY, LAY_SHIMS):
+        nframes = lib.btc_remote_greenlet_copies(memory.handle, lay, states, kept, spill, total, frames, room, *maps)
+        assert 0 <= nframes <= room
+        for g in states[0:kept]:
+            assert g.bad in (0, lib.BTC_REMOTE_BAD_UNREADABLE, lib.BTC_REMOTE_BAD_INCONSISTENT,
+                             lib.BTC_REMOTE_BAD_SKIPPED)
+            assert 0 <= g.frames_at and g.frames_at + g.nframes <= nframes
+            chain = [(f.code, f.lasti) for f in frames[g.frames_at: g.frames_at + g.nframes]]
+            assert all(code for code, _ in chain[:-1]), "a cut marker inside a chain"
+            _name(names, chain)
     assert names.left > -(bounds.MAX_LINETABLE + 2 * 4 * bounds.MAX_STRING)
 
 

@@ -134,74 +134,42 @@ def dump_with(dumper: str, pid: int) -> dict:
     return doc
 
 
-# The dump as a btcore built for another CPython version makes it of a 3.11 target: btcore's own offsets are
-# withheld, so the target is read through 3.11's known layout (btcore/py311_layout.py) and Python walkers.
-OTHER_VERSION_DUMPER = """
-import sys
-import btcore.remote, btcore.__main__
-real = btcore.remote.lib
-
-class WithoutOwnLayout:
-    def __getattr__(self, name):
-        return getattr(real, name)
-
-    def btc_remote_pylayout(self, out):
-        return -1
-
-btcore.remote.lib = WithoutOwnLayout()
-sys.exit(btcore.__main__.main(sys.argv[1:]))
-"""
-ON_311 = lib.btc_remote_pylayout(ffi.new("btc_remote_layout *")) == 0
-NOT_311 = "only a btcore built for 3.11 has a 3.11 target and 3.11's compiled offsets to check against"
+ON_311 = sys.version_info[:2] == (3, 11)
+NOT_311 = "3.11's entry flag is a byte of the frame (a 3.11 interpreter's own frames are the test's input)"
 
 
-@pytest.mark.skipif(not ON_311, reason=NOT_311)
-def test_the_known_311_layout_equals_the_compiled_offsets():
-    # guards: every offset py311_layout shares with btc_remote_layout is the one the compiler gives (offsetof on
-    # 3.11's internal headers, native/remote/rpython.c).
-    from btcore import py311_layout
-    compiled = ffi.new("btc_remote_layout *")
-    lib.btc_remote_pylayout(compiled)
-    known = py311_layout.layout(compiled.version_hex)
-    shared = [name for name, _ in ffi.typeof("btc_remote_layout").fields if hasattr(known, name)]
-    assert len(shared) >= 20
-    assert {name: getattr(known, name) for name in shared} == {name: getattr(compiled, name) for name in shared}
+def layout_311():
+    """The one layout table for this 3.11 interpreter (native/remote/pylayout.c)."""
+    lay = ffi.new("btc_remote_layout *")
+    assert lib.btc_remote_layout_of(sys.hexversion, lay) == 0
+    return lay
 
 
 @pytest.mark.skipif(not ON_311, reason=NOT_311)
 def test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage():
     # guards: is_entry, a C bool in the target's frame, is read as a byte: a frame read while it changes (the
     # rehearsal reads a running target) may hold any value there, and loading such a bool is undefined (UBSan
-    # caught one in a CI run of the many-dumps test). Here: 185 in it reads as "entry".
+    # caught one in a CI run of the many-dumps test). Here: 185 in it reads as "entry", 0 in its caller as not
+    # (the outermost frame, which ends the chain, is an entry whatever it says).
     import ctypes
-    from btcore import py311_layout
     from btcore.remote import Memory
-    lay = py311_layout.layout(sys.hexversion)
+    lay = layout_311()
     code = test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage.__code__
-    iframe, frame_object = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
-    at = ctypes.addressof(iframe)
-    ctypes.c_void_p.from_address(at + lay.frame_executable).value = id(code)
-    ctypes.c_void_p.from_address(at + lay.frame_instr_ptr).value = id(code) + lay.code_adaptive + 2
-    ctypes.c_uint8.from_address(at + lay.frame_is_entry).value = 185
-    ctypes.c_void_p.from_address(ctypes.addressof(frame_object) + lay.frame_object_f_frame).value = at
+    frames, frame_object = [ctypes.create_string_buffer(256) for _ in range(3)], ctypes.create_string_buffer(64)
+    at = [ctypes.addressof(f) for f in frames]
+    for i, (flag, lasti) in enumerate([(185, 2), (0, 4), (0, 6)]):
+        ctypes.c_void_p.from_address(at[i] + lay.frame_executable).value = id(code)
+        ctypes.c_void_p.from_address(at[i] + lay.frame_instr_ptr).value = id(code) + lay.code_adaptive + lasti
+        ctypes.c_uint8.from_address(at[i] + lay.frame_is_entry).value = flag
+        ctypes.c_void_p.from_address(at[i] + lay.frame_previous).value = at[i + 1] if i < 2 else 0
+    ctypes.c_void_p.from_address(ctypes.addressof(frame_object) + lay.frame_object_f_frame).value = at[0]
     memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
     try:
         out = ffi.new("btc_remote_pyframe[4]")
-        assert lib.btc_remote_object_frames(memory.handle, ctypes.addressof(frame_object), out, 4) == 1
-        assert (out[0].code, out[0].lasti, out[0].entry) == (id(code), 2, 1)
+        assert lib.btc_remote_object_frames(memory.handle, lay, ctypes.addressof(frame_object), out, 4) == 3
+        assert [(f.code, f.lasti, f.entry) for f in out[0:3]] == [(id(code), 2, 1), (id(code), 4, 0), (id(code), 6, 1)]
     finally:
         memory.close()
-
-
-@pytest.mark.skipif(not ON_311, reason=NOT_311)
-def test_a_311_target_dumped_without_btcores_own_offsets_equals_the_in_process_view(target):
-    # guards: a 3.11 target read as a btcore of another version reads it (3.11's known layout, the Python frame
-    # walk with is_entry, tstate->cframe) gives every greenlet as collect(g) inside, and the stuck thread.
-    proc, oracle = target
-    doc = dump_with(OTHER_VERSION_DUMPER, proc.pid)
-    check_against_oracle(doc, oracle)
-    names = [f["function"] for f in spinner_stack(doc)["frames"]]
-    assert names.index("btfix_spin") < names.index("Thread.run") < names.index("start_thread")
 
 
 def test_live_dump_shows_the_thread_stuck_in_c_with_the_gil(target):
@@ -542,3 +510,43 @@ def test_greenlets_of_a_target_on_another_cpython_are_listed(version):
         if address != next(reversed(oracle)):   # a worker, parked in Event.wait (Cython) called from Python
             first = next(i for i, f in enumerate(frames) if f[0] == "python")
             assert "gevent._gevent_cevent.Event.wait [cython]" in names[:first], names
+
+
+# A thread and a suspended, spilled greenlet whose chains have one call from C in their middle (map calls
+# called_from_c through a new eval-loop call) and plain Python calls elsewhere (run inline since 3.11).
+ENTRY_TARGET = """
+import json, greenlet, time
+
+def called_from_c(park):
+    park()
+    return 0
+
+def direct(park):
+    return list(map(called_from_c, [park]))
+
+def top(park):
+    return direct(park)
+
+main = greenlet.getcurrent()
+g = greenlet.greenlet(lambda: top(main.switch))
+g.switch()
+greenlet.greenlet(lambda: [0] * 4096 and main.switch()).switch()   # spills g's stack
+top(lambda: print(json.dumps(hex(id(g))), flush=True) or time.sleep(600))
+"""
+
+
+@pytest.mark.parametrize("version", ["3.13", "3.14", "3.15"])
+def test_entry_frames_of_a_target_on_another_cpython_split_the_merge(version):
+    # guards: the one walker's entry frames on a 3.13-3.15 target (the eval loop's shims on a thread's chain;
+    # on a suspended greenlet's, exposed by greenlet, the links it saved, read through the greenlet's heap copy
+    # of its stack): the frame map called starts an eval-loop call, so native frames (map's, the eval loop's
+    # entry) lie between it and its caller, where a walk without entries would merge them together.
+    proc, address, doc = dump_in_chroot(sid_python(version, f"/opt/btcore-venv-{version}/bin/python"), ENTRY_TARGET)
+    assert not doc["notes"], doc["notes"]
+    main = next(s for s in doc["stacks"] if s["kind"] == "thread" and s["members"][0]["tid"] == proc.pid)
+    stacks = {"thread": comparable(main["frames"]), "greenlet": greenlets_of(doc)[address]}
+    for kind, frames in stacks.items():
+        names = [f[1] if f[0] == "python" else None for f in frames]
+        inner, outer = names.index("called_from_c"), names.index("direct")
+        assert inner < outer and None in names[inner:outer], f"{kind}: {names}"
+        assert names[outer + 1] == "top", f"{kind}: a plain call is merged in one eval-loop frame: {names}"

@@ -1,13 +1,13 @@
 /* Another process's interpreter: where its thread states, gc lists and
  * frames are, and the walks over them (through btc_rmem, never in place).
  *
- * The thread-state and frame offsets are those of the CPython btcore is
- * compiled against, taken from its internal headers (offsetof): a target
- * of the same version family has the same layout.  A target of another
- * version is read through its own _Py_DebugOffsets (btcore/debug_offsets.py,
- * in Python); the gc scan and greenlets' saved states below serve both.
+ * Every offset comes from one table, btc_remote_layout (pylayout.c: known
+ * per version family, completed from the target's _Py_DebugOffsets on
+ * 3.13+), so one walker reads any version btcore knows; the gc scan and
+ * greenlets' saved states below need greenlet's layout, not CPython's.
  */
 #include <Python.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,114 +37,176 @@ static bool loops(loop_watch *w, uintptr_t at)
     return false;
 }
 
-#if BTC_PY_FAMILY == 311
+/* ---- Python frames (any version the layout table describes) ---- */
 
-#define Py_BUILD_CORE 1
-#include <internal/pycore_frame.h>
-#include <internal/pycore_interp.h>
-#include <internal/pycore_runtime.h>
+/* What a walk reads memory through: the target's memory, except a
+ * suspended greenlet's stack [lo, hi), whose first nspill bytes greenlet
+ * copied to the heap and are read from that copy (spill). */
+typedef struct {
+    btc_rmem *m;
+    uintptr_t lo, hi;
+    const uint8_t *spill;
+    size_t nspill;
+} rview;
 
-int btc_remote_pylayout(btc_remote_layout *o)
+static bool view_read(const rview *v, uintptr_t a, void *out, size_t n)
 {
-    memset(o, 0, sizeof *o);
-    o->version_hex = PY_VERSION_HEX;
-    o->runtime_interp_head = offsetof(_PyRuntimeState, interpreters.head);
-    o->interp_next = offsetof(PyInterpreterState, next);
-    o->interp_threads_head = offsetof(PyInterpreterState, threads.head);
-    o->interp_gc_generations = offsetof(PyInterpreterState, gc.generations);
-    o->interp_gc_permanent = offsetof(PyInterpreterState, gc.permanent_generation);
-    o->gc_generation_size = sizeof(struct gc_generation);
-    o->gc_ngenerations = NUM_GENERATIONS;
-    o->tstate_next = offsetof(PyThreadState, next);
-    o->tstate_thread_id = offsetof(PyThreadState, thread_id);
-    o->tstate_native_thread_id = offsetof(PyThreadState, native_thread_id);
-    o->code_filename = offsetof(PyCodeObject, co_filename);
-    o->code_qualname = offsetof(PyCodeObject, co_qualname);
-    o->code_firstlineno = offsetof(PyCodeObject, co_firstlineno);
-    o->code_linetable = offsetof(PyCodeObject, co_linetable);
-    o->code_size = offsetof(PyVarObject, ob_size);
-    o->type_name = offsetof(PyTypeObject, tp_name);
-    o->unicode_state = offsetof(PyASCIIObject, state);
-    o->unicode_length = offsetof(PyASCIIObject, length);
-    o->ascii_data = sizeof(PyASCIIObject);
-    o->compact_data = sizeof(PyCompactUnicodeObject);
-    o->bytes_size = offsetof(PyVarObject, ob_size);
-    o->bytes_data = offsetof(PyBytesObject, ob_sval);
-    return 0;
+    if (a >= v->lo && a - v->lo <= v->nspill && n <= v->nspill - (a - v->lo)) {
+        memcpy(out, v->spill + (a - v->lo), n);
+        return true;
+    }
+    return btc_rmem_read(v->m, a, out, n) == 0;
 }
 
-/* A chain cut short by garbage ends in a frame with code 0 whose lasti says
- * why (BTC_REMOTE_CUT_*), when there is room for it. */
+static bool view_word(const rview *v, uintptr_t a, uintptr_t *out)
+{
+    return view_read(v, a, out, sizeof *out);
+}
+
+/* Shims between two Python frames: one per eval-loop call. */
+#define MAX_SHIMS 4
+
+/* A frame's owner and previous link; false if unreadable or misaligned. */
+static bool frame_link(const rview *v, const btc_remote_layout *L, uintptr_t f, uint8_t *owner, uintptr_t *prev)
+{
+    return !(f & 7) && view_read(v, f + L->frame_owner, owner, 1) && view_word(v, f + L->frame_previous, prev);
+}
+
+static bool is_shim(const btc_remote_layout *L, uint8_t owner)
+{
+    return L->shim_owner && owner >= L->shim_owner;
+}
+
+/* The frame's code object: 0 if none, or not a code object. */
+static uintptr_t code_of(const rview *v, const btc_remote_layout *L, uintptr_t f)
+{
+    uintptr_t code, type;
+    if (!view_word(v, f + L->frame_executable, &code))
+        return 0;
+    code &= ~(uintptr_t)L->executable_tag_bits;
+    if (!code || (code & 7))
+        return 0;
+    if (L->code_type && (!btc_rmem_word(v->m, code + offsetof(PyObject, ob_type), &type) || type != L->code_type))
+        return 0;
+    return code;
+}
+
+/* Does the link greenlet saved for frame f (its frame object's spare
+ * storage) differ from the exposed one and reach it through shims only,
+ * all on the greenlet's stack?  (capture/cpython/chain.h decides it so in
+ * process.) */
+static bool saved_link_ends_call(const rview *v, const btc_remote_layout *L, uintptr_t f, uintptr_t exposed)
+{
+    uintptr_t frame_object, saved;
+    if (!view_word(v, f + L->frame_frame_obj, &frame_object) || !frame_object ||
+        !view_word(v, frame_object + L->frame_object_data, &saved) || saved == exposed)
+        return false;
+    for (int i = 0; i < MAX_SHIMS; i++) {
+        uint8_t owner;
+        uintptr_t prev;
+        if (!saved || saved < v->lo || saved >= v->hi || !frame_link(v, L, saved, &owner, &prev) ||
+            !is_shim(L, owner))
+            return false;
+        if (prev == exposed || !exposed)
+            return true;
+        saved = prev;
+    }
+    return false;
+}
+
+/* Is Python frame f (previous link prev) the entry frame of its eval-loop
+ * call, as far as the frame itself (3.11) or greenlet's saved link tells?
+ * A shim after it marks it too (frame_chain). */
+static bool says_entry(const rview *v, const btc_remote_layout *L, uintptr_t f, uintptr_t prev, bool exposed)
+{
+    if (L->frame_is_entry >= 0) {
+        /* a C bool in the target, read as a byte: a frame read while it
+         * changes may hold any value there (UBSan caught a bool load) */
+        uint8_t flag;
+        return view_read(v, f + (uint32_t)L->frame_is_entry, &flag, 1) && flag;
+    }
+    return exposed && saved_link_ends_call(v, L, f, prev);
+}
+
+/* A chain cut short ends in a frame with code 0 whose lasti says why
+ * (BTC_REMOTE_CUT_*), when there is room for it. */
 static int cut(btc_remote_pyframe *out, int n, int max, int why)
 {
+    if (n > 0)
+        out[n - 1].entry = 1;   /* the outermost frame read ends its eval-loop call, as far as anyone knows */
     if (n >= max)
         return n;
     out[n] = (btc_remote_pyframe){0, why, 0};
     return n + 1;
 }
 
-/* The chain from interpreter frame f: code, instruction offset, entry flag. */
-static int frame_chain(btc_rmem *m, uintptr_t f, btc_remote_pyframe *out, int max)
+static int32_t lasti_of(uintptr_t instr, uintptr_t code, const btc_remote_layout *L)
+{
+    intptr_t at = (intptr_t)(instr - code - L->code_adaptive);
+    return at > INT32_MIN && at <= INT32_MAX ? (int32_t)at : INT32_MIN;   /* checked where the code is read */
+}
+
+/* The chain from interpreter frame f: code, instruction offset, entry
+ * flag.  exposed: a suspended greenlet's chain (3.12+: relinked past the
+ * shims).  Shims and frames without code take steps too. */
+static int frame_chain(const rview *v, const btc_remote_layout *L, uintptr_t f, bool exposed,
+                       btc_remote_pyframe *out, int max)
 {
     int n = 0;
+    bool skipped = false;
     loop_watch watch = {0, 0, 1};
     for (int steps = 0; f && n < max && steps < BTC_PY_MAX_FRAMES; steps++) {
-        _PyInterpreterFrame fr;
-        if ((f & 7) || btc_rmem_read(m, f, &fr, sizeof fr) != 0 || !fr.f_code || ((uintptr_t)fr.f_code & 7))
+        uint8_t owner;
+        uintptr_t prev, code, instr;
+        if (!frame_link(v, L, f, &owner, &prev))
             return cut(out, n, max, BTC_REMOTE_CUT_UNREADABLE);
-        uintptr_t first = (uintptr_t)fr.f_code + offsetof(PyCodeObject, co_code_adaptive);
-        out[n].code = (uintptr_t)fr.f_code;
-        /* any value: checked against the code's size where the code is read (btcore/bounds.py) */
-        out[n].lasti = (int32_t)(uint32_t)((uintptr_t)fr.prev_instr - first);
-        /* is_entry is a bool: the target's byte, read as a byte (a frame
-         * read while it changes may hold any value there, and loading a
-         * bool that is neither 0 nor 1 is undefined: UBSan caught one). */
-        uint8_t entry;
-        memcpy(&entry, (const char *)&fr + offsetof(_PyInterpreterFrame, is_entry), 1);
-        out[n].entry = entry != 0;
-        n++;
-        f = (uintptr_t)fr.previous;
+        if (is_shim(L, owner)) {
+            if (n > 0)
+                out[n - 1].entry = 1;
+        } else if ((code = code_of(v, L, f)) && view_word(v, f + L->frame_instr_ptr, &instr) && instr) {
+            out[n] = (btc_remote_pyframe){code, lasti_of(instr, code, L), says_entry(v, L, f, prev, exposed)};
+            n++;
+        } else {
+            skipped = true;
+        }
+        f = prev;
         if (f && loops(&watch, f))
             return cut(out, n, max, BTC_REMOTE_CUT_LOOP);
     }
+    if (skipped)
+        return cut(out, n, max, BTC_REMOTE_CUT_SKIPPED);
+    if (n > 0)
+        out[n - 1].entry = 1;
     return n;
 }
 
-int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max)
+int btc_remote_thread_frames(btc_rmem *m, const btc_remote_layout *L, uintptr_t tstate, btc_remote_pyframe *out,
+                             int max)
 {
-    uintptr_t cframe, frame;
-    if (!btc_rmem_word(m, tstate + offsetof(PyThreadState, cframe), &cframe) || !cframe)
-        return 0;   /* a thread state being made or torn down */
-    if (!btc_rmem_word(m, cframe + offsetof(_PyCFrame, current_frame), &frame))
+    rview v = {m, 0, 0, NULL, 0};
+    uintptr_t holder = tstate, frame;
+    if (L->tstate_cframe >= 0 && !btc_rmem_word(m, tstate + (uint32_t)L->tstate_cframe, &holder))
         return cut(out, 0, max, BTC_REMOTE_CUT_UNREADABLE);
-    return frame_chain(m, frame, out, max);
+    if (!holder)
+        return 0;   /* a thread state being made or torn down */
+    if (!btc_rmem_word(m, holder + L->tstate_current_frame, &frame))
+        return cut(out, 0, max, BTC_REMOTE_CUT_UNREADABLE);
+    return frame_chain(&v, L, frame, false, out, max);
 }
 
 /* A frame object's interpreter frame, 0 if unreadable. */
-static uintptr_t interpreter_frame(btc_rmem *m, uintptr_t frame_object)
+static uintptr_t interpreter_frame(const rview *v, const btc_remote_layout *L, uintptr_t frame_object)
 {
     uintptr_t frame;
-    return frame_object && btc_rmem_word(m, frame_object + offsetof(PyFrameObject, f_frame), &frame) ? frame : 0;
+    return frame_object && view_word(v, frame_object + L->frame_object_f_frame, &frame) ? frame : 0;
 }
 
-int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max)
+int btc_remote_object_frames(btc_rmem *m, const btc_remote_layout *L, uintptr_t frame_object,
+                             btc_remote_pyframe *out, int max)
 {
-    return frame_chain(m, interpreter_frame(m, frame_object), out, max);
+    rview v = {m, 0, 0, NULL, 0};
+    return frame_chain(&v, L, interpreter_frame(&v, L, frame_object), false, out, max);
 }
-
-#else
-
-int btc_remote_pylayout(btc_remote_layout *o)
-{
-    memset(o, 0, sizeof *o);
-    o->version_hex = PY_VERSION_HEX;
-    return -1;
-}
-
-static uintptr_t interpreter_frame(btc_rmem *m, uintptr_t frame_object) { return 0; }
-int btc_remote_thread_frames(btc_rmem *m, uintptr_t tstate, btc_remote_pyframe *out, int max) { return 0; }
-int btc_remote_object_frames(btc_rmem *m, uintptr_t frame_object, btc_remote_pyframe *out, int max) { return 0; }
-#endif
 
 /* ---- instances of a type, through the gc lists (any CPython version) ----
  *
@@ -331,14 +393,33 @@ size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *
     return total;
 }
 
-int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
-                               btc_remote_pyframe *frames, int max_frames)
+/* The greenlet's view of memory: its stack, whose saved part is read
+ * from the heap copy made of it (in spill at spill_at, if copied). */
+static rview greenlet_view(btc_rmem *m, const btc_remote_greenlet *g, const uint8_t *spill, const uintptr_t *lo,
+                           const uintptr_t *hi, int nmaps)
+{
+    rview v = {m, g->start, g->stop, NULL, 0};
+    if (g->stop == MAIN_STACK_STOP) {   /* a main greenlet: its thread's stack, to the end of its mapping */
+        int at = mapping_of(lo, hi, nmaps, g->start);
+        v.hi = at >= 0 ? hi[at] : g->start;
+    }
+    if (g->copied && g->saved > 0) {
+        v.spill = spill + g->spill_at;
+        v.nspill = (size_t)g->saved;
+    }
+    return v;
+}
+
+int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *L, btc_remote_greenlet *gs, int n,
+                               uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
+                               const uintptr_t *lo, const uintptr_t *hi, int nmaps)
 {
     uintptr_t *addr = malloc(n * sizeof *addr);
     size_t *size = malloc(n * sizeof *size);
     uint8_t **dest = malloc(n * sizeof *dest), *ok = malloc(n);
     int nread = 0, nframes = 0;
     size_t spilled = 0;
+    rview plain = {m, 0, 0, NULL, 0};
     for (int i = 0; addr && size && dest && ok && i < n; i++) {   /* the heap copies: in batches */
         btc_remote_greenlet *g = &gs[i];
         g->spill_at = spilled;
@@ -353,7 +434,7 @@ int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint
     if (addr && size && dest && ok)
         btc_rmem_read_many(m, addr, size, dest, nread, ok);
     for (int i = 0; addr && i < n; i++)   /* each greenlet's innermost interpreter frame */
-        addr[i] = interpreter_frame(m, gs[i].frame);
+        addr[i] = interpreter_frame(&plain, L, gs[i].frame);
     if (addr)
         btc_rmem_prefetch(m, addr, n);
     for (int i = 0, r = 0; i < n; i++) {
@@ -361,7 +442,12 @@ int btc_remote_greenlet_copies(btc_rmem *m, btc_remote_greenlet *gs, int n, uint
         if (!g->copied && r < nread && dest[r] == spill + g->spill_at)
             g->copied = ok[r++];
         g->frames_at = nframes;
-        g->nframes = g->frame ? btc_remote_object_frames(m, g->frame, frames + nframes, max_frames - nframes) : 0;
+        g->nframes = 0;
+        if (g->frame && nframes < max_frames) {
+            rview v = greenlet_view(m, g, spill, lo, hi, nmaps);
+            g->nframes = frame_chain(&v, L, interpreter_frame(&v, L, g->frame), true, frames + nframes,
+                                     max_frames - nframes);
+        }
         nframes += g->nframes;
     }
     free(addr);

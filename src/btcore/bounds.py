@@ -37,9 +37,9 @@ MAX_TYPE_NAME = 128           # bytes of a type's name
 BAD_LASTI = -(1 << 31)        # an instruction offset that fits no frame record: refused by line()
 
 # Why a frame chain was cut (a frame with code 0 ends it: native/btcore_api.h BTC_REMOTE_CUT_*).
-CUT_UNREADABLE, CUT_LOOP = lib.BTC_REMOTE_CUT_UNREADABLE, lib.BTC_REMOTE_CUT_LOOP
-CUT_SKIPPED = 3   # the Python walk (debug_offsets.py) only: a frame without a code object was left out
-_CUT = {CUT_UNREADABLE: "a frame of its chain is unreadable or has no code",
+CUT_UNREADABLE, CUT_LOOP, CUT_SKIPPED = (lib.BTC_REMOTE_CUT_UNREADABLE, lib.BTC_REMOTE_CUT_LOOP,
+                                         lib.BTC_REMOTE_CUT_SKIPPED)
+_CUT = {CUT_UNREADABLE: "a frame of its chain is unreadable",
         CUT_LOOP: "its frame chain loops", CUT_SKIPPED: "a frame of its chain has no code object: left out"}
 
 _OB_TYPE = 8    # PyObject.ob_type, PyVarObject.ob_size: one place in every default build (3.8-3.15)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import greenlet
 
-from . import bounds, debug_offsets, greenlet_offsets, py311_layout
+from . import bounds, debug_offsets, greenlet_offsets
 from ._native import ffi, lib
 from .codec import file_build_id
 from .threads import is_main_thread
@@ -266,9 +266,9 @@ _PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
 _pyframe_buffer = ffi.new("btc_remote_pyframe[]", _MAX_PYFRAMES)   # reused: the dump runs on one thread
 
 
-def _pyframes(reader, memory: Memory, addr: int) -> list:
+def _pyframes(reader, memory: Memory, layout, addr: int) -> list:
     """[(code, lasti, entry)] innermost first."""
-    n = reader(memory.handle, addr, _pyframe_buffer, _MAX_PYFRAMES)
+    n = reader(memory.handle, layout, addr, _pyframe_buffer, _MAX_PYFRAMES)
     raw = ffi.buffer(_pyframe_buffer, n * _PYFRAME.size)
     return [(code, lasti, bool(entry)) for code, lasti, entry in _PYFRAME.iter_unpack(raw)]
 
@@ -280,12 +280,11 @@ class Target:
         self.pid, self.memory, self.mappings, self.notes = pid, memory, mappings, notes
         self.type_names = {}   # type object address -> tp_name
         self.modules = Modules(mappings, memory, notes)
-        self.runtime, self.layout, self.portable = self._interpreter()
+        self.runtime, self.layout = self._interpreter()
         self.greenlet_type, self.greenlet_code, self.greenlet_offsets = self._greenlet()
 
     def _interpreter(self) -> tuple:
-        """(_PyRuntime's address, the offsets to read it with, whether they
-        are the target's _Py_DebugOffsets rather than btcore's own structs)."""
+        """(_PyRuntime's address, the layout table to read it with)."""
         for mod in self.modules.list:
             name = os.path.basename(mod.path)
             if name.startswith("libpython") or name.startswith("python"):
@@ -294,31 +293,25 @@ class Target:
                     self.types = bounds.Types(*(mod.bias + value if value else 0 for value in (
                         symbol_value(mod.path, name) for name in ("PyCode_Type", "PyUnicode_Type", "PyBytes_Type",
                                                                   "PyFrame_Type"))))
-                    return (mod.bias + value,) + self._layout(mod, mod.bias + value)
+                    return mod.bias + value, self._layout(mod, mod.bias + value)
         raise DumpError(f"process {self.pid} is not a CPython process (no _PyRuntime symbol in its modules)")
 
-    def _layout(self, mod: Module, runtime: int) -> tuple:
-        """btcore's own offsets for a target of its own version family, else
-        the target's debug offsets (3.13+) or 3.11's known layout, else a
-        DumpError naming both versions."""
+    def _layout(self, mod: Module, runtime: int):
+        """The one layout table (native/remote/pylayout.c) for the target's
+        version: 3.11's known one, or its family's constants completed from
+        its _Py_DebugOffsets (3.13+), else a DumpError naming the versions."""
         value = symbol_value(mod.path, "Py_Version")
         theirs = self.memory.word(mod.bias + value) if value else None
-        ours = ffi.new("btc_remote_layout *")
-        if lib.btc_remote_pylayout(ours) == 0 and theirs is not None and theirs >> 16 == ours.version_hex >> 16:
-            return ours, False
-        portable = None if theirs is None else \
-            debug_offsets.read(self.memory, runtime, theirs) or py311_layout.layout(theirs)
-        if portable is None:
-            raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}, btcore "
-                            f"reads {_version(ours.version_hex)} (its own), 3.11 (its known layout) and 3.13-3.15 "
-                            "(their _Py_DebugOffsets): dump it with a btcore installed for that version")
-        portable.code_type = self.types.code
-        return portable, True
+        lay = ffi.new("btc_remote_layout *")
+        known = lib.btc_remote_layout_of(theirs, lay) if theirs is not None else -1
+        if known < 0 or known == 1 and not debug_offsets.fill(self.memory, runtime, lay):
+            raise DumpError(f"the target runs CPython {_version(theirs) if theirs else 'unknown'}: btcore reads "
+                            "3.11 (its known layout) and 3.13-3.15 (their _Py_DebugOffsets)")
+        lay.code_type = self.types.code
+        return lay
 
     def thread_frames(self, tstate: int) -> list:
-        if self.portable:
-            return debug_offsets.thread_frames(self.memory, self.layout, tstate, _MAX_PYFRAMES)
-        return _pyframes(lib.btc_remote_thread_frames, self.memory, tstate)
+        return _pyframes(lib.btc_remote_thread_frames, self.memory, self.layout, tstate)
 
     def _greenlet(self):
         """(greenlet's type, its switching code, where its objects keep a
@@ -489,63 +482,11 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     spill = room.get((interp, "spill"), max(1, spilled))
     most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
     frames = room.get((interp, "frames"), most * _PYFRAME.size)
-    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, c_states, n, ffi.from_buffer(spill),
-                                             0 if room.rehearsal else spilled,
-                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)),
-                                             0 if target.portable else most)
-    if target.portable:
-        nframes = _walk_greenlet_frames(target, states, n, spill, frames, most)
+    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, target.layout, c_states, n,
+                                             ffi.from_buffer(spill), 0 if room.rehearsal else spilled,
+                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)), most,
+                                             *target.map_ranges)
     return memoryview(states)[:n * _GREENLET.size], spill, memoryview(frames)[:nframes * _PYFRAME.size]
-
-
-def _walk_greenlet_frames(target: Target, states: bytearray, n: int, spill: bytearray, frames: bytearray,
-                          most: int) -> int:
-    """A target of another CPython version: each greenlet's Python frames,
-    walked here through its debug offsets into frames, as C walks its own
-    version's (their interpreter frames are already read ahead)."""
-    nframes = 0
-    for i in range(n):
-        fields = list(_GREENLET.unpack_from(states, i * _GREENLET.size))
-        start, stop, saved, spill_at, copied = fields[2], fields[3], fields[5], fields[7], fields[10]
-        if fields[11] in (lib.BTC_REMOTE_BAD_UNREADABLE, lib.BTC_REMOTE_BAD_INCONSISTENT):
-            continue
-        if stop == _MAIN_STACK_STOP:   # a main greenlet: its thread's stack
-            stop = getattr(target.stack_mapping(start), "hi", start)
-        view = SpilledStack(target.memory, start, stop,
-                            spill[spill_at: spill_at + saved] if copied and saved > 0 else b"")
-        room_left = min(_MAX_PYFRAMES, most - nframes)
-        chain = debug_offsets.greenlet_frames(view, target.layout, fields[6], room_left) if fields[6] else []
-        fields[8], fields[9] = nframes, len(chain)   # frames_at, nframes
-        _GREENLET.pack_into(states, i * _GREENLET.size, *fields)
-        for code, lasti, entry in chain:
-            _PYFRAME.pack_into(frames, nframes * _PYFRAME.size, code, lasti, entry)
-            nframes += 1
-    return nframes
-
-
-class SpilledStack:
-    """A suspended greenlet's view of the target's memory: the part of its
-    C stack that greenlet copied to the heap is read from that copy, not
-    from where another greenlet's stack lies now.  From 3.12 on the eval
-    loop's shim frames (which mark where C called into Python) live on the
-    C stack."""
-
-    def __init__(self, memory: Memory, start: int, stop: int, spill: bytes):
-        self._memory, self._start, self._stop, self._spill = memory, start, stop, spill
-
-    def holds(self, addr: int) -> bool:
-        """Is addr on the greenlet's stack?"""
-        return self._start <= addr < self._stop
-
-    def read(self, addr: int, n: int) -> bytes | None:
-        at = addr - self._start
-        if 0 <= at and at + n <= len(self._spill):
-            return bytes(self._spill[at: at + n])
-        return self._memory.read(addr, n)
-
-    def word(self, addr: int) -> int | None:
-        data = self.read(addr, 8)
-        return _WORD.unpack(data)[0] if data else None
 
 
 _GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet

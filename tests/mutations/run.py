@@ -48,13 +48,40 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
-    Mutation("native/remote/rpython.c", "out[n].entry = entry != 0;", "out[n].entry = entry;",
+    Mutation("native/remote/rpython.c", "&flag, 1) && flag;", "&flag, 1) && flag == 1;",
              "tests/test_process_dump.py::test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage",
-             "a garbage is_entry byte of a frame read while it changes becomes the entry flag as it is"),
-    Mutation("src/btcore/py311_layout.py", "frame_is_entry=68,", "frame_is_entry=69,",
-             "tests/test_process_dump.py::test_a_311_target_dumped_without_btcores_own_offsets_equals_the_in_process_view",
-             "a 3.11 target read by a btcore of another version takes the frame's owner for its entry flag: its "
-             "Python frames are merged in the wrong places"),
+             "3.11's is_entry byte is believed only when it holds 1: a frame read while it changes, holding any "
+             "other true value, is taken for no entry"),
+    Mutation("native/remote/pylayout.c", "#define PY314 0x030E, 24, 96, 72, 3", "#define PY314 0x030E, 24, 96, 64, 3",
+             "tests/test_process_dump.py::test_entry_frames_of_a_target_on_another_cpython_split_the_merge[3.14]",
+             "the layout table puts greenlet's saved link of a 3.14 frame object 8 bytes early: a suspended "
+             "greenlet's entry frames are lost, its Python frames merged into one eval-loop frame",
+             "built for 3.14 the static assertions refuse it; built for 3.11 it dies in the named test"),
+    Mutation("src/btcore/debug_offsets.py",
+             '"size previous executable instr_ptr localsplus owner stackpointer tlbc_index"',
+             '"size executable previous instr_ptr localsplus owner stackpointer tlbc_index"',
+             "tests/test_process_dump.py::test_a_target_on_another_cpython_is_read_through_its_debug_offsets[3.14]",
+             "3.14's _Py_DebugOffsets are read in the wrong field order: a frame's link taken for its code",
+             "on a 3.14+ build test_pylayout.py's comparison with the compiled offsets kills it too"),
+    Mutation("src/btcore/debug_offsets.py", '    lay.interp_gc_generations += o["interpreter_state.gc"]', "",
+             "tests/test_process_dump.py::test_greenlets_of_a_target_on_another_cpython_are_listed[3.14]",
+             "a 3.13+ target's gc lists are looked for at the start of the interpreter: no greenlet is found"),
+    Mutation("native/remote/rpython.c", "return exposed && saved_link_ends_call(v, L, f, prev);", "return false;",
+             "tests/test_process_dump.py::test_entry_frames_of_a_target_on_another_cpython_split_the_merge[3.13]",
+             "the links greenlet saved when it exposed a suspended greenlet's frames are not followed: on 3.12+ "
+             "its entry frames are lost"),
+    Mutation("native/remote/rpython.c", "        v.nspill = (size_t)g->saved;", "        v.nspill = 0;",
+             "tests/test_process_dump.py::test_entry_frames_of_a_target_on_another_cpython_split_the_merge[3.15]",
+             "a suspended greenlet's shims are read where its stack lay, not from greenlet's heap copy of it: "
+             "another greenlet's bytes decide its entry frames"),
+    Mutation("native/remote/rpython.c", "        if (is_shim(L, owner)) {\n            if (n > 0)\n                out[n - 1].entry = 1;\n",
+             "        if (is_shim(L, owner)) {\n",
+             "tests/test_process_dump.py::test_entry_frames_of_a_target_on_another_cpython_split_the_merge[3.14]",
+             "a shim frame does not mark the frame it called as its eval-loop call's entry: a 3.12+ thread's "
+             "Python frames are merged into one eval-loop frame"),
+    Mutation("native/remote/rpython.c", "(intptr_t)(instr - code - L->code_adaptive)", "(intptr_t)(instr - code)",
+             "tests/test_pylayout.py::test_a_threads_frames_are_cpythons",
+             "instruction offsets ignore where a code object's bytecode starts: every remote frame gets a wrong line"),
     Mutation("src/btcore/greenlet_offsets.py", "    return mains > 0\n", "    return True\n",
              "tests/test_greenlet_offsets.py::test_learned_from_greenlet_objects_equal_the_in_process_offsets",
              "StackState is placed where no main greenlet marks it: a guess among plausible-looking words"),
@@ -138,14 +165,11 @@ MUTATIONS = [
     Mutation("src/btcore/web.py", "        shared = self._jobs.setdefault(fmt, job)", "        shared = job",
              "tests/test_web.py::test_concurrent_requests_share_one_render",
              "concurrent requests render one page each: ten GETs cost ten renders"),
-    Mutation("src/btcore/debug_offsets.py", "instr - code - lay.code_adaptive", "instr - code",
-             "tests/test_process_dump.py::test_a_target_on_another_cpython_is_read_through_its_debug_offsets",
-             "a 3.13+ target's instruction offsets ignore where its bytecode starts: its Python frames get wrong lines"),
     Mutation("native/remote/rmodules.c", "        n = btc_jump_parts(&scan, lo, hi, n, max);", "",
              "tests/test_process_dump.py::test_a_target_on_another_cpython_is_read_through_its_debug_offsets",
              "a stripped interpreter's unnamed eval-loop parts are not found: the dump lists its Python frames "
              "after the native stack instead of in place"),
-    Mutation("native/remote/rpython.c", "out[n].entry = entry != 0;", "out[n].entry = 1;",
+    Mutation("native/remote/rpython.c", "says_entry(v, L, f, prev, exposed)};", "1};",
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
              "every remote Python frame is taken for the first of its eval-loop call: the merge misplaces "
              "Python frames that one C frame of the eval loop runs together"),
