@@ -21,15 +21,15 @@ from elftools.elf.elffile import ELFFile
 
 from . import bounds
 from ._native import ffi, lib
+from .backtrace import KIND_NATIVE, RECORD, Backtrace
 from .frame import NATIVE, PYTHON, Frame
-from .resolve import file_symbol, native_frames
-from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather, greenlet_copies,
-                     snapshot_live, symbol_value, vdso_file)
+from .resolve import F_EXACT, file_symbol, native_frames
+from .remote import (_PYFRAME, DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
+                     greenlet_copies, snapshot_live, symbol_value, vdso_file)
 
 __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "dump_process", "process_stacks"]
 
-_MAX_NATIVE = 256
-_EVAL_LOOP = "_PyEval_EvalFrameDefault"
+_new = object.__new__
 
 
 @dataclass
@@ -41,6 +41,7 @@ class ProcessStack:
     tid       the thread it runs on (greenlet: whose stack holds it; None if unknown)
     frames    resolved Frames, innermost first
     error     why the stack is missing or short, or None
+    backtrace its merged records (a RemoteBacktrace: frames() gives frames)
     """
 
     kind: str
@@ -48,100 +49,44 @@ class ProcessStack:
     tid: int | None
     frames: list = field(default_factory=list)
     error: str | None = None
+    backtrace: object = None
 
 
-# ---- walking the copies ----
+# ---- walking and merging the copies: collect()'s merge, in C ----
 
-class _Walker:
-    def __init__(self, snap: Snapshot, native: bool):
-        self.snap, self.native = snap, native
-        self._symbols = {}   # pc (looked-up) -> (module, symbol, start)
+class _Names:
+    """The target's frames named from its files and memory, each raw frame
+    once per dump (10 000 greenlets parked in a few places repeat the same
+    frames): what a RemoteBacktrace resolves through."""
+
+    def __init__(self, snap: Snapshot):
+        self._modules = snap.modules
         self._names = bounds.Names(snap.memory, snap.layout, snap.types)
-        self._named = {}     # raw frame -> (its Frames, what is wrong with it or None)
-        code = snap.greenlet_code
-        stubs = [(code.stub_lo[i], code.stub_hi[i]) for i in range(code.nstub)] if code else []
-        self._end_lo = ffi.new("uintptr_t[2]", [lo for lo, _ in stubs] + [0] * (2 - len(stubs)))
-        self._end_hi = ffi.new("uintptr_t[2]", [hi for _, hi in stubs] + [0] * (2 - len(stubs)))
-        self._nstub = len(stubs)
-        greenlet_mod = snap.modules.named(lambda name: name.startswith("_greenlet"))
-        self._greenlet_span = (greenlet_mod.lo, greenlet_mod.hi) if greenlet_mod else (0, 0)
-        self._eval_ranges = _eval_ranges(snap)
+        self._native, self._python = {}, {}
 
-    def unwind(self, regs, exact: bool, lo: int, data: bytes, last_cfa: int = 0, stub_ends: bool = True) -> list:
-        pcs = ffi.new("uintptr_t[]", _MAX_NATIVE)
-        copy = ffi.from_buffer(data)
-        n = lib.btc_remote_unwind(self.snap.modules.handle, regs, exact, lo, lo + len(data), copy, last_cfa,
-                                  self._end_lo, self._end_hi, self._nstub if stub_ends else 0, pcs, _MAX_NATIVE)
-        return [(pcs[i], exact and i == 0) for i in range(n)]
+    def native(self, pc: int, flags: int) -> tuple:
+        named = self._native.get((pc, flags & F_EXACT))
+        if named is None:
+            named = self._native[pc, flags & F_EXACT] = self._name_native(pc, bool(flags & F_EXACT))
+        return named
 
-    def symbol(self, lookup: int):
-        found = self._symbols.get(lookup)
-        if found is None:
-            mod = self.snap.modules.at(lookup)
-            name, start = file_symbol(mod.path, lookup - mod.bias) if mod else (None, None)
-            found = self._symbols[lookup] = (mod, name, start)
-        return found
-
-    def in_eval_loop(self, pc: int, exact: bool) -> bool:
+    def _name_native(self, pc: int, exact: bool) -> tuple:
         lookup = pc if exact else pc - 1
-        if any(lo <= lookup < hi for lo, hi in self._eval_ranges):
-            return True
-        name = self.symbol(lookup)[1]
-        return bool(name) and (name == _EVAL_LOOP or name.startswith(_EVAL_LOOP + "."))
-
-    def internal(self, pc: int, exact: bool) -> bool:
-        lo, hi = self._greenlet_span
-        return lo <= (pc if exact else pc - 1) < hi
-
-    def merge(self, natives: list, pyframes: list, greenlet: bool) -> list:
-        """Raw merged frames: ("native", pc, exact) and ("python", code, lasti).
-        Each eval-loop frame becomes the Python frames it runs, up to and
-        including the next entry frame; leftovers are appended (never fails)."""
-        if greenlet:   # greenlet's own switching machinery, as collect() hides it
-            while natives and self.internal(*natives[0]):
-                natives = natives[1:]
-            while natives and self.internal(*natives[-1]):
-                natives = natives[:-1]
-        out, py = [], list(pyframes)
-        for pc, exact in natives:
-            if self.in_eval_loop(pc, exact):
-                taken = 0
-                while py:
-                    code, lasti, entry = py.pop(0)
-                    out.append(("python", code, lasti))
-                    taken += 1
-                    if entry:
-                        break
-                if taken or not self.native:
-                    continue
-            if self.native:
-                out.append(("native", pc, exact))
-        out.extend(("python", code, lasti) for code, lasti, _ in py)
-        return out
-
-    def resolve(self, raw: list) -> tuple:
-        """(Frames, what is wrong with them or None) of a merged raw stack; each
-        raw frame is named once per dump (10 000 greenlets parked in a few
-        places repeat the same frames)."""
-        frames, wrong = [], None
-        for key in raw:
-            named = self._named.get(key)
-            if named is None:
-                kind, a, b = key
-                named = self._named[key] = self._python(a, b) if kind == "python" else (self._native(a, b), None)
-            frames.extend(named[0])
-            wrong = wrong or named[1]
-        return frames, wrong
-
-    def _native(self, pc: int, exact: bool) -> tuple:
-        lookup = pc if exact else pc - 1
-        mod, name, start = self.symbol(lookup)
+        mod = self._modules.at(lookup)
         if mod is None:
             return (Frame(NATIVE, pc, None, None, None, None, None),)
+        name, start = file_symbol(mod.path, lookup - mod.bias)
         offset = pc - mod.bias - start if name else pc - mod.bias
         return native_frames(pc, mod.path, name, offset, lookup - mod.bias)
 
-    def _python(self, address: int, lasti: int) -> tuple:
+    def python(self, address: int, lasti: int) -> tuple:
+        """(Frames, what is wrong with the frame or None)."""
+        named = self._python.get((address, lasti))
+        if named is None:
+            named = self._python[address, lasti] = self._name_python(address, lasti)
+        return named
+
+    def _name_python(self, address: int, lasti: int) -> tuple:
         code, wrong = self._names.code(address), None
         if code.error:
             wrong = f"a frame's code at {address:#x}: {code.error}"
@@ -151,47 +96,133 @@ class _Walker:
         return (frame,), wrong
 
 
-_MAX_EVAL_RANGES = 16
+class RemoteBacktrace(Backtrace):
+    """A Backtrace of another process's stack: the records collect() makes
+    (a Python record's addr is the target's code object, and _refs holds
+    those addresses), named through the dump's _Names."""
+
+    __slots__ = ("_space",)
+
+    def _resolved(self) -> list:
+        space = self._space
+        return [(flags, space.native(addr, flags) if kind == KIND_NATIVE else space.python(addr, lasti)[0])
+                for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw)]
+
+    def wrong(self) -> str | None:
+        """What is wrong with its Python frames (a garbage code object), or None."""
+        return next((w for addr, lasti, kind, _, _ in RECORD.iter_unpack(self._raw) if kind != KIND_NATIVE
+                     for w in (self._space.python(addr, lasti)[1],) if w), None)
 
 
-def _eval_ranges(snap: Snapshot) -> list:
-    """[(lo, hi)] of the target's eval-loop code, with the parts a stripped
-    interpreter leaves unnamed (Debian's python3.X: most of the loop)."""
-    interpreter = snap.modules.named(lambda name: name.startswith(("libpython", "python")))
-    code = symbol_value(interpreter.path, "PyEval_EvalCode") if interpreter else None   # exported: in its code
-    if code is None:
-        return []
-    lo, hi = ffi.new("uintptr_t[]", _MAX_EVAL_RANGES), ffi.new("uintptr_t[]", _MAX_EVAL_RANGES)
-    n = lib.btc_rmodules_eval_ranges(snap.modules.handle, interpreter.bias + code, lo, hi, _MAX_EVAL_RANGES)
-    return [(lo[i], hi[i]) for i in range(n)]
+class _Shared:
+    """What identical stacks share: their records, references, frames and error."""
+
+    __slots__ = ("raw", "refs", "frames", "wrong")
+
+    def __init__(self, bt: RemoteBacktrace):
+        self.raw, self.refs, self.frames, self.wrong = bt._raw, bt._refs, bt.frames(), bt.wrong()
+
+
+_CAPACITY = lib.BTC_REMOTE_MAX_FRAMES   # what process.py showed before: every frame walked
+_STACKS_AT_ONCE = 1024
+
+
+class _Merger:
+    """Every stack of a snapshot, walked and merged in C (btc_remote_stacks)."""
+
+    def __init__(self, snap: Snapshot, native: bool):
+        self.snap, self.names = snap, _Names(snap)
+        t = self.target = ffi.new("btc_remote_target *")
+        t.want = lib.BTC_WANT_PYTHON | (lib.BTC_WANT_NATIVE if native else 0)
+        t.capacity = _CAPACITY
+        code = snap.greenlet_code
+        t.nstub = code.nstub if code else 0
+        for i in range(t.nstub):
+            t.stub_lo[i], t.stub_hi[i] = code.stub_lo[i], code.stub_hi[i]
+        if code:
+            t.resume_pc, t.bp_slot, t.bx_slot = code.resume_pc, code.bp_slot, code.bx_slot
+        greenlet_mod = snap.modules.named(lambda name: name.startswith("_greenlet"))
+        if greenlet_mod:
+            t.greenlet_lo, t.greenlet_hi = greenlet_mod.lo, greenlet_mod.hi
+        t.neval = _eval_ranges(snap, t.eval_lo, t.eval_hi)
+        self._keep = []   # the buffers the C structs point into
+        self._shared = {}   # raw records -> (the bytes, their refs): shared by identical stacks
+
+    def stack(self, st, regs, lo: int, data, last_cfa: int, pyframes: bytes, greenlet: bool) -> None:
+        """Fill st: data is the copy of [lo, lo + len(data)) of the target, or None;
+        regs: a thread's (a greenlet's are read from its copy, in C)."""
+        if data is not None and len(data):
+            copy = ffi.from_buffer(data)
+            self._keep.append(copy)
+            if regs:
+                st.regs[0:4] = regs
+            st.lo, st.copy, st.size, st.last_cfa = lo, copy, len(data), last_cfa
+        py = ffi.from_buffer("btc_remote_pyframe[]", pyframes)
+        self._keep.append(py)
+        st.py, st.npy, st.greenlet = py, len(pyframes) // _PYFRAME.size, greenlet
+
+    def merge(self, stacks, n: int) -> list:
+        """[(RemoteBacktrace, its _Shared, why its Python chain was cut short or None)] of stacks[0:n]."""
+        out, done = [], 0
+        records = ffi.new("btc_frame[]", _CAPACITY * _STACKS_AT_ONCE)
+        buffer = ffi.buffer(records)
+        while done < n:
+            k = lib.btc_remote_stacks(self.snap.modules.handle, self.target, stacks + done, n - done, records,
+                                      _CAPACITY * _STACKS_AT_ONCE)
+            if k <= 0:
+                raise DumpError(ffi.string(lib.btc_last_error()).decode())
+            for i in range(done, done + k):
+                st = stacks[i]
+                out.append(self._backtrace(buffer[st.at * 16: (st.at + st.n) * 16], st.truncated)
+                           + (bounds.cut_reason(st.cut) if st.cut else None,))
+            done += k
+        return out
+
+    def _backtrace(self, raw: bytes, truncated: bool) -> tuple:
+        shared = self._shared.get(raw)
+        bt = _new(RemoteBacktrace)
+        bt._raw, bt._capacity, bt.truncated, bt._space = bytearray(raw), _CAPACITY, bool(truncated), self.names
+        if shared is None:
+            bt._refs = tuple(addr for addr, _, kind, _, _ in RECORD.iter_unpack(raw) if kind != KIND_NATIVE)
+            shared = self._shared[raw] = _Shared(bt)
+        bt._refs = shared.refs
+        return bt, shared
+
+
+def _eval_ranges(snap: Snapshot, lo, hi) -> int:
+    """The target's eval-loop code into lo, hi, with the parts a stripped
+    interpreter leaves unnamed (Debian's python3.X: most of the loop); how many."""
+    for mod in snap.modules.list:   # the executable when static, else libpython (the executable names it)
+        if os.path.basename(mod.path).startswith(("libpython", "python")):
+            code = symbol_value(mod.path, "PyEval_EvalCode")   # exported: in the eval loop's module
+            if code:
+                return lib.btc_rmodules_eval_ranges(snap.modules.handle, mod.bias + code, lo, hi,
+                                                    lib.BTC_REMOTE_MAX_EVAL)
+    return 0
 
 
 # ---- stacks of a snapshot ----
 
 def _stacks(snap: Snapshot, native: bool) -> list:
-    walker = _Walker(snap, native)
-    stacks = []
+    merger = _Merger(snap, native)
+    stacks = ffi.new("btc_remote_stack[]", max(1, len(snap.threads) + len(snap.greenlets)))
+    shown, notes = [], []
     for t in snap.threads:
         name = f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else "")
-        pyframes, cut = _uncut(t.pyframes)
-        if t.regs is None or not t.stack:
-            frames, wrong = walker.resolve([("python", c, l) for c, l, _ in pyframes])
-            stacks.append(ProcessStack("thread", name, t.tid, frames, _noted(t.error, cut, wrong)))
-            continue
-        natives = walker.unwind(t.regs, True, t.stack_lo, t.stack) if native else []
-        frames, wrong = walker.resolve(walker.merge(natives, pyframes, False))
-        stacks.append(ProcessStack("thread", name, t.tid, frames, _noted(cut, wrong)))
+        st = stacks[len(shown)]
+        pyframes = b"".join(_PYFRAME.pack(*f) for f in t.pyframes)
+        stopped = t.regs is not None and t.stack
+        merger.stack(st, t.regs, t.stack_lo, t.stack if stopped else None, 0, pyframes, False)
+        shown.append(ProcessStack("thread", name, t.tid))
+        notes.append(() if stopped else (t.error,))
     for g in snap.greenlets:
-        stacks.append(_greenlet_stack(snap, walker, g, native))
-    return stacks
-
-
-def _uncut(pyframes: list) -> tuple:
-    """(The Python frames, why their chain was cut short or None): a walk
-    that met garbage ends its chain with a frame of code 0 (bounds.CUT_*)."""
-    if pyframes and pyframes[-1][0] == 0:
-        return pyframes[:-1], bounds.cut_reason(pyframes[-1][1])
-    return pyframes, None
+        stack, note = _greenlet_stack(snap, merger, stacks[len(shown)], g, native)
+        shown.append(stack)
+        notes.append(note)
+    for i, (stack, note, (bt, shared, cut)) in enumerate(zip(shown, notes, merger.merge(stacks, len(shown)))):
+        stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
+        stack.error = _noted(*note, _UNWALKED if stacks[i].unwalked else None, cut, shared.wrong)
+    return shown
 
 
 def _noted(*why) -> str | None:
@@ -199,26 +230,22 @@ def _noted(*why) -> str | None:
     return "; ".join(w for w in why if w) or None
 
 
-def _greenlet_stack(snap: Snapshot, walker: _Walker, g, native: bool) -> ProcessStack:
+def _greenlet_stack(snap: Snapshot, merger: _Merger, st, g, native: bool) -> tuple:
+    """(Its ProcessStack, its notes so far), st filled for the merge."""
     name = f"<{g.type_name} at {g.address:#x}>"
     # The thread whose stack holds the greenlet's part still in place.
     inside = g.start if g.main else g.stop - 1
     thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
-    stack = ProcessStack("greenlet", name, thread.tid if thread else None)
-    pyframes, cut = _uncut(g.pyframes)
-    natives = []
+    stack, missing, data = ProcessStack("greenlet", name, thread.tid if thread else None), None, None
     if native and snap.greenlet_code is not None and g.error is None:
         data = _greenlet_bytes(g, thread)
-        code = snap.greenlet_code
-        bp, bx = _word_at(data, code.bp_slot), _word_at(data, code.bx_slot)
-        if data is not None and bp is not None and bx is not None:
-            natives = walker.unwind((code.resume_pc, g.start, bp, bx), False, g.start, data,
-                                    0 if g.main else g.stop, stub_ends=False)
-        else:
-            stack.error = "its saved stack is not in the copies made: Python frames only"
-    stack.frames, wrong = walker.resolve(walker.merge(natives, pyframes, True))
-    stack.error = _noted(g.error, stack.error, cut, wrong)
-    return stack
+        if data is None:
+            missing = _UNWALKED
+    merger.stack(st, None, g.start, data, 0 if g.main else g.stop, g.pyframes, True)
+    return stack, (g.error, missing)
+
+
+_UNWALKED = "its saved stack is not in the copies made: Python frames only"
 
 
 def _greenlet_bytes(g, thread):
@@ -233,12 +260,6 @@ def _greenlet_bytes(g, thread):
         return None
     hi = thread.stack_lo + len(thread.stack) if g.main else g.stop
     return bytes(g.spill) + thread.stack[in_place_lo - thread.stack_lo: hi - thread.stack_lo]
-
-
-def _word_at(data, at: int):
-    return None if data is None else struct.unpack_from("<Q", data, at)[0] if 0 <= at <= len(data) - 8 else None
-
-
 # ---- core files ----
 
 def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
@@ -354,9 +375,11 @@ def dump_process(pid: int | None = None, file=None, *, core: str | None = None, 
 
 
 def _groups(stacks: list) -> list:
-    groups = {}
+    groups, frames, equal = {}, {}, {}   # frames: id of a shared frame list -> the first equal one's number
     for s in stacks:
-        key = (s.kind,) + (tuple(s.frames), s.error) if s.kind == "greenlet" else (id(s),)
+        if s.kind == "greenlet" and id(s.frames) not in frames:
+            frames[id(s.frames)] = equal.setdefault(tuple(s.frames), len(equal))
+        key = (s.kind, frames[id(s.frames)], s.error) if s.kind == "greenlet" else (id(s),)
         groups.setdefault(key, []).append(s)
     threads = [g for g in groups.values() if g[0].kind == "thread"]
     greenlets = sorted((g for g in groups.values() if g[0].kind == "greenlet"), key=lambda g: -len(g))

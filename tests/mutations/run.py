@@ -44,6 +44,14 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("native/remote/rmodules.c", "                nat[i].eval = at >= t->eval_lo[k] && at < t->eval_hi[k];",
+             "                nat[i].eval = false;",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "no frame of an outside dump is the target's eval loop: the one merge puts no Python frame in its place"),
+    Mutation("native/remote/rmodules.c", "    btc_merge_input in = {.nat = nat, .n = n, .complete = n < BTC_REMOTE_MAX_NATIVE, .greenlet = st->greenlet,",
+             "    btc_merge_input in = {.nat = nat, .n = n, .complete = n < BTC_REMOTE_MAX_NATIVE, .greenlet = false,",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "an outside dump's greenlets keep greenlet's switching frames, which collect() hides"),
     Mutation("native/remote/rpython.c", "out[n].entry = entry != 0;", "out[n].entry = entry;",
              "tests/test_process_dump.py::test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage",
              "a garbage is_entry byte of a frame read while it changes becomes the entry flag as it is"),
