@@ -75,17 +75,21 @@ def comparable(frames):
 
 
 def greenlets_of(doc):
-    """{address (hex): comparable frames} of the dump's suspended greenlets."""
-    out = {}
-    for stack in doc["stacks"]:
-        for member in stack["members"] if stack["kind"] == "greenlet" else ():
-            out[member["name"].rsplit(" at ", 1)[1].rstrip(">")] = comparable(stack["frames"])
-    return out
+    """{address (hex): comparable frames} of the dump's suspended greenlets (the JSON schema of dump_all: each
+    greenlet names its stack; an outside dump's ids are the target's addresses)."""
+    stacks = {s["id"]: s for s in doc["stacks"]}
+    return {hex(g["id"]): comparable(stacks[g["stack"]]["frames"]) for g in doc["greenlets"]
+            if g["state"] == "suspended"}
+
+
+def thread_stacks(doc):
+    """The running stacks of the dump's threads."""
+    running = {g["stack"] for g in doc["greenlets"] if g["state"] == "running"}
+    return [s for s in doc["stacks"] if s["id"] in running]
 
 
 def spinner_stack(doc):
-    threads = [s for s in doc["stacks"] if s["kind"] == "thread"]
-    return next(s for s in threads if any(f["function"] == "btfix_spin" for f in s["frames"]))
+    return next(s for s in thread_stacks(doc) if any(f["function"] == "btfix_spin" for f in s["frames"]))
 
 
 def check_against_oracle(doc, oracle):
@@ -224,7 +228,7 @@ def test_no_native_and_threads_only(target):
     # guards: --no-native drops every native frame; --threads-only lists no greenlet.
     proc, _ = target
     doc = json.loads(run_dump("--json", "--no-native", "--threads-only", str(proc.pid)))
-    assert all(s["kind"] == "thread" for s in doc["stacks"])
+    assert doc["stacks"] and thread_stacks(doc) == doc["stacks"]
     assert all(f["kind"] == "python" for s in doc["stacks"] for f in s["frames"])
     assert any(f["function"] == "Thread.run" for s in doc["stacks"] for f in s["frames"])
 
@@ -484,9 +488,10 @@ def test_a_target_on_another_cpython_is_read_through_its_debug_offsets(version):
     # guards: a 3.13-3.15 target (in a chroot: its files named from the host) gives its threads' Python frames,
     # read through the _Py_DebugOffsets in its _PyRuntime, equal to what it sees of itself, merged in place.
     proc, oracle, doc = dump_in_chroot(sid_python(version, f"/usr/bin/python{version}"), OTHER_TARGET)
-    threads = [s for s in doc["stacks"] if s["kind"] == "thread"]
+    threads = thread_stacks(doc)
     assert len(threads) == 2
-    main = next(s for s in threads if s["members"][0]["tid"] == proc.pid)
+    main_stack = next(g["stack"] for g in doc["greenlets"] if g["name"] == f"Thread {proc.pid} (main thread)")
+    main = next(s for s in threads if s["id"] == main_stack)
     python = [[f["function"], f["line"]] for f in main["frames"] if f["kind"] == "python"]
     assert python == oracle
     other = next(s for s in threads if s is not main)

@@ -14,16 +14,16 @@ import os
 import platform
 import struct
 import sys
-import time
 from dataclasses import dataclass, field
 
 from elftools.elf.elffile import ELFFile
 
-from . import bounds
+from . import bounds, dump
 from ._native import ffi, lib
 from .backtrace import KIND_NATIVE, RECORD, Backtrace
 from .frame import NATIVE, PYTHON, Frame
 from .resolve import F_EXACT, file_symbol, native_frames
+from .schema import RemoteGreenlet
 from .remote import (_PYFRAME, DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
                      greenlet_copies, snapshot_live, symbol_value, vdso_file)
 
@@ -59,10 +59,21 @@ class _Names:
     once per dump (10 000 greenlets parked in a few places repeat the same
     frames): what a RemoteBacktrace resolves through."""
 
-    def __init__(self, snap: Snapshot):
-        self._modules = snap.modules
+    def __init__(self, snap: Snapshot, interpreter):
+        self._modules, self._interpreter = snap.modules, interpreter
         self._names = bounds.Names(snap.memory, snap.layout, snap.types)
         self._native, self._python = {}, {}
+
+    # What dump.py's grouping asks of a backtrace's _space (as of btcore/resolve.py).
+    def module_key(self, pc: int, exact: bool) -> tuple:
+        mod = self._modules.at(pc if exact else pc - 1)
+        return (mod.lo if mod else 0,)
+
+    def interpreter_module_id(self) -> int:
+        return self._interpreter.lo if self._interpreter else 0
+
+    def resolve_python(self, address: int, lasti: int) -> tuple:
+        return self.python(address, lasti)[0]
 
     def native(self, pc: int, flags: int) -> tuple:
         named = self._native.get((pc, flags & F_EXACT))
@@ -131,8 +142,9 @@ class _Merger:
     """Every stack of a snapshot, walked and merged in C (btc_remote_stacks)."""
 
     def __init__(self, snap: Snapshot, native: bool):
-        self.snap, self.names = snap, _Names(snap)
         t = self.target = ffi.new("btc_remote_target *")
+        interpreter, t.neval = _eval_ranges(snap, t.eval_lo, t.eval_hi)
+        self.snap, self.names = snap, _Names(snap, interpreter)
         t.want = lib.BTC_WANT_PYTHON | (lib.BTC_WANT_NATIVE if native else 0)
         t.capacity = _CAPACITY
         code = snap.greenlet_code
@@ -144,7 +156,6 @@ class _Merger:
         greenlet_mod = snap.modules.named(lambda name: name.startswith("_greenlet"))
         if greenlet_mod:
             t.greenlet_lo, t.greenlet_hi = greenlet_mod.lo, greenlet_mod.hi
-        t.neval = _eval_ranges(snap, t.eval_lo, t.eval_hi)
         self._keep = []   # the buffers the C structs point into
         self._shared = {}   # raw records -> (the bytes, their refs): shared by identical stacks
 
@@ -189,16 +200,17 @@ class _Merger:
         return bt, shared
 
 
-def _eval_ranges(snap: Snapshot, lo, hi) -> int:
-    """The target's eval-loop code into lo, hi, with the parts a stripped
-    interpreter leaves unnamed (Debian's python3.X: most of the loop); how many."""
+def _eval_ranges(snap: Snapshot, lo, hi) -> tuple:
+    """(The interpreter's module or None, how many ranges): the target's
+    eval-loop code into lo, hi, with the parts a stripped interpreter leaves
+    unnamed (Debian's python3.X: most of the loop)."""
     for mod in snap.modules.list:   # the executable when static, else libpython (the executable names it)
         if os.path.basename(mod.path).startswith(("libpython", "python")):
             code = symbol_value(mod.path, "PyEval_EvalCode")   # exported: in the eval loop's module
             if code:
-                return lib.btc_rmodules_eval_ranges(snap.modules.handle, mod.bias + code, lo, hi,
-                                                    lib.BTC_REMOTE_MAX_EVAL)
-    return 0
+                return mod, lib.btc_rmodules_eval_ranges(snap.modules.handle, mod.bias + code, lo, hi,
+                                                         lib.BTC_REMOTE_MAX_EVAL)
+    return None, 0
 
 
 # ---- stacks of a snapshot ----
@@ -359,72 +371,54 @@ def dump_process(pid: int | None = None, file=None, *, core: str | None = None, 
     file (default: sys.stdout), from outside: nothing runs in the target,
     which is stopped only while its state is copied.
 
-    format: "text" (identical stacks grouped, largest group first) or "json".
+    format: "text", "json" or "html", rendered as dump_all() renders a
+    process's own greenlets (identical stacks grouped, largest group first;
+    the JSON schema of btcore/schema.py; the page of write_html()).
     native=False: Python frames only.  threads_only: no greenlets.
     timeout: seconds to wait for each thread to stop.
     Raises DumpPermissionError (what to change to be allowed) or DumpError.
     """
-    if format not in ("text", "json"):
-        raise ValueError(f"format must be 'text' or 'json', not {format!r}")
+    if format not in ("text", "json", "html"):
+        raise ValueError(f"format must be 'text', 'json' or 'html', not {format!r}")
     snap, stacks = process_stacks(pid, core=core, exe=exe, native=native, threads_only=threads_only,
                                   timeout=timeout)
-    text = _json(snap, stacks) if format == "json" else _text(snap, stacks, core)
+    text = _render(snap, stacks, core, format)
     out = sys.stdout if file is None else file
     out.write(text)
     out.flush()
 
 
-def _groups(stacks: list) -> list:
-    groups, frames, equal = {}, {}, {}   # frames: id of a shared frame list -> the first equal one's number
-    for s in stacks:
-        if s.kind == "greenlet" and id(s.frames) not in frames:
-            frames[id(s.frames)] = equal.setdefault(tuple(s.frames), len(equal))
-        key = (s.kind, frames[id(s.frames)], s.error) if s.kind == "greenlet" else (id(s),)
-        groups.setdefault(key, []).append(s)
-    threads = [g for g in groups.values() if g[0].kind == "thread"]
-    greenlets = sorted((g for g in groups.values() if g[0].kind == "greenlet"), key=lambda g: -len(g))
-    return threads + greenlets
+class RemoteInfo:
+    """One stack of another process as dump.py renders it: the attributes
+    of a GreenletInfo (btcore/introspect.py), from what the dump read."""
+
+    __slots__ = ("greenlet", "thread_id", "thread_name", "state", "parent", "spawned_by", "under", "name",
+                 "backtrace", "python_only", "spawn_chain", "spawn_backtrace", "last_ran", "error")
+
+    def __init__(self, stack: ProcessStack, greenlet, thread):
+        self.greenlet, self.name, self.backtrace, self.error = greenlet, stack.name, stack.backtrace, stack.error
+        self.state = "running" if stack.kind == "thread" else "suspended"
+        self.thread_id = (thread.thread_id or None) if thread else None
+        self.thread_name = f"native thread {thread.tid}" if thread else None
+        self.parent = self.spawned_by = self.under = self.spawn_chain = self.spawn_backtrace = None
+        self.last_ran, self.python_only = None, False
 
 
-def _text(snap: Snapshot, stacks: list, core) -> str:
-    groups = _groups(stacks)
-    nthreads = sum(1 for s in stacks if s.kind == "thread")
-    ngreenlets = len(stacks) - nthreads
+def _infos(snap: Snapshot, stacks: list) -> list:
+    threads = {t.tid: t for t in snap.threads}
+    addresses = [(t.tstate, "thread state") for t in snap.threads] + [(g.address, g.type_name)
+                                                                       for g in snap.greenlets]
+    return [RemoteInfo(s, RemoteGreenlet(*where), threads.get(s.tid)) for s, where in zip(stacks, addresses)]
+
+
+def _render(snap: Snapshot, stacks: list, core, format: str) -> str:
+    infos = _infos(snap, stacks)
     source = f"core file {core}" if core else f"process {snap.pid}"
-    out = [f"Process dump, {source}: {nthreads} thread{'s' if nthreads != 1 else ''}, "
-           f"{ngreenlets} suspended greenlet{'s' if ngreenlets != 1 else ''}, {len(groups)} distinct stacks"
-           + (f" (stopped {snap.stopped_for * 1000:.1f} ms)" if not core else "")]
-    out.extend(f"note: {n}" for n in snap.notes)
-    for number, group in enumerate(groups, 1):
-        first = group[0]
-        if first.kind == "thread":
-            out.append(f"\n=== stack {number}: {first.name} ===")
-        else:
-            names = ", ".join(s.name for s in group[:3]) + (f" (+{len(group) - 3} more)" if len(group) > 3 else "")
-            threads = sorted({str(s.tid) for s in group})
-            out.append(f"\n=== stack {number}: {len(group)} greenlet{'s' if len(group) != 1 else ''}, suspended ===")
-            out.append(f"  e.g. {names}")
-            out.append(f"  thread{'s' if len(threads) > 1 else ''}: {', '.join(threads)}")
-        if first.error:
-            out.append(f"  ({first.error})")
-        out.append("Traceback (most recent call last):" if first.frames else "  (no frames)")
-        out.extend(f.format() for f in reversed(first.frames))
-    return "\n".join(out) + "\n"
-
-
-def _json(snap: Snapshot, stacks: list) -> str:
-    groups = _groups(stacks)
-    doc = {
-        "version": 1,
-        "pid": snap.pid,
-        "time": time.time(),
-        "stopped_ms": snap.stopped_for * 1000,
-        "notes": snap.notes,
-        "stacks": [{"id": n, "kind": g[0].kind, "count": len(g), "error": g[0].error,
-                    "members": [{"name": s.name, "tid": s.tid} for s in g],
-                    "frames": [{"kind": f.kind, "function": f.function, "file": f.file, "line": f.line,
-                                "module": f.module, "ip": f.ip, "offset": f.offset, "inlined": f.inlined}
-                               for f in g[0].frames]}
-                   for n, g in enumerate(groups, 1)],
-    }
-    return json.dumps(doc, indent=1) + "\n"
+    if format == "text":
+        stopped = f" (stopped {snap.stopped_for * 1000:.1f} ms)" if not core else ""
+        return dump._text(infos, True, True, dump._stack_text, f"Process dump, {source}{stopped}", snap.notes)
+    more = {"source": source, "stopped_ms": None if core else snap.stopped_for * 1000, "notes": snap.notes}
+    if format == "json":
+        return json.dumps(dump._json_doc(infos, True, pid=snap.pid, **more), indent=1) + "\n"
+    from .html import page
+    return page(infos, pid=snap.pid, **more)
