@@ -56,6 +56,15 @@ def target(chain, spin_so, tmp_path_factory):
         proc.wait(timeout=WAIT)
 
 
+@pytest.fixture(scope="module")
+def inside_text(target, tmp_path_factory):
+    """dump_all()'s text, written by the target while its greenlets were parked as they are now."""
+    proc, _ = target
+    oracle = next(p for p in proc.args if str(p).endswith("oracle.json"))
+    with open(f"{oracle}.text") as f:
+        return f.read()
+
+
 def run_dump(*args):
     done = subprocess.run([sys.executable, "-m", "btcore", "dump", *args], capture_output=True, text=True,
                           timeout=WAIT, cwd="/")
@@ -206,6 +215,43 @@ def test_a_311_target_dumped_without_btcores_own_offsets_equals_the_in_process_v
     check_against_oracle(doc, oracle)
     names = [f["function"] for f in spinner_stack(doc)["frames"]]
     assert names.index("btfix_spin") < names.index("Thread.run") < names.index("start_thread")
+
+
+def suspended_groups(text):
+    """Sorted (count, body) of the text dump's groups of suspended greenlets, header lines aside: their
+    frames as printed (folded), not the names or threads of their members (names are not read from outside)."""
+    import re
+    groups = []
+    for section in text.split("\n=== stack ")[1:]:
+        lines = section.split("\n=== thread ")[0].rstrip("\n").split("\n")   # the tree follows the last group
+        head = re.fullmatch(r"\d+: (\d+) greenlets?, suspended ===", lines[0])
+        body = [ln for ln in lines[1:] if not ln.startswith(("  e.g. ", "  thread: ", "  threads: ", "  last ran"))]
+        if head:
+            groups.append((int(head.group(1)), "\n".join(body)))
+    return sorted(groups)
+
+
+def test_outside_text_equals_dump_all_inside(target, inside_text):
+    # guards: one back half: the outside dump's stacks are Backtraces grouped, folded and printed by dump.py,
+    # so every group of suspended greenlets (in Python, in a C callback, in socket recv, in Cython) reads as
+    # dump_all() printed it inside the target, frame for frame, folded lines included.
+    proc, _ = target
+    outside = suspended_groups(run_dump(str(proc.pid)))
+    inside = suspended_groups(inside_text)
+    assert len(inside) >= 5 and sum(count for count, _ in inside) >= 7, inside_text
+    assert any("... " in body and "interpreter frame" in body for _, body in inside), "nothing folded inside"
+    assert outside == inside
+
+
+def test_outside_html_is_write_htmls_page(target):
+    # guards: --format html is the page write_html() writes (btcore/html.py), with the target's document.
+    proc, _ = target
+    page = run_dump("--format", "html", str(proc.pid))
+    import re
+    doc = json.loads(re.search(r'<script type="application/json" id="btcore-data">(.*?)</script>', page,
+                               re.S).group(1))
+    assert doc["version"] == 2 and doc["pid"] == proc.pid and doc["source"] == f"process {proc.pid}"
+    assert "greenlet_rows" in doc and any(f.get("folded") for s in doc["stacks"] for f in s["frames"])
 
 
 def test_live_dump_shows_the_thread_stuck_in_c_with_the_gil(target):

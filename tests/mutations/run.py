@@ -44,6 +44,14 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("src/btcore/process.py", '        self.state = "running" if stack.kind == "thread" else "suspended"',
+             '        self.state = "suspended"',
+             "tests/test_process_dump.py::test_outside_text_equals_dump_all_inside",
+             "an outside dump shows a thread's running stack as a suspended greenlet, which dump_all() never does"),
+    Mutation("src/btcore/schema.py", "    return g.address if type(g) is RemoteGreenlet else id(g)",
+             "    return id(g)",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "an outside dump's JSON names its greenlets by objects of the dumper, not by their addresses in the target"),
     Mutation("native/remote/rmodules.c", "                nat[i].eval = at >= t->eval_lo[k] && at < t->eval_hi[k];",
              "                nat[i].eval = false;",
              "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
