@@ -266,6 +266,7 @@ def test_text_dump_groups_the_identical_greenlets(target):
     # guards: the text view groups greenlets with identical stacks, like dump_all.
     proc, _ = target
     text = run_dump(str(proc.pid))
+    assert text.startswith(f"Process dump, process {proc.pid}: ")   # what the crash report's helper part says
     assert "=== stack " in text and "2 greenlets, suspended" in text   # wait_in_python(3) twice
     assert "in wait_in_c_callback" in text and "btfix::Walker<int>::descend(int)" in text
 

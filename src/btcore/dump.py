@@ -308,12 +308,12 @@ def _node_label(info, stack_of, depth) -> str:
     return f"{info.name}{deep}  {info.state}  [{where}{extra}]"
 
 
-def _text(infos, group: bool, tree: bool, stack_text, title=None, notes=()) -> str:
-    """title: whose dump (default: this process's); notes: lines after the first."""
+def _text(infos, group: bool, tree: bool, stack_text, title=None, tail="", notes=()) -> str:
+    """title: whose dump (default: this process's); tail: the end of the first line; notes: lines after it."""
     groups = _group(infos, group)
     threads = {info.thread_id for info in infos}
     out = [f"{title or f'Greenlet dump, pid {os.getpid()}'}: {_counted(infos)} in {len(threads)} "
-           f"thread{'s' if len(threads) != 1 else ''}, {len(groups)} distinct stacks"]
+           f"thread{'s' if len(threads) != 1 else ''}, {len(groups)} distinct stacks{tail}"]
     out.extend(f"note: {note}" for note in notes)
     out.extend("\n" + _group_text(g, group, stack_text) for g in groups)
     if tree:
@@ -572,12 +572,19 @@ def _capture() -> list:
     middle of the capture, and the loop would wait for both at once (the
     first dump of a process: ~70 -> ~50 ms with 2,000 greenlets,
     benchmarks/bench_signal_dump.py).  The collection runs later, apart."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with GCHeld():   # a with block, not a call: the capture's frames stay as introspect.py trims them
         return snapshot()
-    finally:
-        if enabled:
+
+
+class GCHeld:
+    """The cyclic GC held off in a with block (see _capture)."""
+
+    def __enter__(self):
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc):
+        if self.enabled:
             gc.enable()
 
 

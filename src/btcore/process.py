@@ -380,9 +380,12 @@ def dump_process(pid: int | None = None, file=None, *, core: str | None = None, 
     """
     if format not in ("text", "json", "html"):
         raise ValueError(f"format must be 'text', 'json' or 'html', not {format!r}")
-    snap, stacks = process_stacks(pid, core=core, exe=exe, native=native, threads_only=threads_only,
-                                  timeout=timeout)
-    text = _render(snap, stacks, core, format)
+    # Tens of thousands of small objects (a stack, a Backtrace and an entry per greenlet): collections in
+    # their middle cost ~10% of the dump (10,000 greenlets), and find nothing to free.
+    with dump.GCHeld():
+        snap, stacks = process_stacks(pid, core=core, exe=exe, native=native, threads_only=threads_only,
+                                      timeout=timeout)
+        text = _render(snap, stacks, core, format)
     out = sys.stdout if file is None else file
     out.write(text)
     out.flush()
@@ -416,7 +419,7 @@ def _render(snap: Snapshot, stacks: list, core, format: str) -> str:
     source = f"core file {core}" if core else f"process {snap.pid}"
     if format == "text":
         stopped = f" (stopped {snap.stopped_for * 1000:.1f} ms)" if not core else ""
-        return dump._text(infos, True, True, dump._stack_text, f"Process dump, {source}{stopped}", snap.notes)
+        return dump._text(infos, True, True, dump._stack_text, f"Process dump, {source}", stopped, snap.notes)
     more = {"source": source, "stopped_ms": None if core else snap.stopped_for * 1000, "notes": snap.notes}
     if format == "json":
         return json.dumps(dump._json_doc(infos, True, pid=snap.pid, **more), indent=1) + "\n"
