@@ -233,7 +233,7 @@ MUTATIONS = [
     Mutation("src/btcore/dumpwriter.py", "os.register_at_fork(after_in_child=_restart_in_child)", "pass",
              "tests/test_signal_dump.py::test_fork_child_gets_its_own_writer",
              "a forked child queues its dumps for a writer thread it does not have: they are never written"),
-    Mutation("src/btcore/dump.py", "    gc.disable()\n    try:\n        return snapshot()", "    try:\n        return snapshot()",
+    Mutation("src/btcore/dump.py", "        self.enabled = gc.isenabled()\n        gc.disable()", "        self.enabled = gc.isenabled()",
              "tests/test_signal_dump.py::test_no_collection_during_the_capture_and_gc_state_kept",
              "a collection of the whole heap may run inside the capture: the loop waits for both"),
     Mutation("src/btcore/dumpwriter.py", "atexit.register(drain)", "pass",
