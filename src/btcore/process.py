@@ -135,7 +135,9 @@ class _Shared:
 
 
 _CAPACITY = lib.BTC_REMOTE_MAX_FRAMES   # what process.py showed before: every frame walked
-_STACKS_AT_ONCE = 1024
+# The records buffer: room for this many stacks of _CAPACITY records (4.5 MB); stacks are far shorter, so one
+# call fills it with thousands (a buffer for 1,024 was 71 MB to clear and fault in at every dump).
+_STACKS_AT_ONCE = 64
 
 
 class _Merger:
@@ -168,9 +170,11 @@ class _Merger:
             if regs:
                 st.regs[0:4] = regs
             st.lo, st.copy, st.size, st.last_cfa = lo, copy, len(data), last_cfa
-        py = ffi.from_buffer("btc_remote_pyframe[]", pyframes)
-        self._keep.append(py)
-        st.py, st.npy, st.greenlet = py, len(pyframes) // _PYFRAME.size, greenlet
+        if len(pyframes):   # (a greenlet parked in Cython code has none)
+            py = ffi.from_buffer("btc_remote_pyframe[]", pyframes)
+            self._keep.append(py)
+            st.py, st.npy = py, len(pyframes) // _PYFRAME.size
+        st.greenlet = greenlet
 
     def merge(self, stacks, n: int) -> list:
         """[(RemoteBacktrace, its _Shared, why its Python chain was cut short or None)] of stacks[0:n]."""
@@ -272,6 +276,8 @@ def _greenlet_bytes(g, thread):
         return None
     hi = thread.stack_lo + len(thread.stack) if g.main else g.stop
     return bytes(g.spill) + thread.stack[in_place_lo - thread.stack_lo: hi - thread.stack_lo]
+
+
 # ---- core files ----
 
 def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
