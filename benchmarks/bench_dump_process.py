@@ -17,6 +17,8 @@ sleep, a sorted() key callback).  Measured, rounds interleaved:
   btcore cli  `python -m btcore dump PID` as a process (cold: imports, tables)
   py-spy      `py-spy dump --pid PID` as a process (running stacks only:
               it does not see suspended greenlets)
+  pystack     `pystack remote --native PID` as a process (running stacks
+              only, as py-spy)
 
 Targets (issue 15): stopped <= 10 ms for 1 000 greenlets; a whole dump of
 10 000 greenlets <= 2 s.
@@ -91,6 +93,9 @@ def measure(n, rounds, chroot=None, python=None):
         spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
         if os.path.exists(spy):
             commands["py-spy"] = [spy, "dump", "--pid", str(proc.pid)]
+        pystack = shutil.which("pystack") or os.path.join(os.path.dirname(sys.executable), "pystack")
+        if os.path.exists(pystack):   # issue 26's peer: it shows no parked greenlet either
+            commands["pystack"] = [pystack, "remote", "--native", str(proc.pid)]
         processes = interleaved_processes(commands, rounds)
     finally:
         proc.kill()
@@ -110,14 +115,16 @@ def main():
     if bool(args.chroot) != bool(args.python):
         parser.error("--chroot and --python go together")
     print(f"{'greenlets':>9} {'listed':>7} {'stopped ms':>18} {'stop cpu ms':>18} {'btcore API s':>18} "
-          f"{'btcore cli s':>18} {'py-spy s':>18} {'cli/py-spy':>16}")
+          f"{'btcore cli s':>18} {'py-spy s':>18} {'cli/py-spy':>16} {'pystack s':>18} {'cli/pystack':>16}")
     for n in args.greenlets:
         counted, stopped, cpu, whole, processes = measure(n, args.rounds, args.chroot, args.python)
         cli = spread(processes["btcore cli"])
         spy = spread(processes["py-spy"]).text(3) if "py-spy" in processes else "not installed"
         vs = ratio(processes["btcore cli"], processes["py-spy"]).text() if "py-spy" in processes else "-"
+        stack = spread(processes["pystack"]).text(3) if "pystack" in processes else "not installed"
+        vs_stack = ratio(processes["btcore cli"], processes["pystack"]).text() if "pystack" in processes else "-"
         print(f"{n:>9} {counted:>7} {stopped.text(1):>18} {cpu.text(1):>18} {whole.text(3):>18} {cli.text(3):>18} "
-              f"{spy:>18} {vs:>16}")
+              f"{spy:>18} {vs:>16} {stack:>18} {vs_stack:>16}")
 
 
 if __name__ == "__main__":

@@ -602,13 +602,6 @@ void btc_rmodules_free(btc_rmodules *s);
  * maps that offset (or it overlaps a module added), -3 build-id differs. */
 int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t map_start,
                      uint64_t map_offset, uintptr_t *bias);
-/* The walker over a local copy of the target's stack [lo, hi) (copy holds
- * hi - lo bytes), from regs {ip, sp, rbp, rbx}; last_cfa, end ranges: as in a
- * btc_context.  Writes at most max (<= 256) pcs; returns how many. */
-int btc_remote_unwind(btc_rmodules *s, const uintptr_t *regs, int exact, uintptr_t lo, uintptr_t hi,
-                      const uint8_t *copy, uintptr_t last_cfa, const uintptr_t *end_lo,
-                      const uintptr_t *end_hi, int nend, uintptr_t *pcs, int max);
-
 /* greenlet's switching code in the target (from the module containing
  * `inside`): where a suspended greenlet resumes, where slp_switch stored
  * rbp/rbx (relative to its saved sp), g_initialstub's ranges. */
@@ -678,6 +671,42 @@ int btc_remote_thread_frames(btc_rmem *m, const btc_remote_layout *lay, uintptr_
                              int max);
 int btc_remote_object_frames(btc_rmem *m, const btc_remote_layout *lay, uintptr_t frame_object,
                              btc_remote_pyframe *out, int max);
+
+/* The target's stacks, walked over their local copies and merged with
+ * their Python frames by collect()'s merge (capture.c): the same records
+ * a Backtrace holds, a Python frame's addr being the target's code object. */
+#define BTC_REMOTE_MAX_NATIVE 256      /* native frames walked per stack */
+#define BTC_REMOTE_MAX_PYFRAMES 4096   /* Python frames merged per stack (bounds.MAX_FRAMES) */
+#define BTC_REMOTE_MAX_FRAMES 4352       /* BTC_REMOTE_MAX_NATIVE + BTC_REMOTE_MAX_PYFRAMES */
+#define BTC_REMOTE_MAX_EVAL 16
+typedef struct {
+    uintptr_t eval_lo[BTC_REMOTE_MAX_EVAL], eval_hi[BTC_REMOTE_MAX_EVAL];   /* its eval loop's code */
+    int32_t neval;
+    uintptr_t greenlet_lo, greenlet_hi;   /* greenlet's module (0, 0: none) */
+    uintptr_t stub_lo[2], stub_hi[2];     /* greenlet's start-up stub: a thread's walk ends there */
+    int32_t nstub;
+    uintptr_t resume_pc;                  /* a suspended greenlet's: btc_remote_greenlet_code's */
+    int32_t bp_slot, bx_slot;
+    int32_t want;                         /* BTC_WANT_NATIVE | BTC_WANT_PYTHON */
+    int32_t capacity;                     /* records per stack (at most BTC_REMOTE_MAX_FRAMES) */
+} btc_remote_target;
+typedef struct {
+    uintptr_t regs[4];          /* ip, sp, rbp, rbx (a greenlet's: from t and its copy, at lo) */
+    uintptr_t lo, last_cfa;     /* the copy holds [lo, lo + size) of the target; last_cfa as in a btc_context */
+    const uint8_t *copy;
+    uint64_t size;              /* 0: Python frames only */
+    const btc_remote_pyframe *py;
+    int32_t npy;
+    int32_t greenlet;           /* a suspended greenlet (else a thread's running stack) */
+    int32_t at, n;              /* out: its records in out */
+    int32_t truncated;          /* out */
+    int32_t cut;                /* out: why its Python chain was cut short (BTC_REMOTE_CUT_*), or 0 */
+    int32_t unwalked;           /* out: a greenlet whose copy lacks slp_switch's saved registers */
+} btc_remote_stack;
+/* Merge stacks in order while out has room for t->capacity more records;
+ * returns how many stacks were done (call again with the rest). */
+int btc_remote_stacks(btc_rmodules *s, const btc_remote_target *t, btc_remote_stack *stacks, int n,
+                      btc_frame *out, int max);
 
 /* Objects of type `wanted` or a subtype, in the gc lists at heads (the
  * addresses of their PyGC_Head list heads).  Returns how many (written to

@@ -118,11 +118,13 @@ def comparable(frames):
 
 def by_greenlet(doc):
     """{address: (comparable frames, error)} of the dump's greenlets."""
-    out = {}
-    for stack in doc["stacks"]:
-        for member in stack["members"] if stack["kind"] == "greenlet" else ():
-            out[hex(member["address"])] = (comparable(stack["frames"]), stack["error"])
-    return out
+    stacks = {s["id"]: s for s in doc["stacks"]}
+    return {hex(g["id"]): (comparable(stacks[g["stack"]]["frames"]), g["error"]) for g in doc["greenlets"]
+            if g["state"] == "suspended"}
+
+
+def greenlet_errors(doc):
+    return [g["error"] for g in doc["greenlets"] if g["state"] == "suspended" and g["error"]]
 
 
 def healthy_view(doc, report):
@@ -157,7 +159,8 @@ def check(doc, peak, report, clean_view, clean_peak, value=None, strict=True):
     """Finished (dump() checks the exit status), the healthy greenlets as in the clean dump, each victim
     noted or unlisted, within the memory bound."""
     assert peak <= clean_peak + MEMORY_BOUND, f"the dumper peaked {(peak - clean_peak) >> 20} MiB over a clean dump"
-    assert any(s["kind"] == "thread" and s["frames"] for s in doc["stacks"]), "no thread's stack"
+    running = {g["stack"] for g in doc["greenlets"] if g["state"] == "running"}
+    assert any(s["id"] in running and s["frames"] for s in doc["stacks"]), "no thread's stack"
     dumped = by_greenlet(doc)
     if strict:
         assert healthy_view(doc, report) == clean_view, "a corrupt greenlet changed a healthy one's stack"
@@ -217,7 +220,7 @@ def test_a_huge_instruction_offset_is_refused_not_allocated(chain_so, clean, tmp
     # guards: prev_instr += 0x7ffff000 (the issue's 2.1 GB case): the frame's line is unknown and noted, no
     # code object of that size is built (bounds.line checks the offset against the code's size).
     _, doc = run_case(tmp_path, {"healthy": HEALTHY, "corrupt": [["frame.prev_instr", "huge"]]}, chain_so, clean)
-    notes = [s["error"] for s in doc["stacks"] if s["kind"] == "greenlet" and s["error"]]
+    notes = greenlet_errors(doc)
     assert any("instruction offset" in n and "outside its code" in n for n in notes), notes
 
 
@@ -226,7 +229,7 @@ def test_a_code_pointer_past_the_address_space_is_noted(chain_so, clean, tmp_pat
     # address space (bounds.readable), the frame's code is noted as not a code object (the walker, which checks
     # each frame's code type, leaves the frame out and says so).
     _, doc = run_case(tmp_path, {"healthy": HEALTHY, "corrupt": [["frame.code", "2^64-16"]]}, chain_so, clean)
-    notes = [s["error"] for s in doc["stacks"] if s["kind"] == "greenlet" and s["error"]]
+    notes = greenlet_errors(doc)
     assert any("not a code object" in n or "no code object" in n for n in notes), notes
 
 

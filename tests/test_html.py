@@ -314,7 +314,7 @@ def test_wsgi_endpoint_while_the_program_serves_its_own_traffic(driver, program)
     # handlers of the traffic above may be parked in groups too)
     ours = [s["count"] for s in doc["stacks"] if s["count"] > 1
             and any((f.get("file") or "").endswith("html_program.py") for f in s["frames"])]
-    assert doc["version"] == 1 and sorted(ours) == [2, 3, 4], doc["stacks"]
+    assert doc["version"] == 2 and sorted(ours) == [2, 3, 4], doc["stacks"]
     assert text.startswith("Greenlet dump, pid ") and "=== stack 1: 4 greenlets, suspended ===" in text
     assert served_meanwhile > 0 and all(answer == (200, b"hello") for answer in answers)
     with pytest.raises(urllib.error.HTTPError) as bad:

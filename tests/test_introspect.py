@@ -117,7 +117,7 @@ def test_100_greenlets_in_3_stacks_give_3_groups_and_json_agrees():
     assert {name: [count for _, count in found] for name, found in ours.items()} == {
         "park_in_a": [35], "park_in_b": [33], "park_in_c": [32]}
     stacks = {s["id"]: s for s in doc["stacks"]}
-    assert doc["version"] == 1
+    assert doc["version"] == 2
     for name, [(number, count)] in ours.items():
         stack = stacks[number]
         assert stack["count"] == count and stack["state"] == "suspended"
@@ -539,7 +539,7 @@ def test_signal_inside_btcore_cache_update_does_not_deadlock():
 
 
 def test_json_schema():
-    """Guards the documented JSON schema (version 1)."""
+    """Guards the documented JSON schema (version 2)."""
     g = greenlet.greenlet(park_in_a)
     g.switch()
     try:
@@ -549,7 +549,7 @@ def test_json_schema():
         finish([g])
     doc = json.loads(out.getvalue())
     assert set(doc) == {"version", "pid", "time", "threads", "stacks", "greenlets", "tasks"}
-    assert doc["version"] == 1 and doc["pid"] == os.getpid()
+    assert doc["version"] == 2 and doc["pid"] == os.getpid()
     stack_ids = {s["id"] for s in doc["stacks"]}
     for s in doc["stacks"]:
         assert set(s) == {"id", "count", "state", "states", "python_only", "error", "frames", "truncated",

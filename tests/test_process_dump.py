@@ -56,6 +56,15 @@ def target(chain, spin_so, tmp_path_factory):
         proc.wait(timeout=WAIT)
 
 
+@pytest.fixture(scope="module")
+def inside_text(target, tmp_path_factory):
+    """dump_all()'s text, written by the target while its greenlets were parked as they are now."""
+    proc, _ = target
+    oracle = next(p for p in proc.args if str(p).endswith("oracle.json"))
+    with open(f"{oracle}.text") as f:
+        return f.read()
+
+
 def run_dump(*args):
     done = subprocess.run([sys.executable, "-m", "btcore", "dump", *args], capture_output=True, text=True,
                           timeout=WAIT, cwd="/")
@@ -75,17 +84,21 @@ def comparable(frames):
 
 
 def greenlets_of(doc):
-    """{address (hex): comparable frames} of the dump's suspended greenlets."""
-    out = {}
-    for stack in doc["stacks"]:
-        for member in stack["members"] if stack["kind"] == "greenlet" else ():
-            out[hex(member["address"])] = comparable(stack["frames"])
-    return out
+    """{address (hex): comparable frames} of the dump's suspended greenlets (the JSON schema of dump_all: each
+    greenlet names its stack; an outside dump's ids are the target's addresses)."""
+    stacks = {s["id"]: s for s in doc["stacks"]}
+    return {hex(g["id"]): comparable(stacks[g["stack"]]["frames"]) for g in doc["greenlets"]
+            if g["state"] == "suspended"}
+
+
+def thread_stacks(doc):
+    """The running stacks of the dump's threads."""
+    running = {g["stack"] for g in doc["greenlets"] if g["state"] == "running"}
+    return [s for s in doc["stacks"] if s["id"] in running]
 
 
 def spinner_stack(doc):
-    threads = [s for s in doc["stacks"] if s["kind"] == "thread"]
-    return next(s for s in threads if any(f["function"] == "btfix_spin" for f in s["frames"]))
+    return next(s for s in thread_stacks(doc) if any(f["function"] == "btfix_spin" for f in s["frames"]))
 
 
 def check_against_oracle(doc, oracle):
@@ -172,6 +185,43 @@ def test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage():
         memory.close()
 
 
+def suspended_groups(text):
+    """Sorted (count, body) of the text dump's groups of suspended greenlets, header lines aside: their
+    frames as printed (folded), not the names or threads of their members (names are not read from outside)."""
+    import re
+    groups = []
+    for section in text.split("\n=== stack ")[1:]:
+        lines = section.split("\n=== thread ")[0].rstrip("\n").split("\n")   # the tree follows the last group
+        head = re.fullmatch(r"\d+: (\d+) greenlets?, suspended ===", lines[0])
+        body = [ln for ln in lines[1:] if not ln.startswith(("  e.g. ", "  thread: ", "  threads: ", "  last ran"))]
+        if head:
+            groups.append((int(head.group(1)), "\n".join(body)))
+    return sorted(groups)
+
+
+def test_outside_text_equals_dump_all_inside(target, inside_text):
+    # guards: one back half: the outside dump's stacks are Backtraces grouped, folded and printed by dump.py,
+    # so every group of suspended greenlets (in Python, in a C callback, in socket recv, in Cython) reads as
+    # dump_all() printed it inside the target, frame for frame, folded lines included.
+    proc, _ = target
+    outside = suspended_groups(run_dump(str(proc.pid)))
+    inside = suspended_groups(inside_text)
+    assert len(inside) >= 5 and sum(count for count, _ in inside) >= 7, inside_text
+    assert any("... " in body and "interpreter frame" in body for _, body in inside), "nothing folded inside"
+    assert outside == inside
+
+
+def test_outside_html_is_write_htmls_page(target):
+    # guards: --format html is the page write_html() writes (btcore/html.py), with the target's document.
+    proc, _ = target
+    page = run_dump("--format", "html", str(proc.pid))
+    import re
+    doc = json.loads(re.search(r'<script type="application/json" id="btcore-data">(.*?)</script>', page,
+                               re.S).group(1))
+    assert doc["version"] == 2 and doc["pid"] == proc.pid and doc["source"] == f"process {proc.pid}"
+    assert "greenlet_rows" in doc and any(f.get("folded") for s in doc["stacks"] for f in s["frames"])
+
+
 def test_live_dump_shows_the_thread_stuck_in_c_with_the_gil(target):
     # guards: a thread spinning in C is walked from its registers through C into Python.
     proc, _ = target
@@ -184,6 +234,7 @@ def test_text_dump_groups_the_identical_greenlets(target):
     # guards: the text view groups greenlets with identical stacks, like dump_all.
     proc, _ = target
     text = run_dump(str(proc.pid))
+    assert text.startswith(f"Process dump, process {proc.pid}: ")   # what the crash report's helper part says
     assert "=== stack " in text and "2 greenlets, suspended" in text   # wait_in_python(3) twice
     assert "in wait_in_c_callback" in text and "btfix::Walker<int>::descend(int)" in text
 
@@ -192,7 +243,7 @@ def test_no_native_and_threads_only(target):
     # guards: --no-native drops every native frame; --threads-only lists no greenlet.
     proc, _ = target
     doc = json.loads(run_dump("--json", "--no-native", "--threads-only", str(proc.pid)))
-    assert all(s["kind"] == "thread" for s in doc["stacks"])
+    assert doc["stacks"] and thread_stacks(doc) == doc["stacks"]
     assert all(f["kind"] == "python" for s in doc["stacks"] for f in s["frames"])
     assert any(f["function"] == "Thread.run" for s in doc["stacks"] for f in s["frames"])
 
@@ -452,9 +503,10 @@ def test_a_target_on_another_cpython_is_read_through_its_debug_offsets(version):
     # guards: a 3.13-3.15 target (in a chroot: its files named from the host) gives its threads' Python frames,
     # read through the _Py_DebugOffsets in its _PyRuntime, equal to what it sees of itself, merged in place.
     proc, oracle, doc = dump_in_chroot(sid_python(version, f"/usr/bin/python{version}"), OTHER_TARGET)
-    threads = [s for s in doc["stacks"] if s["kind"] == "thread"]
+    threads = thread_stacks(doc)
     assert len(threads) == 2
-    main = next(s for s in threads if s["members"][0]["tid"] == proc.pid)
+    main_stack = next(g["stack"] for g in doc["greenlets"] if g["name"] == f"Thread {proc.pid} (main thread)")
+    main = next(s for s in threads if s["id"] == main_stack)
     python = [[f["function"], f["line"]] for f in main["frames"] if f["kind"] == "python"]
     assert python == oracle
     other = next(s for s in threads if s is not main)

@@ -68,12 +68,34 @@ static bool take_python(sink *s, const btc_pyframe *pf, int flags, bool emit_it,
     return true;
 }
 
+/* Where the merge takes Python frames from: this process's chain, read as
+ * the merge goes (live), or frames another process's walker read already
+ * (native/remote/: their code objects are the target's addresses, never
+ * dereferenced here, since the sink then takes no references). */
+typedef struct {
+    btc_pycursor *live;
+    const btc_pyframe *frames;
+    int n, at;
+} py_source;
+
+static bool py_stopped(const py_source *src)
+{
+    return src->live && src->live->stopped;
+}
+
 /* btc_py_next, ending the chain after the cursor's stop frame, if any
  * (a spawn site of an asyncio task ends at the creating task's bottom).
  * On 3.12+ the cursor may step over a shim frame first: the stop is then
  * not seen, and the site goes on to the thread's bottom. */
-static bool py_next(btc_pycursor *py, btc_pyframe *pf)
+static bool py_next(py_source *src, btc_pyframe *pf)
 {
+    btc_pycursor *py = src->live;
+    if (!py) {
+        if (src->at == src->n)
+            return false;
+        *pf = src->frames[src->at++];
+        return true;
+    }
     const void *at = py->frame;
     if (!btc_py_next(py, pf))
         return false;
@@ -86,7 +108,7 @@ static bool py_next(btc_pycursor *py, btc_pyframe *pf)
 
 /* The Python frames one eval-loop call runs: up to and including its entry
  * frame.  Returns how many frames the chain gave (0: chain exhausted). */
-static int take_eval_call(sink *s, btc_pycursor *py, bool emit_it, int *users)
+static int take_eval_call(sink *s, py_source *py, bool emit_it, int *users)
 {
     btc_pyframe pf;
     int taken = 0;
@@ -98,7 +120,7 @@ static int take_eval_call(sink *s, btc_pycursor *py, bool emit_it, int *users)
     return taken;
 }
 
-static void emit_rest(sink *s, btc_pycursor *py, int flags)
+static void emit_rest(sink *s, py_source *py, int flags)
 {
     btc_pyframe pf;
     int users = 0;
@@ -114,7 +136,16 @@ typedef struct {
     bool complete;     /* the walk reached its natural end, not our buffer's */
     bool own_first;    /* the innermost frames are btcore's own: drop them (see merge) */
     bool greenlet;     /* a greenlet's stack: mark (or hide) greenlet's own frames */
+    uintptr_t internal_lo, internal_hi;   /* another process's greenlet module (0, 0: this process's) */
 } native_walk;
+
+/* Is the code at pc greenlet's own switching machinery? */
+static bool internal(const native_walk *w, uintptr_t pc)
+{
+    if (w->internal_hi)
+        return pc >= w->internal_lo && pc < w->internal_hi;
+    return btc_greenlet_internal(pc);
+}
 
 /* A capture made from inside btcore's greenlet-creation hook (spawn.c): the
  * innermost native frames are btcore's own (the hook, this capture); drop
@@ -134,9 +165,9 @@ static int drop_own_module(const native_walk *w)
 static int hide_greenlet_internals(native_walk *w)
 {
     int first = 0;
-    while (first < w->n && btc_greenlet_internal(w->nat[first].pc - !w->nat[first].exact))
+    while (first < w->n && internal(w, w->nat[first].pc - !w->nat[first].exact))
         first++;
-    while (w->complete && w->n > first && btc_greenlet_internal(w->nat[w->n - 1].pc - 1))
+    while (w->complete && w->n > first && internal(w, w->nat[w->n - 1].pc - 1))
         w->n--;
     return first;
 }
@@ -150,7 +181,7 @@ static int copy_plain_natives(sink *s, const native_walk *w, int i)
     int k = 0, room = s->max - s->n;
     btc_frame *out = s->out + s->n;
     for (const btc_native_frame *f = &w->nat[i]; i + k < w->n && k < room; f++, k++) {
-        if (f->eval | f->exact | f->signal || (w->greenlet && btc_greenlet_internal(f->pc - 1)))
+        if (f->eval | f->exact | f->signal || (w->greenlet && internal(w, f->pc - 1)))
             break;
         out[k] = (btc_frame){.addr = f->pc, .lasti = -1, .kind = BTC_KIND_NATIVE};
     }
@@ -162,7 +193,7 @@ static int copy_plain_natives(sink *s, const native_walk *w, int i)
  * of the calling thread starts inside btcore: its native frames (the C core,
  * the call into it) and its skip_python Python frames are dropped, up to the
  * first eval-loop call that runs a frame of the user's. */
-static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
+static void merge(sink *s, const native_walk *w, py_source *py, int want)
 {
     bool want_py = want & BTC_WANT_PYTHON, want_native = want & BTC_WANT_NATIVE;
     bool own = w->own_first;
@@ -171,7 +202,7 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
             break;
         const btc_native_frame *f = &w->nat[i];
         int flags = (f->exact ? BTC_F_EXACT : 0) | (f->signal ? BTC_F_SIGNAL : 0);
-        if (w->greenlet && btc_greenlet_internal(f->pc - !f->exact))
+        if (w->greenlet && internal(w, f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;
         if (f->eval) {   /* the walker's btc_in_eval_loop(), cached per pc */
@@ -188,7 +219,7 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
         } else if (want_native && !own) {
             ok = emit(s, f->pc, -1, BTC_KIND_NATIVE, flags);
         }
-        if (!ok || s->truncated || py->stopped)   /* stopped: the eval-loop call running the stop frame */
+        if (!ok || s->truncated || py_stopped(py))   /* stopped: the eval-loop call running the stop frame */
             return;
     }
     if (!w->complete)
@@ -197,7 +228,7 @@ static void merge(sink *s, const native_walk *w, btc_pycursor *py, int want)
         emit_rest(s, py, BTC_F_UNMERGED);
 }
 
-static void python_only(sink *s, btc_pycursor *py)
+static void python_only(sink *s, py_source *py)
 {
     emit_rest(s, py, 0);
 }
@@ -208,12 +239,10 @@ static void python_only(sink *s, btc_pycursor *py)
 /* Native frames a walk may need beyond the output's size: btcore's own. */
 #define OWN_NATIVE_FRAMES 32
 
-/* Merge the walk nat[0..n) (of a buffer of max) with py's frames. */
-static void merge_walked(btc_pycursor *py, sink *s, int want, bool own_first, bool greenlet,
-                         btc_native_frame *nat, int n, int max)
+/* Merge the walk w (w->nat: all the walk gave) with py's frames. */
+static void merge_walk(py_source *py, sink *s, int want, native_walk w)
 {
-    native_walk w = {.nat = nat, .n = n, .complete = n < max, .own_first = own_first, .greenlet = greenlet};
-    if (greenlet && !(want & BTC_WANT_INTERNALS)) {
+    if (w.greenlet && !(want & BTC_WANT_INTERNALS)) {
         int hidden = hide_greenlet_internals(&w);
         w.nat += hidden;
         w.n -= hidden;
@@ -226,11 +255,21 @@ static void merge_walked(btc_pycursor *py, sink *s, int want, bool own_first, bo
     merge(s, &w, py, want);
 }
 
+/* Merge the walk nat[0..n) (of a buffer of max) with py's frames. */
+static void merge_walked(btc_pycursor *py, sink *s, int want, bool own_first, bool greenlet,
+                         btc_native_frame *nat, int n, int max)
+{
+    py_source src = {.live = py};
+    merge_walk(&src, s, want, (native_walk){.nat = nat, .n = n, .complete = n < max, .own_first = own_first,
+                                            .greenlet = greenlet});
+}
+
 static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
                    bool greenlet)
 {
     if (!(want & BTC_WANT_NATIVE)) {
-        python_only(s, py);
+        py_source src = {.live = py};
+        python_only(s, &src);
         return 0;
     }
     if (!BTC_ARCH_SUPPORTED)
@@ -269,7 +308,8 @@ int btc_capture_interrupted(btc_raw_capture *c, const btc_context *ctx, btc_pycu
 void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py)
 {
     sink s = {.out = c->frames, .max = c->max};
-    python_only(&s, py);
+    py_source src = {.live = py};
+    python_only(&s, &src);
     c->n = s.n;
     c->truncated = s.truncated;
 }
@@ -513,4 +553,20 @@ bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c)
     size_t size = (size_t)c->n * sizeof(btc_frame);
     return raw && PyByteArray_CheckExact(raw) && (size_t)PyByteArray_GET_SIZE(raw) == size &&
            (truncated == Py_True) == c->truncated && memcmp(PyByteArray_AS_STRING(raw), c->frames, size) == 0;
+}
+
+/* ---- another process's stacks (native/remote/rstacks.c) ---- */
+
+int btc_merge_frames(const btc_merge_input *in, btc_frame *out, int max, bool *truncated)
+{
+    sink s = {.out = out, .max = max};
+    py_source src = {.frames = in->py, .n = in->npy};
+    if (!(in->want & BTC_WANT_NATIVE))
+        python_only(&s, &src);
+    else
+        merge_walk(&src, &s, in->want,
+                   (native_walk){.nat = in->nat, .n = in->n, .complete = in->complete, .greenlet = in->greenlet,
+                                 .internal_lo = in->internal_lo, .internal_hi = in->internal_hi});
+    *truncated = s.truncated;
+    return s.n;
 }

@@ -52,4 +52,23 @@ PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, in
 /* Does the btcore.Backtrace bt hold exactly c's frames (and truncation)? */
 bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c);
 
+/* ---- another process's stacks (native/remote/rstacks.c) ---- */
+
+/* A walk and Python frames read already, from another process: the merge
+ * collect() makes, with the frames' eval flags set by the caller (the
+ * target's eval loop) and greenlet's module given as a range. */
+typedef struct {
+    btc_native_frame *nat;
+    int n;
+    bool complete;                        /* the walk ended by itself, not at its buffer's end */
+    bool greenlet;                        /* a suspended greenlet: greenlet's frames hidden */
+    uintptr_t internal_lo, internal_hi;   /* the target's greenlet module */
+    const btc_pyframe *py;                /* code: the target's address (never dereferenced) */
+    int npy;
+    int want;                             /* BTC_WANT_NATIVE | BTC_WANT_PYTHON */
+} btc_merge_input;
+/* The merged records (at most max) into out; how many.  No reference is
+ * taken, nothing is dereferenced but in's arrays. */
+int btc_merge_frames(const btc_merge_input *in, btc_frame *out, int max, bool *truncated);
+
 #endif

@@ -24,12 +24,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capture/capture.h"
 #include "capture/cpython/pyframes.h"
 #include "capture/evalloop.h"
 #include "capture/greenlet_context.h"
 #include "capture/modules.h"
 #include "capture/unwind.h"
 #include "common/array.h"
+#include "common/errors.h"
 #include "common/search.h"
 #include "remote/rmem.h"
 #include "symbols/elf.h"
@@ -266,26 +268,86 @@ static const btc_cfi_row *find_row(const btc_row_source *src, uintptr_t pc, bool
 
 /* ---- the walk ---- */
 
-int btc_remote_unwind(btc_rmodules *s, const uintptr_t *regs, int exact, uintptr_t lo, uintptr_t hi,
-                      const uint8_t *copy, uintptr_t last_cfa, const uintptr_t *end_lo,
-                      const uintptr_t *end_hi, int nend, uintptr_t *pcs, int max)
+_Static_assert(BTC_REMOTE_MAX_FRAMES == BTC_REMOTE_MAX_NATIVE + BTC_REMOTE_MAX_PYFRAMES, "btcore_api.h's sum");
+
+static bool copied_word(const btc_remote_stack *st, int32_t at, uintptr_t *out)
 {
-    btc_context ctx = {
-        .regs = {regs[0], regs[1], regs[2], regs[3]},
-        .ip_is_exact = exact,
-        .mem = {.lo = lo, .hi = hi, .spill_lo = lo, .spill_hi = hi, .spill = copy},
-        .last_cfa = last_cfa,
-        .rows = &s->source,
-    };
-    for (; ctx.nend < nend && ctx.nend < 2; ctx.nend++) {
-        ctx.end_lo[ctx.nend] = end_lo[ctx.nend];
-        ctx.end_hi[ctx.nend] = end_hi[ctx.nend];
+    if (at < 0 || (uint64_t)at + sizeof *out > st->size)
+        return false;
+    memcpy(out, st->copy + at, sizeof *out);
+    return true;
+}
+
+/* A suspended greenlet resumes in slp_switch, whose saved rbp and rbx lie
+ * in its copy at the slots read from greenlet's code (x86-64's registers:
+ * process.py refuses other machines). */
+static bool greenlet_regs(const btc_remote_target *t, btc_remote_stack *st)
+{
+    st->regs[0] = t->resume_pc;
+    st->regs[1] = st->lo;
+    return copied_word(st, t->bp_slot, &st->regs[2]) && copied_word(st, t->bx_slot, &st->regs[3]);
+}
+
+/* One stack of the target: walked over its copy, its frames marked as the
+ * in-process walk marks them (the target's eval loop, greenlet's module),
+ * then merged with its Python frames by collect()'s merge (capture.c). */
+static int remote_stack(btc_rmodules *s, const btc_remote_target *t, btc_remote_stack *st, btc_pyframe *py,
+                        btc_frame *out, int max)
+{
+    btc_native_frame nat[BTC_REMOTE_MAX_NATIVE];
+    int n = 0, npy = st->npy < BTC_REMOTE_MAX_PYFRAMES ? st->npy : BTC_REMOTE_MAX_PYFRAMES;
+    st->unwalked = st->greenlet && st->size && !greenlet_regs(t, st);
+    if (st->size && !st->unwalked && (t->want & BTC_WANT_NATIVE)) {
+        btc_context ctx = {
+            .regs = {st->regs[0], st->regs[1], st->regs[2], st->regs[3]},
+            .ip_is_exact = !st->greenlet,   /* a thread stopped at its pc; a greenlet at a return address */
+            .mem = {.lo = st->lo, .hi = st->lo + st->size, .spill_lo = st->lo, .spill_hi = st->lo + st->size,
+                    .spill = st->copy},
+            .last_cfa = st->last_cfa,
+            .rows = &s->source,
+        };
+        for (; !st->greenlet && ctx.nend < t->nstub; ctx.nend++) {   /* a thread's stack ends at greenlet's stub */
+            ctx.end_lo[ctx.nend] = t->stub_lo[ctx.nend];
+            ctx.end_hi[ctx.nend] = t->stub_hi[ctx.nend];
+        }
+        n = btc_unwind(&ctx, nat, BTC_REMOTE_MAX_NATIVE);
+        for (int i = 0; i < n; i++) {
+            uintptr_t at = nat[i].pc - !nat[i].exact;
+            nat[i].eval = false;
+            for (int k = 0; k < t->neval && !nat[i].eval; k++)
+                nat[i].eval = at >= t->eval_lo[k] && at < t->eval_hi[k];
+        }
     }
-    btc_native_frame frames[256];
-    int n = btc_unwind(&ctx, frames, max < 256 ? max : 256);
-    for (int i = 0; i < n; i++)
-        pcs[i] = frames[i].pc;
-    return n;
+    st->cut = 0;
+    if (npy > 0 && st->py[npy - 1].code == 0)   /* a chain cut short: the last frame says why */
+        st->cut = st->py[--npy].lasti;
+    for (int i = 0; i < npy; i++)
+        py[i] = (btc_pyframe){.code = (PyObject *)st->py[i].code, .lasti = st->py[i].lasti,
+                              .entry = st->py[i].entry};
+    btc_merge_input in = {.nat = nat, .n = n, .complete = n < BTC_REMOTE_MAX_NATIVE, .greenlet = st->greenlet,
+                          /* [0, 1) when the target has no greenlet: nothing is
+                           * greenlet's, and this process's greenlet is not asked */
+                          .internal_lo = t->greenlet_lo, .internal_hi = t->greenlet_hi ? t->greenlet_hi : 1,
+                          .py = py, .npy = npy, .want = t->want};
+    bool truncated;
+    st->n = btc_merge_frames(&in, out, max, &truncated);
+    st->truncated = truncated || npy < st->npy - (st->cut != 0);
+    return st->n;
+}
+
+int btc_remote_stacks(btc_rmodules *s, const btc_remote_target *t, btc_remote_stack *stacks, int n,
+                      btc_frame *out, int max)
+{
+    int done = 0, used = 0, each = t->capacity < BTC_REMOTE_MAX_FRAMES ? t->capacity : BTC_REMOTE_MAX_FRAMES;
+    btc_pyframe *py = malloc(BTC_REMOTE_MAX_PYFRAMES * sizeof *py);   /* ~100 KiB: not on the stack */
+    if (!py)
+        return btc_fail(BTC_E_NOMEMORY, "out of memory");
+    for (; done < n && max - used >= each; done++) {
+        stacks[done].at = used;
+        used += remote_stack(s, t, &stacks[done], py, out + used, each);
+    }
+    free(py);
+    return done;
 }
 
 /* ---- greenlet's switching code, read from its file ---- */

@@ -136,7 +136,10 @@ def _add_dump_parser(sub) -> None:
     p.add_argument("pid", nargs="?", type=int, help="the process to dump (stopped only while its state is copied)")
     p.add_argument("--core", help="dump this core file (gcore makes one) instead of a live process")
     p.add_argument("--exe", help="the executable that made the core file (checked against its mapped files)")
-    p.add_argument("--json", action="store_true", help="JSON instead of text")
+    p.add_argument("--json", action="store_true", help="JSON instead of text (--format json)")
+    p.add_argument("--format", choices=("text", "json", "html"), default="text",
+                   help="text, JSON (the schema of dump_all(format='json')) or the HTML page of write_html() "
+                   "(default text)")
     p.add_argument("--no-native", action="store_true", help="Python frames only")
     p.add_argument("--threads-only", action="store_true", help="running stacks only, no suspended greenlets")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each thread to stop (default 5)")
@@ -192,7 +195,7 @@ def dump_command(args, parser) -> int:
         parser.error("dump: give a PID or --core CORE (not both)")
     from .process import DumpError, dump_process
     try:
-        dump_process(args.pid, core=args.core, exe=args.exe, format="json" if args.json else "text",
+        dump_process(args.pid, core=args.core, exe=args.exe, format="json" if args.json else args.format,
                      native=not args.no_native, threads_only=args.threads_only, timeout=args.timeout)
     except DumpError as e:
         print(f"btcore dump: {e}", file=sys.stderr)

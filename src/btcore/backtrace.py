@@ -11,6 +11,7 @@ from .fold import fold
 from .frame import Frame
 from .errors import BacktraceError
 from .greenlets import CURRENT, NOTHING, describe, target_of
+from . import resolve
 from .resolve import resolve_native, resolve_python
 
 DEFAULT_CAPACITY = lib.BTC_DEFAULT_CAPACITY
@@ -63,6 +64,9 @@ class Backtrace:
     # _labels: {raw index of a join: header line} for joins that have their
     # own header (spawn_backtrace's "spawned by ...").
     __slots__ = ("_raw", "_refs", "_capacity", "truncated", "_target", "_labels", "__weakref__")
+    # Where its records are named (module keys, Python lines): this process.
+    # A backtrace of another process has its own (btcore/process.py).
+    _space = resolve
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         """An empty backtrace, e.g. to append() others into."""

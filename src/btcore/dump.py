@@ -7,20 +7,19 @@ import json
 import os
 import signal
 import sys
-import time
 from collections import Counter
 from functools import partial
 
 import greenlet
 
-from . import dumpwriter, resolve
+from . import dumpwriter, resolve, schema
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
-from .resolve import F_EXACT, interpreter_module_id, module_key, resolve_python
+from .resolve import F_EXACT
 from .greenlets import layout_known
 from .introspect import _base_dead, _name_of, snapshot
 from .watchdog import _install_stuck_dump, _uninstall_stuck_dump
 
-JSON_VERSION = 1
+JSON_VERSION = schema.VERSION
 _MAX_NAMES = 3        # greenlet names listed in a group's header
 _WIDTH = 80           # columns the dump's own lines keep to
 _MAX_INDENT = 16      # tree levels drawn; deeper ones are shown with their depth
@@ -45,7 +44,7 @@ class _Group:
         return self.infos[0]
 
 
-def _stack_key(bt, interpreter: int, memo: dict):
+def _stack_key(bt, memo: dict):
     """What makes two stacks the same stack to a reader: their Python frames
     by code and line, and every native frame outside the interpreter's own
     code.  Left out: the interpreter's frames and instruction offsets, since
@@ -53,30 +52,32 @@ def _stack_key(bt, interpreter: int, memo: dict):
     offset in its frame, when it calls out to C, or before and after the
     interpreter specialises it (3.12+; 3.15's first runs), which would split
     one stack in two.  memo: raw bytes -> key (a dump sees the same raw
-    stacks again and again)."""
+    stacks again and again).  Names come from where bt's records were
+    captured (bt._space: this process's resolve module, or another
+    process's names: btcore/process.py)."""
     if bt is None:
         return None
     raw = bytes(bt._raw)
     key = memo.get(raw)
     if key is None:
-        codes, key = iter(bt._refs), []
+        space, codes, key = bt._space, iter(bt._refs), []
+        interpreter = space.interpreter_module_id()
         for addr, lasti, kind, flags, _ in RECORD.iter_unpack(raw):
             if kind == KIND_NATIVE:
-                if module_key(addr, bool(flags & F_EXACT))[0] not in (interpreter, 0):
+                if space.module_key(addr, bool(flags & F_EXACT))[0] not in (interpreter, 0):
                     key.append(addr)
                 continue
             ref = next(codes)   # every other record holds a reference, in order
-            key.append((addr, resolve_python(ref, lasti)[0].line) if kind == KIND_PYTHON else (addr, lasti))
+            key.append((addr, space.resolve_python(ref, lasti)[0].line) if kind == KIND_PYTHON else (addr, lasti))
         key = memo[raw] = tuple(key)
     return key, bt.truncated
 
 
 def _group(infos, group: bool) -> list:
     """Groups, largest first (ties: in snapshot order); one per greenlet if not group."""
-    groups = {}
-    interpreter, memo = interpreter_module_id(), {}
+    groups, memo = {}, {}
     for info in infos:
-        key = ((_stack_key(info.backtrace, interpreter, memo), info.python_only, info.error)
+        key = ((_stack_key(info.backtrace, memo), info.python_only, info.error)
                if group else id(info))
         if key not in groups:
             groups[key] = _Group(len(groups))
@@ -85,7 +86,7 @@ def _group(infos, group: bool) -> list:
     site_keys = {}
     for number, g in enumerate(ordered, 1):
         g.number = number
-        g.sites = _spawn_sites(g.infos, lambda site: _site_key(site, site_keys, interpreter, memo))
+        g.sites = _spawn_sites(g.infos, lambda site: _site_key(site, site_keys, memo))
     return ordered
 
 
@@ -146,12 +147,12 @@ def _spawn_sites(infos, site_key) -> list:
     return sorted(sites.values(), key=lambda site: -site.count)
 
 
-def _site_key(site, site_keys: dict, interpreter: int, memo: dict):
+def _site_key(site, site_keys: dict, memo: dict):
     """_stack_key of an interned site, once per site object (the chains of a
     dump share their sites; a snapshot keeps them alive, so ids are stable)."""
     key = site_keys.get(id(site))
     if key is None:
-        key = site_keys[id(site)] = _stack_key(site, interpreter, memo)
+        key = site_keys[id(site)] = _stack_key(site, memo)
     return key
 
 
@@ -307,11 +308,13 @@ def _node_label(info, stack_of, depth) -> str:
     return f"{info.name}{deep}  {info.state}  [{where}{extra}]"
 
 
-def _text(infos, group: bool, tree: bool, stack_text) -> str:
+def _text(infos, group: bool, tree: bool, stack_text, title=None, tail="", notes=()) -> str:
+    """title: whose dump (default: this process's); tail: the end of the first line; notes: lines after it."""
     groups = _group(infos, group)
     threads = {info.thread_id for info in infos}
-    out = [f"Greenlet dump, pid {os.getpid()}: {_counted(infos)} in {len(threads)} "
-           f"thread{'s' if len(threads) != 1 else ''}, {len(groups)} distinct stacks"]
+    out = [f"{title or f'Greenlet dump, pid {os.getpid()}'}: {_counted(infos)} in {len(threads)} "
+           f"thread{'s' if len(threads) != 1 else ''}, {len(groups)} distinct stacks{tail}"]
+    out.extend(f"note: {note}" for note in notes)
     out.extend("\n" + _group_text(g, group, stack_text) for g in groups)
     if tree:
         stack_of = {id(info.greenlet): g.number for g in groups for info in g.infos}
@@ -331,21 +334,19 @@ def _json(infos, group: bool) -> str:
     return json.dumps(_json_doc(infos, group), indent=1) + "\n"
 
 
-def _json_doc(infos, group: bool, frames_json=_frames_json) -> dict:
-    """The JSON schema's document; frames_json(bt) renders a stack's frames
-    (the HTML page adds fields to them)."""
+def _json_doc(infos, group: bool, frames_json=_frames_json, pid=None, **more) -> dict:
+    """The JSON schema's document (btcore/schema.py); frames_json(bt) renders
+    a stack's frames (the HTML page adds fields to them); pid, more: another
+    process's dump (schema.document)."""
     groups = _group(infos, group)
     stack_of = {id(info.greenlet): g.number for g in groups for info in g.infos}
     threads = Counter((info.thread_id, info.thread_name) for info in infos)
-    return {
-        "version": JSON_VERSION,
-        "pid": os.getpid(),
-        "time": time.time(),
-        "threads": [{"id": ident, "name": name, "greenlets": n} for (ident, name), n in threads.items()],
-        "stacks": [_stack_json(g, frames_json) for g in groups],
-        "greenlets": [_greenlet_json(info, stack_of) for info in infos],
-        "tasks": [_task_json(info) for info in infos if _is_task(info)],
-    }
+    return schema.document(
+        os.getpid() if pid is None else pid,
+        [{"id": ident, "name": name, "greenlets": n} for (ident, name), n in threads.items()],
+        [_stack_json(g, frames_json) for g in groups],
+        [_greenlet_json(info, stack_of) for info in infos],
+        [_task_json(info) for info in infos if _is_task(info)], **more)
 
 
 def _stack_json(group: _Group, frames_json) -> dict:
@@ -373,16 +374,15 @@ def _site_json(site: _Site, frames_json) -> dict:
 
 
 def _greenlet_json(info, stack_of) -> dict:
-    kind = type(info.greenlet)
     return {
-        "id": id(info.greenlet),
+        "id": schema.greenlet_id(info.greenlet),
         "name": info.name,
-        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "type": schema.greenlet_type(info.greenlet),
         "thread_id": info.thread_id,
         "state": info.state,
-        "parent": id(info.parent) if info.parent is not None else None,
-        "spawned_by": id(info.spawned_by) if info.spawned_by is not None else None,
-        "under": id(info.under) if info.under is not None else None,
+        "parent": schema.greenlet_id(info.parent),
+        "spawned_by": schema.greenlet_id(info.spawned_by),
+        "under": schema.greenlet_id(info.under),
         "stack": stack_of[id(info.greenlet)],
         "error": info.error,
         "last_ran": info.last_ran,
@@ -572,12 +572,19 @@ def _capture() -> list:
     middle of the capture, and the loop would wait for both at once (the
     first dump of a process: ~70 -> ~50 ms with 2,000 greenlets,
     benchmarks/bench_signal_dump.py).  The collection runs later, apart."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with GCHeld():   # a with block, not a call: the capture's frames stay as introspect.py trims them
         return snapshot()
-    finally:
-        if enabled:
+
+
+class GCHeld:
+    """The cyclic GC held off in a with block (see _capture)."""
+
+    def __enter__(self):
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc):
+        if self.enabled:
             gc.enable()
 
 

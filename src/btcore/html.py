@@ -3,7 +3,7 @@
 The page is btcore/page.html (inline CSS and JS, no network: its
 Content-Security-Policy forbids any fetch) with the dump's JSON document
 embedded in a <script type="application/json"> element.  The document is
-JSON schema v1 plus fields the page needs (docs/api.md): per frame,
+JSON schema v2 (btcore/schema.py) plus fields the page needs (docs/api.md): per frame,
 "folded" (hidden in the readable view) and "source" (a Python frame's
 source line); "hubs", the ids of gevent hubs; and "greenlets" is written
 as a table (_as_rows) to keep 10 000 greenlets under 2 MB.  Every "<", ">" and "&" in
@@ -27,11 +27,12 @@ _DATA_MARK = "{{BTCORE_DATA}}"
 _SCRIPT_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
 
 
-def page(infos=None) -> str:
-    """The HTML page of infos (default: a new snapshot()), as a string."""
+def page(infos=None, **more) -> str:
+    """The HTML page of infos (default: a new snapshot()), as a string;
+    more: another process's dump (dump._json_doc)."""
     if infos is None:
         infos = snapshot()
-    doc = _as_rows(_json_doc(infos, True, _page_frames_json))
+    doc = _as_rows(_json_doc(infos, True, _page_frames_json, **more))
     doc["hubs"] = [id(info.greenlet) for info in infos if _is_hub(info.greenlet)]
     return embed("page.html", doc)
 

@@ -425,7 +425,7 @@ def snapshot(*, pause=None) -> list[GreenletInfo]:
         infos.extend(tasks.task_infos(threads))
     mine = current_ident()
     infos.sort(key=lambda info: (info.thread_id != mine, info.thread_id is None, info.thread_id or 0))
-    _place_in_tree(infos)
+    place_in_tree(infos)
     if tasks is not None:
         tasks.place_tasks(infos)
     _name_scheduled_green_threads(infos)
@@ -444,7 +444,7 @@ def _asyncio_tasks():
     return tasks
 
 
-def _place_in_tree(infos) -> None:
+def place_in_tree(infos) -> None:
     """Set each info's `under`: its spawner if alive and in its thread, else
     its parent; never eventlet's hub (the parent of every green thread: the
     tree would put all of them under it, whoever spawned them)."""

@@ -240,7 +240,7 @@ class GreenletCopy:
     saved: int
     spill: memoryview | None    # [start, start + saved), from greenlet's heap copy (None: unreadable or not
                                 # copied): a view of the dump's one buffer
-    pyframes: list
+    pyframes: memoryview        # its Python frames: btc_remote_pyframe records, innermost first
     main: bool
     error: str | None = None    # why its state could not be used (a corrupt target)
 
@@ -498,13 +498,14 @@ def greenlet_copies(target: Target, copied: list) -> list:
     stopped (unpacked after it runs again: this is Python work)."""
     out, seen = [], set()
     for states, spill, frames in copied:
-        frames = list(_PYFRAME.iter_unpack(frames))
+        frames = memoryview(frames)
         spill = memoryview(spill)   # each greenlet's part: a view, not a copy
+        size = _PYFRAME.size
         for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, bad in _GREENLET.iter_unpack(states):
             if g in seen:   # a corrupt gc list may lead through objects twice
                 continue
             seen.add(g)
-            pyframes = [(code, lasti, bool(entry)) for code, lasti, entry in frames[frames_at: frames_at + nframes]]
+            pyframes = frames[frames_at * size: (frames_at + nframes) * size]   # merged in C (process.py)
             out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
                                     spill[spill_at: spill_at + saved] if ok else None, pyframes,
                                     stop == _MAIN_STACK_STOP, _BAD.get(bad)))

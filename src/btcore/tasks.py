@@ -284,7 +284,7 @@ def _track(info: TaskInfo) -> None:
 
 def place_tasks(infos) -> None:
     """Draw each task under its first awaiter in the snapshot (the tree of
-    who awaits whom); one that nothing awaits stays where _place_in_tree
+    who awaits whom); one that nothing awaits stays where place_in_tree
     put it (under its creator, with spawn tracking)."""
     present = {id(info.greenlet) for info in infos}
     for info in infos:

@@ -59,7 +59,7 @@ _HEADERS = [
 
 def app(environ, start_response):
     """GET: a new snapshot of every greenlet, as the HTML page (default),
-    ?format=json (schema v1) or ?format=text (dump_all's text)."""
+    ?format=json (schema v2) or ?format=text (dump_all's text)."""
     method = environ.get("REQUEST_METHOD", "GET")
     if method not in ("GET", "HEAD"):
         return _plain(start_response, "405 Method Not Allowed", "GET only\n", [("Allow", "GET, HEAD")])

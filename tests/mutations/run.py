@@ -48,6 +48,22 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = [
+    Mutation("src/btcore/process.py", '        self.state = "running" if stack.kind == "thread" else "suspended"',
+             '        self.state = "suspended"',
+             "tests/test_process_dump.py::test_outside_text_equals_dump_all_inside",
+             "an outside dump shows a thread's running stack as a suspended greenlet, which dump_all() never does"),
+    Mutation("src/btcore/schema.py", "    return g.address if type(g) is RemoteGreenlet else id(g)",
+             "    return id(g)",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "an outside dump's JSON names its greenlets by objects of the dumper, not by their addresses in the target"),
+    Mutation("native/remote/rmodules.c", "                nat[i].eval = at >= t->eval_lo[k] && at < t->eval_hi[k];",
+             "                nat[i].eval = false;",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "no frame of an outside dump is the target's eval loop: the one merge puts no Python frame in its place"),
+    Mutation("native/remote/rmodules.c", "    btc_merge_input in = {.nat = nat, .n = n, .complete = n < BTC_REMOTE_MAX_NATIVE, .greenlet = st->greenlet,",
+             "    btc_merge_input in = {.nat = nat, .n = n, .complete = n < BTC_REMOTE_MAX_NATIVE, .greenlet = false,",
+             "tests/test_process_dump.py::test_live_dump_shows_every_greenlet_as_the_process_itself_does",
+             "an outside dump's greenlets keep greenlet's switching frames, which collect() hides"),
     Mutation("native/remote/rpython.c", "&flag, 1) && flag;", "&flag, 1) && flag == 1;",
              "tests/test_process_dump.py::test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage",
              "3.11's is_entry byte is believed only when it holds 1: a frame read while it changes, holding any "
@@ -283,7 +299,7 @@ MUTATIONS = [
     Mutation("src/btcore/dumpwriter.py", "os.register_at_fork(after_in_child=_restart_in_child)", "pass",
              "tests/test_signal_dump.py::test_fork_child_gets_its_own_writer",
              "a forked child queues its dumps for a writer thread it does not have: they are never written"),
-    Mutation("src/btcore/dump.py", "    gc.disable()\n    try:\n        return snapshot()", "    try:\n        return snapshot()",
+    Mutation("src/btcore/dump.py", "        self.enabled = gc.isenabled()\n        gc.disable()", "        self.enabled = gc.isenabled()",
              "tests/test_signal_dump.py::test_no_collection_during_the_capture_and_gc_state_kept",
              "a collection of the whole heap may run inside the capture: the loop waits for both"),
     Mutation("src/btcore/dumpwriter.py", "atexit.register(drain)", "pass",
