@@ -595,7 +595,9 @@ def test_entry_frames_of_a_target_on_another_cpython_split_the_merge(version):
     # entry) lie between it and its caller, where a walk without entries would merge them together.
     proc, address, doc = dump_in_chroot(sid_python(version, f"/opt/btcore-venv-{version}/bin/python"), ENTRY_TARGET)
     assert not doc["notes"], doc["notes"]
-    main = next(s for s in doc["stacks"] if s["kind"] == "thread" and s["members"][0]["tid"] == proc.pid)
+    stacks_by_id = {s["id"]: s for s in doc["stacks"]}
+    main = next(stacks_by_id[g["stack"]] for g in doc["greenlets"]
+                if g["state"] == "running" and g["name"].startswith(f"Thread {proc.pid} "))
     stacks = {"thread": comparable(main["frames"]), "greenlet": greenlets_of(doc)[address]}
     for kind, frames in stacks.items():
         names = [f[1] if f[0] == "python" else None for f in frames]

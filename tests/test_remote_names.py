@@ -48,7 +48,7 @@ def dump(pid, *args):
 def members(pid) -> dict:
     """{address (hex): member} of the JSON dump's suspended greenlets."""
     doc = json.loads(dump(pid, "--json"))
-    return {hex(m["address"]): m for s in doc["stacks"] if s["kind"] == "greenlet" for m in s["members"]}
+    return {hex(g["id"]): g for g in doc["greenlets"] if g["state"] == "suspended"}
 
 
 def test_outside_names_are_the_in_process_names(target):

@@ -424,15 +424,16 @@ class RemoteInfo:
 
 def _infos(snap: Snapshot, stacks: list) -> list:
     """RemoteInfos of the stacks, their parents and spawners the RemoteGreenlets of this dump (one object
-    per address, so the tree finds them; None where that greenlet is not in the dump), each placed in the
-    tree by the in-process rule."""
+    per address, so the tree finds them; a greenlet not in the dump, the one a thread runs, by its address
+    alone), each placed in the tree by the in-process rule."""
     threads = {t.tid: t for t in snap.threads}
     addresses = [(t.tstate, "thread state") for t in snap.threads] + [(g.address, g.type_name)
                                                                        for g in snap.greenlets]
     infos = [RemoteInfo(s, RemoteGreenlet(*where), threads.get(s.tid)) for s, where in zip(stacks, addresses)]
     by_address = {info.greenlet.address: info.greenlet for info, s in zip(infos, stacks) if s.kind == "greenlet"}
+    known = lambda address: by_address.get(address) or (RemoteGreenlet(address, "greenlet") if address else None)  # noqa: E731
     for info, s in zip(infos, stacks):
-        info.parent, info.spawned_by = by_address.get(s.parent), by_address.get(s.spawned_by)
+        info.parent, info.spawned_by = known(s.parent), known(s.spawned_by)
     place_in_tree(infos)
     return infos
 

@@ -31,7 +31,7 @@ import greenlet
 from . import bounds, greenlet_offsets
 from ._native import ffi, lib
 from .codec import file_build_id
-from .remote import symbol_value
+from .remote import _PYFRAME, symbol_value
 
 MAX_NAME = 200          # characters of a name as shown (an absurd one is cut, with "...")
 MAX_DICT_ENTRIES = 256  # entries of an instance dict looked through
@@ -267,12 +267,15 @@ class Labels:
         digits = struct.unpack_from(f"<{size}I", raw, lay.long_digits)
         return sum(d << (lay.long_shift * i) for i, d in enumerate(digits))
 
-    def _outermost(self, pyframes: list) -> str | None:
+    def _outermost(self, pyframes) -> str | None:
         """The function a plain greenlet runs: its outermost Python frame's
-        (in-process: f_code.co_name of the last f_back)."""
-        if not pyframes or not self._lay:
+        (in-process: f_code.co_name of the last f_back); pyframes: its
+        btc_remote_pyframe records, innermost first (a cut chain ends in a
+        record of code 0)."""
+        records = list(_PYFRAME.iter_unpack(pyframes)) if self._lay else []
+        if not records or not records[-1][0]:   # none, or cut short: its outermost frame is not known
             return None
-        code = pyframes[-1][0]
+        code = records[-1][0]
         read = self._names.code(code)
         if read.error or (read.qualname == "GreenThread.main" and (read.filename or "").endswith(_EVENTLET_MAIN)):
             # not a code object (or unreadable); or eventlet's GreenThread.main, which runs the function
