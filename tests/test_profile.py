@@ -311,8 +311,9 @@ def test_a_greenlet_made_while_sampling_is_found_after_a_collection_moved_it():
     import gc
     profiler = btcore.start_profiler(100)
     try:
-        while profiler.profile.ticks < 2:   # the first tick's full scan is done, the next is >= 1 s away
+        while profiler.profile.ticks < 2:   # the first tick's full scan is done
             gevent.sleep(0.01)
+        profiler._greenlets.next_full_scan = float("inf")   # no other: only the gc callback can find it
         late = gevent.spawn(on_sleep)
         gc.collect()   # moves it out of generation 0 before any tick could see it there (the GIL is held)
         gevent.sleep(0.3)
@@ -320,10 +321,8 @@ def test_a_greenlet_made_while_sampling_is_found_after_a_collection_moved_it():
         profile = btcore.stop_profiler()
         late.kill()
     groups = _by_group(profile.stacks("wall"), 2)
-    # found before the next full scan (>= 1 s after start), so from the gc callback; how soon
-    # after its start depends on when the ticks ran (late ones on a loaded machine: a share
-    # of the sampled time would be a timing test)
-    assert profile.duration < 1.0, profile.duration
+    # found with no full scan after its start, and moved out of generation 0 before any tick's
+    # scan of it: from the gc callback (how soon depends on when the ticks ran: not asserted)
     assert groups.get(("Greenlet (on_sleep)", "parked"), 0) > 0, groups
 
 
@@ -531,8 +530,6 @@ def test_cli_groups_by_spawn_site_with_tracking_turned_on(tmp_path):
     assert (f"spawned at {tmp_path / 'app.py'}:{line} (<module>)",) in groups, groups
 
 
-@pytest.mark.skipif(not conftest.ONLY_311, reason=f"{conftest.ONLY_311_SKIP}: the profiler's duration write "
-                    "(3.13: 'cannot release un-acquired lock' in the sampler)")
 def test_cli_duration_writes_while_the_program_runs_on(tmp_path):
     out = tmp_path / "out.html"
     child = _cli(tmp_path, "-o", str(out), "--duration", "0.2", seconds="1.0")

@@ -368,6 +368,11 @@ class Profiler:
         self.error = None
 
     def start(self) -> None:
+        # What the sampler thread will import, imported here: an import takes the module's
+        # import lock, which gevent's monkey-patching makes a gevent lock (importlib allocates it
+        # from _thread at each import); taken from the sampler, a real thread, the duration's
+        # write failed with gevent's "cannot release un-acquired lock" (3.13, and 3.11 under ASan).
+        from . import profile_formats, threads  # noqa: F401
         if not self.threads_only:
             gc.callbacks.append(self._greenlets.on_gc)
         _original("_thread", "start_new_thread")(self._run, ())

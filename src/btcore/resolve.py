@@ -6,6 +6,7 @@ seen, and kept: a second resolution of the same address reads no ELF data.
 """
 from __future__ import annotations
 
+import ctypes   # here, not where it is used: renderers run in threads of monkey-patched programs (profile.py)
 import errno
 import os
 import stat
@@ -243,7 +244,6 @@ def module_key(pc: int, exact: bool) -> tuple:
 def interpreter_module_id() -> int:
     """The module id of the interpreter's own code (libpython, or the
     python3.X executable it is linked into); 0 if not found."""
-    import ctypes
     return module_key(ctypes.cast(ctypes.pythonapi.Py_Initialize, ctypes.c_void_p).value, True)[0]
 
 
