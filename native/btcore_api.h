@@ -85,6 +85,13 @@ int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end
 /* Why the last btc_collect() on this thread returned an error, in words. */
 const char *btc_last_error(void);
 
+/* ---- asyncio tasks (cpython/asyncio_lists.c) ---- */
+
+/* Put the builtins _asyncio_task_lists(task_type, node_offset) and
+ * _asyncio_layout() into the module namespace dict at `namespace` on
+ * CPython 3.14+ (3.14's per-thread task lists); nothing elsewhere.  0 or -1. */
+int btc_asyncio_install(uintptr_t namespace);
+
 /* ---- spawn tracking (spawn.c) ---- */
 
 /* Remember greenlet's type (id(greenlet.greenlet)) and its original tp_new,
