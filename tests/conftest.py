@@ -237,10 +237,6 @@ def apt_install(tools, packages, skip_prefix):
 # their tests skip elsewhere with this reason, allowed below.
 ONLY_311 = sys.version_info[:2] == (3, 11)
 ONLY_311_SKIP = "CPython 3.11 only so far"
-# asyncio tasks (btcore/tasks.py, spawn tracking of tasks): 3.11-3.13, where
-# every Task registers in asyncio's Python-visible registries (docs/api.md).
-TASKS_SUPPORTED = sys.version_info[:2] <= (3, 15)
-TASKS_SKIP = "asyncio tasks: CPython 3.11-3.13 only so far"
 
 
 # ---- skips: only for a documented reason ----
@@ -320,9 +316,6 @@ ALLOWED_SKIPS = [
     (r"^asyncio\.capture_call_graph is 3\.14\+$",
      "the oracle of the await-chain test is CPython 3.14's own call graph; before 3.14 the same chains are "
      "checked against Task.get_stack() and the awaited functions (tests/test_tasks.py)"),
-    (r"^asyncio tasks: CPython 3\.11-3\.13 only so far$",
-     "3.14 keeps C tasks in per-thread C lists, out of asyncio's Python registries, and no longer calls the "
-     "registry's add() for them: finding them and tracking their creation there is not built yet (docs/api.md)"),
     (r"^the corrupting target locates fields with 3\.11's layout$",
      "the hostile-target corpus corrupts a live 3.11 target at fields its test locates with 3.11's layout; the "
      "readers' bounds are version-independent: the host lane tests them, ci/fuzz.py fuzzes them"),

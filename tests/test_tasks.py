@@ -21,7 +21,6 @@ from btcore.tasks import TaskInfo
 
 import conftest
 
-pytestmark = pytest.mark.skipif(not conftest.TASKS_SUPPORTED, reason=conftest.TASKS_SKIP)
 WAIT_FOR_TASK = sys.version_info < (3, 12)   # asyncio.wait_for runs its awaitable in a task of its own
 
 
