@@ -412,6 +412,10 @@ def test_three_generations_of_tasks_record_their_creators():
     assert _site_functions(third, 0)[-1] == "second_generation"
     assert _site_functions(third, 1)[-1] == "first_generation"
     assert _site_functions(third, 2)[-1] == "_ancestry.<locals>.main"
+    # ... and so does its native walk: in the eval-loop call that runs that coroutine
+    site = third.links[0][0].frames()
+    last_python = max(i for i, f in enumerate(site) if f.kind == "python")
+    assert len(site) - last_python <= 2, [(f.kind, f.function) for f in site[last_python:]]
     assert "test_three_generations_of_tasks_record_their_creators" in _site_functions(third, 3)   # the whole stack
     assert "spawned by <Task pending name='second'" in texts["third"]
     third_group = texts["dump"][texts["dump"].index("e.g. third (third_generation)"):]

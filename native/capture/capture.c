@@ -71,7 +71,7 @@ static bool take_python(sink *s, const btc_pyframe *pf, int flags, bool emit_it,
 /* btc_py_next, ending the chain after the cursor's stop frame, if any
  * (a spawn site of an asyncio task ends at the creating task's bottom).
  * On 3.12+ the cursor may step over a shim frame first: the stop is then
- * not seen, and the site goes on to the thread's bottom. */
+ * not seen, and the site's Python frames go on to the thread's bottom. */
 static bool py_next(btc_pycursor *py, btc_pyframe *pf)
 {
     const void *at = py->frame;
