@@ -226,6 +226,11 @@ int btc_eval_ranges(uintptr_t *lo, uintptr_t *hi, int max);
  * starting with the caller of this function. */
 int btc_backtrace(uintptr_t *out, int max);
 
+/* Test-only: btc_py_eval_call_address() of the interpreter frame of the
+ * frame object at `frame` (id() of a frame of the calling thread): the
+ * C-stack address that bounds a spawn site's walk, or 0. */
+uintptr_t btc_test_eval_call_address(uintptr_t frame);
+
 /* Test-only: btc_mem_read() through the stack view [lo, hi) (no spill):
  * 1 and *out set if the aligned 8-byte word at addr may be read, else 0. */
 int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out);

@@ -153,9 +153,10 @@ def _task_node_offset() -> int | None:
 
 def _module_files(module) -> list:
     """The files that may hold a C module: its own (a shared object), else the
-    executable's and libpython's (a module built into the interpreter)."""
+    executable's and libpython's (a module built into the interpreter;
+    sys.executable where /proc is not mounted, a chroot)."""
     files = [module.__file__] if getattr(module, "__file__", None) else []
-    files.append("/proc/self/exe")
+    files += ["/proc/self/exe", sys.executable]
     try:
         with open("/proc/self/maps") as maps:
             files.extend(sorted({line.split(None, 5)[5].strip() for line in maps

@@ -345,7 +345,7 @@ MUTATIONS = [
              "3.14+: C tasks, which register in C lists, are not tracked", since=(3, 14)),
     Mutation("native/capture/cpython/chain.h", "        if (f->owner >= BTC_BOUNDARY_OWNER)\n            return (uintptr_t)f;",
              "        if (f->owner >= BTC_BOUNDARY_OWNER)\n            return 0;",
-             "tests/test_tasks.py::test_three_generations_of_tasks_record_their_creators",
+             "tests/test_tasks.py::test_a_sites_walk_ends_in_the_eval_loop_call_of_its_creator",
              "3.12+: a task's native spawn site runs on through the loop to the thread's bottom", since=(3, 12)),
     Mutation("native/capture/spawn.c", "    if (running)\n        return Py_NewRef(running);", "    if (0)\n        return NULL;",
              "tests/test_tasks.py::test_three_generations_of_tasks_record_their_creators",
