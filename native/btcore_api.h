@@ -85,6 +85,13 @@ int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end
 /* Why the last btc_collect() on this thread returned an error, in words. */
 const char *btc_last_error(void);
 
+/* ---- asyncio tasks (cpython/asyncio_lists.c) ---- */
+
+/* Put the builtins _asyncio_task_lists(task_type, node_offset) and
+ * _asyncio_layout() into the module namespace dict at `namespace` on
+ * CPython 3.14+ (3.14's per-thread task lists); nothing elsewhere.  0 or -1. */
+int btc_asyncio_install(uintptr_t namespace);
+
 /* ---- spawn tracking (spawn.c) ---- */
 
 /* Remember greenlet's type (id(greenlet.greenlet)) and its original tp_new,
@@ -218,6 +225,11 @@ int btc_eval_ranges(uintptr_t *lo, uintptr_t *hi, int max);
  * differential tests: writes return addresses like glibc's backtrace(),
  * starting with the caller of this function. */
 int btc_backtrace(uintptr_t *out, int max);
+
+/* Test-only: btc_py_eval_call_address() of the interpreter frame of the
+ * frame object at `frame` (id() of a frame of the calling thread): the
+ * C-stack address that bounds a spawn site's walk, or 0. */
+uintptr_t btc_test_eval_call_address(uintptr_t frame);
 
 /* Test-only: btc_mem_read() through the stack view [lo, hi) (no spill):
  * 1 and *out set if the aligned 8-byte word at addr may be read, else 0. */

@@ -6,8 +6,15 @@
 #include <Python.h>   /* first (signal_capture.h needs it): it sets the feature macros */
 #include <string.h>
 
+#include "capture/cpython/pyframes.h"
 #include "capture/modules.h"
 #include "capture/unwind.h"
+
+uintptr_t btc_test_eval_call_address(uintptr_t frame)
+{
+    const void *iframe = btc_py_interpreter_frame((PyObject *)frame);
+    return iframe ? btc_py_eval_call_address(iframe) : 0;
+}
 
 int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out)
 {

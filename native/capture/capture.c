@@ -86,7 +86,7 @@ static bool py_stopped(const py_source *src)
 /* btc_py_next, ending the chain after the cursor's stop frame, if any
  * (a spawn site of an asyncio task ends at the creating task's bottom).
  * On 3.12+ the cursor may step over a shim frame first: the stop is then
- * not seen, and the site goes on to the thread's bottom. */
+ * not seen, and the site's Python frames go on to the thread's bottom. */
 static bool py_next(py_source *src, btc_pyframe *pf)
 {
     btc_pycursor *py = src->live;

@@ -40,7 +40,7 @@
 
 #include "capture/capture.h"
 #include "capture/greenlet_context.h"
-#include "capture/cpython/pyframes.h"
+#include "capture/cpython/pyframes.h"   /* and btc_asyncio_running_task() */
 
 /* ---- state ---- */
 
@@ -136,11 +136,13 @@ static PyObject *on_record_died(PyObject *self, PyObject *ref)
     Py_RETURN_NONE;
 }
 
-/* g's record, borrowed (NULL if none): a weakref of our type in its list. */
+/* g's record, borrowed (NULL if none): a weakref of our type in its list.
+ * A negative offset is 3.12+'s managed weakref list, before the object
+ * (asyncio's tasks, C and Python, have one): read at the same offset. */
 static record *record_of(PyObject *g)
 {
     Py_ssize_t off = Py_TYPE(g)->tp_weaklistoffset;
-    if (off <= 0)
+    if (off == 0)
         return NULL;
     for (PyWeakReference *w = *(PyWeakReference **)((char *)g + off); w; w = w->wr_next)
         if (Py_IS_TYPE(w, &record_type))
@@ -450,7 +452,8 @@ static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
  * Every asyncio Task, C or Python, whatever factory made it and Task(...)
  * itself, registers at creation by calling `add` on asyncio's task
  * registry, a weakref.WeakSet (3.11: _all_tasks; 3.12-3.13:
- * _scheduled_tasks).  The C Task looks `add` up on the object each time,
+ * _scheduled_tasks; 3.14+: pure-Python tasks only, C tasks are hooked at
+ * tp_new, below).  The C Task looks `add` up on the object each time,
  * so an instance attribute replaces the method for every task: spawn.py
  * sets one, the builtin made by _spawn_task_hook(), which calls the
  * original `add` and records the task as created by the running task of
@@ -471,16 +474,26 @@ static bool trackable(PyObject *o)
 }
 
 /* The running task of the loop of a task made now (a new reference), or
- * NULL.  The task's loop, not the calling
+ * NULL.  3.14+ keeps a running C task in the thread state; a pure-Python
+ * one (and every task before 3.14) is in current_tasks (NULL: not looked
+ * up) under its loop.  The task's loop, not the calling
  * thread's running loop: asyncio's _get_running_loop() calls getpid() (a
  * system call) each time, and a task is made in its loop's thread (asyncio
  * is not thread-safe: other threads go through call_soon_threadsafe). */
 static PyObject *running_task(PyObject *task_made, PyObject *current_tasks)
 {
     static PyObject *loop_name;   /* interned once: a lookup by C string makes a str each time */
-    if (!loop_name && !(loop_name = PyUnicode_InternFromString("_loop")))
+    PyObject *thread_loop;
+    PyObject *running = btc_asyncio_running_task(&thread_loop);   /* 3.14+: a C task runs (its thread state says) */
+    if (running)
+        return Py_NewRef(running);
+    if (!current_tasks || (!loop_name && !(loop_name = PyUnicode_InternFromString("_loop"))))
         return NULL;
     PyObject *loop = PyObject_GetAttr(task_made, loop_name);
+    if (!loop || loop == Py_None) {   /* a C task at tp_new (3.14+): no loop yet, its thread's then */
+        PyErr_Clear();
+        Py_XSETREF(loop, Py_XNewRef(thread_loop));
+    }
     PyObject *task = loop && loop != Py_None && PyDict_Check(current_tasks)
                          ? PyDict_GetItemWithError(current_tasks, loop) : NULL;
     Py_XINCREF(task);
@@ -508,6 +521,25 @@ static const void *task_bottom(PyObject *task)
     return bottom;
 }
 
+/* Record task as created by the running task (else the current greenlet),
+ * from the stack at regs; current_tasks: asyncio's dict (NULL: not read). */
+static void record_task(PyObject *task, PyObject *current_tasks, const btc_regs *regs)
+{
+    in_hook = true;
+    PyObject *type_, *value, *tb;
+    PyErr_Fetch(&type_, &value, &tb);
+    PyObject *creator = running_task(task, current_tasks);
+    const void *bottom = creator ? task_bottom(creator) : NULL;
+    if (!creator)
+        creator = btc_current_greenlet();
+    if (creator && Py_TYPE(creator)->tp_weaklistoffset != 0)   /* weakly referenceable */
+        track(task, creator, regs, bottom);
+    Py_XDECREF(creator);
+    PyErr_Clear();
+    PyErr_Restore(type_, value, tb);
+    in_hook = false;
+}
+
 /* The registry's `add` replaced: self is (original add, _current_tasks). */
 static PyObject *task_added(PyObject *self, PyObject *task)
 {
@@ -516,19 +548,7 @@ static PyObject *task_added(PyObject *self, PyObject *task)
         return result;
     btc_regs regs;
     btc_get_regs(&regs);
-    in_hook = true;
-    PyObject *type_, *value, *tb;
-    PyErr_Fetch(&type_, &value, &tb);
-    PyObject *creator = running_task(task, PyTuple_GET_ITEM(self, 1));
-    const void *bottom = creator ? task_bottom(creator) : NULL;
-    if (!creator)
-        creator = btc_current_greenlet();
-    if (creator && Py_TYPE(creator)->tp_weaklistoffset > 0)
-        track(task, creator, &regs, bottom);
-    Py_XDECREF(creator);
-    PyErr_Clear();
-    PyErr_Restore(type_, value, tb);
-    in_hook = false;
+    record_task(task, PyTuple_GET_ITEM(self, 1), &regs);
     return result;
 }
 
@@ -552,6 +572,54 @@ static PyObject *spawn_task_hook(PyObject *self, PyObject *const *args, Py_ssize
 static PyMethodDef spawn_task_hook_def = {
     "_spawn_task_hook", (PyCFunction)(void (*)(void))spawn_task_hook, METH_FASTCALL,
     "_spawn_task_hook(add, current_tasks, task_types): the tracking add() of a task registry."};
+
+/* 3.14+: the C Task registers in a C list, calling nothing hookable, so
+ * the C Task type's tp_new is swapped, as greenlet's is (swap_new: its
+ * subclasses too; Task.__new__, which a subclass's own __new__ calls,
+ * reads the swapped slot).  At tp_new the task has no loop yet: its
+ * creator is the thread's running task (a task is made in its loop's
+ * thread).  Pure-Python tasks still register through the registry. */
+static PyTypeObject *task_type;
+static newfunc task_original_new;
+static PyObject *task_current_tasks;   /* asyncio.tasks._current_tasks: pure-Python tasks running */
+
+static void swap_new(PyTypeObject *t, newfunc from, newfunc to);
+
+static PyObject *tracked_task_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *task = task_original_new(type, args, kwds);
+    if (!task || !enabled || in_hook)
+        return task;
+    btc_regs regs;
+    btc_get_regs(&regs);
+    record_task(task, task_current_tasks, &regs);
+    return task;
+}
+
+/* _spawn_task_new(task_type, on, current_tasks): hook (on) or restore the
+ * tp_new of the C Task type (the first type given is the only one ever
+ * hooked); current_tasks: asyncio's dict of running pure-Python tasks. */
+static PyObject *spawn_task_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3 || !PyType_Check(args[0]) || !((PyTypeObject *)args[0])->tp_new ||
+        (task_type && (PyTypeObject *)args[0] != task_type) || !PyDict_Check(args[2]))
+        return PyErr_Format(PyExc_TypeError, "_spawn_task_new(task_type, on, current_tasks): the C Task type");
+    Py_XSETREF(task_current_tasks, Py_NewRef(args[2]));
+    if (!task_type) {
+        task_type = (PyTypeObject *)Py_NewRef(args[0]);
+        task_original_new = task_type->tp_new;
+    }
+    if (PyObject_IsTrue(args[1]))
+        swap_new(task_type, task_original_new, tracked_task_new);
+    else
+        swap_new(task_type, tracked_task_new, task_original_new);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef spawn_task_new_def = {
+    "_spawn_task_new", (PyCFunction)(void (*)(void))spawn_task_new, METH_FASTCALL,
+    "_spawn_task_new(task_type, on, current_tasks): hook or restore the C Task's tp_new (3.14+)."};
 
 /* ---- the cffi API ---- */
 
@@ -667,16 +735,17 @@ static bool remember_greenlet_type(PyTypeObject *type)
 int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *ns = (PyObject *)namespace, *fn = NULL, *creator = NULL, *hook = NULL;
+    PyObject *ns = (PyObject *)namespace, *fn = NULL, *creator = NULL, *hook = NULL, *task_new = NULL;
     int rc = -1;
     if (PyDict_Check(ns) && remember_greenlet_type((PyTypeObject *)greenlet) &&
         (fn = PyCFunction_New(&spawn_chain_def, NULL)) && (creator = PyCFunction_New(&spawn_creator_def, NULL)) &&
-        (hook = PyCFunction_New(&spawn_task_hook_def, NULL)))
+        (hook = PyCFunction_New(&spawn_task_hook_def, NULL)) && (task_new = PyCFunction_New(&spawn_task_new_def, NULL)))
         rc = PyDict_SetItemString(ns, "_spawn_chain", fn) | PyDict_SetItemString(ns, "_spawn_creator", creator) |
-             PyDict_SetItemString(ns, "_spawn_task_hook", hook);
+             PyDict_SetItemString(ns, "_spawn_task_hook", hook) | PyDict_SetItemString(ns, "_spawn_task_new", task_new);
     Py_XDECREF(fn);
     Py_XDECREF(creator);
     Py_XDECREF(hook);
+    Py_XDECREF(task_new);
     if (rc < 0)
         PyErr_Clear();
     PyGILState_Release(gil);

@@ -34,8 +34,12 @@ _spawn_creator = globals()["_spawn_creator"]
 # _spawn_task_hook(add, current_tasks, task_types): the
 # tracking add() of asyncio's task registry (native/capture/spawn.c).
 _spawn_task_hook = globals()["_spawn_task_hook"]
+# _spawn_task_new(task_type, on, current_tasks): hook or restore the C Task's tp_new (3.14+).
+_spawn_task_new = globals()["_spawn_task_new"]
 # asyncio's task registries: every Task calls add() on them at creation
+# (3.14+: only pure-Python tasks; C tasks are hooked at tp_new)
 _TASK_REGISTRIES = ("_all_tasks", "_scheduled_tasks")
+_C_TASK_LISTS = sys.version_info >= (3, 14)
 
 DEFAULT_CAPACITY = lib.BTC_SPAWN_DEFAULT_CAPACITY   # frames of a whole chain's Backtrace
 SITE_FRAMES = lib.BTC_SPAWN_SITE_FRAMES             # the most frames one site records
@@ -89,13 +93,18 @@ def enable_spawn_tracking(*, capacity: int = DEFAULT_CAPACITY, native: bool = Tr
 def _hook_tasks() -> None:
     """Track asyncio tasks too: the tracking add() goes on asyncio's task
     registry, which every Task, C or Python, calls once at creation,
-    whatever the task factory (native/capture/spawn.c, "asyncio tasks")."""
+    whatever the task factory; on 3.14+, where C tasks register in C lists,
+    the C Task type's tp_new is hooked as well (native/capture/spawn.c,
+    "asyncio tasks")."""
     from asyncio import futures, tasks
     current_tasks = getattr(tasks, "_current_tasks", None)
     bases = tuple({futures.Future, getattr(futures, "_PyFuture", futures.Future)})
     for registry in _task_registries(tasks):
         if not _hooked(registry) and isinstance(current_tasks, dict):
             registry.add = _spawn_task_hook(registry.add, current_tasks, bases)
+    c_task = _c_task_type()
+    if c_task is not None and isinstance(current_tasks, dict):
+        _spawn_task_new(c_task, True, current_tasks)
 
 
 def _unhook_tasks() -> None:
@@ -103,6 +112,21 @@ def _unhook_tasks() -> None:
     for registry in _task_registries(tasks) if tasks is not None else ():
         if _hooked(registry):
             del registry.add   # the class's method again
+    c_task = _c_task_type() if tasks is not None else None
+    if c_task is not None:
+        _spawn_task_new(c_task, False, getattr(tasks, "_current_tasks", {}))
+
+
+def _c_task_type():
+    """3.14+'s C Task type, whose tasks register in C lists (None before 3.14
+    or without the C module)."""
+    if not _C_TASK_LISTS:
+        return None
+    try:
+        from _asyncio import Task
+    except ImportError:
+        return None
+    return Task
 
 
 def _task_registries(tasks) -> list:

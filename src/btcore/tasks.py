@@ -4,7 +4,13 @@ state, its stack and who awaits it.
 Tasks are found without asyncio's debug mode, in the registry every Task
 (C or Python, any factory, Task(...) itself) adds itself to at creation:
 asyncio.tasks._all_tasks on 3.11, _scheduled_tasks and _eager_tasks on
-3.12-3.13 (_registered_tasks()).  A loop is what task.get_loop() says, its
+3.12-3.13 (_registered_tasks()).  3.14+ keeps C tasks (asyncio.Task and its
+subclasses) in per-thread C lists instead, walked in C
+(native/capture/cpython/asyncio_lists.c) with the offsets 3.14 publishes for
+debuggers (_task_node_offset()); its pure-Python tasks are still in
+_scheduled_tasks and _eager_tasks.  Not reachable on 3.14+: tasks of another
+type (not asyncio.Task) that register through asyncio.tasks._register_task,
+kept in the C module's private WeakSet.  A loop is what task.get_loop() says, its
 thread the calling one for its running loop, else what the loop's
 _thread_id says while it runs (BaseEventLoop sets it in run_forever); the running task is the one whose coroutine runs
 (cr_running: the same as asyncio.tasks._current_tasks says, for every thread).
@@ -27,6 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import struct
 import sys
 from asyncio import tasks as _tasks_module
 
@@ -34,7 +42,13 @@ from .backtrace import Backtrace, append_labelled, collect
 from .errors import BacktraceError
 from .introspect import (CAPACITY, NOT_STARTED, RUNNING, SUSPENDED, _Entry, _optional, _python_backtrace,
                          _python_frames_of_thread, _without_own_frames)
+from ._native import lib
 from .threads import current_ident
+
+# 3.14+: _asyncio_task_lists(task_type, node_offset) and _asyncio_layout()
+# (native/capture/cpython/asyncio_lists.c); nothing is installed before 3.14.
+if lib.btc_asyncio_install(id(globals())) != 0:
+    raise ImportError("btcore: cannot install the asyncio task lists")
 
 _AWAIT_DEPTH = 16      # futures followed from a task to the task that awaits it
 # The C types and the pure-Python ones (asyncio.tasks._PyTask is no subclass of asyncio.Task)
@@ -100,7 +114,69 @@ def _registered_tasks() -> list:
         registry = getattr(_tasks_module, name, None)
         if registry is not None:
             found.extend(_copy_of(registry))
+    node_offset = _task_node_offset()
+    if node_offset is not None:
+        found.extend(_asyncio_task_lists(asyncio.Task, node_offset))
     return found
+
+
+# 3.14+'s Py_AsyncioModuleDebugOffsets (Modules/_asynciomodule.c), in the
+# _asyncio module's .AsyncioDebug section: 13 words, by field
+_DEBUG_SECTION = ".AsyncioDebug"
+_DEBUG_FIELDS = ("task_size task_name task_awaited_by task_is_task task_awaited_by_is_set task_coro task_node "
+                 "interp_size interp_tasks_head thread_size thread_running_loop thread_running_task "
+                 "thread_tasks_head").split()
+
+
+@functools.cache
+def _task_node_offset() -> int | None:
+    """Where a C Task holds its list node (3.14+), from the offsets 3.14
+    publishes for debuggers, trusted only if they agree with the Task type's
+    size and with the thread and interpreter offsets btcore was compiled with;
+    None before 3.14 or if they cannot be read or do not agree."""
+    if "_asyncio_layout" not in globals():
+        return None
+    import _asyncio
+    for path in _module_files(_asyncio):
+        offsets = _debug_offsets(path)
+        if offsets is not None:
+            break
+    else:
+        return None
+    compiled = _asyncio_layout()   # noqa: F821 (installed above, 3.14+)
+    if (offsets["task_size"] != asyncio.Task.__basicsize__ or
+            (offsets["thread_tasks_head"], offsets["thread_running_loop"], offsets["thread_running_task"],
+             offsets["interp_tasks_head"]) != compiled):
+        return None
+    return offsets["task_node"]
+
+
+def _module_files(module) -> list:
+    """The files that may hold a C module: its own (a shared object), else the
+    executable's and libpython's (a module built into the interpreter;
+    sys.executable where /proc is not mounted, a chroot)."""
+    files = [module.__file__] if getattr(module, "__file__", None) else []
+    files += ["/proc/self/exe", sys.executable]
+    try:
+        with open("/proc/self/maps") as maps:
+            files.extend(sorted({line.split(None, 5)[5].strip() for line in maps
+                                 if line.count(" ") >= 5 and "/libpython3" in line}))
+    except OSError:
+        pass
+    return files
+
+
+def _debug_offsets(path: str) -> dict | None:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    try:
+        with open(path, "rb") as f:
+            section = ELFFile(f).get_section_by_name(_DEBUG_SECTION)
+            data = section.data() if section is not None else b""
+    except (OSError, ELFError, ValueError):
+        return None
+    size = struct.calcsize(f"={len(_DEBUG_FIELDS)}Q")
+    return dict(zip(_DEBUG_FIELDS, struct.unpack_from(f"={len(_DEBUG_FIELDS)}Q", data))) if len(data) >= size else None
 
 
 def _copy_of(registry) -> list:

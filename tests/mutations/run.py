@@ -45,6 +45,7 @@ class Mutation(NamedTuple):
     killer: str
     breaks: str
     note: str = ""
+    since: tuple = (3, 11)   # the CPython version from which the mutated code runs (run it there: the sid chroot)
 
 
 MUTATIONS = [
@@ -419,6 +420,28 @@ MUTATIONS = [
     Mutation("src/btcore/tasks.py", "                found.append(ref._parent_task)", "                pass",
              "tests/test_tasks.py::test_await_chain_follows_awaiters",
              "a TaskGroup's tasks are not awaited by the group's task"),
+    Mutation("src/btcore/tasks.py", "        found.extend(_asyncio_task_lists(asyncio.Task, node_offset))", "        pass",
+             "tests/test_tasks.py::test_every_task_is_listed_with_its_state",
+             "3.14+: C tasks, kept in per-thread C lists, are not listed", since=(3, 14)),
+    Mutation("native/capture/cpython/asyncio_lists.c",
+             "    if (found && add_list(found, &interp->asyncio_tasks_head, offset, type) < 0)", "    if (0)",
+             "tests/test_tasks.py::test_tasks_left_by_a_thread_that_ended",
+             "3.14+: tasks left by a thread that ended (moved to the interpreter's list) are not listed",
+             since=(3, 14)),
+    Mutation("native/capture/spawn.c", "    if (off == 0)\n        return NULL;", "    if (off <= 0)\n        return NULL;",
+             "tests/test_tasks.py::test_three_generations_of_tasks_record_their_creators",
+             "3.12+: tasks (managed weakref lists, a negative offset) get no record", since=(3, 12)),
+    Mutation("native/capture/spawn.c", "        swap_new(task_type, task_original_new, tracked_task_new);", "        ;",
+             "tests/test_tasks.py::test_three_generations_of_tasks_record_their_creators",
+             "3.14+: C tasks, which register in C lists, are not tracked", since=(3, 14)),
+    Mutation("native/capture/cpython/chain.h", "        if (f->owner >= BTC_BOUNDARY_OWNER)\n            return (uintptr_t)f;",
+             "        if (f->owner >= BTC_BOUNDARY_OWNER)\n            return 0;",
+             "tests/test_tasks.py::test_a_sites_walk_ends_in_the_eval_loop_call_of_its_creator",
+             "3.12+: a task's native spawn site runs on through the loop to the thread's bottom", since=(3, 12)),
+    Mutation("native/capture/spawn.c", "    if (running)\n        return Py_NewRef(running);", "    if (0)\n        return NULL;",
+             "tests/test_tasks.py::test_three_generations_of_tasks_record_their_creators",
+             "3.14+: a task's creator is not the running C task (3.14 keeps it in the thread state)",
+             since=(3, 14)),
     Mutation("src/btcore/tasks.py", "        awaiting = known.awaited_by if known is not None else", "        awaiting = [] if True else",
              "tests/test_tasks.py::test_await_chain_follows_awaiters",
              "a task's await chain stops at its first awaiter"),
@@ -856,14 +879,21 @@ def baseline_problem(copy: str, target: str, chosen: list, timeout: float) -> st
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="run the mutations whose file or text contains this")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run the mutations whose file or text contains this (repeatable: any of them)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per pytest run")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if args.only in m.path or args.only in m.original]
+    chosen = [m for m in MUTATIONS if not args.only or any(o in m.path or o in m.original for o in args.only)]
+    later = [m for m in chosen if sys.version_info[:2] < m.since]
+    for m in later:
+        print(f"not run here (code of CPython {'.'.join(map(str, m.since))}+): {m.path}: {m.breaks}")
+    chosen = [m for m in chosen if m not in later]
     # Those installed as they are first: they run against the baseline build,
     # which the first mutant of the native core replaces (each one builds).
     chosen.sort(key=lambda m: not installed_as_is(m))
     if not chosen:   # (the baseline would run the whole suite for nothing)
+        if later:
+            return 0
         print(f"ERROR: no mutation's file or text contains {args.only!r}")
         return 2
     global BUILD_HERE

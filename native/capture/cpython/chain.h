@@ -141,6 +141,24 @@ bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
     return true;
 }
 
+/* The C-stack address of the eval-loop call that runs `frame`, a frame of
+ * the calling thread's chain (a running task's coroutine), or 0: the shim
+ * frame that call pushed before it (its `previous`, past any other shim), a
+ * local of that _PyEval_EvalFrameDefault call.  A spawn site's native walk
+ * ends there, as 3.11's ends at its _PyCFrame.  GIL held: the chain is
+ * consistent; bounded by BTC_PY_MAX_FRAMES. */
+uintptr_t btc_py_eval_call_address(const void *frame)
+{
+    const btc_iframe *f = btc_thread_frame(PyThreadState_Get());
+    int steps = 0;
+    while (f && f != frame && steps++ < BTC_PY_MAX_FRAMES)
+        f = f->previous;
+    for (f = f == frame ? f->previous : NULL; f && steps++ < BTC_PY_MAX_FRAMES; f = f->previous)
+        if (f->owner >= BTC_BOUNDARY_OWNER)
+            return (uintptr_t)f;
+    return 0;
+}
+
 bool btc_py_supported(void) { return true; }
 
 void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts)

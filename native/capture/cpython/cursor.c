@@ -30,8 +30,6 @@ const void *btc_py_interpreter_frame(PyObject *frame) { (void)frame; return NULL
 
 #endif
 
-#if BTC_PY_FAMILY != 311
-/* 3.13+ have no C-stack marker per eval-loop call (3.12's cframe is not
- * used yet): a spawn site's walk then goes to the thread's bottom. */
+#if BTC_PY_FAMILY == 0
 uintptr_t btc_py_eval_call_address(const void *frame) { (void)frame; return 0; }
 #endif

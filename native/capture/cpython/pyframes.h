@@ -94,4 +94,9 @@ extern const char *const btc_py_eval_functions[];
  * 1000; the frame stack is bounded by memory, but a backtrace is not). */
 #define BTC_PY_MAX_FRAMES 100000
 
+/* The calling thread's running asyncio task, borrowed (3.14+, where the C
+ * Task keeps it in the thread state; NULL: none, or an earlier version),
+ * and in *loop its running loop (borrowed, or NULL).  asyncio_lists.c. */
+PyObject *btc_asyncio_running_task(PyObject **loop);
+
 #endif
