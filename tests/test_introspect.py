@@ -520,7 +520,7 @@ def test_signal_inside_btcore_cache_update_does_not_deadlock():
         class Bound(int):
             # compared with the cache size inside FrameCache._evict, lock held
             def __lt__(self, other):
-                os.kill(os.getpid(), signal.SIGUSR1)
+                signal.raise_signal(signal.SIGUSR1)   # this thread: at once
                 return False
 
         g = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch())

@@ -91,7 +91,7 @@ def test_chain_calls_gunicorns_handler_after_the_dump():
     pytest.importorskip("gunicorn")
     proc = _run_child(GUNICORN_WORKER + """
     btcore.register_dump_signal(signal.SIGUSR1, sys.stdout, chain=True)
-    os.kill(os.getpid(), signal.SIGUSR1)
+    signal.raise_signal(signal.SIGUSR1)
     assert btcore.unregister_dump_signal(signal.SIGUSR1)
     assert signal.getsignal(signal.SIGUSR1) == worker.handle_usr1
     print("reopened", Log.reopened)
@@ -113,7 +113,7 @@ def test_default_signal_is_free_in_a_gunicorn_worker():
     assert btcore.DEFAULT_DUMP_SIGNAL != lib.btc_capture_signal()
     proc = _run_child(GUNICORN_WORKER + """
     btcore.register_dump_signal(file=sys.stdout)
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     assert btcore.unregister_dump_signal()
     assert signal.getsignal(signal.SIGUSR1) == worker.handle_usr1
     """)
@@ -201,7 +201,7 @@ def test_the_handler_only_captures_a_real_thread_writes():
     gevent.sleep(0)
     out = File()
     btcore.register_dump_signal(file=out)
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     out.released.release()            # back from the handler: the writer may go on
     assert btcore.unregister_dump_signal()
     print("waited", out.waited, "main wrote", real_ident() in out.writers)
@@ -219,7 +219,7 @@ def test_two_signals_two_dumps_whole_and_in_order():
     were killed in between) has been signalled; both are written, whole, big
     first, when unregister returns."""
     proc = _run_child("""
-    import _thread, os, sys
+    import _thread, os, signal, sys
     import gevent, gevent.event
     import btcore
 
@@ -239,9 +239,9 @@ def test_two_signals_two_dumps_whole_and_in_order():
     gevent.sleep(0)
     out = File()
     btcore.register_dump_signal(file=out)
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     gevent.killall(parked)
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     out.gate.release()
     assert btcore.unregister_dump_signal()
     sys.stdout.write("".join(out.parts))
@@ -259,7 +259,7 @@ SIGNAL_IN_RESOLUTION = """
     class Bound(int):
         # compared with the cache size inside FrameCache._evict: mid-resolution
         def __lt__(self, other):
-            os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+            signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
             return False
 
     btcore.register_dump_signal()
@@ -294,7 +294,7 @@ def test_fork_child_gets_its_own_writer(tmp_path):
     (by a writer of its own: the parent's thread is not copied) and names the
     child's pid; the parent's writer still works."""
     proc = _run_child("""
-    import os, sys
+    import os, signal, sys
     import greenlet
     import btcore
 
@@ -306,14 +306,14 @@ def test_fork_child_gets_its_own_writer(tmp_path):
     pid = os.fork()
     if pid == 0:
         has_writer = btcore.dumpwriter.ident() is not None
-        os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+        signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
         btcore.unregister_dump_signal()
         with open(path) as f:
             ok = has_writer and f"Greenlet dump, pid {os.getpid()}: " in f.read()
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     print("child", os.waitstatus_to_exitcode(status), "parent", os.getpid())
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     assert btcore.unregister_dump_signal()
     with open(path) as f:
         sys.stdout.write(f.read())
@@ -331,7 +331,7 @@ def test_no_collection_during_the_capture_and_gc_state_kept():
     snapshot (with a threshold of 1 it would run at every allocation), and
     the GC's own state (enabled, or disabled by the program) is as before."""
     proc = _run_child("""
-    import gc, os, sys
+    import gc, os, signal, sys
     import greenlet
     import btcore
 
@@ -348,10 +348,10 @@ def test_no_collection_during_the_capture_and_gc_state_kept():
     btcore.register_dump_signal(file=sys.stdout)
     gc.callbacks.append(seen)
     gc.set_threshold(1)
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     enabled_after = gc.isenabled()
     gc.disable()
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     disabled_after = not gc.isenabled()
     gc.enable()
     assert btcore.unregister_dump_signal()
@@ -367,7 +367,7 @@ def test_a_dump_signalled_just_before_exit_is_written():
     """Guards the drain at exit: the process ends right after the signal,
     without unregistering; the interpreter's exit waits for the writer."""
     proc = _run_child("""
-    import os, sys
+    import os, signal, sys
     import gevent, gevent.event
     import btcore
 
@@ -375,7 +375,7 @@ def test_a_dump_signalled_just_before_exit_is_written():
     parked = [gevent.spawn(gate.wait) for _ in range(2000)]
     gevent.sleep(0)
     btcore.register_dump_signal(file=sys.stdout)
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     """)
     assert proc.returncode == 0, proc.stderr
     [(_, count, _)] = _dumps(proc.stdout)
@@ -387,7 +387,7 @@ def test_signals_while_the_writer_is_stuck_are_counted_not_queued():
     at most MAX_PENDING dumps wait behind the one it writes; the signals
     past that are not captured, and the next dump says how many there were."""
     proc = _run_child("""
-    import _thread, os, sys
+    import _thread, os, signal, sys
     import greenlet
     import btcore
 
@@ -408,13 +408,13 @@ def test_signals_while_the_writer_is_stuck_are_counted_not_queued():
     parked.switch()
     out = File()
     btcore.register_dump_signal(file=out)
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     assert out.entered.acquire(timeout=20)        # the writer is inside the first write
     for _ in range(btcore.dumpwriter.MAX_PENDING + 5):
-        os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+        signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     out.gate.release()
     assert btcore.dumpwriter.drain()
-    os.kill(os.getpid(), btcore.DEFAULT_DUMP_SIGNAL)
+    signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     assert btcore.unregister_dump_signal()
     print(btcore.dumpwriter.MAX_PENDING)
     sys.stdout.write("".join(out.parts))
