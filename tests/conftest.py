@@ -216,6 +216,17 @@ def in_interpreter(f):
 # ---- oracles installed on demand ----
 
 
+def wait_until_ready(proc, ready, timeout):
+    """Wait for a target process to write its ready file (non-empty); fail if it exits first or takes
+    longer than timeout seconds."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not (ready.exists() and ready.stat().st_size) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the target did not get ready"
+        time.sleep(0.05)
+    assert proc.poll() is None, "the target exited before it was ready"
+
+
 def apt_install(tools, packages, skip_prefix):
     """None once every tool is on PATH, installing the Debian packages when
     they are not (root with apt only), else why they cannot be: a skip reason

@@ -234,7 +234,7 @@ def test_append_keeps_code_alive():
     exec(compile("def appended_fn():\n    return btcore.collect()\n", "<appended>", "exec"), ns)
     b = ns["appended_fn"]()
     wr = weakref.ref(ns["appended_fn"].__code__)
-    n = btcore.append(a, b)
+    btcore.append(a, b)
     del b, ns
     gc.collect()
     assert wr() is not None

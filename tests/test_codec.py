@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -96,11 +95,7 @@ def start_target(folder, spec, chain_so=None):
     spec_path, ready = folder / "spec.json", folder / "ready.json"
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.Popen([sys.executable, TARGET, str(spec_path), str(ready)] + ([chain_so] if chain_so else []))
-    deadline = time.monotonic() + WAIT
-    while not ready.exists() and proc.poll() is None:
-        assert time.monotonic() < deadline, "the target did not get ready"
-        time.sleep(0.05)
-    assert proc.poll() is None, "the target exited before it was ready"
+    conftest.wait_until_ready(proc, ready, WAIT)
     return proc, json.loads(ready.read_text())
 
 

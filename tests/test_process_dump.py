@@ -45,11 +45,7 @@ def target(chain, spin_so, tmp_path_factory):
     proc = subprocess.Popen([sys.executable, os.path.join(FIXTURES, "dump_target.py"), chain.so_path, spin_so,
                              str(oracle), str(ready), "600"])
     try:
-        deadline = time.monotonic() + WAIT
-        while not (ready.exists() and ready.stat().st_size) and proc.poll() is None:
-            assert time.monotonic() < deadline, "the target did not get ready"
-            time.sleep(0.05)
-        assert proc.poll() is None, "the target exited before it was ready"
+        conftest.wait_until_ready(proc, ready, WAIT)
         yield proc, json.loads(oracle.read_text())["greenlets"]
     finally:
         proc.kill()

@@ -8,7 +8,6 @@ btcore's encoder read backwards), and Go's pprof when `go` is installed.
 """
 import gzip
 import os
-import shutil
 import signal
 import subprocess
 import sys

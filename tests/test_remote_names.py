@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -27,11 +26,7 @@ def target(tmp_path_factory):
     oracle, ready = folder / "oracle.json", folder / "ready"
     proc = subprocess.Popen([sys.executable, TARGET, str(oracle), str(ready)])
     try:
-        deadline = time.monotonic() + WAIT
-        while not (ready.exists() and ready.stat().st_size) and proc.poll() is None:
-            assert time.monotonic() < deadline, "the target did not get ready"
-            time.sleep(0.05)
-        assert proc.poll() is None, "the target exited before it was ready"
+        conftest.wait_until_ready(proc, ready, WAIT)
         yield proc, json.loads(oracle.read_text())
     finally:
         proc.kill()

@@ -10,7 +10,6 @@ each dump), and fork's child writing a dump that names its own pid.
 Every scenario runs in a child interpreter: signal handlers, the writer
 thread and fork stay out of pytest's process.
 """
-import os
 import re
 import signal
 import subprocess

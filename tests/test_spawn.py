@@ -7,7 +7,6 @@ fixture's symbol table read with pyelftools, gc.get_objects() (records
 alive), and the type's tp_new slot read before and after (creation restored).
 """
 import gc
-import os
 import subprocess
 import sys
 import textwrap

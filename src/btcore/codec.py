@@ -28,7 +28,6 @@ import bisect
 import os
 import re
 import site
-import struct
 import sys
 import sysconfig
 from typing import NamedTuple

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import struct
 import sys
 from dataclasses import dataclass, field
 

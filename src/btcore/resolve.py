@@ -11,7 +11,6 @@ import errno
 import os
 import stat
 import threading
-from collections import OrderedDict
 
 from ._native import ffi, lib
 from .frame import NATIVE, PYTHON, Frame
