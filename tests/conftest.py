@@ -292,7 +292,8 @@ ALLOWED_SKIPS = [
     (r"^qemu-user: ",
      "under ci/arm64.sh's emulation, RSS includes qemu's translated-code cache, a child forked from a "
      "multithreaded process can stall in the emulator, valgrind does not run, and qemu places guest "
-     "mappings itself (a freed range is not reused); the host suite runs these tests"),
+     "mappings itself (a freed range is not reused), and process_vm_readv is not emulated (the signal-context "
+     "reader probes heap frames, a coroutine's, with it); the host suite runs these tests"),
     (r"^stripped interpreter: the example names its static C functions$",
      "the watchdog and stuck-dump examples assert the regex engine's or time.sleep's C function by name; "
      "Debian's stripped python3.X has no name for them (tests/test_watchdog.py covers the modes there "
@@ -325,8 +326,8 @@ ALLOWED_SKIPS = [
     (r"^aarch64's integer division by zero does not trap$",
      "the SIGFPE crash is made by an integer division by zero, which only x86-64 traps (aarch64 returns 0)"),
     (r"^CPython 3\.11 only so far: ",
-     "the profiler's command-line duration write is built and tested on 3.11 only so far (docs/api.md); the "
-     "sid lanes skip those tests"),
+     "features whose support is CPython 3.11's only so far (docs/api.md says which: greenlet names read from "
+     "outside, robjects.c's object offsets); the sid lanes skip those tests"),
     (r"^asyncio\.capture_call_graph is 3\.14\+$",
      "the oracle of the await-chain test is CPython 3.14's own call graph; before 3.14 the same chains are "
      "checked against Task.get_stack() and the awaited functions (tests/test_tasks.py)"),

@@ -15,7 +15,8 @@ from btcore._native import ffi, lib
 
 ON_311 = lib.btc_remote_pyobjects(ffi.new("btc_remote_objlayout *")) == 0
 pytestmark = [pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
-              pytest.mark.skipif(not ON_311, reason="objects are read with the layout of btcore's own CPython")]
+              pytest.mark.skipif(not ON_311, reason=f"{conftest.ONLY_311_SKIP}: greenlet names read from outside "
+                                 "(robjects.c holds 3.11's object offsets)")]
 TARGET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "names_target.py")
 WAIT = 120   # seconds: hang detection only
 

@@ -529,6 +529,10 @@ def test_watchdog_reports_a_loop_stuck_in_one_callback(stuck_so, function, inner
     stuck, with the task's coroutine and the blocking function in the stack."""
     if function == "time.sleep" and not conftest.INTERPRETER_HAS_SYMTAB:
         pytest.skip("stripped interpreter: the example names its static C functions")   # time_sleep
+    if conftest.UNDER_QEMU and sys.version_info >= (3, 12):
+        # a coroutine's frame lies in its object, on the heap: the signal-context reader reads it only after
+        # probing it with process_vm_readv, which qemu-user does not emulate (the chain ends, noted partial)
+        pytest.skip("qemu-user: process_vm_readv is not emulated: a coroutine's frame is not read in a signal")
     if function == "time.sleep":
         body = LOOP_WATCHED.replace("globals()[sys.argv[3]]()", "time.sleep(seconds)")
     else:
