@@ -3,7 +3,9 @@ python -m btcore decode [FILE...]: backtrace tokens in logs, resolved in place.
 python -m btcore dump PID | --core CORE --exe PYTHON: every thread and every
 suspended greenlet of another process (or a core file), from outside.
 python -m btcore profile -- COMMAND: a sampling profile of every greenlet of
-a Python program run under it (btcore/profile_run.py).
+a Python program run under it (btcore/profile_run.py); python -m btcore
+profile PID: the same of a running process, sampled from outside
+(btcore/profile_remote.py).
 
 With gevent installed (pip install 'btcore[demo]'), the demo is the
 showcase (btcore/showcase.py): a gevent program whose greenlets are parked
@@ -146,33 +148,44 @@ def _add_dump_parser(sub) -> None:
 
 
 def _add_profile_parser(sub) -> None:
-    p = sub.add_parser("profile", help="run a Python program with btcore's sampling profiler inside it: where "
-                       "every greenlet spends its time, running or parked", usage="python -m btcore profile "
-                       "[-o FILE] [--format F] [--rate HZ] [--duration S] [--group-by G] [--mode M] -- COMMAND ...")
+    from .profile_remote import DEFAULT_RATE as outside_rate
+    p = sub.add_parser("profile", help="btcore's sampling profiler: where every greenlet spends its time, running "
+                       "or parked, of a Python program run under it (-- COMMAND) or of a running process, sampled "
+                       "from outside (PID)", usage="python -m btcore profile [-o FILE] [--format F] [--rate HZ] "
+                       "[--duration S] [--group-by G] [--mode M] (-- COMMAND ... | PID)")
+    p.add_argument("pid", nargs="?", help="a running process to sample from outside (stopped for a few ms at each "
+                   "sample; nothing runs inside it)")
     p.add_argument("-o", "--output", default="btcore-profile.pb.gz",
                    help="the file to write (default btcore-profile.pb.gz); its name picks the format: .pb.gz or "
                    ".pprof: pprof, .txt or .collapsed: collapsed stacks, .html: flame graphs")
     p.add_argument("--format", choices=("pprof", "collapsed", "html"), help="the format, whatever the name")
-    p.add_argument("--rate", type=int, default=100, help="samples per second, 1 to 1000 (default 100)")
-    p.add_argument("--duration", type=float, help="seconds to record (default: until the program exits; "
-                   "the program keeps running after)")
+    p.add_argument("--rate", type=int, help="samples per second, 1 to 1000 (default 100 inside a program, "
+                   f"{outside_rate} from outside: each sample stops the process)")
+    p.add_argument("--duration", type=float, help="seconds to record (default: until the program exits, or "
+                   "Ctrl-C; the program keeps running after)")
     p.add_argument("--group-by", choices=("name", "spawn", "none"), default="name",
                    help="the first frame of each stack: the greenlet's name without its number, its spawn site "
-                   "(spawn tracking is turned on for it), or none (default name)")
+                   "(spawn tracking is turned on for it; -- COMMAND only), or none (default name)")
     p.add_argument("--mode", choices=("wall", "cpu"), default="wall",
                    help="collapsed stacks only: every greenlet (wall) or the running ones (cpu); pprof and html "
                    "hold both (default wall)")
-    p.add_argument("program", nargs=argparse.REMAINDER, help="the program to run, after --")
 
 
 def profile_command(args, parser) -> int:
-    from .profile import MAX_RATE
+    from .profile import DEFAULT_RATE, MAX_RATE
     from .profile_formats import format_for
+    from .profile_remote import DEFAULT_RATE as OUTSIDE_RATE
     from .profile_run import run
-    command = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not command:
-        parser.error("profile: give the program to run after --, e.g. python -m btcore profile -- python app.py "
-                     "(profiling a running process from outside is not available yet)")
+    command = args.program
+    if not command and args.pid is None:
+        parser.error("profile: give the program to run after --, e.g. python -m btcore profile -- python app.py, "
+                     "or the PID of a running process")
+    if command and args.pid is not None:
+        parser.error("profile: give a PID or a program to run after --, not both")
+    if args.pid is not None and not args.pid.isdigit():
+        parser.error(f"profile: {args.pid!r} is not a PID (a program to run goes after --)")
+    if args.rate is None:
+        args.rate = DEFAULT_RATE if command else OUTSIDE_RATE
     if not 1 <= args.rate <= MAX_RATE:
         parser.error(f"profile: --rate must be from 1 to {MAX_RATE}, got {args.rate}")
     if args.duration is not None and not 0 < args.duration < float("inf"):
@@ -187,7 +200,13 @@ def profile_command(args, parser) -> int:
     settings = {"output": os.path.abspath(args.output), "format": fmt, "rate": args.rate,
                 "duration": args.duration, "mode": args.mode,
                 "group_by": None if args.group_by == "none" else args.group_by}
-    return run(command, settings)
+    if command:
+        return run(command, settings)
+    if settings["group_by"] == "spawn":
+        parser.error("profile: --group-by spawn needs the program run under the profiler (-- COMMAND): "
+                     "spawn sites are not read from outside")
+    from .profile_remote import profile_command_outside
+    return profile_command_outside(int(args.pid), settings)
 
 
 def dump_command(args, parser) -> int:
@@ -203,7 +222,18 @@ def dump_command(args, parser) -> int:
     return 0
 
 
+def _split_command(argv: list) -> tuple:
+    """(argv before the first "--", the command after it or []): profile's
+    program is everything after "--", whatever it looks like."""
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1:]
+    return argv, []
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv, program = _split_command(argv) if argv[:1] == ["profile"] else (argv, [])
     parser = argparse.ArgumentParser(prog="python -m btcore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo_parser = sub.add_parser("demo", help="print merged backtraces of parked greenlets: gevent's, or plain ones")
@@ -218,6 +248,7 @@ def main(argv=None) -> int:
     _add_dump_parser(sub)
     _add_profile_parser(sub)
     args = parser.parse_args(argv)
+    args.program = program
     if args.command == "profile":
         return profile_command(args, parser)
     if args.command == "dump":

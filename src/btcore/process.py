@@ -25,7 +25,7 @@ from .schema import RemoteGreenlet
 from .remote import (_PYFRAME, DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
                      greenlet_copies, snapshot_live, symbol_value, vdso_file)
 
-__all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "dump_process", "process_stacks"]
+__all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "Walker", "dump_process", "process_stacks"]
 
 _new = object.__new__
 
@@ -77,6 +77,10 @@ class _Names:
     def resolve_python(self, address: int, lasti: int) -> tuple:
         return self.python(address, lasti)[0]
 
+    def frames(self, addr: int, lasti: int, kind: int, flags: int) -> tuple:
+        """The Frames of one record (innermost first)."""
+        return self.native(addr, flags) if kind == KIND_NATIVE else self.python(addr, lasti)[0]
+
     def native(self, pc: int, flags: int) -> tuple:
         named = self._native.get((pc, flags & F_EXACT))
         if named is None:
@@ -117,9 +121,8 @@ class RemoteBacktrace(Backtrace):
     __slots__ = ("_space",)
 
     def _resolved(self) -> list:
-        space = self._space
-        return [(flags, space.native(addr, flags) if kind == KIND_NATIVE else space.python(addr, lasti)[0])
-                for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw)]
+        frames = self._space.frames
+        return [(flags, frames(addr, lasti, kind, flags)) for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw)]
 
     def wrong(self) -> str | None:
         """What is wrong with its Python frames (a garbage code object), or None."""
@@ -178,8 +181,9 @@ class _Merger:
             st.py, st.npy = py, len(pyframes) // _PYFRAME.size
         st.greenlet = greenlet
 
-    def merge(self, stacks, n: int) -> list:
-        """[(RemoteBacktrace, its _Shared, why its Python chain was cut short or None)] of stacks[0:n]."""
+    def merge(self, stacks, n: int, named: bool = True) -> list:
+        """[(RemoteBacktrace, its _Shared or None when not named, why its Python chain was cut short or None)]
+        of stacks[0:n]."""
         out, done = [], 0
         records = ffi.new("btc_frame[]", _CAPACITY * _STACKS_AT_ONCE)
         buffer = ffi.buffer(records)
@@ -190,20 +194,30 @@ class _Merger:
                 raise DumpError(ffi.string(lib.btc_last_error()).decode())
             for i in range(done, done + k):
                 st = stacks[i]
-                out.append(self._backtrace(buffer[st.at * 16: (st.at + st.n) * 16], st.truncated)
+                raw = buffer[st.at * 16: (st.at + st.n) * 16]
+                out.append((self._backtrace(raw, st.truncated) if named else (self._unnamed(raw, st.truncated), None))
                            + (bounds.cut_reason(st.cut) if st.cut else None,))
             done += k
         return out
 
     def _backtrace(self, raw: bytes, truncated: bool) -> tuple:
         shared = self._shared.get(raw)
-        bt = _new(RemoteBacktrace)
-        bt._raw, bt._capacity, bt.truncated, bt._space = bytearray(raw), _CAPACITY, bool(truncated), self.names
+        bt = self._unnamed(raw, truncated, shared.refs if shared is not None else None)
         if shared is None:
-            bt._refs = tuple(addr for addr, _, kind, _, _ in RECORD.iter_unpack(raw) if kind != KIND_NATIVE)
             shared = self._shared[raw] = _Shared(bt)
         bt._refs = shared.refs
         return bt, shared
+
+    def _unnamed(self, raw: bytes, truncated: bool, refs: tuple | None = None) -> RemoteBacktrace:
+        bt = _new(RemoteBacktrace)
+        bt._raw, bt._capacity, bt.truncated, bt._space = bytearray(raw), _CAPACITY, bool(truncated), self.names
+        bt._refs = refs if refs is not None else tuple(addr for addr, _, kind, _, _ in RECORD.iter_unpack(raw)
+                                                       if kind != KIND_NATIVE)
+        return bt
+
+    def forget_buffers(self) -> None:
+        """Let go of the copies the last merge read (the merger serves another snapshot next)."""
+        self._keep.clear()
 
 
 def _eval_ranges(snap: Snapshot, lo, hi) -> tuple:
@@ -221,27 +235,60 @@ def _eval_ranges(snap: Snapshot, lo, hi) -> tuple:
 
 # ---- stacks of a snapshot ----
 
-def _stacks(snap: Snapshot, native: bool) -> list:
-    merger = _Merger(snap, native)
+def _fill(snap: Snapshot, merger: _Merger, native: bool) -> tuple:
+    """(The btc_remote_stack array of snap's threads then greenlets, filled for the merge; each stack's notes
+    so far; each greenlet's thread or None)."""
     stacks = ffi.new("btc_remote_stack[]", max(1, len(snap.threads) + len(snap.greenlets)))
-    shown, notes = [], []
-    for t in snap.threads:
-        name = f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else "")
-        st = stacks[len(shown)]
+    notes, holders = [], []
+    for i, t in enumerate(snap.threads):
         pyframes = b"".join(_PYFRAME.pack(*f) for f in t.pyframes)
         stopped = t.regs is not None and t.stack
-        merger.stack(st, t.regs, t.stack_lo, t.stack if stopped else None, 0, pyframes, False)
-        shown.append(ProcessStack("thread", name, t.tid))
+        merger.stack(stacks[i], t.regs, t.stack_lo, t.stack if stopped else None, 0, pyframes, False)
         notes.append(() if stopped else (t.error,))
-    labels = remote_names.Labels(snap) if snap.greenlets else None
-    for g in snap.greenlets:
-        stack, note = _greenlet_stack(snap, merger, stacks[len(shown)], g, native, labels.label(g))
-        shown.append(stack)
+    for i, g in enumerate(snap.greenlets, len(snap.threads)):
+        thread, note = _fill_greenlet(snap, merger, stacks[i], g, native)
+        holders.append(thread)
         notes.append(note)
+    return stacks, notes, holders
+
+
+def _stacks(snap: Snapshot, native: bool) -> list:
+    merger = _Merger(snap, native)
+    stacks, notes, holders = _fill(snap, merger, native)
+    shown = [ProcessStack("thread", f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else ""), t.tid)
+             for t in snap.threads]
+    labels = remote_names.Labels(snap) if snap.greenlets else None
+    for g, thread in zip(snap.greenlets, holders):
+        label = labels.label(g)
+        shown.append(ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
+                                  parent=label.parent, spawned_by=label.spawned_by))
     for i, (stack, note, (bt, shared, cut)) in enumerate(zip(shown, notes, merger.merge(stacks, len(shown)))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
         stack.error = _noted(*note, _UNWALKED if stacks[i].unwalked else None, cut, shared.wrong)
     return shown
+
+
+class Walker:
+    """Walks and merges every stack of successive snapshots of one live target
+    (the outside profiler's samples: btcore/profile_remote.py), naming
+    nothing: their RemoteBacktraces share one naming space (`names`, whose
+    frames(addr, lasti, kind, flags) names a record), so a raw frame is named
+    once for a whole recording, and only when asked."""
+
+    def __init__(self, snap: Snapshot, native: bool = True):
+        self._merger, self._native = _Merger(snap, native), native
+
+    @property
+    def names(self):
+        return self._merger.names
+
+    def walk(self, snap: Snapshot) -> list:
+        """[RemoteBacktrace] of snap's threads, then of its greenlets, in snap's order."""
+        stacks, _, _ = _fill(snap, self._merger, self._native)
+        try:
+            return [bt for bt, _, _ in self._merger.merge(stacks, len(snap.threads) + len(snap.greenlets), named=False)]
+        finally:
+            self._merger.forget_buffers()
 
 
 def _noted(*why) -> str | None:
@@ -249,21 +296,18 @@ def _noted(*why) -> str | None:
     return "; ".join(w for w in why if w) or None
 
 
-def _greenlet_stack(snap: Snapshot, merger: _Merger, st, g, native: bool, label) -> tuple:
-    """(Its ProcessStack, its notes so far), st filled for the merge; label: its name, parent and spawner
-    (remote_names.py)."""
-    # The thread whose stack holds the greenlet's part still in place.
+def _fill_greenlet(snap: Snapshot, merger: _Merger, st, g, native: bool) -> tuple:
+    """(The thread whose stack holds g's part still in place, or None; g's notes so far), st filled for the
+    merge."""
     inside = g.start if g.main else g.stop - 1
     thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
-    stack = ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
-                         parent=label.parent, spawned_by=label.spawned_by)
     missing = data = None
     if native and snap.greenlet_code is not None and g.error is None:
         data = _greenlet_bytes(g, thread)
         if data is None:
             missing = _UNWALKED
     merger.stack(st, None, g.start, data, 0 if g.main else g.stop, g.pyframes, True)
-    return stack, (g.error, missing)
+    return thread, (g.error, missing)
 
 
 _UNWALKED = "its saved stack is not in the copies made: Python frames only"
@@ -356,7 +400,7 @@ def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, e
 
 # ---- public ----
 
-def _check_architecture() -> None:
+def check_architecture() -> None:
     """Registers (ptrace, a core's NT_PRSTATUS) are read as x86-64's: refuse elsewhere."""
     if platform.machine() != "x86_64":
         raise DumpError("dumping another process or a core file is implemented on x86-64 only, "
@@ -368,7 +412,7 @@ def process_stacks(pid: int | None = None, *, core: str | None = None, exe: str 
     """(Snapshot, [ProcessStack]) of process pid, or of a core file."""
     if (pid is None) == (core is None):
         raise ValueError("give either a pid or a core file")
-    _check_architecture()
+    check_architecture()
     snap = _snapshot_core(core, exe, threads_only) if core else \
         snapshot_live(pid, threads_only=threads_only, timeout=timeout)
     try:

@@ -81,10 +81,16 @@ class Profile:
     duration    seconds from start to stop
     max_stacks  distinct (stack, group, state) keys kept
     other       microseconds counted in the "(other)" bucket once max_stacks was reached
+
+    Both samplers fill it: this process's (start_profiler) and the outside one
+    (btcore/profile_remote.py), whose records name another process's frames:
+    frames_of(addr, lasti, kind, flags, ref) gives the Frames of one raw
+    record (default: this process's resolution).
     """
 
-    def __init__(self, rate: int, max_stacks: int):
+    def __init__(self, rate: int, max_stacks: int, frames_of=None):
         self.rate, self.max_stacks = rate, max_stacks
+        self._frames_of = frames_of or _local_frames
         self.ticks = self.missed = self.sampled = 0
         self._other = {}   # state -> microseconds past max_stacks
         self.duration = self.busy = self.busy_cpu = 0.0
@@ -92,7 +98,9 @@ class Profile:
         # (raw bytes, name group, spawn site or None, state) -> [count, code refs]
         self._counts = {}
 
-    def _add(self, bt, name: str, site, state: str, weight: int) -> None:
+    def add(self, bt, name: str, site, state: str, weight: int) -> bool:
+        """Count weight (microseconds) for stack bt (a Backtrace, raw) of group
+        name in state; True when it made a new key."""
         key = (bytes(bt._raw), name, site, state)
         entry = self._counts.get(key)
         if entry is not None:
@@ -100,8 +108,10 @@ class Profile:
         elif len(self._counts) < self.max_stacks:
             # The code objects keep the Python records' ids valid until resolved.
             self._counts[key] = [weight, bt._refs]
+            return True
         else:
             self._other[state] = self._other.get(state, 0) + weight
+        return False
 
     @property
     def other(self) -> int:
@@ -129,7 +139,7 @@ class Profile:
             prefix = _group_prefix(name, site, group_by, names)
             if mode == "wall":
                 prefix += (state,)
-            key = prefix + _stack_names(raw, refs, names, verbose)
+            key = prefix + _stack_names(raw, refs, names, verbose, self._frames_of)
             out[key] = out.get(key, 0) + count
         other = self._other.get(RUNNING_STATE, 0) if mode == "cpu" else self.other
         if other:
@@ -177,7 +187,7 @@ def _site_name(site, names: dict) -> str:
     return names[key]
 
 
-def _stack_names(raw: bytes, refs, names: dict, verbose: bool) -> tuple:
+def _stack_names(raw: bytes, refs, names: dict, verbose: bool, frames_of) -> tuple:
     """The frame names of a raw stack, outermost first; names: memo per raw record."""
     out, codes = [], iter(refs)
     for addr, lasti, kind, flags, _ in RECORD.iter_unpack(raw):
@@ -185,22 +195,21 @@ def _stack_names(raw: bytes, refs, names: dict, verbose: bool) -> tuple:
         key = (addr, lasti, kind, flags, verbose)
         found = names.get(key)
         if found is None:
-            found = names[key] = _record_names(addr, lasti, kind, flags, ref, verbose)
+            found = names[key] = tuple(frame_name(f) for f in frames_of(addr, lasti, kind, flags, ref)
+                                       if verbose or not is_plumbing(f))
         out.extend(found)
     out.reverse()
     return tuple(out)
 
 
-def _record_names(addr, lasti, kind, flags, ref, verbose) -> tuple:
-    """Names of one raw record's frames, innermost first (an inlined call
-    is a frame of its own)."""
+def _local_frames(addr, lasti, kind, flags, ref) -> tuple:
+    """The Frames of one raw record of this process, innermost first (an
+    inlined call is a frame of its own)."""
     if kind == KIND_NATIVE:
-        frames = resolve_native(addr, flags)
-    elif kind == KIND_PYTHON:
-        frames = resolve_python(ref, lasti)
-    else:
-        frames = ref.frames()
-    return tuple(frame_name(f) for f in frames if verbose or not is_plumbing(f))
+        return resolve_native(addr, flags)
+    if kind == KIND_PYTHON:
+        return resolve_python(ref, lasti)
+    return ref.frames()
 
 
 def frame_name(frame) -> str:
@@ -476,8 +485,8 @@ class Profiler:
             before = previous.get(ident)
             early = before is not None and 0 < waited < self._forced_switch
             if early:
-                self.profile._add(*before, RUNNING_STATE, waited)
-            self.profile._add(bt, name, site, RUNNING_STATE, weight - waited if early else weight)
+                self.profile.add(*before, RUNNING_STATE, waited)
+            self.profile.add(bt, name, site, RUNNING_STATE, weight - waited if early else weight)
             self._previous[ident] = (bt, name, site)
         return parked
 
@@ -491,7 +500,7 @@ class Profiler:
                 bt = self._greenlets.parked_stack(key, g, self.profile.ticks)
             except (BacktraceError, RuntimeError):   # it changed under the sample: skipped
                 continue
-            self.profile._add(bt, *self._greenlets.labels(key, g), PARKED_STATE, weight)
+            self.profile.add(bt, *self._greenlets.labels(key, g), PARKED_STATE, weight)
 
     def _finish(self) -> Profile:
         if not self.profile.duration:

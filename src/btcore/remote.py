@@ -611,7 +611,7 @@ def signals_deferred():
             saved[signum](signum, frame)
 
 
-def _exited(pid: int) -> bool:
+def exited(pid: int) -> bool:
     """Gone, or a zombie (dead, its parent has not reaped it yet)."""
     stat = _read_text(f"/proc/{pid}/stat")
     return stat is None or stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"])
@@ -639,6 +639,19 @@ def _rooted(pid: int, mappings: list) -> list:
 
 def snapshot_live(pid: int, *, threads_only: bool = False, timeout: float = 5.0) -> Snapshot:
     """Stop pid, copy what the dump needs, let it run again (always)."""
+    target = open_live(pid)
+    try:
+        chunks, room = rehearse(target, threads_only)
+        return stop_and_copy(target, chunks, room, threads_only, timeout)
+    except BaseException:
+        target.memory.close()   # its temporary files; on success the dump closes it when done
+        raise
+
+
+def open_live(pid: int) -> Target:
+    """The Target of live process pid (its mappings, modules, interpreter and
+    greenlet layout), read while it runs: snapshot it once (snapshot_live) or
+    many times (stop_and_copy: the outside profiler); close its memory when done."""
     try:
         with open(f"/proc/{pid}/maps") as f:
             mappings = _rooted(pid, parse_maps(f.read()))
@@ -648,23 +661,25 @@ def snapshot_live(pid: int, *, threads_only: bool = False, timeout: float = 5.0)
         raise DumpPermissionError(permission_advice(pid, e.strerror)) from None
     memory = Memory(lib.btc_rmem_open_pid(pid))
     try:
-        return _snapshot(pid, memory, mappings, threads_only, timeout)
+        vdso = next((m for m in mappings if m.path == "[vdso]"), None)
+        mappings = mappings + (vdso_file(vdso, memory) if vdso else [])
+        if memory.read(mappings[0].lo, 8) is None if mappings else True:
+            code = lib.btc_rmem_last_errno(memory.handle)
+            if code in (errno.EPERM, errno.EACCES):
+                raise DumpPermissionError(permission_advice(pid, os.strerror(code)))
+        return Target(pid, memory, mappings, [])
     except BaseException:
-        memory.close()   # its temporary files; on success the dump closes it when done
+        memory.close()
         raise
 
 
-def _snapshot(pid: int, memory: Memory, mappings: list, threads_only: bool, timeout: float) -> Snapshot:
-    notes = []
-    vdso = next((m for m in mappings if m.path == "[vdso]"), None)
-    mappings = mappings + (vdso_file(vdso, memory) if vdso else [])
-    if memory.read(mappings[0].lo, 8) is None if mappings else True:
-        code = lib.btc_rmem_last_errno(memory.handle)
-        if code in (errno.EPERM, errno.EACCES):
-            raise DumpPermissionError(permission_advice(pid, os.strerror(code)))
-    target = Target(pid, memory, mappings, notes)
-    chunks, room = rehearse(target, threads_only)
-    stopped = {}
+def stop_and_copy(target: Target, chunks, room: Room, threads_only: bool, timeout: float) -> Snapshot:
+    """Stop the target, read chunks again (a few syscalls), copy what the dump
+    needs into room, let it run again (always).  chunks, room: rehearse()'s,
+    or, for a later snapshot of the same target, the previous one's room and
+    target.memory.chunks(), taken before target.memory.forget() (the chunk cache
+    holds what the last stop read).  The Snapshot's notes are the target's list."""
+    memory, pid, stopped = target.memory, target.pid, {}
     with signals_deferred():
         began, began_cpu, began_reads = time.perf_counter(), time.thread_time(), memory.syscalls()
         try:
@@ -675,8 +690,8 @@ def _snapshot(pid: int, memory: Memory, mappings: list, threads_only: bool, time
             resume_threads(stopped)
             stopped_for, stopped_cpu = time.perf_counter() - began, time.thread_time() - began_cpu
             stopped_reads = memory.syscalls() - began_reads
-    if _exited(pid):
-        notes.append("the process exited during the dump: what was read before is shown")
+    if exited(pid):
+        target.notes.append("the process exited during the dump: what was read before is shown")
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
-                    target.greenlet_code, target.layout, stopped_for, notes, stopped_cpu, stopped_reads,
+                    target.greenlet_code, target.layout, stopped_for, target.notes, stopped_cpu, stopped_reads,
                     target.types)
