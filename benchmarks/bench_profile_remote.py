@@ -16,6 +16,10 @@ reversed every other round):
            CPU (wait4) and what its profile shows of the parked greenlets
            (py-spy samples threads: the parked greenlets are in no sample)
 
+Then, in this process, the CPU time of one sample against one whole
+process_stacks() (what sampling by repeated dumps would cost: rehearsal,
+stop, walk, names of every stack), interleaved, 20 of each per round.
+
 Targets (issue 28): the target stopped <= 2 ms per sample per 1,000
 greenlets; the profiler's own CPU <= 50% of one core.
 Usage: python benchmarks/bench_profile_remote.py [--greenlets N] [--rate R] [--seconds S] [--rounds K]
@@ -32,7 +36,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_dump_process import start_target  # noqa: E402
-from timing import spread  # noqa: E402
+from timing import ratio, spread  # noqa: E402
 
 PARKED_FUNCTIONS = ("deep", "in_callback", "get", "<lambda>")   # what parked.py's greenlets run
 
@@ -96,6 +100,28 @@ def _functions_seen(path):
     return seen
 
 
+def per_sample_cpu(pid, rounds):
+    """{name: [CPU seconds per call, one value per round]}: ProcessProfiler.sample() and process_stacks()."""
+    import time
+    from btcore.process import process_stacks
+    from btcore.profile_remote import ProcessProfiler
+    profiler = ProcessProfiler(pid)
+    try:
+        ways = {"sample": profiler.sample, "process_stacks": lambda: process_stacks(pid)}
+        for way in ways.values():   # warm: tables, names, the first walk
+            way()
+        runs = {name: [] for name in ways}
+        for r in range(rounds):
+            for name in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
+                started = time.process_time()
+                for _ in range(20):
+                    ways[name]()
+                runs[name].append((time.process_time() - started) / 20)
+        return runs
+    finally:
+        profiler.close()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--greenlets", type=int, default=1000)
@@ -113,6 +139,7 @@ def main():
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):
                     results[kind].append(btcore_round(proc.pid, args.rate, args.seconds, folder) if kind == "btcore"
                                          else pyspy_round(spy, proc.pid, args.rate, args.seconds, folder))
+        cpu = per_sample_cpu(proc.pid, args.rounds)
     finally:
         proc.kill()
         proc.wait()
@@ -132,6 +159,8 @@ def main():
               f"is in none of them)")
     else:
         print("  (py-spy not installed: pip install py-spy to compare)")
+    print(f"  CPU per sample: {spread(cpu['sample']).text(4)} s; a whole process_stacks() "
+          f"{spread(cpu['process_stacks']).text(4)} s (ratio {ratio(cpu['process_stacks'], cpu['sample']).text()}x)")
     return 0
 
 

@@ -25,7 +25,7 @@ __all__ = ["Backtrace", "BacktraceError", "DEFAULT_DUMP_SIGNAL",
            "Watchdog", "append", "cache", "chain_backtrace", "collect", "crash_report_enabled", "decode",
            "disable_crash_report", "disable_spawn_tracking", "enable_crash_report",
            "disable_switch_timing", "dump_all", "dump_process", "enable_spawn_tracking", "enable_switch_timing",
-           "foreach", "gevent_blocking_reports", "profiling", "register_dump_signal", "snapshot", "spawn_backtrace",
+           "foreach", "gevent_blocking_reports", "profile_process", "profiling", "register_dump_signal", "snapshot", "spawn_backtrace",
            "spawn_chain", "spawn_exception_notes_enabled", "spawn_tracking_enabled", "start_profiler",
            "start_watchdog", "stop_profiler", "unregister_dump_signal", "write_html"]
 __version__ = "0.1.0"
@@ -42,4 +42,7 @@ def __getattr__(name):
     if name in ("dump_process", "DumpError", "DumpPermissionError"):
         from . import process
         return getattr(process, name)
+    if name == "profile_process":   # the outside profiler: the same modules
+        from .profile_remote import profile_process
+        return profile_process
     raise AttributeError(f"module 'btcore' has no attribute {name!r}")

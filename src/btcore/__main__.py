@@ -148,7 +148,7 @@ def _add_dump_parser(sub) -> None:
 
 
 def _add_profile_parser(sub) -> None:
-    from .profile_remote import DEFAULT_RATE as outside_rate
+    from .profile import DEFAULT_RATE, OUTSIDE_RATE
     p = sub.add_parser("profile", help="btcore's sampling profiler: where every greenlet spends its time, running "
                        "or parked, of a Python program run under it (-- COMMAND) or of a running process, sampled "
                        "from outside (PID)", usage="python -m btcore profile [-o FILE] [--format F] [--rate HZ] "
@@ -159,8 +159,8 @@ def _add_profile_parser(sub) -> None:
                    help="the file to write (default btcore-profile.pb.gz); its name picks the format: .pb.gz or "
                    ".pprof: pprof, .txt or .collapsed: collapsed stacks, .html: flame graphs")
     p.add_argument("--format", choices=("pprof", "collapsed", "html"), help="the format, whatever the name")
-    p.add_argument("--rate", type=int, help="samples per second, 1 to 1000 (default 100 inside a program, "
-                   f"{outside_rate} from outside: each sample stops the process)")
+    p.add_argument("--rate", type=int, help=f"samples per second, 1 to 1000 (default {DEFAULT_RATE} inside a "
+                   f"program, {OUTSIDE_RATE} from outside: each sample stops the process)")
     p.add_argument("--duration", type=float, help="seconds to record (default: until the program exits, or "
                    "Ctrl-C; the program keeps running after)")
     p.add_argument("--group-by", choices=("name", "spawn", "none"), default="name",
@@ -172,9 +172,8 @@ def _add_profile_parser(sub) -> None:
 
 
 def profile_command(args, parser) -> int:
-    from .profile import DEFAULT_RATE, MAX_RATE
+    from .profile import DEFAULT_RATE, MAX_RATE, OUTSIDE_RATE
     from .profile_formats import format_for
-    from .profile_remote import DEFAULT_RATE as OUTSIDE_RATE
     from .profile_run import run
     command = args.program
     if not command and args.pid is None:

@@ -45,6 +45,7 @@ RUNNING_STATE = "running"
 PARKED_STATE = "parked"
 OTHER = "(other)"            # the bucket of samples past max_stacks
 DEFAULT_RATE = 100
+OUTSIDE_RATE = 20            # the outside profiler's default (btcore/profile_remote.py): each sample stops the target
 MAX_RATE = 1000
 DEFAULT_MAX_STACKS = 4096
 CAPACITY = 128               # raw frames kept per sampled stack

@@ -36,12 +36,12 @@ import time
 
 from .backtrace import KIND_NATIVE, RECORD
 from .process import DumpError, Walker, check_architecture
-from .profile import DEFAULT_MAX_STACKS, MAX_RATE, PARKED_STATE, RUNNING_STATE, Profile, group_name
+from .profile import DEFAULT_MAX_STACKS, MAX_RATE, OUTSIDE_RATE, PARKED_STATE, RUNNING_STATE, Profile, group_name
 from .remote import exited, open_live, rehearse, stop_and_copy
 from .remote_names import Labels
 from ._native import ffi
 
-DEFAULT_RATE = 20            # samples per second: each one stops the target (~5 ms at 1,000 greenlets)
+DEFAULT_RATE = OUTSIDE_RATE  # samples per second: each one stops the target (5-20 ms at 1,000 greenlets)
 MAX_LABELS = 1 << 16         # greenlet labels kept (then forgotten and read again)
 MAX_NOTES = 16               # distinct notes of the target's reads kept
 MAX_STOPS = 1 << 14          # stop times kept for the figures
