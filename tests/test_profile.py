@@ -204,7 +204,7 @@ def _packed(value):
     return out
 
 
-def _decode_pprof(data):
+def decode_pprof(data):
     """{"strings", "types", "period", "samples": [(names outermost first, values, labels)]}."""
     msg = _fields(gzip.decompress(data))
     strings = [v.decode() for n, _, v in msg if n == 6]
@@ -235,7 +235,7 @@ def _decode_pprof(data):
 
 
 def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
-    doc = _decode_pprof(profile_formats.pprof(split))
+    doc = decode_pprof(profile_formats.pprof(split))
     assert doc["strings"][0] == ""
     assert doc["types"] == [("cpu", "nanoseconds"), ("wall", "nanoseconds")]
     assert doc["period"] == 1_000_000_000 // 200
@@ -248,31 +248,40 @@ def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
     burning = [names for names, (cpu, _), labels in doc["samples"] if labels["greenlet"] == "Greenlet (burn)" and cpu]
     assert burning and all("burn" in names for names in burning)
     assert any(ODD in names for names, _, _ in doc["samples"])
-    ungrouped = _decode_pprof(profile_formats.pprof(split, group_by=None))
+    ungrouped = decode_pprof(profile_formats.pprof(split, group_by=None))
     assert {tuple(labels) for _, _, labels in ungrouped["samples"]} == {("state",)}
     assert sum(wall for _, (_, wall), _ in ungrouped["samples"]) == sum(wall.values())
 
 
-@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: go tool pprof runs past its timeout under emulation")
-def test_go_pprof_reads_the_file(split, tmp_path):
+def go_pprof_top(profile, tmp_path, *options) -> list:
+    """The output of `go tool pprof -top OPTIONS` on the profile written as pprof, for each list of options;
+    skips where Go cannot be installed."""
     why = conftest.apt_install(("go",), ("golang-go",), "Go cannot be installed")
     if why:
         pytest.skip(why)
     path = tmp_path / "p.pb.gz"
-    assert split.write(path) == "pprof"
+    assert profile.write(path) == "pprof"
     env = dict(os.environ, HOME=str(tmp_path), GOCACHE=str(tmp_path / "cache"), GOFLAGS="-mod=mod")
-    out = subprocess.run(["go", "tool", "pprof", "-top", "-sample_index=cpu", str(path)], capture_output=True,
-                         text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr
-    assert "Type: cpu" in out.stdout
-    rows = [line.split() for line in out.stdout.splitlines() if line.strip().endswith((" burn", " Hub.run"))]
+    outputs = []
+    for option in options:
+        out = subprocess.run(["go", "tool", "pprof", "-top", *option, str(path)], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        outputs.append(out.stdout)
+    return outputs
+
+
+@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: go tool pprof runs past its timeout under emulation")
+def test_go_pprof_reads_the_file(split, tmp_path):
+    top, wall = go_pprof_top(split, tmp_path, ["-sample_index=cpu"],
+                             ["-sample_index=wall", "-tagfocus=greenlet=on_lock"])
+    assert "Type: cpu" in top
+    rows = [line.split() for line in top.splitlines() if line.strip().endswith((" burn", " Hub.run"))]
     flat = {row[-1]: float(row[1].rstrip("%")) for row in rows}
     cpu = split.stacks("cpu")
     in_burn = sum(us for stack, us in cpu.items() if stack[-1].startswith("burn ("))
-    assert abs(flat["burn"] - 100 * in_burn / sum(cpu.values())) < 0.01, out.stdout   # go prints 2 decimals
-    wall = subprocess.run(["go", "tool", "pprof", "-top", "-sample_index=wall", "-tagfocus=greenlet=on_lock",
-                           str(path)], capture_output=True, text=True, timeout=120, env=env)
-    assert wall.returncode == 0 and "on_lock" in wall.stdout, wall.stdout + wall.stderr
+    assert abs(flat["burn"] - 100 * in_burn / sum(cpu.values())) < 0.01, top   # go prints 2 decimals
+    assert "on_lock" in wall, wall
 
 
 # ---- HTML ----
@@ -510,7 +519,7 @@ def test_cli_ctrl_c_writes_what_was_recorded(tmp_path):
     os.killpg(child.pid, signal.SIGINT)   # what the terminal does: the whole group
     _, stderr = child.communicate(timeout=60)
     assert f"wrote {out} (pprof)" in stderr, stderr
-    doc = _decode_pprof(out.read_bytes())
+    doc = decode_pprof(out.read_bytes())
     waiting = [names for names, (cpu, wall), labels in doc["samples"] if labels["greenlet"] == "Greenlet (waits_forever)"]
     assert waiting and all(labels_state == "parked" for labels_state in
                            (labels["state"] for _, _, labels in doc["samples"]

@@ -416,12 +416,7 @@ class Profiler:
             if self.on_progress is not None and deadline >= progress:
                 progress += PROGRESS_EVERY
                 self.on_progress(self.profile)
-            deadline += self._interval
-            late = time.monotonic() - deadline
-            if late > self._interval:   # skip the ticks already missed, and count them
-                skipped = int(late / self._interval)
-                self.profile.missed += skipped
-                deadline += skipped * self._interval
+            deadline = past_missed(self.profile, deadline + self._interval, self._interval)
         return False
 
     def sample(self, due: float) -> None:
@@ -516,6 +511,18 @@ class Profiler:
         if self.error is not None:
             raise RuntimeError(f"btcore profiler: the sampler failed: {self.error!r}") from self.error
         return self.profile
+
+
+def past_missed(profile: Profile, deadline: float, interval: float) -> float:
+    """The next tick's deadline: deadline, or when the sampler is already more
+    than an interval late, the first one still ahead (the ticks skipped are
+    counted in profile.missed)."""
+    late = time.monotonic() - deadline
+    if late > interval:
+        skipped = int(late / interval)
+        profile.missed += skipped
+        deadline += skipped * interval
+    return deadline
 
 
 def _thread_label(ident) -> str:

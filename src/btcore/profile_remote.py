@@ -36,7 +36,8 @@ import time
 
 from .backtrace import KIND_NATIVE, RECORD
 from .process import DumpError, Walker, check_architecture
-from .profile import DEFAULT_MAX_STACKS, MAX_RATE, OUTSIDE_RATE, PARKED_STATE, RUNNING_STATE, Profile, group_name
+from .profile import (DEFAULT_MAX_STACKS, MAX_RATE, OUTSIDE_RATE, PARKED_STATE, RUNNING_STATE, Profile, group_name,
+                      past_missed)
 from .remote import exited, open_live, rehearse, stop_and_copy
 from .remote_names import Labels
 from ._native import ffi
@@ -115,13 +116,8 @@ class ProcessProfiler:
     def _next(self, deadline: float) -> float:
         # Jittered: a fixed period aliases with a program's own periods (a loop of 20 ms turns sampled at 50 Hz
         # hits the same phase every time: 66% of a greenlet's time read for 45%); the weights are measured times.
-        deadline += self._interval * random.uniform(1 - JITTER, 1 + JITTER)
-        late = time.monotonic() - deadline
-        if late > self._interval:   # skip the ticks already missed, and count them
-            skipped = int(late / self._interval)
-            self.profile.missed += skipped
-            deadline += skipped * self._interval
-        return deadline
+        return past_missed(self.profile, deadline + self._interval * random.uniform(1 - JITTER, 1 + JITTER),
+                           self._interval)
 
     def sample(self) -> None:
         """One stop of the target: every thread's running stack and every parked
