@@ -25,7 +25,8 @@ __all__ = ["Backtrace", "BacktraceError", "DEFAULT_DUMP_SIGNAL",
            "Watchdog", "append", "cache", "chain_backtrace", "collect", "crash_report_enabled", "decode",
            "disable_crash_report", "disable_spawn_tracking", "enable_crash_report",
            "disable_switch_timing", "dump_all", "dump_process", "enable_spawn_tracking", "enable_switch_timing",
-           "foreach", "gevent_blocking_reports", "profile_process", "profiling", "register_dump_signal", "snapshot", "spawn_backtrace",
+           "foreach", "gevent_blocking_reports", "profile_process", "profiling", "register_dump_signal", "snapshot",
+           "spawn_backtrace",
            "spawn_chain", "spawn_exception_notes_enabled", "spawn_tracking_enabled", "start_profiler",
            "start_watchdog", "stop_profiler", "unregister_dump_signal", "write_html"]
 __version__ = "0.1.0"

@@ -122,7 +122,8 @@ class RemoteBacktrace(Backtrace):
 
     def _resolved(self) -> list:
         frames = self._space.frames
-        return [(flags, frames(addr, lasti, kind, flags)) for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw)]
+        return [(flags, frames(addr, lasti, kind, flags))
+                for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw)]
 
     def wrong(self) -> str | None:
         """What is wrong with its Python frames (a garbage code object), or None."""

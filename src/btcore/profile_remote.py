@@ -82,7 +82,7 @@ class ProcessProfiler:
         self._previous = {}       # a parked greenlet's state at the last sample -> its stack
         self._code_groups = {}    # outermost code address -> group of the parked greenlets running it
         self._last = None         # when the previous sample's stop ended (perf_counter)
-        self._started = time.monotonic()
+        self._started = time.monotonic()   # (again when recording starts)
 
     def _frames_of(self, addr, lasti, kind, flags, ref) -> tuple:
         return self._walker.names.frames(addr, lasti, kind, flags)
@@ -94,7 +94,7 @@ class ProcessProfiler:
         deadline = time.monotonic()
         end = deadline + duration if duration is not None else float("inf")
         if self._last is None:
-            self._last = time.perf_counter()
+            self._last, self._started = time.perf_counter(), time.monotonic()
         progress = deadline + progress_every
         cpu = time.process_time()
         try:
@@ -161,7 +161,8 @@ class ProcessProfiler:
     def _stop(self):
         """The next snapshot; TargetExited when the target has gone."""
         memory = self.target.memory
-        chunks = memory.chunks()   # what the last stop read: read again first, together
+        # Read again first, together: what the rehearsal read (the first stop), else what the previous stop read.
+        chunks, self._chunks = self._chunks or memory.chunks(), None
         memory.forget()
         noted = len(self.target.notes)
         try:
