@@ -139,8 +139,10 @@ def test_wall_clock_time_of_each_waiting_greenlet_is_where_it_waits(split):
         below = [frame for frame in names[at + 1:] if not frame.startswith("[python")]
         assert any(waits_in in frame for frame in below[:4]), names
         assert any(frame.endswith(".so]") for frame in names[at + 1:]), names   # native frames, merged
-    burner = group_of(wall, "burn")
-    assert groups[(burner, "parked")] + groups.get((burner, "running"), 0) >= 0.8 * split.sampled
+    # the burner is in every sample, running or parked, under its group or (running before it was first seen
+    # parked) its thread's
+    in_burn = sum(us for stack, us in wall.items() if any(f.startswith(f"burn ({split.script}:") for f in stack))
+    assert in_burn >= 0.9 * split.sampled, (in_burn, split.sampled, groups)
 
 
 def test_a_greenlet_parking_in_turn_at_two_places_shows_both(split):
@@ -215,10 +217,13 @@ def cli(*args):
 
 
 def test_cli_a_target_that_exits_mid_recording_writes_what_was_recorded(tmp_path):
-    proc, _ = start(tmp_path, seconds=1.0)
+    proc, _ = start(tmp_path)
     out = tmp_path / "out.txt"
     child = cli(str(proc.pid), "--duration", "60", "--rate", "50", "-o", str(out))
-    proc.wait(timeout=WAIT)   # the target's own end, while the profiler records
+    assert child.stderr.readline().startswith(f"btcore profile: recording process {proc.pid}")
+    time.sleep(0.5)
+    proc.terminate()   # it ends (SIGTERM: no handler) while the profiler records
+    proc.wait(timeout=WAIT)
     _, stderr = child.communicate(timeout=WAIT)
     assert child.returncode == 0, stderr
     assert f"process {proc.pid} exited after" in stderr and f"wrote {out} (collapsed)" in stderr, stderr
@@ -232,7 +237,8 @@ def test_cli_ctrl_c_writes_what_was_recorded(tmp_path):
     out = tmp_path / "out.pb.gz"
     try:
         child = cli(str(proc.pid), "-o", str(out))
-        time.sleep(1.0)
+        assert child.stderr.readline().startswith(f"btcore profile: recording process {proc.pid}")
+        time.sleep(0.5)
         child.send_signal(signal.SIGINT)
         _, stderr = child.communicate(timeout=WAIT)
         assert proc.poll() is None   # the target runs on

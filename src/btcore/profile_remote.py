@@ -290,6 +290,8 @@ def profile_command_outside(pid: int, settings: dict) -> int:
         print(f"btcore profile: {f'no process {pid} (it exited)' if gone else e}", file=sys.stderr)
         return 1
     output = settings["output"]
+    print(f"btcore profile: recording process {pid} at {settings['rate']} Hz (Ctrl-C writes {output})",
+          file=sys.stderr, flush=True)
     try:
         try:
             ended = profiler.record(settings["duration"], on_progress=lambda p: _progress(p, output))
