@@ -209,6 +209,24 @@ def test_outside_and_inside_profiles_agree_on_the_waiters_stacks(split, tmp_path
         assert ours == theirs and name in ours, (name, ours, theirs)
 
 
+def test_progress_calls_and_bounded_stacks(tmp_path):
+    proc, _ = start(tmp_path)
+    try:
+        profiler = ProcessProfiler(proc.pid, 50, max_stacks=2)
+        seen = []
+        try:
+            assert profiler.record(1.0, on_progress=seen.append, progress_every=0.2) == "duration"
+        finally:
+            profiler.close()
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+    assert len(seen) >= 2 and all(p is profiler for p in seen)
+    profile = profiler.profile
+    assert len(profile) == 2 and profile.other > 0   # the other stacks' samples: counted, not kept
+    assert sum(profile.stacks("wall").values()) == sum(profile.stacks("wall", group_by=None).values())
+
+
 # ---- the command ----
 
 def cli(*args):
