@@ -216,12 +216,13 @@ class ProcessProfiler:
         return f"thread {t.tid}" + (" (main thread)" if t.tid == self.pid else "")
 
     def stop_figures(self) -> str:
-        """"stopped X ms per sample (median; max Y ms)" of the recording."""
+        """"target stopped X ms per sample (median; max Y ms; Z ms of CPU)" of the recording: Z, the mean
+        CPU time this process spent in a stop, is what a stop costs on a machine with a CPU to spare."""
         if not self.stops:
             return "no sample taken"
         ordered = sorted(self.stops)
         return (f"target stopped {ordered[len(ordered) // 2] * 1e3:.1f} ms per sample (median; max "
-                f"{ordered[-1] * 1e3:.1f} ms)")
+                f"{ordered[-1] * 1e3:.1f} ms; {self.profile.busy_cpu / self.profile.ticks * 1e3:.1f} ms of CPU)")
 
     def close(self) -> None:
         """Let go of the target (its memory reader and temporary files): after the profile is written."""
