@@ -234,23 +234,29 @@ def decode_pprof(data):
     return {"strings": strings, "types": types, "period": period, "samples": samples}
 
 
-def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
-    doc = decode_pprof(profile_formats.pprof(split))
-    assert doc["strings"][0] == ""
+def check_pprof_times(profile, doc) -> None:
+    """doc (a decoded pprof file of profile) holds profile's wall time per (greenlet, state) label, and its
+    cpu values are the running samples' wall values (0 for parked ones)."""
     assert doc["types"] == [("cpu", "nanoseconds"), ("wall", "nanoseconds")]
-    assert doc["period"] == 1_000_000_000 // 200
     wall = {}
     for _, (cpu, ns), labels in doc["samples"]:
         key = (labels["greenlet"], labels["state"])
         wall[key] = wall.get(key, 0) + ns
         assert cpu == (ns if labels["state"] == "running" else 0)
-    assert wall == {key: us * 1000 for key, us in _by_group(split.stacks("wall"), 2).items()}
+    assert wall == {key: us * 1000 for key, us in _by_group(profile.stacks("wall"), 2).items()}
+
+
+def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
+    doc = decode_pprof(profile_formats.pprof(split))
+    assert doc["strings"][0] == ""
+    assert doc["period"] == 1_000_000_000 // 200
+    check_pprof_times(split, doc)
     burning = [names for names, (cpu, _), labels in doc["samples"] if labels["greenlet"] == "Greenlet (burn)" and cpu]
     assert burning and all("burn" in names for names in burning)
     assert any(ODD in names for names, _, _ in doc["samples"])
     ungrouped = decode_pprof(profile_formats.pprof(split, group_by=None))
     assert {tuple(labels) for _, _, labels in ungrouped["samples"]} == {("state",)}
-    assert sum(wall for _, (_, wall), _ in ungrouped["samples"]) == sum(wall.values())
+    assert sum(wall for _, (_, wall), _ in ungrouped["samples"]) == 1000 * sum(split.stacks("wall").values())
 
 
 def go_pprof_top(profile, tmp_path, *options) -> list:

@@ -24,7 +24,7 @@ pytest.importorskip("gevent")
 from btcore import profile_formats  # noqa: E402
 from btcore.process import DumpError  # noqa: E402
 from btcore.profile_remote import ProcessProfiler, profile_process  # noqa: E402
-from test_profile import decode_pprof, go_pprof_top  # noqa: E402
+from test_profile import check_pprof_times, decode_pprof, go_pprof_top  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
 WAIT = 120                    # seconds: hang detection only
@@ -167,13 +167,7 @@ def test_collapsed_stacks_round_trip(split):
 
 def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
     doc = decode_pprof(profile_formats.pprof(split))
-    assert doc["types"] == [("cpu", "nanoseconds"), ("wall", "nanoseconds")]
-    wall = {}
-    for _, (cpu, ns), labels in doc["samples"]:
-        key = (labels["greenlet"], labels["state"])
-        wall[key] = wall.get(key, 0) + ns
-        assert cpu == (ns if labels["state"] == "running" else 0)
-    assert wall == {key: us * 1000 for key, us in by_group(split.stacks("wall"), 2).items()}
+    check_pprof_times(split, doc)
     assert any("on_lock" in names for names, _, _ in doc["samples"])
 
 
