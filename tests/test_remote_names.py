@@ -9,14 +9,15 @@ import sys
 import pytest
 
 import conftest
+import test_process_dump as process_dump
 
 from btcore import remote_names
 from btcore._native import ffi, lib
 
-ON_311 = lib.btc_remote_pyobjects(ffi.new("btc_remote_objlayout *")) == 0
+KNOWN = lib.btc_remote_pyobjects(sys.hexversion, ffi.new("btc_remote_objlayout *")) == 0
 pytestmark = [pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
-              pytest.mark.skipif(not ON_311, reason=f"{conftest.ONLY_311_SKIP}: greenlet names read from outside "
-                                 "(robjects.c holds 3.11's object offsets)")]
+              pytest.mark.skipif(not KNOWN, reason="no object layout table for this CPython (robjects.c: 3.11, "
+                                 "3.13-3.15)")]
 TARGET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "names_target.py")
 WAIT = 120   # seconds: hang detection only
 
@@ -141,3 +142,31 @@ def test_an_eventlet_green_thread_is_not_named_after_its_main():
         proc.wait(timeout=WAIT)
     green = [n for n in names if n.startswith("<eventlet.greenthread.GreenThread at 0x")]
     assert len(green) == 2 and all(n.endswith(">") for n in green), names
+
+
+CROSS_TARGET = """
+import json, time, greenlet, btcore
+
+class Plain(greenlet.greenlet):   # a heap type: its qualname lies at another offset on each version
+    pass
+
+def parked():
+    greenlet.getcurrent().parent.switch()
+
+parked_ones = [greenlet.greenlet(parked), Plain(parked)]
+for g in parked_ones:
+    g.switch()
+print(json.dumps({hex(id(i.greenlet)): i.name for i in btcore.snapshot() if i.greenlet in parked_ones}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("version", ["3.13", "3.14", "3.15"])
+def test_a_target_on_another_cpython_is_named_through_its_versions_table(version):
+    # guards: robjects.c's table is chosen by the target's version, not btcore's: a 3.13-3.15 target (the sid
+    # chroot's) dumped by this btcore names a plain greenlet and a subclass made in Python (module and qualname:
+    # heap-type offsets that differ per version) as btcore.snapshot() names them inside it.
+    python = process_dump.sid_python(version, f"/opt/btcore-venv-{version}/bin/python")
+    _, oracle, doc = process_dump.dump_in_chroot(python, CROSS_TARGET)
+    names = {hex(g["id"]): g["name"] for g in doc["greenlets"] if hex(g["id"]) in oracle}
+    assert names == oracle and any(n.startswith("<__main__.Plain at 0x") for n in names.values()), oracle

@@ -4,9 +4,9 @@ dump_all() gives them in-process (btcore/introspect.py: gevent's
 and their parent, read from the target's objects after it runs again.
 
 Layouts are learned, never guessed:
-- CPython's objects (type dicts, dicts, functions, ints): the offsets of the
-  CPython btcore is built against (native/remote/robjects.c), for a target of
-  that version family only;
+- CPython's objects (type dicts, dicts, functions, ints): the table of the
+  target's version (native/remote/robjects.c: 3.11, 3.13-3.15), whatever
+  version btcore runs on;
 - gevent's Greenlet keeps its ident (the N of "Greenlet-N") in a private
   Cython field: its offset is learned in this process from Greenlets given
   an ident, when the target loaded the very build of gevent's module that
@@ -74,10 +74,10 @@ class Labels:
         self._m, self._snap = snap.memory, snap
         self._names = bounds.Names(snap.memory, snap.layout, snap.types)
         lay = ffi.new("btc_remote_objlayout *")
-        same_family = lib.btc_remote_pyobjects(lay) == 0 and snap.layout.version_hex >> 16 == lay.version_hex >> 16
-        self._lay = lay if same_family else None
-        self._types = _types(snap) if same_family else {}
-        self._gevent = _gevent_offsets(snap) if same_family else {}
+        known = lib.btc_remote_pyobjects(snap.layout.version_hex, lay) == 0   # the target's version's table
+        self._lay = lay if known else None
+        self._types = _types(snap) if known else {}
+        self._gevent = _gevent_offsets(snap) if known else {}
         self._parent_at = _parent_offset(snap)
         self._type_info = {}    # type address -> (shown name, is gevent's Greenlet, its dict's offset)
         self._strings = {}      # str object address -> text (interned keys, shared function names)
@@ -257,10 +257,10 @@ class Labels:
         return self._greenlets[obj]
 
     def _int(self, obj) -> int | None:
-        """A small non-negative int object's value (3.11's digits)."""
+        """A small non-negative int object's value."""
         lay = self._lay
         words = self._object(obj, "int", (lay.long_digits + 4 * _LONG_DIGITS + 7) // 8)
-        size = words[lay.long_size // 8] if words else None
+        size = _digit_count(words[lay.long_size // 8], lay.long_tag_bits) if words else None
         if size is None or not 0 <= size <= _LONG_DIGITS:
             return None
         raw = struct.pack(f"<{len(words)}Q", *words)
@@ -289,6 +289,16 @@ class Labels:
         pimpl = g[self._parent_at[0] // 8]
         parent = self._m.word(pimpl + self._parent_at[1]) if pimpl and not pimpl & 7 else None
         return parent if parent and self._is_greenlet(parent) else None
+
+
+def _digit_count(size: int, tag_bits: int) -> int | None:
+    """The digits of a non-negative int from its size word (None: negative):
+    3.11's ob_size counts them, signed; 3.12+'s lv_tag holds the count above
+    tag_bits, the sign below (0 positive, 1 zero, 2 negative)."""
+    if not tag_bits:
+        return size if size < 1 << 63 else None
+    sign = size & 3
+    return None if sign == 2 else 0 if sign == 1 else size >> tag_bits
 
 
 def _types(snap) -> dict:
