@@ -442,9 +442,9 @@ def _render(snap: Snapshot, stacks: list, core, format: str) -> str:
     source = f"core file {core}" if core else f"process {snap.pid}"
     if format == "text":
         stopped = f" (stopped {snap.stopped_for * 1000:.1f} ms)" if not core else ""
-        return dump._text(infos, True, True, dump._stack_text, f"Process dump, {source}", stopped, snap.notes)
+        return dump.render_text(infos, True, True, dump.stack_text, f"Process dump, {source}", stopped, snap.notes)
     more = {"source": source, "stopped_ms": None if core else snap.stopped_for * 1000, "notes": snap.notes}
     if format == "json":
-        return json.dumps(dump._json_doc(infos, True, pid=snap.pid, **more), indent=1) + "\n"
+        return json.dumps(dump.json_document(infos, True, pid=snap.pid, **more), indent=1) + "\n"
     from .html import page
     return page(infos, pid=snap.pid, **more)

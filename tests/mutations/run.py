@@ -283,7 +283,7 @@ MUTATIONS = [
     Mutation("src/btcore/dump.py", "and _installed_from_c(signum)):", "and False):",
              "tests/test_signal_dump.py::test_refuses_a_handler_installed_from_c",
              "a handler installed from C after start-up (faulthandler.register) is replaced without a word"),
-    Mutation("src/btcore/dump.py", "    if not dumpwriter.submit(partial(_write_dump, out, infos, _stack_text, skipped)):",
+    Mutation("src/btcore/dump.py", "    if not dumpwriter.submit(partial(_write_dump, out, infos, stack_text, skipped)):",
              "    if True:",
              "tests/test_signal_dump.py::test_the_handler_only_captures_a_real_thread_writes",
              "the whole dump (names, text, write) runs in the handler: the event loop waits for all of it"),
