@@ -785,5 +785,11 @@ typedef struct {
     uint32_t long_tag_bits;   /* 3.12+: lv_tag's bits below the count of digits (its sign), else 0 */
     uint32_t long_digits, long_shift;
     uint32_t weakref_object;
+    uint32_t interp_modules, module_dict;   /* sys.modules in the interpreter state; a module's dict */
+    uint32_t type_basicsize, heaptype_cached_keys;
+    uint64_t managed_dict_flag, inline_values_flag;   /* 0: no such flag */
+    uint32_t managed_dict_before;     /* a managed dict's pointer lies this far before the object */
+    uint32_t values_pointer_before;   /* 3.11: the pointer to its values, this far before (0: inline values) */
+    uint32_t values_valid;            /* 3.13+: PyDictValues.valid (inline values in use) */
 } btc_remote_objlayout;
 int btc_remote_pyobjects(uint64_t version_hex, btc_remote_objlayout *out);

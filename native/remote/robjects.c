@@ -1,6 +1,9 @@
 /* Where another process keeps the objects a dump names its greenlets with
- * (btcore/remote_names.py): types' instance dicts, dicts, functions, ints,
- * weak references.  One table, a column per CPython version family read
+ * (btcore/remote_names.py) and its threads (threading's `_active`, found
+ * through sys.modules): types' instance dicts, dicts, functions, ints, weak
+ * references, modules, the attributes CPython keeps for a class made in
+ * Python (a managed dict, or values: before the object on 3.11, inline
+ * after it from 3.13).  One table, a column per CPython version family read
  * (3.11, 3.13, 3.14, 3.15: default x86-64 builds), chosen by the target's
  * version, whatever version btcore runs on.  The values were measured with
  * offsetof against each version's headers (internal ones for dicts; 3.13-
@@ -47,7 +50,16 @@
     X(long_tag_bits, 0, 3, 3, 3, LONG_TAG_BITS)                                                   \
     X(long_digits, 24, 24, 24, 24, LONG_DIGITS)                                                   \
     X(long_shift, 30, 30, 30, 30, PyLong_SHIFT)                                                   \
-    X(weakref_object, 16, 16, 16, 16, offsetof(PyWeakReference, wr_object))
+    X(weakref_object, 16, 16, 16, 16, offsetof(PyWeakReference, wr_object))                     \
+    X(interp_modules, 888, 7656, 7688, 7592, INTERP_MODULES)                                      \
+    X(module_dict, 16, 16, 16, 16, offsetof(PyModuleObject, md_dict))                             \
+    X(type_basicsize, 32, 32, 32, 32, offsetof(PyTypeObject, tp_basicsize))                       \
+    X(heaptype_cached_keys, 872, 880, 880, 888, offsetof(PyHeapTypeObject, ht_cached_keys))       \
+    X(managed_dict_flag, 16, 16, 16, 16, Py_TPFLAGS_MANAGED_DICT)                                 \
+    X(managed_dict_before, 24, 24, 24, 24, MANAGED_DICT_BEFORE)                                   \
+    X(values_pointer_before, 32, 0, 0, 0, VALUES_POINTER_BEFORE)                                  \
+    X(inline_values_flag, 0, 4, 4, 4, INLINE_VALUES_FLAG)                                         \
+    X(values_valid, 0, 3, 3, 3, VALUES_VALID)
 
 #define COLUMN(column)                                                                              \
     {column##_hex, {OBJECT_LAYOUT(column)}}
@@ -68,15 +80,30 @@ static const struct {
 #if BTC_PY_FAMILY == 311 || BTC_PY_FAMILY == 313 || BTC_PY_FAMILY == 314
 #define Py_BUILD_CORE 1
 #include <internal/pycore_dict.h>
+#include <internal/pycore_interp.h>
+#include <internal/pycore_moduleobject.h>
 #if BTC_PY_FAMILY == 311
+/* (3.11's pycore_object.h does not compile after Python.h without Py_BUILD_CORE: its two pointers as it
+ * defines them) */
+#define MANAGED_DICT_BEFORE (3 * sizeof(PyObject *))           /* _PyObject_ManagedDictPointer: obj - 3 */
 #define LONG_SIZE offsetof(PyVarObject, ob_size)   /* a signed count of digits */
 #define LONG_TAG_BITS 0
 #define LONG_DIGITS offsetof(PyLongObject, ob_digit)
+#define INTERP_MODULES offsetof(PyInterpreterState, modules)
+#define VALUES_POINTER_BEFORE (4 * sizeof(PyDictValues *))   /* _PyObject_ValuesPointer: obj - 4 */
+#define INLINE_VALUES_FLAG 0
+#define VALUES_VALID 0
 #define BUILT PY311
 #else
 #define LONG_SIZE offsetof(PyLongObject, long_value.lv_tag)   /* digits << 3 | sign (0 +, 1 zero, 2 -) */
 #define LONG_TAG_BITS _PyLong_NON_SIZE_BITS
 #define LONG_DIGITS offsetof(PyLongObject, long_value.ob_digit)
+#include <internal/pycore_object.h>
+#define MANAGED_DICT_BEFORE (-MANAGED_DICT_OFFSET)
+#define INTERP_MODULES offsetof(PyInterpreterState, imports.modules)
+#define VALUES_POINTER_BEFORE 0   /* the values lie inline, past tp_basicsize */
+#define INLINE_VALUES_FLAG Py_TPFLAGS_INLINE_VALUES
+#define VALUES_VALID offsetof(PyDictValues, valid)
 #if BTC_PY_FAMILY == 313
 #define BUILT PY313
 #elif PY_VERSION_HEX < 0x030F0000

@@ -22,6 +22,7 @@ from .frame import NATIVE, PYTHON, Frame
 from .introspect import place_in_tree
 from .resolve import F_EXACT, file_symbol, native_frames
 from .schema import RemoteGreenlet
+from .threads import fallback_name
 from .remote import (_PYFRAME, DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
                      greenlet_copies, snapshot_live, symbol_value, vdso_file)
 
@@ -52,6 +53,7 @@ class ProcessStack:
     address: int | None = None      # greenlet: its object's address in the target
     parent: int | None = None       # greenlet: its parent's address, if known
     spawned_by: int | None = None   # greenlet: its live spawner's address, if known
+    thread_name: str | None = None  # its thread's name as `threading` knew it (remote_names.py), if it did
 
 
 # ---- walking and merging the copies: collect()'s merge, in C ----
@@ -233,11 +235,14 @@ def _stacks(snap: Snapshot, native: bool) -> list:
         merger.stack(st, t.regs, t.stack_lo, t.stack if stopped else None, 0, pyframes, False)
         shown.append(ProcessStack("thread", name, t.tid))
         notes.append(() if stopped else (t.error,))
-    labels = remote_names.Labels(snap) if snap.greenlets else None
+    labels = remote_names.Labels(snap)
     for g in snap.greenlets:
         stack, note = _greenlet_stack(snap, merger, stacks[len(shown)], g, native, labels.label(g))
         shown.append(stack)
         notes.append(note)
+    thread_names = labels.thread_names()
+    for stack in shown:
+        stack.thread_name = thread_names.get(stack.tid)
     for i, (stack, note, (bt, shared, cut)) in enumerate(zip(shown, notes, merger.merge(stacks, len(shown)))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
         stack.error = _noted(*note, _UNWALKED if stacks[i].unwalked else None, cut, shared.wrong)
@@ -416,7 +421,7 @@ class RemoteInfo:
         self.greenlet, self.name, self.backtrace, self.error = greenlet, stack.name, stack.backtrace, stack.error
         self.state = "running" if stack.kind == "thread" else "suspended"
         self.thread_id = (thread.thread_id or None) if thread else None
-        self.thread_name = f"native thread {thread.tid}" if thread else None
+        self.thread_name = (stack.thread_name or fallback_name(thread.tid)) if thread else None
         self.parent = self.spawned_by = self.under = self.spawn_chain = self.spawn_backtrace = None
         self.last_ran, self.python_only = None, False
 

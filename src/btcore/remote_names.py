@@ -36,6 +36,9 @@ from .remote import _PYFRAME, symbol_value
 MAX_NAME = 200          # characters of a name as shown (an absurd one is cut, with "...")
 MAX_DICT_ENTRIES = 256  # entries of an instance dict looked through
 MAX_TYPE_DEPTH = 32     # tp_base links followed
+MAX_MODULES = 1 << 14   # entries of sys.modules looked through (for threading)
+MAX_INTERPRETERS = 64   # interpreter states followed to the main one
+MAX_OBJECT = 1 << 16    # bytes: no instance's dict offset or basic size lies further
 _GEVENT_GREENLET = "gevent._gevent_cgreenlet.Greenlet"
 _EVENTLET_MAIN = os.path.join("eventlet", "greenthread.py")
 _GREENLET_WORDS = greenlet.greenlet.__basicsize__ // 8   # PyGreenlet (its pimpl last)
@@ -76,9 +79,9 @@ class Labels:
         lay = ffi.new("btc_remote_objlayout *")
         known = lib.btc_remote_pyobjects(snap.layout.version_hex, lay) == 0   # the target's version's table
         self._lay = lay if known else None
-        self._types = _types(snap) if known else {}
-        self._gevent = _gevent_offsets(snap) if known else {}
-        self._parent_at = _parent_offset(snap)
+        self._types, self._runtime = _types(snap) if known else ({}, None)
+        self._gevent = _gevent_offsets(snap) if known and snap.greenlets else {}   # (imports gevent)
+        self._parent_at = _parent_offset(snap) if snap.greenlets else None
         self._type_info = {}    # type address -> (shown name, is gevent's Greenlet, its dict's offset)
         self._strings = {}      # str object address -> text (interned keys, shared function names)
         self._functions = {}    # callable address -> its name
@@ -179,20 +182,26 @@ class Labels:
     def _lookup(self, d, key: str):
         return self._entries(d).get(key)
 
-    def _entries(self, d) -> dict:
-        """{key: value address} of a dict object (str keys; a split dict's
-        values from its values array); {} when it is not one or unreadable."""
-        lay, m = self._lay, self._m
+    def _entries(self, d, key_of=None, most: int = MAX_DICT_ENTRIES) -> dict:
+        """{key: value address} of a dict object (str keys, or those key_of
+        reads; a split dict's values from its values array); {} when it is
+        not one, is unreadable or has more than `most` entries."""
+        lay = self._lay
         words = self._object(d, "dict", self._dict_words)
         if words is None:
             return {}
-        keys, values = words[lay.dict_keys // 8], words[lay.dict_values // 8]
+        return self._keys_entries(words[lay.dict_keys // 8], words[lay.dict_values // 8], key_of or self._string,
+                                  most)
+
+    def _keys_entries(self, keys: int, values: int, key_of, most: int) -> dict:
+        """The entries of a dict's keys object (values: its values array, 0: in the entries)."""
+        lay, m = self._lay, self._m
         head = m.read(keys, lay.keys_indices) if keys else None
         if head is None:
             return {}
         log2_index_bytes, kind = head[lay.keys_log2_index_bytes], head[lay.keys_kind]
         n = struct.unpack_from("<q", head, lay.keys_nentries)[0]
-        if not 0 <= n <= MAX_DICT_ENTRIES or log2_index_bytes > 20:
+        if not 0 <= n <= most or log2_index_bytes > 20:
             return {}
         general = kind == lay.kind_general
         size, key_at, value_at = (lay.entry_size, lay.entry_key, lay.entry_value) if general else \
@@ -203,12 +212,92 @@ class Labels:
             return {}
         out = {}
         for i in range(n):
-            key = self._string(struct.unpack_from("<Q", raw, i * size + key_at)[0])
+            key = key_of(struct.unpack_from("<Q", raw, i * size + key_at)[0])
             value = struct.unpack_from("<Q", slots, i * 8)[0] if values else \
                 struct.unpack_from("<Q", raw, i * size + value_at)[0]
             if key is not None and value:
                 out[key] = value
         return out
+
+    def _attributes(self, obj) -> dict:
+        """{name: value address} of an instance's attributes: its instance
+        dict (tp_dictoffset), or what CPython keeps for a class made in
+        Python (its managed dict, else its values, keyed by the class's
+        shared keys)."""
+        lay, m = self._lay, self._m
+        tp = m.word(obj + 8) if obj and not obj & 7 else None
+        flags = m.word(tp + lay.type_flags) if tp else None
+        if flags is None:
+            return {}
+        if not flags & lay.managed_dict_flag or not flags & lay.heaptype_flag:
+            offset = m.word(tp + lay.type_dictoffset)
+            return self._entries(m.word(obj + offset)) if offset and 0 < offset < MAX_OBJECT and not offset & 7 \
+                else {}
+        managed = m.word(obj - lay.managed_dict_before)
+        if managed:
+            return self._entries(managed)
+        values = self._values(obj, tp, flags)
+        keys = m.word(tp + lay.heaptype_cached_keys) if values else None
+        return self._keys_entries(keys, values, self._string, MAX_DICT_ENTRIES) if keys else {}
+
+    def _values(self, obj: int, tp: int, flags: int) -> int | None:
+        """The values array of an instance with no dict: before it (3.11), or inline past its type's
+        tp_basicsize while they are valid (3.13+)."""
+        lay, m = self._lay, self._m
+        if lay.values_pointer_before:
+            return m.word(obj - lay.values_pointer_before)
+        size = m.word(tp + lay.type_basicsize) if flags & lay.inline_values_flag else None
+        valid = m.read(obj + size + lay.values_valid, 1) if size and 0 < size < MAX_OBJECT and not size & 7 else None
+        return obj + size if valid and valid[0] else None
+
+    def thread_names(self) -> dict:
+        """{native thread id: its name} of the target's threads that
+        `threading` named, as btcore/threads.py names them in-process: the
+        main thread (the pid's) by threading's _main_thread, the others by
+        their ident in `_active` (eventlet's saved original module first);
+        a thread whose Thread does not carry its own ident is left out."""
+        try:
+            modules = self._entries(self._m.word(self._interpreter() + self._lay.interp_modules), most=MAX_MODULES) \
+                if self._lay else {}
+            named = {}
+            for name in ("__original_module_threading", "threading"):
+                self._named_threads(modules.get(name), named)
+        except (struct.error, ValueError, OverflowError):   # a read cut short, a value no field holds
+            return {}
+        by_ident = {t.thread_id: t.tid for t in self._snap.threads if t.thread_id}
+        out = {by_ident[ident]: name for ident, name in named.items() if ident in by_ident}
+        out.update({t.tid: named["main"] for t in self._snap.threads if t.tid == self._snap.pid and "main" in named})
+        return out
+
+    def _named_threads(self, module, named: dict) -> None:
+        """Add {ident: name} of threading module's `_active` to named (those not named yet), and "main":
+        the name of its _main_thread."""
+        globals_ = self._entries(self._m.word(module + self._lay.module_dict)) if self._is(module, "module") else {}
+        main = self._thread_name(globals_.get("_main_thread"))
+        if main is not None:
+            named.setdefault("main", main)
+        for ident, thread in self._entries(globals_.get("_active"), self._int).items():
+            attributes = self._attributes(thread)
+            name = self._string(attributes.get("_name"))
+            if name is not None and self._int(attributes.get("_ident")) == ident:
+                named.setdefault(ident, shown(name))
+
+    def _thread_name(self, thread) -> str | None:
+        name = self._string(self._attributes(thread).get("_name")) if thread else None
+        return shown(name) if name is not None else None
+
+    def _interpreter(self) -> int:
+        """The main interpreter's state: the last of the runtime's list (a new one goes first)."""
+        lay, m = self._snap.layout, self._m
+        interp = m.word(self._runtime + lay.runtime_interp_head) if self._runtime else None
+        for _ in range(MAX_INTERPRETERS):
+            after = m.word(interp + lay.interp_next) if interp else None
+            if not after:
+                break
+            interp = after
+        if not interp:
+            raise ValueError("no interpreter state")
+        return interp
 
     def _function(self, obj) -> str | None:
         """__name__ of a function, bound method or builtin (others: None)."""
@@ -301,18 +390,20 @@ def _digit_count(size: int, tag_bits: int) -> int | None:
     return None if sign == 2 else 0 if sign == 1 else size >> tag_bits
 
 
-def _types(snap) -> dict:
-    """The target's type objects a label checks objects against (libpython's symbols)."""
+def _types(snap) -> tuple:
+    """(The target's type objects a label checks objects against, its _PyRuntime's address or None):
+    libpython's symbols."""
     interpreter = snap.modules.at(snap.types.str) if snap.types.str else None   # the module defining str
     if interpreter is None:
-        return {}
+        return {}, None
     found = {"str": snap.types.str}
     for kind, symbol in (("dict", "PyDict_Type"), ("int", "PyLong_Type"), ("function", "PyFunction_Type"),
                          ("method", "PyMethod_Type"), ("builtin", "PyCFunction_Type"),
-                         ("weakref", "_PyWeakref_RefType")):
+                         ("weakref", "_PyWeakref_RefType"), ("module", "PyModule_Type")):
         value = symbol_value(interpreter.path, symbol)
         found[kind] = interpreter.bias + value if value else None
-    return found
+    runtime = symbol_value(interpreter.path, "_PyRuntime")
+    return found, interpreter.bias + runtime if runtime else None
 
 
 def _same_build(snap, prefix: str, ours: str) -> bool:
