@@ -119,29 +119,35 @@ def test_shown_escapes_and_bounds():
 
 
 EVENTLET_TARGET = """
-import eventlet
+import json, sys, eventlet, btcore
+
 def leaf():
     eventlet.sleep(3600)
-threads = [eventlet.spawn(leaf) for _ in range(2)]
+
+class Handler:
+    def handle(self, n):
+        leaf()
+
+threads = [eventlet.spawn(leaf) for _ in range(2)] + [eventlet.spawn(Handler().handle, 1)]
 eventlet.sleep(0)
-print("ready", flush=True)
+print(json.dumps({hex(id(i.greenlet)): i.name for i in btcore.snapshot() if i.greenlet in threads}), flush=True)
 eventlet.sleep(3600)
 """
 
 
-def test_an_eventlet_green_thread_is_not_named_after_its_main():
-    # guards: eventlet's GreenThread runs its function from GreenThread.main, whose locals are not read
-    # from outside: the label names no function rather than "main".
+def test_eventlet_green_threads_are_named_as_in_process():
+    # guards: eventlet's GreenThread runs its function from GreenThread.main, whose locals are not read from
+    # outside: the function is the one of the frame main called (not "main"), as dump_all() names it inside.
     proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", EVENTLET_TARGET], stdout=subprocess.PIPE,
                             text=True)
     try:
-        assert proc.stdout.readline() == "ready\n"
-        names = [m["name"] for m in members(proc.pid).values()]
+        oracle = json.loads(proc.stdout.readline())
+        dumped = members(proc.pid)
     finally:
         proc.kill()
         proc.wait(timeout=WAIT)
-    green = [n for n in names if n.startswith("<eventlet.greenthread.GreenThread at 0x")]
-    assert len(green) == 2 and all(n.endswith(">") for n in green), names
+    assert {a: dumped[a]["name"] for a in oracle} == oracle
+    assert sorted(n.rsplit(" ", 1)[1] for n in oracle.values()) == ["(handle)", "(leaf)", "(leaf)"], oracle
 
 
 CROSS_TARGET = """

@@ -358,19 +358,27 @@ class Labels:
 
     def _outermost(self, pyframes) -> str | None:
         """The function a plain greenlet runs: its outermost Python frame's
-        (in-process: f_code.co_name of the last f_back); pyframes: its
+        (in-process: f_code.co_name of the last f_back); for an eventlet
+        GreenThread, the function its main runs (in-process: main's local
+        `function`; frames' locals are not read here: the function of the
+        frame main called, the same for a Python function or method; for a
+        partial or a builtin, the first Python function it called).  pyframes: its
         btc_remote_pyframe records, innermost first (a cut chain ends in a
         record of code 0)."""
         records = list(_PYFRAME.iter_unpack(pyframes)) if self._lay else []
         if not records or not records[-1][0]:   # none, or cut short: its outermost frame is not known
             return None
-        code = records[-1][0]
+        if self._is_eventlet_main(records[-1][0]):
+            return self._code_name(records[-2][0]) if len(records) > 1 and records[-2][0] else None
+        return self._code_name(records[-1][0])
+
+    def _is_eventlet_main(self, code: int) -> bool:
         read = self._names.code(code)
-        if read.error or (read.qualname == "GreenThread.main" and (read.filename or "").endswith(_EVENTLET_MAIN)):
-            # not a code object (or unreadable); or eventlet's GreenThread.main, which runs the function
-            # in its local `function` (frames' locals are not read): no function rather than "main"
-            return None
-        return self._string(self._m.word(code + self._lay.code_name))
+        return read.qualname == "GreenThread.main" and (read.filename or "").endswith(_EVENTLET_MAIN)
+
+    def _code_name(self, code: int) -> str | None:
+        """co_name of a code object (None: not one, or unreadable)."""
+        return self._string(self._m.word(code + self._lay.code_name)) if not self._names.code(code).error else None
 
     def _parent(self, g: tuple | None) -> int | None:
         if self._parent_at is None or g is None or self._lay is None:   # greenlet types are told by their tp_base
