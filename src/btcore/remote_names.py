@@ -273,18 +273,19 @@ class Labels:
         """Add {ident: name} of threading module's `_active` to named (those not named yet), and "main":
         the name of its _main_thread."""
         globals_ = self._entries(self._m.word(module + self._lay.module_dict)) if self._is(module, "module") else {}
-        main = self._thread_name(globals_.get("_main_thread"))
+        main, _ = self._thread(globals_.get("_main_thread"))
         if main is not None:
             named.setdefault("main", main)
         for ident, thread in self._entries(globals_.get("_active"), self._int).items():
-            attributes = self._attributes(thread)
-            name = self._string(attributes.get("_name"))
-            if name is not None and self._int(attributes.get("_ident")) == ident:
-                named.setdefault(ident, shown(name))
+            name, carried = self._thread(thread)
+            if name is not None and carried == ident:
+                named.setdefault(ident, name)
 
-    def _thread_name(self, thread) -> str | None:
-        name = self._string(self._attributes(thread).get("_name")) if thread else None
-        return shown(name) if name is not None else None
+    def _thread(self, thread) -> tuple:
+        """(Its name as shown, its ident) of a threading.Thread (None: unreadable, or not there)."""
+        attributes = self._attributes(thread) if thread else {}
+        name = self._string(attributes.get("_name"))
+        return (shown(name) if name is not None else None), self._int(attributes.get("_ident"))
 
     def _interpreter(self) -> int:
         """The main interpreter's state: the last of the runtime's list (a new one goes first)."""

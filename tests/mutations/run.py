@@ -768,7 +768,7 @@ MUTATIONS = [
              "the 3.11 column serves every target, whatever its version: a 3.13+ target is "
              "read through the wrong offsets"),
     Mutation("src/btcore/remote_names.py",
-             "            if name is not None and self._int(attributes.get(\"_ident\")) == ident:",
+             "            if name is not None and carried == ident:",
              "            if name is not None:",
              "tests/test_remote_names.py::test_hostile_thread_names_are_bounded_escaped_or_left_out",
              "a Thread in threading's _active names the thread of its key whatever ident it carries: a target "
