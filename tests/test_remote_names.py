@@ -283,3 +283,25 @@ def test_hostile_thread_names_are_bounded_escaped_or_left_out():
     assert {f"native thread {tids['huge']}", f"native thread {tids['spoofed']}", "MainThread"} <= names, names
     assert "\x1b" not in text and "\r" not in text
     assert not any(line.startswith("=== thread forged") for line in text.splitlines())
+
+
+class NoTable:
+    """btcore's native library, with no object table for any version (as for a target on one it lacks)."""
+
+    def __getattr__(self, name):
+        return getattr(lib, name)
+
+    def btc_remote_pyobjects(self, version_hex, out):
+        return -1
+
+
+def test_a_target_of_a_version_with_no_table_keeps_the_plain_labels(target, monkeypatch):
+    # guards: with no column for the target's version, greenlets keep type and address and threads their
+    # fallback names: no object is read through a missing table (no exception, no guessed offsets).
+    from btcore.process import process_stacks
+    proc, oracle = target
+    monkeypatch.setattr(remote_names, "lib", NoTable())
+    _, stacks = process_stacks(proc.pid)
+    greenlets = [s for s in stacks if s.kind == "greenlet"]
+    assert greenlets and all(s.name.startswith("<") and s.parent is None for s in greenlets)
+    assert all(s.thread_name is None for s in stacks)

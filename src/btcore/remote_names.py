@@ -256,9 +256,10 @@ class Labels:
         main thread (the pid's) by threading's _main_thread, the others by
         their ident in `_active` (eventlet's saved original module first);
         a thread whose Thread does not carry its own ident is left out."""
+        if self._lay is None:   # a version with no column in the table
+            return {}
         try:
-            modules = self._entries(self._m.word(self._interpreter() + self._lay.interp_modules), most=MAX_MODULES) \
-                if self._lay else {}
+            modules = self._entries(self._m.word(self._interpreter() + self._lay.interp_modules), most=MAX_MODULES)
             named = {}
             for name in ("__original_module_threading", "threading"):
                 self._named_threads(modules.get(name), named)
