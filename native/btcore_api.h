@@ -769,9 +769,9 @@ int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *lay, btc_re
                                const uintptr_t *lo, const uintptr_t *hi, int nmaps);
 
 /* Where the target keeps what names its greenlets (btcore/remote_names.py):
- * offsets in bytes of the CPython btcore is built against; -1 when that
- * version's are not known here (the dump then names greenlets by type and
- * address only). */
+ * offsets in bytes for a target of CPython version_hex (3.11, 3.13-3.15:
+ * native/remote/robjects.c's table); -1 when that version's are not known
+ * here (the dump then names greenlets by type and address only). */
 typedef struct {
     uint64_t version_hex;
     uint32_t type_dictoffset, type_dict, type_flags, type_base, heaptype_qualname;
@@ -781,7 +781,15 @@ typedef struct {
     uint32_t entry_size, entry_key, entry_value;
     uint32_t unicode_entry_size, unicode_entry_key, unicode_entry_value;
     uint32_t func_name, method_func, cfunc_def, methoddef_name, code_name;
-    uint32_t long_size, long_digits, long_shift;
+    uint32_t long_size;       /* 3.11: ob_size, a signed count of digits; 3.12+: lv_tag */
+    uint32_t long_tag_bits;   /* 3.12+: lv_tag's bits below the count of digits (its sign), else 0 */
+    uint32_t long_digits, long_shift;
     uint32_t weakref_object;
+    uint32_t interp_modules, module_dict;   /* sys.modules in the interpreter state; a module's dict */
+    uint32_t type_basicsize, heaptype_cached_keys;
+    uint64_t managed_dict_flag, inline_values_flag;   /* 0: no such flag */
+    uint32_t managed_dict_before;     /* a managed dict's pointer lies this far before the object */
+    uint32_t values_pointer_before;   /* 3.11: the pointer to its values, this far before (0: inline values) */
+    uint32_t values_valid;            /* 3.13+: PyDictValues.valid (inline values in use) */
 } btc_remote_objlayout;
-int btc_remote_pyobjects(btc_remote_objlayout *out);
+int btc_remote_pyobjects(uint64_t version_hex, btc_remote_objlayout *out);

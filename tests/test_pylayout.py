@@ -169,3 +169,21 @@ def test_a_suspended_greenlets_frames_are_cpythons(memory):
     assert chain == cpython_view(g.gr_frame)
     check_entries(entries)
     assert out[n - 1].entry
+
+
+# The object offsets a dump names greenlets with (native/remote/robjects.c) that _Py_DebugOffsets also gives.
+PUBLISHED_OBJECT_FIELDS = {"code_name": "code_object.name", "type_flags": "type_object.tp_flags",
+                           "dict_keys": "dict_object.ma_keys", "dict_values": "dict_object.ma_values",
+                           "long_size": "long_object.lv_tag", "long_digits": "long_object.ob_digit"}
+
+
+def test_the_object_table_agrees_with_the_interpreters_debug_offsets(memory):
+    # guards: robjects.c's column for this version gives the offsets the interpreter itself publishes, on 3.13-3.15
+    # (where btcore is built for a version, its column is also pinned to its headers at compile time).
+    found = debug_offsets.published(memory, runtime(), sys.hexversion >> 16)
+    if found is None:
+        pytest.skip("3.11's table is pinned to its headers at compile time (native/remote/pylayout.c)")
+    objects = ffi.new("btc_remote_objlayout *")
+    assert lib.btc_remote_pyobjects(sys.hexversion, objects) == 0
+    assert {field: getattr(objects, field) for field in PUBLISHED_OBJECT_FIELDS} == \
+        {field: found[1][name] for field, name in PUBLISHED_OBJECT_FIELDS.items()}

@@ -9,14 +9,15 @@ import sys
 import pytest
 
 import conftest
+import test_process_dump as process_dump
 
 from btcore import remote_names
 from btcore._native import ffi, lib
 
-ON_311 = lib.btc_remote_pyobjects(ffi.new("btc_remote_objlayout *")) == 0
+KNOWN = lib.btc_remote_pyobjects(sys.hexversion, ffi.new("btc_remote_objlayout *")) == 0
 pytestmark = [pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
-              pytest.mark.skipif(not ON_311, reason=f"{conftest.ONLY_311_SKIP}: greenlet names read from outside "
-                                 "(robjects.c holds 3.11's object offsets)")]
+              pytest.mark.skipif(not KNOWN, reason="no object layout table for this CPython (robjects.c: 3.11, "
+                                 "3.13-3.15)")]
 TARGET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "names_target.py")
 WAIT = 120   # seconds: hang detection only
 
@@ -118,26 +119,189 @@ def test_shown_escapes_and_bounds():
 
 
 EVENTLET_TARGET = """
-import eventlet
+import json, sys, eventlet, btcore
+
 def leaf():
     eventlet.sleep(3600)
-threads = [eventlet.spawn(leaf) for _ in range(2)]
+
+class Handler:
+    def handle(self, n):
+        leaf()
+
+threads = [eventlet.spawn(leaf) for _ in range(2)] + [eventlet.spawn(Handler().handle, 1)]
 eventlet.sleep(0)
-print("ready", flush=True)
+print(json.dumps({hex(id(i.greenlet)): i.name for i in btcore.snapshot() if i.greenlet in threads}), flush=True)
 eventlet.sleep(3600)
 """
 
 
-def test_an_eventlet_green_thread_is_not_named_after_its_main():
-    # guards: eventlet's GreenThread runs its function from GreenThread.main, whose locals are not read
-    # from outside: the label names no function rather than "main".
+def test_eventlet_green_threads_are_named_as_in_process():
+    # guards: eventlet's GreenThread runs its function from GreenThread.main, whose locals are not read from
+    # outside: the function is the one of the frame main called (not "main"), as dump_all() names it inside.
     proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", EVENTLET_TARGET], stdout=subprocess.PIPE,
                             text=True)
     try:
-        assert proc.stdout.readline() == "ready\n"
-        names = [m["name"] for m in members(proc.pid).values()]
+        oracle = json.loads(proc.stdout.readline())
+        dumped = members(proc.pid)
     finally:
         proc.kill()
         proc.wait(timeout=WAIT)
-    green = [n for n in names if n.startswith("<eventlet.greenthread.GreenThread at 0x")]
-    assert len(green) == 2 and all(n.endswith(">") for n in green), names
+    assert {a: dumped[a]["name"] for a in oracle} == oracle
+    assert sorted(n.rsplit(" ", 1)[1] for n in oracle.values()) == ["(handle)", "(leaf)", "(leaf)"], oracle
+
+
+CROSS_TARGET = """
+import json, threading, time, greenlet, btcore
+
+class Plain(greenlet.greenlet):   # a heap type: its qualname lies at another offset on each version
+    pass
+
+def parked():
+    greenlet.getcurrent().parent.switch()
+
+parked_ones = [greenlet.greenlet(parked), Plain(parked)]
+for g in parked_ones:
+    g.switch()
+threading.main_thread().name = "main <i>thread</i>"
+named = {hex(id(i.greenlet)): i.name for i in btcore.snapshot() if i.greenlet in parked_ones}
+print(json.dumps({"greenlets": named, "thread": threading.main_thread().name}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("version", ["3.13", "3.14", "3.15"])
+def test_a_target_on_another_cpython_is_named_through_its_versions_table(version):
+    # guards: robjects.c's table is chosen by the target's version, not btcore's: a 3.13-3.15 target (the sid
+    # chroot's) dumped by this btcore names a plain greenlet and a subclass made in Python (module and qualname:
+    # heap-type offsets that differ per version) as btcore.snapshot() names them inside it, and its main thread
+    # by the name threading gives it (sys.modules in the interpreter state, a Thread's inline values on 3.13+).
+    python = process_dump.sid_python(version, f"/opt/btcore-venv-{version}/bin/python")
+    _, oracle, doc = process_dump.dump_in_chroot(python, CROSS_TARGET)
+    names = {hex(g["id"]): g["name"] for g in doc["greenlets"] if hex(g["id"]) in oracle["greenlets"]}
+    assert names == oracle["greenlets"] and any(n.startswith("<__main__.Plain at 0x") for n in names.values())
+    assert [t["name"] for t in doc["threads"]] == [oracle["thread"]]
+
+
+THREADS_TARGET = """
+import sys, threading
+PATCHED = sys.argv[1] == "patched"
+if PATCHED:
+    from gevent import monkey
+    monkey.patch_all()
+import gevent, greenlet, btcore
+
+def park_in_a_greenlet(started):
+    main = greenlet.getcurrent()
+    greenlet.greenlet(main.switch).switch()   # parked: this thread has a greenlet dump_all() lists
+    started.set()
+    threading.Event().wait() if not PATCHED else None
+
+if not PATCHED:   # (patched, a Thread is a greenlet of the main thread)
+    for name in ("worker-1", "plain <b>two</b>"):
+        started = threading.Event()
+        threading.Thread(target=park_in_a_greenlet, args=(started,), name=name, daemon=True).start()
+        started.wait()
+workers = [gevent.spawn(gevent.sleep, 600) for _ in range(2)]
+gevent.sleep(0)
+with open(sys.argv[2], "w") as f:
+    btcore.dump_all(f)
+print("ready", flush=True)
+gevent.sleep(600)
+"""
+
+
+def thread_labels(text: str) -> set:
+    """The thread labels of a text dump's group headers ("name (0xident)")."""
+    labels = set()
+    for line in text.splitlines():
+        if line.startswith(("  thread: ", "  threads: ")):
+            labels.update(line.split(": ", 1)[1].split(", "))
+    return labels
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["threads", "gevent-patched"])
+def test_outside_thread_names_are_the_in_process_names(tmp_path, patched):
+    # guards: thread names read from threading's _active (ident -> Thread, each Thread's _name in its managed
+    # dict or values) and _main_thread, through sys.modules: the labels dump_all() gives inside; under gevent's
+    # patching the main thread keeps its real name; no thread is "None".
+    inside = tmp_path / "inside.txt"
+    proc = subprocess.Popen([sys.executable, "-c", THREADS_TARGET, "patched" if patched else "plain", str(inside)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        outside = dump(proc.pid, "--no-native")
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+    labels = thread_labels(inside.read_text())
+    assert len(labels) == (1 if patched else 3) and any(label.startswith("MainThread (0x") for label in labels)
+    assert labels <= thread_labels(outside), outside
+    assert not any(label.startswith(("None", "native thread")) for label in thread_labels(outside)), outside
+
+
+HOSTILE_THREADS_TARGET = """
+import sys, threading, json
+
+def park(started):
+    started.set()
+    threading.Event().wait()
+
+def start(name):
+    started = threading.Event()
+    t = threading.Thread(target=park, args=(started,), name=name, daemon=True)
+    t.start()
+    started.wait()
+    return t
+
+forged = start("\\x1b[31m<i>x</i>\\n=== thread forged ===\\r" + "A" * 1000)
+huge = start("B" * 100_000)   # past bounds.MAX_STRING: not read
+spoofed = start("spoofed")
+spoofed._ident = 12345        # its Thread no longer carries its thread's ident
+threading._active["junk"] = 2.5           # a key that is no int
+threading._active[99] = object()          # a value that is no Thread
+threading._active[98] = threading._active # a dict that holds itself
+print(json.dumps({name: t.native_id for name, t in (("forged", forged), ("huge", huge), ("spoofed", spoofed))}),
+      flush=True)
+threading.Event().wait()
+"""
+
+
+def test_hostile_thread_names_are_bounded_escaped_or_left_out():
+    # guards: a thread name read from outside is escaped and cut to MAX_NAME; one past MAX_STRING, or whose Thread
+    # does not carry its thread's ident, is not used (the fallback name); junk in _active is passed over.
+    proc = subprocess.Popen([sys.executable, "-c", HOSTILE_THREADS_TARGET], stdout=subprocess.PIPE, text=True)
+    try:
+        tids = json.loads(proc.stdout.readline())
+        doc = json.loads(dump(proc.pid, "--json"))
+        text = dump(proc.pid, "--no-native")
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+    names = {t["name"] for t in doc["threads"]}
+    forged = next(n for n in names if n.startswith("\\x1b[31m"))
+    assert len(forged) == remote_names.MAX_NAME and forged.startswith("\\x1b[31m<i>x</i>\\n=== thread forged ===\\r")
+    assert {f"native thread {tids['huge']}", f"native thread {tids['spoofed']}", "MainThread"} <= names, names
+    assert "\x1b" not in text and "\r" not in text
+    assert not any(line.startswith("=== thread forged") for line in text.splitlines())
+
+
+class NoTable:
+    """btcore's native library, with no object table for any version (as for a target on one it lacks)."""
+
+    def __getattr__(self, name):
+        return getattr(lib, name)
+
+    def btc_remote_pyobjects(self, version_hex, out):
+        return -1
+
+
+def test_a_target_of_a_version_with_no_table_keeps_the_plain_labels(target, monkeypatch):
+    # guards: with no column for the target's version, greenlets keep type and address and threads their
+    # fallback names: no object is read through a missing table (no exception, no guessed offsets).
+    from btcore.process import process_stacks
+    proc, oracle = target
+    monkeypatch.setattr(remote_names, "lib", NoTable())
+    _, stacks = process_stacks(proc.pid)
+    greenlets = [s for s in stacks if s.kind == "greenlet"]
+    assert greenlets and all(s.name.startswith("<") and s.parent is None for s in greenlets)
+    assert all(s.thread_name is None for s in stacks)

@@ -93,25 +93,35 @@ _FIELDS = {
 }
 
 
+def published(memory, runtime: int, family: int) -> tuple | None:
+    """(The interpreter's version, {"section.field": offset}) of the debug
+    offsets at runtime, for a version family listed here (None: another
+    family, or garbage)."""
+    sections = _SECTIONS.get(family)
+    if sections is None:
+        return None
+    names = [f"{section}.{field}" for section, fields in sections for field in fields.split()]
+    head = memory.read(runtime, 24 + 8 * len(names))
+    if head is None or head[:8] != COOKIE:
+        return None
+    version, free_threaded = struct.unpack_from("<QQ", head, 8)
+    if version >> 16 != family or free_threaded:
+        return None   # free-threaded builds lay objects out otherwise
+    o = dict(zip(names, struct.unpack_from(f"<{len(names)}Q", head, 24)))
+    if any(value >= _MAX_OFFSET for name, value in o.items() if not name.endswith(".size")):
+        return None
+    return version, o
+
+
 def fill(memory, runtime: int, lay) -> bool:
     """Complete lay (a btc_remote_layout that btc_remote_layout_of() filled
     with its version family's constants) from the _PyRuntime's debug
     offsets at runtime; False for a version listed nowhere here, or
     garbage."""
-    family = lay.version_hex >> 16
-    sections = _SECTIONS.get(family)
-    if sections is None:
+    found = published(memory, runtime, lay.version_hex >> 16)
+    if found is None:
         return False
-    names = [f"{section}.{field}" for section, fields in sections for field in fields.split()]
-    head = memory.read(runtime, 24 + 8 * len(names))
-    if head is None or head[:8] != COOKIE:
-        return False
-    version, free_threaded = struct.unpack_from("<QQ", head, 8)
-    if version >> 16 != family or free_threaded:
-        return False   # free-threaded builds lay objects out otherwise
-    o = dict(zip(names, struct.unpack_from(f"<{len(names)}Q", head, 24)))
-    if any(value >= _MAX_OFFSET for name, value in o.items() if not name.endswith(".size")):
-        return False
+    version, o = found
     lay.version_hex = version
     for field, name in _FIELDS.items():
         setattr(lay, field, o[name])

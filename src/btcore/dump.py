@@ -160,7 +160,8 @@ def _shortened(text: str) -> str:
     return text if len(text) <= _MAX_REPR else text[:_MAX_REPR - 3] + "..."
 
 
-def _stack_text(bt) -> str:
+def stack_text(bt) -> str:
+    """A stack's frames as the text dump prints them (render_text's default stack renderer)."""
     return bt.format(header=False)   # the dump prints its own greenlet headers
 
 
@@ -308,8 +309,10 @@ def _node_label(info, stack_of, depth) -> str:
     return f"{info.name}{deep}  {info.state}  [{where}{extra}]"
 
 
-def _text(infos, group: bool, tree: bool, stack_text, title=None, tail="", notes=()) -> str:
-    """title: whose dump (default: this process's); tail: the end of the first line; notes: lines after it."""
+def render_text(infos, group: bool, tree: bool, stack_text, title=None, tail="", notes=()) -> str:
+    """The text dump of infos (GreenletInfos, or entries with their attributes: another process's);
+    stack_text(bt) prints a stack; title: whose dump (default: this process's); tail: the end of the
+    first line; notes: lines after it."""
     groups = _group(infos, group)
     threads = {info.thread_id for info in infos}
     out = [f"{title or f'Greenlet dump, pid {os.getpid()}'}: {_counted(infos)} in {len(threads)} "
@@ -325,16 +328,17 @@ def _text(infos, group: bool, tree: bool, stack_text, title=None, tail="", notes
 
 # ---- JSON ----
 
-def _frames_json(bt):
+def json_frames(bt):
+    """A stack's frames as the JSON document lists them."""
     return [{"kind": f.kind, "function": f.function, "file": f.file, "line": f.line, "module": f.module,
              "ip": f.ip, "offset": f.offset, "inlined": f.inlined} for f in bt.frames()]
 
 
 def _json(infos, group: bool) -> str:
-    return json.dumps(_json_doc(infos, group), indent=1) + "\n"
+    return json.dumps(json_document(infos, group), indent=1) + "\n"
 
 
-def _json_doc(infos, group: bool, frames_json=_frames_json, pid=None, **more) -> dict:
+def json_document(infos, group: bool, frames_json=json_frames, pid=None, **more) -> dict:
     """The JSON schema's document (btcore/schema.py); frames_json(bt) renders
     a stack's frames (the HTML page adds fields to them); pid, more: another
     process's dump (schema.document)."""
@@ -406,12 +410,13 @@ def dump_all(file=None, *, group: bool = True, tree: bool = True, format: str = 
     docs/api.md (version JSON_VERSION); `tree` does not apply.  html: one
     self-contained page (btcore/html.py), always grouped, with the tree.
     """
-    _write(file, _render(snapshot(), group, tree, format, _stack_text))
+    _write(file, render(snapshot(), group, tree, format, stack_text))
 
 
-def _render(infos, group, tree, format, stack_text) -> str:
+def render(infos, group, tree, format, stack_text) -> str:
+    """infos as dump_all() writes them in format ("text", "json", "html")."""
     if format == "text":
-        return _text(infos, group, tree, stack_text)
+        return render_text(infos, group, tree, stack_text)
     if format == "json":
         return _json(infos, group)
     if format == "html":
@@ -562,8 +567,8 @@ _skipped = [0]   # signals not dumped since the last dump (writer backlogged): s
 def _dump_now(out, frame) -> None:
     infos = _capture()
     skipped, _skipped[0] = _skipped[0], 0
-    if not dumpwriter.submit(partial(_write_dump, out, infos, _stack_text, skipped)):
-        _write_dump(out, infos, _unresolved_text if _inside_resolution(frame) else _stack_text, skipped)
+    if not dumpwriter.submit(partial(_write_dump, out, infos, stack_text, skipped)):
+        _write_dump(out, infos, _unresolved_text if _inside_resolution(frame) else stack_text, skipped)
 
 
 def _capture() -> list:
@@ -592,7 +597,7 @@ def _write_dump(file, infos, stack_text, skipped: int) -> None:
     note = (f"btcore: {skipped} dump signal{'s' if skipped > 1 else ''} skipped: earlier dumps were still "
             "being written\n" if skipped else "")
     try:
-        _write(file, note + _render(infos, True, True, "text", stack_text))
+        _write(file, note + render(infos, True, True, "text", stack_text))
     except Exception as e:   # the writer thread's jobs, like the handler, report and go on
         _write_quietly(file, f"btcore: greenlet dump failed: {type(e).__name__}: {e}\n")
 

@@ -18,7 +18,7 @@ import json
 import linecache
 from importlib import resources
 
-from .dump import _frames_json, _json_doc
+from .dump import json_frames, json_document
 from .fold import Folded, fold
 from .introspect import _is_hub, snapshot
 
@@ -29,10 +29,10 @@ _SCRIPT_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
 
 def page(infos=None, **more) -> str:
     """The HTML page of infos (default: a new snapshot()), as a string;
-    more: another process's dump (dump._json_doc)."""
+    more: another process's dump (dump.json_document)."""
     if infos is None:
         infos = snapshot()
-    doc = _as_rows(_json_doc(infos, True, _page_frames_json, **more))
+    doc = _as_rows(json_document(infos, True, _page_frames_json, **more))
     doc["hubs"] = [id(info.greenlet) for info in infos if _is_hub(info.greenlet)]
     return embed("page.html", doc)
 
@@ -87,7 +87,7 @@ def _template(name: str) -> str:
 def _page_frames_json(bt) -> list:
     """The schema's frames of bt, each with "folded" and "source" added."""
     frames = bt.frames()
-    entries = _frames_json(bt)
+    entries = json_frames(bt)
     for entry, frame, folded in zip(entries, frames, _folded_marks(frames)):
         entry["folded"] = folded
         entry["source"] = _source_line(frame)

@@ -22,6 +22,7 @@ from .frame import NATIVE, PYTHON, Frame
 from .introspect import place_in_tree
 from .resolve import F_EXACT, file_symbol, native_frames
 from .schema import RemoteGreenlet
+from .threads import fallback_name
 from .remote import (_PYFRAME, DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
                      greenlet_copies, snapshot_live, symbol_value, vdso_file)
 
@@ -52,6 +53,7 @@ class ProcessStack:
     address: int | None = None      # greenlet: its object's address in the target
     parent: int | None = None       # greenlet: its parent's address, if known
     spawned_by: int | None = None   # greenlet: its live spawner's address, if known
+    thread_name: str | None = None  # its thread's name as `threading` knew it (remote_names.py), if it did
 
 
 # ---- walking and merging the copies: collect()'s merge, in C ----
@@ -258,11 +260,14 @@ def _stacks(snap: Snapshot, native: bool) -> list:
     stacks, notes, holders = _fill(snap, merger, native)
     shown = [ProcessStack("thread", f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else ""), t.tid)
              for t in snap.threads]
-    labels = remote_names.Labels(snap) if snap.greenlets else None
+    labels = remote_names.Labels(snap)
     for g, thread in zip(snap.greenlets, holders):
         label = labels.label(g)
         shown.append(ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
                                   parent=label.parent, spawned_by=label.spawned_by))
+    thread_names = labels.thread_names()
+    for stack in shown:
+        stack.thread_name = thread_names.get(stack.tid)
     for i, (stack, note, (bt, shared, cut)) in enumerate(zip(shown, notes, merger.merge(stacks, len(shown)))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
         stack.error = _noted(*note, _UNWALKED if stacks[i].unwalked else None, cut, shared.wrong)
@@ -461,7 +466,7 @@ class RemoteInfo:
         self.greenlet, self.name, self.backtrace, self.error = greenlet, stack.name, stack.backtrace, stack.error
         self.state = "running" if stack.kind == "thread" else "suspended"
         self.thread_id = (thread.thread_id or None) if thread else None
-        self.thread_name = f"native thread {thread.tid}" if thread else None
+        self.thread_name = (stack.thread_name or fallback_name(thread.tid)) if thread else None
         self.parent = self.spawned_by = self.under = self.spawn_chain = self.spawn_backtrace = None
         self.last_ran, self.python_only = None, False
 
@@ -487,9 +492,9 @@ def _render(snap: Snapshot, stacks: list, core, format: str) -> str:
     source = f"core file {core}" if core else f"process {snap.pid}"
     if format == "text":
         stopped = f" (stopped {snap.stopped_for * 1000:.1f} ms)" if not core else ""
-        return dump._text(infos, True, True, dump._stack_text, f"Process dump, {source}", stopped, snap.notes)
+        return dump.render_text(infos, True, True, dump.stack_text, f"Process dump, {source}", stopped, snap.notes)
     more = {"source": source, "stopped_ms": None if core else snap.stopped_for * 1000, "notes": snap.notes}
     if format == "json":
-        return json.dumps(dump._json_doc(infos, True, pid=snap.pid, **more), indent=1) + "\n"
+        return json.dumps(dump.json_document(infos, True, pid=snap.pid, **more), indent=1) + "\n"
     from .html import page
     return page(infos, pid=snap.pid, **more)

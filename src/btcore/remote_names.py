@@ -4,9 +4,9 @@ dump_all() gives them in-process (btcore/introspect.py: gevent's
 and their parent, read from the target's objects after it runs again.
 
 Layouts are learned, never guessed:
-- CPython's objects (type dicts, dicts, functions, ints): the offsets of the
-  CPython btcore is built against (native/remote/robjects.c), for a target of
-  that version family only;
+- CPython's objects (type dicts, dicts, functions, ints): the table of the
+  target's version (native/remote/robjects.c: 3.11, 3.13-3.15), whatever
+  version btcore runs on;
 - gevent's Greenlet keeps its ident (the N of "Greenlet-N") in a private
   Cython field: its offset is learned in this process from Greenlets given
   an ident, when the target loaded the very build of gevent's module that
@@ -36,6 +36,9 @@ from .remote import _PYFRAME, symbol_value
 MAX_NAME = 200          # characters of a name as shown (an absurd one is cut, with "...")
 MAX_DICT_ENTRIES = 256  # entries of an instance dict looked through
 MAX_TYPE_DEPTH = 32     # tp_base links followed
+MAX_MODULES = 1 << 14   # entries of sys.modules looked through (for threading)
+MAX_INTERPRETERS = 64   # interpreter states followed to the main one
+MAX_OBJECT = 1 << 16    # bytes: no instance's dict offset or basic size lies further
 _GEVENT_GREENLET = "gevent._gevent_cgreenlet.Greenlet"
 _EVENTLET_MAIN = os.path.join("eventlet", "greenthread.py")
 _GREENLET_WORDS = greenlet.greenlet.__basicsize__ // 8   # PyGreenlet (its pimpl last)
@@ -74,11 +77,11 @@ class Labels:
         self._m, self._snap = snap.memory, snap
         self._names = bounds.Names(snap.memory, snap.layout, snap.types)
         lay = ffi.new("btc_remote_objlayout *")
-        same_family = lib.btc_remote_pyobjects(lay) == 0 and snap.layout.version_hex >> 16 == lay.version_hex >> 16
-        self._lay = lay if same_family else None
-        self._types = _types(snap) if same_family else {}
-        self._gevent = _gevent_offsets(snap) if same_family else {}
-        self._parent_at = _parent_offset(snap)
+        known = lib.btc_remote_pyobjects(snap.layout.version_hex, lay) == 0   # the target's version's table
+        self._lay = lay if known else None
+        self._types, self._runtime = _types(snap) if known else ({}, None)
+        self._gevent = _gevent_offsets(snap) if known and snap.greenlets else {}   # (imports gevent)
+        self._parent_at = _parent_offset(snap) if snap.greenlets else None
         self._type_info = {}    # type address -> (shown name, is gevent's Greenlet, its dict's offset)
         self._strings = {}      # str object address -> text (interned keys, shared function names)
         self._functions = {}    # callable address -> its name
@@ -179,20 +182,26 @@ class Labels:
     def _lookup(self, d, key: str):
         return self._entries(d).get(key)
 
-    def _entries(self, d) -> dict:
-        """{key: value address} of a dict object (str keys; a split dict's
-        values from its values array); {} when it is not one or unreadable."""
-        lay, m = self._lay, self._m
+    def _entries(self, d, key_of=None, most: int = MAX_DICT_ENTRIES) -> dict:
+        """{key: value address} of a dict object (str keys, or those key_of
+        reads; a split dict's values from its values array); {} when it is
+        not one, is unreadable or has more than `most` entries."""
+        lay = self._lay
         words = self._object(d, "dict", self._dict_words)
         if words is None:
             return {}
-        keys, values = words[lay.dict_keys // 8], words[lay.dict_values // 8]
+        return self._keys_entries(words[lay.dict_keys // 8], words[lay.dict_values // 8], key_of or self._string,
+                                  most)
+
+    def _keys_entries(self, keys: int, values: int, key_of, most: int) -> dict:
+        """The entries of a dict's keys object (values: its values array, 0: in the entries)."""
+        lay, m = self._lay, self._m
         head = m.read(keys, lay.keys_indices) if keys else None
         if head is None:
             return {}
         log2_index_bytes, kind = head[lay.keys_log2_index_bytes], head[lay.keys_kind]
         n = struct.unpack_from("<q", head, lay.keys_nentries)[0]
-        if not 0 <= n <= MAX_DICT_ENTRIES or log2_index_bytes > 20:
+        if not 0 <= n <= most or log2_index_bytes > 20:
             return {}
         general = kind == lay.kind_general
         size, key_at, value_at = (lay.entry_size, lay.entry_key, lay.entry_value) if general else \
@@ -203,12 +212,94 @@ class Labels:
             return {}
         out = {}
         for i in range(n):
-            key = self._string(struct.unpack_from("<Q", raw, i * size + key_at)[0])
+            key = key_of(struct.unpack_from("<Q", raw, i * size + key_at)[0])
             value = struct.unpack_from("<Q", slots, i * 8)[0] if values else \
                 struct.unpack_from("<Q", raw, i * size + value_at)[0]
             if key is not None and value:
                 out[key] = value
         return out
+
+    def _attributes(self, obj) -> dict:
+        """{name: value address} of an instance's attributes: its instance
+        dict (tp_dictoffset), or what CPython keeps for a class made in
+        Python (its managed dict, else its values, keyed by the class's
+        shared keys)."""
+        lay, m = self._lay, self._m
+        tp = m.word(obj + 8) if obj and not obj & 7 else None
+        flags = m.word(tp + lay.type_flags) if tp else None
+        if flags is None:
+            return {}
+        if not flags & lay.managed_dict_flag or not flags & lay.heaptype_flag:
+            offset = m.word(tp + lay.type_dictoffset)
+            return self._entries(m.word(obj + offset)) if offset and 0 < offset < MAX_OBJECT and not offset & 7 \
+                else {}
+        managed = m.word(obj - lay.managed_dict_before)
+        if managed:
+            return self._entries(managed)
+        values = self._values(obj, tp, flags)
+        keys = m.word(tp + lay.heaptype_cached_keys) if values else None
+        return self._keys_entries(keys, values, self._string, MAX_DICT_ENTRIES) if keys else {}
+
+    def _values(self, obj: int, tp: int, flags: int) -> int | None:
+        """The values array of an instance with no dict: before it (3.11), or inline past its type's
+        tp_basicsize while they are valid (3.13+)."""
+        lay, m = self._lay, self._m
+        if lay.values_pointer_before:
+            return m.word(obj - lay.values_pointer_before)
+        size = m.word(tp + lay.type_basicsize) if flags & lay.inline_values_flag else None
+        valid = m.read(obj + size + lay.values_valid, 1) if size and 0 < size < MAX_OBJECT and not size & 7 else None
+        return obj + size if valid and valid[0] else None
+
+    def thread_names(self) -> dict:
+        """{native thread id: its name} of the target's threads that
+        `threading` named, as btcore/threads.py names them in-process: the
+        main thread (the pid's) by threading's _main_thread, the others by
+        their ident in `_active` (eventlet's saved original module first);
+        a thread whose Thread does not carry its own ident is left out."""
+        if self._lay is None:   # a version with no column in the table
+            return {}
+        try:
+            modules = self._entries(self._m.word(self._interpreter() + self._lay.interp_modules), most=MAX_MODULES)
+            named = {}
+            for name in ("__original_module_threading", "threading"):
+                self._named_threads(modules.get(name), named)
+        except (struct.error, ValueError, OverflowError):   # a read cut short, a value no field holds
+            return {}
+        by_ident = {t.thread_id: t.tid for t in self._snap.threads if t.thread_id}
+        out = {by_ident[ident]: name for ident, name in named.items() if ident in by_ident}
+        out.update({t.tid: named["main"] for t in self._snap.threads if t.tid == self._snap.pid and "main" in named})
+        return out
+
+    def _named_threads(self, module, named: dict) -> None:
+        """Add {ident: name} of threading module's `_active` to named (those not named yet), and "main":
+        the name of its _main_thread."""
+        globals_ = self._entries(self._m.word(module + self._lay.module_dict)) if self._is(module, "module") else {}
+        main, _ = self._thread(globals_.get("_main_thread"))
+        if main is not None:
+            named.setdefault("main", main)
+        for ident, thread in self._entries(globals_.get("_active"), self._int).items():
+            name, carried = self._thread(thread)
+            if name is not None and carried == ident:
+                named.setdefault(ident, name)
+
+    def _thread(self, thread) -> tuple:
+        """(Its name as shown, its ident) of a threading.Thread (None: unreadable, or not there)."""
+        attributes = self._attributes(thread) if thread else {}
+        name = self._string(attributes.get("_name"))
+        return (shown(name) if name is not None else None), self._int(attributes.get("_ident"))
+
+    def _interpreter(self) -> int:
+        """The main interpreter's state: the last of the runtime's list (a new one goes first)."""
+        lay, m = self._snap.layout, self._m
+        interp = m.word(self._runtime + lay.runtime_interp_head) if self._runtime else None
+        for _ in range(MAX_INTERPRETERS):
+            after = m.word(interp + lay.interp_next) if interp else None
+            if not after:
+                break
+            interp = after
+        if not interp:
+            raise ValueError("no interpreter state")
+        return interp
 
     def _function(self, obj) -> str | None:
         """__name__ of a function, bound method or builtin (others: None)."""
@@ -257,10 +348,10 @@ class Labels:
         return self._greenlets[obj]
 
     def _int(self, obj) -> int | None:
-        """A small non-negative int object's value (3.11's digits)."""
+        """A small non-negative int object's value."""
         lay = self._lay
         words = self._object(obj, "int", (lay.long_digits + 4 * _LONG_DIGITS + 7) // 8)
-        size = words[lay.long_size // 8] if words else None
+        size = _digit_count(words[lay.long_size // 8], lay.long_tag_bits) if words else None
         if size is None or not 0 <= size <= _LONG_DIGITS:
             return None
         raw = struct.pack(f"<{len(words)}Q", *words)
@@ -269,19 +360,27 @@ class Labels:
 
     def _outermost(self, pyframes) -> str | None:
         """The function a plain greenlet runs: its outermost Python frame's
-        (in-process: f_code.co_name of the last f_back); pyframes: its
+        (in-process: f_code.co_name of the last f_back); for an eventlet
+        GreenThread, the function its main runs (in-process: main's local
+        `function`; frames' locals are not read here: the function of the
+        frame main called, the same for a Python function or method; for a
+        partial or a builtin, the first Python function it called).  pyframes: its
         btc_remote_pyframe records, innermost first (a cut chain ends in a
         record of code 0)."""
         records = list(_PYFRAME.iter_unpack(pyframes)) if self._lay else []
         if not records or not records[-1][0]:   # none, or cut short: its outermost frame is not known
             return None
-        code = records[-1][0]
+        if self._is_eventlet_main(records[-1][0]):
+            return self._code_name(records[-2][0]) if len(records) > 1 and records[-2][0] else None
+        return self._code_name(records[-1][0])
+
+    def _is_eventlet_main(self, code: int) -> bool:
         read = self._names.code(code)
-        if read.error or (read.qualname == "GreenThread.main" and (read.filename or "").endswith(_EVENTLET_MAIN)):
-            # not a code object (or unreadable); or eventlet's GreenThread.main, which runs the function
-            # in its local `function` (frames' locals are not read): no function rather than "main"
-            return None
-        return self._string(self._m.word(code + self._lay.code_name))
+        return read.qualname == "GreenThread.main" and (read.filename or "").endswith(_EVENTLET_MAIN)
+
+    def _code_name(self, code: int) -> str | None:
+        """co_name of a code object (None: not one, or unreadable)."""
+        return self._string(self._m.word(code + self._lay.code_name)) if not self._names.code(code).error else None
 
     def _parent(self, g: tuple | None) -> int | None:
         if self._parent_at is None or g is None or self._lay is None:   # greenlet types are told by their tp_base
@@ -291,18 +390,30 @@ class Labels:
         return parent if parent and self._is_greenlet(parent) else None
 
 
-def _types(snap) -> dict:
-    """The target's type objects a label checks objects against (libpython's symbols)."""
+def _digit_count(size: int, tag_bits: int) -> int | None:
+    """The digits of a non-negative int from its size word (None: negative):
+    3.11's ob_size counts them, signed; 3.12+'s lv_tag holds the count above
+    tag_bits, the sign below (0 positive, 1 zero, 2 negative)."""
+    if not tag_bits:
+        return size if size < 1 << 63 else None
+    sign = size & 3
+    return None if sign == 2 else 0 if sign == 1 else size >> tag_bits
+
+
+def _types(snap) -> tuple:
+    """(The target's type objects a label checks objects against, its _PyRuntime's address or None):
+    libpython's symbols."""
     interpreter = snap.modules.at(snap.types.str) if snap.types.str else None   # the module defining str
     if interpreter is None:
-        return {}
+        return {}, None
     found = {"str": snap.types.str}
     for kind, symbol in (("dict", "PyDict_Type"), ("int", "PyLong_Type"), ("function", "PyFunction_Type"),
                          ("method", "PyMethod_Type"), ("builtin", "PyCFunction_Type"),
-                         ("weakref", "_PyWeakref_RefType")):
+                         ("weakref", "_PyWeakref_RefType"), ("module", "PyModule_Type")):
         value = symbol_value(interpreter.path, symbol)
         found[kind] = interpreter.bias + value if value else None
-    return found
+    runtime = symbol_value(interpreter.path, "_PyRuntime")
+    return found, interpreter.bias + runtime if runtime else None
 
 
 def _same_build(snap, prefix: str, ours: str) -> bool:

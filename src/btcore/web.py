@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import greenlet
 
-from .dump import _render, _stack_text
+from .dump import render, stack_text
 from .introspect import snapshot
 
 LOOPBACK = "127.0.0.1"
@@ -86,7 +86,7 @@ def _plain_answer(status, text, extra=()):
 # ---- rendering: one at a time, shared, off the event loop ----
 
 def _render_bytes(infos, fmt) -> bytes:
-    return _render(infos, True, True, fmt, _stack_text).encode("utf-8")
+    return render(infos, True, True, fmt, stack_text).encode("utf-8")
 
 
 class _Renders:
