@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import platform
+import sysconfig
 
 import pytest
 from cffi import FFI
@@ -38,6 +39,7 @@ def fixture_dir(tmp_path_factory):
         void crash_abort(void);
         int crash_recurse(int n);
         int crash_through_callback(int (*callback)(int), int arg);
+        void crash_with_malloc_forbidden(void);
     """)
     with open(os.path.join(HERE, "fixtures", "crash.c")) as f:
         ffi.set_source(MODULE, f.read(), extra_compile_args=["-O2", "-g", "-fomit-frame-pointer"])
@@ -442,3 +444,31 @@ def test_the_helper_names_the_record_and_encodes_every_stack():
         printed = re.findall(r'^  File ".*", line \d+, in (\S+)$', "\n".join(lines), re.M)
         decoded = [f.function for f in btcore.decode(token).frames() if f.kind == "python"]
         assert decoded[::-1] == printed or decoded == printed, (title, token)
+
+
+@pytest.fixture(scope="session")
+def malloc_forbidden(tmp_path_factory):
+    """A preloadable library whose malloc, calloc, realloc and free never return once the crash fixture's
+    crash_with_malloc_forbidden() sets its flag."""
+    out = str(tmp_path_factory.mktemp("malloc_forbidden") / "malloc_forbidden.so")
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", out, os.path.join(HERE, "fixtures", "malloc_forbidden.c")],
+                   check=True, capture_output=True)
+    return out
+
+
+def test_the_report_allocates_nothing_after_the_crash(fixture_dir, malloc_forbidden):
+    # guards: the whole handler is allocation-free (crash.c, report.c, the spawn chain's reads, the helper's
+    # clone and execve): with every malloc/free hanging from the moment of the crash, as if another thread held
+    # malloc's lock, the report is written, with the crashing greenlet's spawn chain and the helper's part
+    # where the dump runs, and the process dies by its signal instead of hanging.
+    out = crash(fixture_dir, "lib.crash_with_malloc_forbidden()", setup="""
+        faulthandler.disable()   # its report is not the subject (and it is not ours to keep allocation-free)
+        btcore.enable_spawn_tracking()
+        btcore.enable_crash_report()
+    """, env={"LD_PRELOAD": malloc_forbidden})
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
+    assert "The crashing greenlet: <greenlet.greenlet at 0x" in out.stderr and "spawned by " in out.stderr
+    if conftest.DUMPS_OTHER_PROCESSES:   # the helper is a new process: its allocator is its own
+        assert OUTSIDE_HEADER in out.stderr and "The crashing thread at the fault, named" in out.stderr
