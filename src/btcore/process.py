@@ -437,9 +437,9 @@ def _crash_text(snap: Snapshot, merger: _Merger, address: int) -> str:
         else:
             title = f"spawned by {merger.names.string(st.object) or '?'} at:"
         if i == 1:
-            parts.append(f"The crashing greenlet: <{_c_string(snap, record.greenlet_type)} at {record.greenlet:#x}>")
+            title = f"The crashing greenlet: <{_c_string(snap, record.greenlet_type)} at {record.greenlet:#x}>\n{title}"
         parts.append(f"{title}\n{bt.format(most_recent_first=True, header=False)}\n  token: {bt.encode()}")
-    return "\n".join(parts) + "\n\n"
+    return "\n\n".join(parts) + "\n\n"
 
 
 def _c_string(snap: Snapshot, address: int, most: int = 128) -> str:
