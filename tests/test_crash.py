@@ -29,22 +29,30 @@ MODULE = "_btfix_crash"
 BTCORE_HEADER = "btcore crash report (most recent call first):"
 
 
-@pytest.fixture(scope="session")
-def fixture_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("crash_build")
+def build_crash_fixture(out: str, module: str, cplusplus: bool = False) -> None:
+    """tests/fixtures/crash.c built with cffi into out as module: as C, or as C++ (crash_terminate)."""
     ffi = FFI()
     ffi.cdef("""
         void crash_null_write(void);
+        int crash_wild_read(void);
         int crash_divide(int zero);
         void crash_abort(void);
+        void crash_fatal_error(void);
         int crash_recurse(int n);
         int crash_through_callback(int (*callback)(int), int arg);
         void crash_with_malloc_forbidden(void);
-    """)
+    """ + ("void crash_terminate(void);" if cplusplus else ""))
     with open(os.path.join(HERE, "fixtures", "crash.c")) as f:
-        ffi.set_source(MODULE, f.read(), extra_compile_args=["-O2", "-g", "-fomit-frame-pointer"])
-    ffi.compile(tmpdir=str(out))
-    return str(out)
+        ffi.set_source(module, f.read(), source_extension=".cpp" if cplusplus else ".c",
+                       extra_compile_args=["-O2", "-g", "-fomit-frame-pointer", "-Wno-infinite-recursion"])
+    ffi.compile(tmpdir=out)
+
+
+@pytest.fixture(scope="session")
+def fixture_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("crash_build"))
+    build_crash_fixture(out, MODULE)
+    return out
 
 
 @pytest.fixture(scope="session")

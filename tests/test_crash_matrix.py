@@ -32,10 +32,9 @@ import subprocess
 import sys
 
 import pytest
-from cffi import FFI
 
 import conftest
-from test_crash import (BTCORE_HEADER, OUTSIDE_HEADER, btcore_python_frames, faulthandler_frames, ours,
+from test_crash import (OUTSIDE_HEADER, btcore_python_frames, build_crash_fixture, faulthandler_frames, ours,
                         outside_groups)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -63,23 +62,9 @@ def core_pattern_problem() -> str | None:
 
 @pytest.fixture(scope="session")
 def matrix_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("crash_matrix_build")
-    ffi = FFI()
-    ffi.cdef("""
-        void crash_null_write(void);
-        int crash_wild_read(void);
-        int crash_divide(int zero);
-        void crash_abort(void);
-        void crash_terminate(void);
-        void crash_fatal_error(void);
-        int crash_recurse(int n);
-        int crash_through_callback(int (*callback)(int), int arg);
-    """)
-    with open(os.path.join(HERE, "fixtures", "crash.c")) as f:
-        ffi.set_source(MODULE, f.read(), source_extension=".cpp",
-                       extra_compile_args=["-O2", "-g", "-fomit-frame-pointer", "-Wno-infinite-recursion"])
-    ffi.compile(tmpdir=str(out))
-    return str(out)
+    out = str(tmp_path_factory.mktemp("crash_matrix_build"))
+    build_crash_fixture(out, MODULE, cplusplus=True)
+    return out
 
 
 PROGRAM = """
