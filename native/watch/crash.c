@@ -21,6 +21,15 @@
  * would also recur at the faulting instruction).  The process then ends the
  * way it would have, with the same signal (core dump, exit status).
  *
+ * The crashing greenlet: with spawn tracking on, the greenlet running on the
+ * crashed thread is found among spawn.c's live records and its spawn sites
+ * written after the thread's frames (btc_spawn_crash_chain: every read with
+ * process_vm_readv on ourselves, so a corrupt heap shortens the report
+ * instead of faulting again).  The frames written are kept in a static
+ * record whose address the helper gets: it reads them back from the
+ * stopped process, names them and writes their tokens (encoding allocates:
+ * not here).
+ *
  * A second crash during the report: all five signals are blocked while the
  * handler runs, so a fault inside it is fatal at once (the kernel forces the
  * default action of a blocked synchronous signal): no loop.  Another thread
