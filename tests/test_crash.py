@@ -339,17 +339,18 @@ def test_enable_crash_report_checks_the_helper_timeout():
 
 def test_the_handler_finds_the_running_greenlet():
     # guards: spawn.c running_record: the crash handler's search of the live records for the greenlet running on
-    # the crashed thread (saved 0, the nearest stop above sp) finds greenlet.getcurrent(), at every depth, in a
-    # greenlet that has switched out and back, and none in the main greenlet (no site: nothing to show).
+    # the crashed thread (saved 0, its stop in this thread's stack above sp) finds greenlet.getcurrent(), at every
+    # depth, in a greenlet that has switched out and back, while the main thread runs a tracked greenlet too (its
+    # stack lies above this thread's); none in a main greenlet (no site: nothing to show).
     code = """
-import greenlet, btcore
+import threading, greenlet, btcore
 from btcore._native import ffi, lib
 btcore.enable_spawn_tracking()
 btcore.enable_crash_report(helper=False)
 def here():
     g = ffi.new("uint64_t *")
     n = lib.btc_test_crash_chain_here(g)
-    print(n, g[0] == id(greenlet.getcurrent()))
+    print(n, g[0] == id(greenlet.getcurrent()), flush=True)
 def inner():
     here()
     greenlet.getcurrent().parent.switch()
@@ -360,8 +361,17 @@ def outer():
     child.switch()
     here()
     child.switch()
+def checks():
+    btcore.enable_crash_report(helper=False)   # registers this thread
+    greenlet.greenlet(outer).switch()
+done = threading.Event()
+def main_thread_greenlet():
+    other = threading.Thread(target=lambda: (checks(), done.set()))
+    other.start()
+    done.wait()
+    other.join()
 here()
-greenlet.greenlet(outer).switch()
+greenlet.greenlet(main_thread_greenlet).switch()
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -806,15 +806,18 @@ uintptr_t btc_type_new_slot(uintptr_t type)
 #define CRASH_RECORDS_SEARCHED 100000
 
 /* The record of the greenlet running on the crashed thread, or 0.  Every
- * greenlet of a thread runs on the same stack; the one running has its
- * whole stack in place (saved 0: greenlet saves a greenlet's stack when it
- * switches away; start 1 until its first switch out, 0 once dead) and ends
- * nearest above sp.  A suspended ancestor whose stack lies above also has
- * saved 0, but a farther stop. */
+ * greenlet of a thread runs on that thread's stack; the one running has its
+ * whole stack in place (saved 0; start 1 until its first switch out, 0 once
+ * dead), its stop inside the thread's stack above sp.  A suspended greenlet
+ * always has part of its stack saved (greenlet saves [its sp, the next
+ * one's stop) when it switches away, and that stop lies above its sp); the
+ * one running in another thread has its stop in that thread's stack.  So
+ * one record fits; more than one (a state greenlet does not leave) names
+ * none rather than a guess. */
 static uintptr_t running_record(uintptr_t sp, uintptr_t lo, uintptr_t hi, uintptr_t *greenlet)
 {
-    uintptr_t best = 0, best_stop = UINTPTR_MAX, at = (uintptr_t)live.next;
-    bool tie = false;
+    uintptr_t found = 0, at = (uintptr_t)live.next;
+    int fits = 0;
     record r;
     for (int i = 0; at != (uintptr_t)&live && i < CRASH_RECORDS_SEARCHED && btc_read_own(&r, at, sizeof r);
          i++, at = (uintptr_t)r.next) {
@@ -822,16 +825,13 @@ static uintptr_t running_record(uintptr_t sp, uintptr_t lo, uintptr_t hi, uintpt
         if (!btc_greenlet_stack_state_own(g, state) || state[0] == 0 || state[3] != 0 ||
             state[1] == UINTPTR_MAX || state[1] <= sp || state[1] < lo || state[1] > hi)
             continue;
-        tie = state[1] == best_stop;
-        if (state[1] < best_stop) {
-            best = at;
-            best_stop = state[1];
-            *greenlet = g;
-        }
+        fits++;
+        found = at;
+        *greenlet = g;
     }
-    if (tie)
+    if (fits != 1)
         *greenlet = 0;
-    return tie ? 0 : best;
+    return fits == 1 ? found : 0;
 }
 
 /* Node n's (site, spawner repr, parent): a record with a site, or a tuple

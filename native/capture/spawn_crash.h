@@ -12,10 +12,9 @@ typedef struct {
 } btc_crash_site;
 
 /* The greenlet running in the crashed thread (the thread's stack
- * [stack_lo, stack_hi], its sp at the fault): the tracked greenlet whose
- * stack is in place (started, nothing of it saved away) with the nearest
- * stack_stop above sp, its address in *greenlet (0: none, or two equally
- * near).  Its spawn sites, newest first, into sites (at most max_sites),
+ * [stack_lo, stack_hi], its sp at the fault): the one tracked greenlet
+ * whose stack is in place (started, nothing of it saved away) and ends in
+ * that stack above sp, its address in *greenlet (0: none, or more than one).  Its spawn sites, newest first, into sites (at most max_sites),
  * their frames copied into frames (at most max_frames in all).  Returns the
  * sites written, or -1 if no record of the greenlet was found.
  * Async-signal-safe: every read with btc_read_own, bounded. */

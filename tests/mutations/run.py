@@ -341,9 +341,10 @@ MUTATIONS = [
     Mutation("native/capture/spawn.c", "chain_length((PyObject *)spawner, 2 * GENERATIONS) < 2 * GENERATIONS",
              "1", "tests/test_spawn.py::test_ten_thousand_generations_bounded_newest_kept",
              "spawn ancestry grows without bound"),
-    Mutation("native/capture/spawn.c", "        if (state[1] < best_stop) {", "        if (state[1] > best_stop || !best) {",
+    Mutation("native/capture/spawn.c", "state[1] <= sp || state[1] < lo || state[1] > hi)", "state[1] <= sp)",
              "tests/test_crash.py::test_the_handler_finds_the_running_greenlet",
-             "the crash report takes the farthest running-looking greenlet (an ancestor) for the one that crashed"),
+             "the crash report's greenlet search does not keep to the crashed thread's stack: with a greenlet running "
+             "in another thread too, no greenlet is named"),
     Mutation("native/capture/spawn.c", "state[0] == 0 || state[3] != 0 ||", "state[0] <= 1 || state[3] != 0 ||",
              "tests/test_crash.py::test_the_crashing_greenlet_and_its_spawn_chain",
              "a greenlet that crashes before its first switch out (greenlet's start mark 1) is not found: no chain"),
