@@ -12,6 +12,8 @@ the fault; this script timestamps each line of its stderr as it arrives:
           the signal passed on)
 
 Targets (issue 27): first <= 50 ms, whole <= 1 s at 1,000 greenlets.
+"tracked": spawn tracking on, so the first part also finds the crashing
+greenlet among the N + 2 spawn records and writes its spawn chain.
 Beside them, faulthandler's report alone (the same program without btcore's
 report) for scale: what the crash costs without any report of greenlets.
 
@@ -65,6 +67,8 @@ def main() -> int:
     args = parser.parse_args()
     kinds = {"btcore (helper)": "btcore.enable_crash_report()",
              "btcore, no helper": "btcore.enable_crash_report(helper=False)",
+             # the crashing greenlet's search among 1,000 spawn records, and its chain, in the first part
+             "tracked, no helper": "btcore.enable_spawn_tracking(); btcore.enable_crash_report(helper=False)",
              "faulthandler": "faulthandler.enable()"}
     runs = {kind: [] for kind in kinds}
     for _ in range(args.rounds):   # interleaved: the machine's load moves each alike

@@ -512,11 +512,39 @@ int btc_crash_enable(int fd);
  * time), run after the crashing thread's frames and waited for at most
  * timeout_ms; argc 0: none.  0, or -1 (over 8 arguments or 8 KiB). */
 int btc_crash_set_helper(const char *const *argv, int argc, int timeout_ms);
+/* What the crash handler found, kept for the helper, which reads it from
+ * the stopped process (its address is one of the helper's arguments):
+ * stacks[0] the crashing thread at the fault (partial: BTC_PARTIAL_*),
+ * then the crashing greenlet's spawn sites, newest first (object: the
+ * spawner's repr, a str).  Frames as collect() records them: a Python
+ * frame's addr is the crashed process's code object. */
+#define BTC_CRASH_MAGIC 0x3168736172637462ULL
+#define BTC_CRASH_SITES 16      /* generations of a spawn chain in the report */
+#define BTC_CRASH_FRAMES 4224   /* a sample (128) and 16 sites of 256 */
+typedef struct {
+    uint32_t first, n;      /* frames[first : first + n] */
+    uint32_t truncated, partial;
+    uint64_t object;
+} btc_crash_stack;
+typedef struct {
+    uint64_t magic;         /* BTC_CRASH_MAGIC once written, 0 before */
+    uint64_t greenlet;      /* the crashing greenlet (0: the thread's main greenlet, or not found) */
+    uint64_t greenlet_type; /* its type's tp_name, a C string */
+    uint32_t nstacks, signal;
+    btc_crash_stack stacks[1 + BTC_CRASH_SITES];
+    btc_frame frames[BTC_CRASH_FRAMES];
+} btc_crash_record;
+/* The handler's record (written at a crash only). */
+uint64_t btc_crash_record_address(void);
 /* Put the previous dispositions back where our handler still is. */
 void btc_crash_disable(void);
 int btc_crash_enabled(void);
 /* Tests: does SIGSEGV run our handler now? */
 int btc_test_crash_handler_is_ours(void);
+/* Tests: the crash handler's search for the running greenlet's spawn
+ * chain, from here (the calling thread, registered): its sites, -1 if no
+ * record, -2 if the thread is not registered; the greenlet in *greenlet. */
+int btc_test_crash_chain_here(uint64_t *greenlet);
 /* Tests: fault inside the report (a second crash while reporting). */
 void btc_test_crash_fault_in_report(int on);
 /* The signal the handler captures on (a real-time signal). */

@@ -80,7 +80,7 @@ def token_from_a_file(path: bool) -> str:
         symbols = ELFFile(f).get_section_by_name(".dynsym").iter_symbols()
         starts = sorted(s["st_value"] for s in symbols if s["st_info"]["type"] == "STT_FUNC" and s["st_value"])
     key = (codec.file_build_id(found)[:codec.BUILD_ID_BYTES], found if path else None)
-    return codec._write(False, [(0, key, start + 5) for start in starts[:8]])
+    return codec.token(False, [(0, key, start + 5) for start in starts[:8]])
 
 
 def body(token: str) -> bytearray:

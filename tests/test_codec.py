@@ -540,7 +540,7 @@ def test_rebuilt_module_is_reported_as_a_build_id_mismatch(tmp_path):
 def token_with_module(path, build_id=b"\x01\x02\x03\x04", vaddr=0x1234):
     """A well-formed token naming one module (as a hostile log line could);
     path None: the decoder searches for the file."""
-    return codec._write(False, [(0, (build_id, path), vaddr)])
+    return codec.token(False, [(0, (build_id, path), vaddr)])
 
 
 def test_a_build_id_prefix_too_short_to_tell_builds_apart_is_refused():
@@ -606,7 +606,7 @@ def test_literal_modules_and_lengths_of_every_size_round_trip():
     a, b = (b"\x01\x02\x03\x04", "/nonexistent/liba.so"), (b"\x05\x06\x07\x08", None)
     pcs = [(a, 0x1234), (None, 0x5000), (b, 0x9999), (a, 0x400000), (None, (1 << 64) - 1), (b, 0x10),
            (a, 0x1235), (b, 0x10 + (1 << 40)), (None, 0x7f00), (a, 1)]
-    decoded = btcore.decode(codec._write(False, [(0, key, vaddr) for key, vaddr in pcs]))
+    decoded = btcore.decode(codec.token(False, [(0, key, vaddr) for key, vaddr in pcs]))
     assert [(r.module.key if r.module else None, r.vaddr) for r in decoded._refs] == pcs
 
 

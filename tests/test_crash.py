@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import platform
+import sysconfig
 
 import pytest
 from cffi import FFI
@@ -28,21 +29,30 @@ MODULE = "_btfix_crash"
 BTCORE_HEADER = "btcore crash report (most recent call first):"
 
 
-@pytest.fixture(scope="session")
-def fixture_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("crash_build")
+def build_crash_fixture(out: str, module: str, cplusplus: bool = False) -> None:
+    """tests/fixtures/crash.c built with cffi into out as module: as C, or as C++ (crash_terminate)."""
     ffi = FFI()
     ffi.cdef("""
         void crash_null_write(void);
+        int crash_wild_read(void);
         int crash_divide(int zero);
         void crash_abort(void);
+        void crash_fatal_error(void);
         int crash_recurse(int n);
         int crash_through_callback(int (*callback)(int), int arg);
-    """)
+        void crash_with_malloc_forbidden(void);
+    """ + ("void crash_terminate(void);" if cplusplus else ""))
     with open(os.path.join(HERE, "fixtures", "crash.c")) as f:
-        ffi.set_source(MODULE, f.read(), extra_compile_args=["-O2", "-g", "-fomit-frame-pointer"])
-    ffi.compile(tmpdir=str(out))
-    return str(out)
+        ffi.set_source(module, f.read(), source_extension=".cpp" if cplusplus else ".c",
+                       extra_compile_args=["-O2", "-g", "-fomit-frame-pointer", "-Wno-infinite-recursion"])
+    ffi.compile(tmpdir=out)
+
+
+@pytest.fixture(scope="session")
+def fixture_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("crash_build"))
+    build_crash_fixture(out, MODULE)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -325,3 +335,158 @@ def test_enable_crash_report_checks_the_helper_timeout():
     import btcore
     with pytest.raises(ValueError):
         btcore.enable_crash_report(helper_timeout=-1)
+
+
+def test_the_handler_finds_the_running_greenlet():
+    # guards: spawn.c running_record: the crash handler's search of the live records for the greenlet running on
+    # the crashed thread (saved 0, its stop in this thread's stack above sp) finds greenlet.getcurrent(), at every
+    # depth, in a greenlet that has switched out and back, while the main thread runs a tracked greenlet too (its
+    # stack lies above this thread's); none in a main greenlet (no site: nothing to show).
+    code = """
+import threading, greenlet, btcore
+from btcore._native import ffi, lib
+btcore.enable_spawn_tracking()
+btcore.enable_crash_report(helper=False)
+def here():
+    g = ffi.new("uint64_t *")
+    n = lib.btc_test_crash_chain_here(g)
+    print(n, g[0] == id(greenlet.getcurrent()), flush=True)
+def inner():
+    here()
+    greenlet.getcurrent().parent.switch()
+    here()
+def outer():
+    here()
+    child = greenlet.greenlet(inner)
+    child.switch()
+    here()
+    child.switch()
+def checks():
+    btcore.enable_crash_report(helper=False)   # registers this thread
+    greenlet.greenlet(outer).switch()
+done = threading.Event()
+def main_thread_greenlet():
+    other = threading.Thread(target=lambda: (checks(), done.set()))
+    other.start()
+    done.wait()
+    other.join()
+here()
+greenlet.greenlet(main_thread_greenlet).switch()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n") == ["-1 False", "1 True", "2 True", "1 True", "2 True", ""]
+
+
+def spawn_sites(stderr):
+    """[(spawner, [Python functions innermost first])] of our report's spawn chain."""
+    part = stderr.split("The crashing greenlet: ", 1)[1].split("\n\n", 1)[0]
+    sites = []
+    for block in part.split("\nspawned by ")[1:]:
+        spawner, frames = block.split(" at:\n", 1) if " at:\n" in block else (block, "")
+        sites.append((spawner, [f for _, _, f in python_frames(frames.splitlines(), r'\s+File "(.*)", line (\d+), in (.*)$')]))
+    return sites
+
+
+def test_the_crashing_greenlet_and_its_spawn_chain(fixture_dir):
+    # guards: crash.c greenlet_chain (the crashing greenlet's name and each generation's site, from the records
+    # read with btc_read_own): three generations, each site's Python frames equal to traceback.extract_stack()
+    # taken where the greenlet was created (CPython's own view), newest generation first.
+    out = crash(fixture_dir, "lib.crash_null_write()", setup="""
+        import traceback
+        btcore.enable_spawn_tracking()
+        btcore.enable_crash_report()
+        def spawned(function):
+            print("SITE", ",".join(f.name for f in reversed(traceback.extract_stack())), file=sys.stderr)
+            g = greenlet.greenlet(function)
+            print("GREENLET", hex(id(g)), file=sys.stderr, flush=True)
+            return g
+    """, run="""
+def second():
+    spawned(in_greenlet).switch()
+def first():
+    spawned(second).switch()
+spawned(first).switch()
+""")
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    sites = [line.split()[1].split(",") for line in out.stderr.splitlines() if line.startswith("SITE ")]
+    crashing = [line.split()[1] for line in out.stderr.splitlines() if line.startswith("GREENLET ")][-1]
+    assert f"The crashing greenlet: <greenlet.greenlet at {crashing}>\n" in out.stderr
+    chain = spawn_sites(out.stderr)
+    assert [frames for _, frames in chain] == [site[:len(frames)] for site, (_, frames) in zip(reversed(sites), chain)]
+    assert [len(frames) for _, frames in chain] == [2, 2, 2]   # spawned, then second | first | <module>: to its greenlet's bottom
+    assert [spawner.split()[0] for spawner, _ in chain] == ["<greenlet.greenlet"] * 3
+    assert out.stderr.index("The crashing greenlet") < out.stderr.index("Fatal Python error")
+
+
+def test_no_chain_without_spawn_tracking(fixture_dir):
+    out = crash(fixture_dir, "lib.crash_null_write()")
+    assert out.returncode == -signal.SIGSEGV and BTCORE_HEADER in out.stderr
+    assert "The crashing greenlet" not in out.stderr
+
+
+def token_sections(part):
+    """[(title, its frame lines, its token)] of the helper's text: each stack's text ends with its token."""
+    sections, lines = [], []
+    for line in part.splitlines():
+        if line.startswith("  token: "):
+            title = "\n".join(x for x in lines if x.strip() and not x.startswith(" "))
+            sections.append((title, lines, line.split("token: ")[1]))
+            lines = []
+        else:
+            lines.append(line)
+    return sections
+
+
+@pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
+def test_the_helper_names_the_record_and_encodes_every_stack():
+    # guards: process.py _crash_text and RemoteBacktrace.encode (the helper reads the handler's record from the
+    # crashed process: the crashing thread at the fault and its greenlet's spawn sites, named, and a token after
+    # every stack): the named crashing thread has faulthandler's Python frames; each token decodes (here, as
+    # `python -m btcore decode` would) to the Python frames printed above it.
+    import btcore
+    out = crash_parked(options="", crash="ctypes.string_at(0)",
+                       run="btcore.enable_spawn_tracking()\ngevent.spawn(lambda: gevent.spawn(crasher).join()).join()")
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    part = out.stderr.split(OUTSIDE_HEADER, 1)[1]
+    sections = token_sections(part)
+    named = part.split("The crashing thread at the fault, named (the handler's record):\n", 1)[1]
+    named_python = re.findall(r'^  File ".*", line \d+, in (\S+)$', named.split("  token: ")[0], re.M)
+    theirs = [f[2] for f in faulthandler_frames(out.stderr.split(OUTSIDE_HEADER)[1])] or \
+        [f[2] for f in btcore_python_frames(out.stderr)]
+    assert named_python == theirs != [], out.stderr
+    assert "The crashing greenlet: <gevent._gevent_cgreenlet.Greenlet at 0x" in part
+    assert sum("spawned by " in title for title, _, _ in sections) == 2, part   # two generations, each encoded
+    assert len(sections) >= 2 + 3 + 3, part    # the record's 3 stacks, and the dump's groups
+    for title, lines, token in sections:
+        printed = re.findall(r'^  File ".*", line \d+, in (\S+)$', "\n".join(lines), re.M)
+        decoded = [f.function for f in btcore.decode(token).frames() if f.kind == "python"]
+        assert decoded[::-1] == printed or decoded == printed, (title, token)
+
+
+@pytest.fixture(scope="session")
+def malloc_forbidden(tmp_path_factory):
+    """A preloadable library whose malloc, calloc, realloc and free never return once the crash fixture's
+    crash_with_malloc_forbidden() sets its flag."""
+    out = str(tmp_path_factory.mktemp("malloc_forbidden") / "malloc_forbidden.so")
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", out, os.path.join(HERE, "fixtures", "malloc_forbidden.c")],
+                   check=True, capture_output=True)
+    return out
+
+
+def test_the_report_allocates_nothing_after_the_crash(fixture_dir, malloc_forbidden):
+    # guards: the whole handler is allocation-free (crash.c, report.c, the spawn chain's reads, the helper's
+    # clone and execve): with every malloc/free hanging from the moment of the crash, as if another thread held
+    # malloc's lock, the report is written, with the crashing greenlet's spawn chain and the helper's part
+    # where the dump runs, and the process dies by its signal instead of hanging.
+    out = crash(fixture_dir, "lib.crash_with_malloc_forbidden()", setup="""
+        faulthandler.disable()   # its report is not the subject (and it is not ours to keep allocation-free)
+        btcore.enable_spawn_tracking()
+        btcore.enable_crash_report()
+    """, env={"LD_PRELOAD": malloc_forbidden})
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
+    assert "The crashing greenlet: <greenlet.greenlet at 0x" in out.stderr and "spawned by " in out.stderr
+    if conftest.DUMPS_OTHER_PROCESSES:   # the helper is a new process: its allocator is its own
+        assert OUTSIDE_HEADER in out.stderr and "The crashing thread at the fault, named" in out.stderr

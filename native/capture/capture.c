@@ -11,6 +11,7 @@
 #include "capture/cpython/pyframes.h"
 #include "capture/evalloop.h"
 #include "capture/greenlet_context.h"
+#include "capture/signal_capture.h"
 #include "capture/modules.h"
 #include "capture/unwind.h"
 #include "common/errors.h"
@@ -553,6 +554,21 @@ bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c)
     size_t size = (size_t)c->n * sizeof(btc_frame);
     return raw && PyByteArray_CheckExact(raw) && (size_t)PyByteArray_GET_SIZE(raw) == size &&
            (truncated == Py_True) == c->truncated && memcmp(PyByteArray_AS_STRING(raw), c->frames, size) == 0;
+}
+
+bool btc_backtrace_raw_own(uintptr_t bt, uintptr_t *bytes, size_t *size, bool *truncated)
+{
+    uintptr_t type, raw, flag;
+    PyByteArrayObject a;
+    if (!bt_slots.type || !bt || (bt & 7) || !btc_read_own(&type, bt + offsetof(PyObject, ob_type), sizeof type) ||
+        type != (uintptr_t)bt_slots.type || !btc_read_own(&raw, bt + bt_slots.raw, sizeof raw) ||
+        !btc_read_own(&flag, bt + bt_slots.truncated, sizeof flag) || !raw || !btc_read_own(&a, raw, sizeof a) ||
+        a.ob_base.ob_base.ob_type != &PyByteArray_Type || a.ob_base.ob_size < 0)
+        return false;
+    *bytes = (uintptr_t)a.ob_start;
+    *size = (size_t)a.ob_base.ob_size;
+    *truncated = flag == (uintptr_t)Py_True;
+    return true;
 }
 
 /* ---- another process's stacks (native/remote/rstacks.c) ---- */

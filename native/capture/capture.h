@@ -51,6 +51,10 @@ void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py);
 PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, int capacity);
 /* Does the btcore.Backtrace bt hold exactly c's frames (and truncation)? */
 bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c);
+/* From a crash handler: where Backtrace bt's raw records are (their bytes'
+ * address and size) and its truncated flag, read with btc_read_own (a
+ * crashed process's heap is not trusted); false if bt is not one. */
+bool btc_backtrace_raw_own(uintptr_t bt, uintptr_t *bytes, size_t *size, bool *truncated);
 
 /* ---- another process's stacks (native/remote/rstacks.c) ---- */
 

@@ -18,6 +18,7 @@
 
 #include "capture/greenlet_context.h"
 #include "capture/modules.h"
+#include "capture/signal_capture.h"
 #include "common/errors.h"
 
 typedef struct {
@@ -441,4 +442,28 @@ uintptr_t btc_greenlet_stack_mark(uintptr_t address)
     if (s.stop != MAIN_STACK_STOP)
         return 0;
     return s.start > 1 ? s.start : 0;
+}
+
+/* ---- a greenlet's state, read by a crash handler (spawn.c) ---- */
+
+/* Is type greenlet's type or a subclass?  Its base chain read with
+ * btc_read_own: a crashed process's heap is not trusted. */
+static bool is_greenlet_type_own(uintptr_t type)
+{
+    uintptr_t want = greenlet_api ? (uintptr_t)greenlet_api[GREENLET_TYPE] : 0;
+    for (int depth = 0; type && want && depth < 16; depth++) {
+        if (type == want)
+            return true;
+        if (!btc_read_own(&type, type + offsetof(PyTypeObject, tp_base), sizeof type))
+            return false;
+    }
+    return false;
+}
+
+bool btc_greenlet_stack_state_own(uintptr_t g, uintptr_t state[4])
+{
+    uintptr_t type, pimpl;
+    return layout.ok && g && !(g & 7) && btc_read_own(&type, g + offsetof(PyObject, ob_type), sizeof type) &&
+           is_greenlet_type_own(type) && btc_read_own(&pimpl, g + layout.pimpl_off, sizeof pimpl) && pimpl &&
+           !(pimpl & 7) && btc_read_own(state, pimpl + layout.state_off, 4 * sizeof *state);
 }

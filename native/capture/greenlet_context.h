@@ -48,4 +48,9 @@ bool btc_greenlet_internal(uintptr_t pc);
 /* A greenlet's outermost own frame (UserGreenlet::g_initialstub(void*)). */
 #define BTC_GREENLET_INITIAL_STUB "_ZN8greenlet12UserGreenlet13g_initialstubEPv"
 
+/* From a crash handler: the greenlet's StackState words (start, stop,
+ * copy, saved), every read made with btc_read_own; false if g is not a
+ * greenlet, or the layout is not learnt (greenlets.layout_known()). */
+bool btc_greenlet_stack_state_own(uintptr_t g, uintptr_t state[4]);
+
 #endif

@@ -88,11 +88,16 @@ typedef struct {
  * lives in its object and is probed, and so is its code object. */
 #define PROBE_BYTES (sizeof(PyCodeObject) > FRAME_BYTES ? sizeof(PyCodeObject) : FRAME_BYTES)
 
+bool btc_read_own(void *dst, uintptr_t src, size_t n)
+{
+    struct iovec local = {dst, n}, remote = {(void *)src, n};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
+}
+
 static bool probe(const void *p, size_t n)
 {
     char buf[PROBE_BYTES];
-    struct iovec local = {buf, n}, remote = {(void *)p, n};
-    return n <= sizeof buf && process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
+    return n <= sizeof buf && btc_read_own(buf, (uintptr_t)p, n);
 }
 
 static bool in_chunks(const PyThreadState *ts, uintptr_t p)

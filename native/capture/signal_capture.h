@@ -32,6 +32,11 @@ const btc_thread_info *btc_thread_info_of(int slot);
 uint64_t btc_thread_ident_of(int slot);
 /* The slot of a thread by its threading ident (pthread_t), or -1. */
 int btc_thread_slot_of(uint64_t ident);
+/* Copy n bytes of this process's memory at src into dst with
+ * process_vm_readv: false (EFAULT) instead of a fault where src is not
+ * mapped.  Async-signal-safe: how a crash handler reads what it cannot
+ * trust (a corrupt heap). */
+bool btc_read_own(void *dst, uintptr_t src, size_t n);
 /* btc_signal_sample() by slot. */
 int btc_signal_sample_slot(int slot, int timeout_ms, btc_sigsample *out);
 

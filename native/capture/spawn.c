@@ -41,6 +41,8 @@
 #include "capture/capture.h"
 #include "capture/greenlet_context.h"
 #include "capture/cpython/pyframes.h"   /* and btc_asyncio_running_task() */
+#include "capture/signal_capture.h"
+#include "capture/spawn_crash.h"
 
 /* ---- state ---- */
 
@@ -790,4 +792,101 @@ void btc_spawn_counts(int64_t *records, int64_t *sites)
 uintptr_t btc_type_new_slot(uintptr_t type)
 {
     return (uintptr_t)((PyTypeObject *)type)->tp_new;
+}
+
+/* ---- the crashing greenlet's chain, read by a crash handler (crash.c) ----
+ *
+ * The handler runs in a process that may have corrupted its heap: nothing
+ * here allocates, waits or dereferences a pointer it read; records, nodes
+ * and sites are copied with btc_read_own (process_vm_readv: EFAULT, not a
+ * fault) and checked by type before their fields are used.  The live list
+ * may be half changed by a thread stopped inside link_record: the search is
+ * bounded and ends at any record it cannot read. */
+
+#define CRASH_RECORDS_SEARCHED 100000
+
+/* The record of the greenlet running on the crashed thread, or 0.  Every
+ * greenlet of a thread runs on that thread's stack; the one running has its
+ * whole stack in place (saved 0; start 1 until its first switch out, 0 once
+ * dead), its stop inside the thread's stack above sp.  A suspended greenlet
+ * always has part of its stack saved (greenlet saves [its sp, the next
+ * one's stop) when it switches away, and that stop lies above its sp); the
+ * one running in another thread has its stop in that thread's stack.  So
+ * one record fits; more than one (a state greenlet does not leave) names
+ * none rather than a guess. */
+static uintptr_t running_record(uintptr_t sp, uintptr_t lo, uintptr_t hi, uintptr_t *greenlet)
+{
+    uintptr_t found = 0, at = (uintptr_t)live.next;
+    int fits = 0;
+    record r;
+    for (int i = 0; at != (uintptr_t)&live && i < CRASH_RECORDS_SEARCHED && btc_read_own(&r, at, sizeof r);
+         i++, at = (uintptr_t)r.next) {
+        uintptr_t g = (uintptr_t)r.ref.wr_object, state[4];   /* start, stop, copy, saved */
+        if (!btc_greenlet_stack_state_own(g, state) || state[0] == 0 || state[3] != 0 ||
+            state[1] == UINTPTR_MAX || state[1] <= sp || state[1] < lo || state[1] > hi)
+            continue;
+        fits++;
+        found = at;
+        *greenlet = g;
+    }
+    if (fits != 1)
+        *greenlet = 0;
+    return fits == 1 ? found : 0;
+}
+
+/* Node n's (site, spawner repr, parent): a record with a site, or a tuple
+ * copy (bounded_chain); false where the chain ends. */
+static bool read_node(uintptr_t n, uintptr_t fields[3])
+{
+    uintptr_t type;
+    Py_ssize_t size;
+    record r;
+    if (!n || (n & 7) || !btc_read_own(&type, n + offsetof(PyObject, ob_type), sizeof type))
+        return false;
+    if (type == (uintptr_t)&PyTuple_Type)
+        return btc_read_own(&size, n + offsetof(PyVarObject, ob_size), sizeof size) && size == 3 &&
+               btc_read_own(fields, n + offsetof(PyTupleObject, ob_item), 3 * sizeof *fields);
+    if (type != (uintptr_t)&record_type || !btc_read_own(&r, n, sizeof r) || !r.site)
+        return false;
+    fields[0] = (uintptr_t)r.site;
+    fields[1] = (uintptr_t)r.spawner;
+    fields[2] = (uintptr_t)r.parent;
+    return true;
+}
+
+/* Site s's frames copied into frames[used:], at most room of them. */
+static void copy_site(uintptr_t site, btc_crash_site *s, btc_frame *frames, int used, int room)
+{
+    uintptr_t bytes;
+    size_t size;
+    bool truncated;
+    s->first = used;
+    s->n = 0;
+    s->truncated = false;
+    if (!btc_backtrace_raw_own(site, &bytes, &size, &truncated))
+        return;
+    size_t n = size / sizeof *frames;
+    if (n > (size_t)room) {
+        n = (size_t)room;
+        truncated = true;
+    }
+    if (btc_read_own(frames + used, bytes, n * sizeof *frames))
+        s->n = (int)n;
+    s->truncated = truncated;
+}
+
+int btc_spawn_crash_chain(uintptr_t sp, uintptr_t stack_lo, uintptr_t stack_hi, uintptr_t *greenlet,
+                          btc_crash_site *sites, int max_sites, btc_frame *frames, int max_frames)
+{
+    *greenlet = 0;
+    uintptr_t node = running_record(sp, stack_lo, stack_hi, greenlet), f[3];
+    if (!node)
+        return -1;
+    int n = 0, used = 0;
+    for (; n < max_sites && read_node(node, f); node = f[2], n++) {
+        sites[n].spawner = f[1];
+        copy_site(f[0], &sites[n], frames, used, max_frames - used);
+        used += sites[n].n;
+    }
+    return n;
 }

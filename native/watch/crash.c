@@ -21,6 +21,15 @@
  * would also recur at the faulting instruction).  The process then ends the
  * way it would have, with the same signal (core dump, exit status).
  *
+ * The crashing greenlet: with spawn tracking on, the greenlet running on the
+ * crashed thread is found among spawn.c's live records and its spawn sites
+ * written after the thread's frames (btc_spawn_crash_chain: every read with
+ * process_vm_readv on ourselves, so a corrupt heap shortens the report
+ * instead of faulting again).  The frames written are kept in a static
+ * record whose address the helper gets: it reads them back from the
+ * stopped process, names them and writes their tokens (encoding allocates:
+ * not here).
+ *
  * A second crash during the report: all five signals are blocked while the
  * handler runs, so a fault inside it is fatal at once (the kernel forces the
  * default action of a blocked synchronous signal): no loop.  Another thread
@@ -52,8 +61,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "capture/arch.h"
 #include "capture/modules.h"
 #include "capture/signal_capture.h"
+#include "capture/spawn_crash.h"
 #include "watch/report.h"
 
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
@@ -77,10 +88,13 @@ static char *helper_argv[HELPER_ARGS + 2];
 static char helper_pid[24];
 static int helper_timeout_ms;   /* in the never-mapped first page; volatile: a real store, not a trap */
 
-/* The handler's working memory: one report per process. */
+/* The handler's working memory: one report per process.  The record is
+ * what the helper reads back from this process (its address is one of the
+ * helper's arguments): the frames it names and encodes. */
 static btc_sigsample sample;
 static btc_native_frame nat[BTC_SIGNAL_NATIVE];
 static char text_buf[64 * 1024];
+static btc_crash_record record;
 
 static const char *signal_name(int sig)
 {
@@ -118,7 +132,66 @@ static void header(btc_text *t, int sig, const siginfo_t *si)
     btc_text_add(t, "\nbtcore crash report (most recent call first):\n");
 }
 
-/* The crashing thread's frames from the signal's context. */
+/* The crashing thread's frames from the signal's context, kept in the record. */
+static void thread_frames(btc_text *t, const btc_thread_info *info, const void *ucontext)
+{
+    btc_signal_capture(info, ucontext, &sample, nat);
+    int n = sample.n < BTC_SIGNAL_FRAMES ? sample.n : BTC_SIGNAL_FRAMES;
+    memcpy(record.frames, sample.frames, (size_t)n * sizeof *sample.frames);
+    record.stacks[0] = (btc_crash_stack){.n = (uint32_t)n, .truncated = !!(sample.partial & BTC_PARTIAL_TRUNCATED),
+                                         .partial = sample.partial};
+    record.nstacks = 1;
+    btc_frames_crash_text(record.frames, n, sample.partial, t);
+}
+
+/* "<type at 0xaddress>" of the crashing greenlet, its type read raw. */
+static void greenlet_name(btc_text *t, uintptr_t g)
+{
+    uintptr_t type = 0, name = 0;
+    if (btc_read_own(&type, g + offsetof(PyObject, ob_type), sizeof type) &&
+        btc_read_own(&name, type + offsetof(PyTypeObject, tp_name), sizeof name))
+        record.greenlet_type = name;
+    btc_text_add(t, "<");
+    btc_text_add_cstr_own(t, name, 128);
+    btc_text_add(t, " at ");
+    btc_text_add_uint(t, g, 16);
+    btc_text_add(t, ">");
+}
+
+/* The crashing greenlet and where it was spawned, newest generation first,
+ * when spawn tracking recorded it (nothing otherwise: tracking off, or the
+ * thread's main greenlet crashed).  From this process's own records, read
+ * without trusting them: the helper could read them too, but the helper
+ * may not run (no fork, seccomp, ptrace refused), and this part is the
+ * crash's own story. */
+static void greenlet_chain(btc_text *t, const btc_thread_info *info, const void *ucontext)
+{
+    btc_regs regs;
+    btc_crash_site sites[BTC_CRASH_SITES];
+    uintptr_t g;
+    int used = (int)record.stacks[0].n;
+    int n = btc_regs_from_ucontext(ucontext, &regs)
+                ? btc_spawn_crash_chain(regs.sp, info->stack_lo, info->stack_hi, &g, sites, BTC_CRASH_SITES,
+                                        record.frames + used, BTC_CRASH_FRAMES - used)
+                : -1;
+    if (n < 0)
+        return;
+    record.greenlet = g;
+    btc_text_add(t, "\nThe crashing greenlet: ");
+    greenlet_name(t, g);
+    btc_text_add(t, n ? "\n" : " (no spawn site: created before spawn tracking was on)\n");
+    for (int i = 0; i < n; i++) {
+        btc_crash_stack *s = &record.stacks[record.nstacks++];
+        *s = (btc_crash_stack){(uint32_t)(used + sites[i].first), (uint32_t)sites[i].n, sites[i].truncated, 0,
+                               sites[i].spawner};
+        btc_text_add(t, "spawned by ");
+        btc_text_add_str_own(t, sites[i].spawner);
+        btc_text_add(t, sites[i].truncated ? " at (its outer frames not recorded):\n" : " at:\n");
+        btc_frames_crash_text(record.frames + s->first, (int)s->n, 0, t);
+    }
+}
+
+/* The crashing thread's part: its frames, then its greenlet's spawn chain. */
 static void frames(btc_text *t, const void *ucontext)
 {
     const btc_thread_info *info = btc_thread_info_of(btc_thread_slot_self());
@@ -127,8 +200,8 @@ static void frames(btc_text *t, const void *ucontext)
                         "thread calling it)\n");
         return;
     }
-    btc_signal_capture(info, ucontext, &sample, nat);
-    btc_sigsample_crash_text(&sample, t);
+    thread_frames(t, info, ucontext);
+    greenlet_chain(t, info, ucontext);
 }
 
 /* Another thread crashed while one reports: wait (bounded) for that report
@@ -211,9 +284,11 @@ static void on_fatal_signal(int sig, siginfo_t *si, void *ucontext)
         t.len = 0;
         if (atomic_load(&fault_in_report))
             *(volatile int *)unmapped = 0;   /* a second crash, inside the report (tests) */
+        record.signal = (uint32_t)sig;
         frames(&t, ucontext);
         btc_text_add(&t, "\n");
         btc_text_write(&t, fd);
+        record.magic = BTC_CRASH_MAGIC;   /* complete: the helper may read it */
         run_helper(fd);
         atomic_store(&report_fd, -1);
     } else {
@@ -286,6 +361,11 @@ int btc_crash_set_helper(const char *const *argv, int argc, int timeout_ms)
     return 0;
 }
 
+uint64_t btc_crash_record_address(void)
+{
+    return (uintptr_t)&record;
+}
+
 void btc_crash_disable(void)
 {
     if (!installed)
@@ -314,4 +394,16 @@ int btc_test_crash_handler_is_ours(void)
 void btc_test_crash_fault_in_report(int on)
 {
     atomic_store(&fault_in_report, on);
+}
+
+int btc_test_crash_chain_here(uint64_t *greenlet)
+{
+    const btc_thread_info *info = btc_thread_info_of(btc_thread_slot_self());
+    btc_crash_site sites[BTC_CRASH_SITES];
+    uintptr_t g = 0, sp = (uintptr_t)__builtin_frame_address(0);
+    int n = info ? btc_spawn_crash_chain(sp, info->stack_lo, info->stack_hi, &g, sites, BTC_CRASH_SITES, record.frames,
+                                         BTC_CRASH_FRAMES)
+                 : -2;
+    *greenlet = g;
+    return n;
 }

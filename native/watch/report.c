@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "capture/modules.h"
+#include "capture/signal_capture.h"
 #include "watch/report.h"
 
 void btc_text_add(btc_text *t, const char *s)
@@ -80,6 +81,32 @@ static void add_str(btc_text *t, PyObject *s)
     }
     out[i] = 0;
     btc_text_add(t, out);
+}
+
+void btc_text_add_str_own(btc_text *t, uintptr_t s)
+{
+    PyASCIIObject header;
+    char probe[sizeof(PyCompactUnicodeObject) + 200 * 4];   /* what add_str reads: its first 200 characters */
+    if (s && btc_read_own(&header, s, sizeof header) && header.ob_base.ob_type == &PyUnicode_Type &&
+        header.state.compact &&
+        btc_read_own(probe, s, sizeof(PyCompactUnicodeObject) + (header.length < 200 ? header.length : 200) *
+                                   header.state.kind))
+        add_str(t, (PyObject *)s);
+    else
+        btc_text_add(t, "?");
+}
+
+void btc_text_add_cstr_own(btc_text *t, uintptr_t s, size_t max)
+{
+    char chunk[17];
+    for (size_t done = 0; s && done < max; done += 16) {
+        if (!btc_read_own(chunk, s + done, 16) && !btc_read_own(chunk, s + done, 1))
+            return;
+        chunk[16] = 0;
+        btc_text_add(t, chunk);
+        if (memchr(chunk, 0, 16))
+            return;
+    }
 }
 
 static void add_python(btc_text *t, const btc_frame *f)
@@ -151,19 +178,21 @@ static const struct {
     {BTC_PARTIAL_CUT, "the walk stopped before the stack's end (a caller could not be recovered)"},
 };
 
-/* The first `inner` frames, native ones written by add_native_frame, then
- * the partial reasons. */
-static void sample_text(const btc_sigsample *s, int inner, btc_text *t,
-                        void (*add_native_frame)(btc_text *, const btc_frame *))
+typedef void (*frame_writer)(btc_text *, const btc_frame *);
+
+/* n frames, Python ones written by add_python_frame and native ones by
+ * add_native_frame, then the partial reasons. */
+static void frames_text(const btc_frame *frames, int n, unsigned partial, btc_text *t,
+                        frame_writer add_python_frame, frame_writer add_native_frame)
 {
-    for (int i = 0; i < inner && i < s->n && i < BTC_SIGNAL_FRAMES; i++) {
-        if (s->frames[i].kind == BTC_KIND_PYTHON)
-            add_python(t, &s->frames[i]);
+    for (int i = 0; i < n; i++) {
+        if (frames[i].kind == BTC_KIND_PYTHON)
+            add_python_frame(t, &frames[i]);
         else
-            add_native_frame(t, &s->frames[i]);
+            add_native_frame(t, &frames[i]);
     }
     for (size_t i = 0; i < sizeof partial_reasons / sizeof *partial_reasons; i++)
-        if (s->partial & partial_reasons[i].bit) {
+        if (partial & partial_reasons[i].bit) {
             btc_text_add(t, "  (partial: ");
             btc_text_add(t, partial_reasons[i].why);
             btc_text_add(t, ")\n");
@@ -172,7 +201,8 @@ static void sample_text(const btc_sigsample *s, int inner, btc_text *t,
 
 void btc_sigsample_inner_text(const btc_sigsample *s, int inner, btc_text *t)
 {
-    sample_text(s, inner, t, add_native);
+    int n = inner < s->n ? inner : s->n;
+    frames_text(s->frames, n < BTC_SIGNAL_FRAMES ? n : BTC_SIGNAL_FRAMES, s->partial, t, add_python, add_native);
 }
 
 void btc_sigsample_text(const btc_sigsample *s, btc_text *t)
@@ -197,10 +227,33 @@ static void add_native_module(btc_text *t, const btc_frame *f)
     btc_text_add(t, "\n");
 }
 
-void btc_sigsample_crash_text(const btc_sigsample *s, btc_text *t)
+/* A Python frame of a crashed process: its code object and the strings
+ * and line table add_python reads, probed first (btc_read_own): a spawn
+ * site's code objects live on a heap the crash may have corrupted. */
+static bool object_readable(const void *o, size_t n)
+{
+    char probe[sizeof(PyCodeObject)];
+    return o && n <= sizeof probe && btc_read_own(probe, (uintptr_t)o, n);
+}
+
+static void add_python_probed(btc_text *t, const btc_frame *f)
+{
+    const PyCodeObject *code = (const PyCodeObject *)f->addr;
+    if (object_readable(code, sizeof *code) && object_readable(code->co_filename, sizeof(PyASCIIObject)) &&
+        object_readable(code->co_qualname, sizeof(PyASCIIObject)) &&
+        object_readable(code->co_linetable, sizeof(PyBytesObject)))
+        add_python(t, f);
+    else {
+        btc_text_add(t, "  (a Python frame whose code object cannot be read: ");
+        btc_text_add_uint(t, f->addr, 16);
+        btc_text_add(t, ")\n");
+    }
+}
+
+void btc_frames_crash_text(const btc_frame *frames, int n, unsigned partial, btc_text *t)
 {
     modules_locked = btc_modules_try_acquire_prebuilt();
-    sample_text(s, s->n, t, add_native_module);
+    frames_text(frames, n, partial, t, add_python_probed, add_native_module);
     if (modules_locked)
         btc_modules_release();
     modules_locked = false;

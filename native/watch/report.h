@@ -12,6 +12,11 @@ typedef struct {
 
 void btc_text_add(btc_text *t, const char *s);
 void btc_text_addf(btc_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* From a crash handler: str object s's characters (as add_str: ASCII,
+ * at most 200), "?" if it cannot be read; a C string at s, at most max
+ * bytes.  Read with btc_read_own. */
+void btc_text_add_str_own(btc_text *t, uintptr_t s);
+void btc_text_add_cstr_own(btc_text *t, uintptr_t s, size_t max);
 /* n in base 10 or 16 ("0x..."), async-signal-safe (no printf). */
 void btc_text_add_uint(btc_text *t, uint64_t n, unsigned base);
 /* Write the text to fd whole (a short write goes on; an error ends it). */
@@ -22,9 +27,10 @@ void btc_sigsample_text(const btc_sigsample *s, btc_text *t);
  * partial reasons: a later report of a stuck call whose outer frames were
  * already shown. */
 void btc_sigsample_inner_text(const btc_sigsample *s, int inner, btc_text *t);
-/* The same frames for a crash handler, async-signal-safe: Python frames as
- * above, native ones as "  [module] +0xoffset" (no symbol lookup: it reads
- * files and allocates), "  [?] 0xpc" when the module list is busy. */
-void btc_sigsample_crash_text(const btc_sigsample *s, btc_text *t);
+/* n frames (then the reasons in partial, BTC_PARTIAL_*) for a crash
+ * handler, async-signal-safe: Python frames as above, their code objects
+ * probed first; native ones as "  [module] +0xoffset" (no symbol lookup: it
+ * reads files and allocates), "  [?] 0xpc" when the module list is busy. */
+void btc_frames_crash_text(const btc_frame *frames, int n, unsigned partial, btc_text *t);
 
 #endif

@@ -145,6 +145,11 @@ def _add_dump_parser(sub) -> None:
     p.add_argument("--no-native", action="store_true", help="Python frames only")
     p.add_argument("--threads-only", action="store_true", help="running stacks only, no suspended greenlets")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each thread to stop (default 5)")
+    p.add_argument("--tokens", action="store_true", help="text: each stack followed by its token "
+                   "(python -m btcore decode reads it back)")
+    p.add_argument("--crash-record", type=lambda s: int(s, 0), metavar="ADDRESS",
+                   help="the crash report's helper: the handler's record at this address of the crashed process, "
+                   "named and encoded, first (implies --tokens)")
 
 
 def _add_profile_parser(sub) -> None:
@@ -214,7 +219,8 @@ def dump_command(args, parser) -> int:
     from .process import DumpError, dump_process
     try:
         dump_process(args.pid, core=args.core, exe=args.exe, format="json" if args.json else args.format,
-                     native=not args.no_native, threads_only=args.threads_only, timeout=args.timeout)
+                     native=not args.no_native, threads_only=args.threads_only, timeout=args.timeout,
+                     tokens=args.tokens or args.crash_record is not None, crash_record=args.crash_record)
     except DumpError as e:
         print(f"btcore dump: {e}", file=sys.stderr)
         return 1

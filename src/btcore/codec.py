@@ -394,8 +394,13 @@ def module_entry_key(mod: _Module) -> tuple:
     """What a token says about a module: (build-id prefix or b"", path or
     None).  The path is left out when the decoder's search finds the file
     by its build-id (searched()); a module without a build-id keeps it."""
-    build_id = mod.build_id[:BUILD_ID_BYTES] if len(mod.build_id) >= BUILD_ID_BYTES else b""
-    return build_id, None if build_id and searched(mod.path) else mod.path
+    return file_module_key(mod.build_id, mod.path)
+
+
+def file_module_key(build_id: bytes, path: str) -> tuple:
+    """module_entry_key() of the file at path with that build-id (b"": none)."""
+    build_id = build_id[:BUILD_ID_BYTES] if len(build_id) >= BUILD_ID_BYTES else b""
+    return build_id, None if build_id and searched(path) else path
 
 
 def module_identity(key: tuple, version: int = VERSION, length: int = BUILD_ID_BYTES) -> tuple:
@@ -760,12 +765,13 @@ def _decoded_item(flags: int, ref) -> tuple:
 
 def _encode(bt: Backtrace, version: int = VERSION) -> str:
     """The reference encoder (design.md; format 2 for tests of its decoder)."""
-    return _write(bool(bt.truncated), _items(bt), version)
+    return token(bool(bt.truncated), _items(bt), version)
 
 
-def _write(truncated: bool, items: list, version: int = VERSION) -> str:
-    """The token of _items(): (flags, module key or None, vaddr) per native
-    frame, (flags, name, file, line) per Python frame."""
+def token(truncated: bool, items: list, version: int = VERSION) -> str:
+    """The token of frames already named: (flags, module key (file_module_key())
+    or None, module-relative pc) per native frame, (flags, name, file, line)
+    per Python frame, innermost first (another process's stacks: btcore/process.py)."""
     modules = {}
     for item in items:
         if len(item) == 3 and item[1] is not None:

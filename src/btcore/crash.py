@@ -13,16 +13,18 @@ import sys
 
 from ._native import ffi, lib
 from .errors import BacktraceError
+from .greenlets import layout_known
 from .watchdog import _reason
 
 _file = None   # kept alive: the handler writes to its descriptor
 
 # The helper: this interpreter, isolated from the crashed program's
 # environment and directory (-I), importing this btcore (its folder first),
-# then the dump of the pid the handler appends.
+# then the dump of the pid the handler appends, with the handler's record
+# (its address in the crashed process) named and encoded.
 _HELPER = ("import sys; sys.path.insert(0, sys.argv[1]); from btcore.__main__ import main; "
            "print('btcore crash report, the rest read from outside (every thread and greenlet):', flush=True); "
-           "sys.exit(main(['dump', sys.argv[2]]))")
+           "sys.exit(main(['dump', '--crash-record', sys.argv[2], sys.argv[3]]))")
 
 
 def helper_command() -> list | None:
@@ -32,7 +34,8 @@ def helper_command() -> list | None:
     exe = sys.executable
     if platform.machine() != "x86_64" or not exe or not os.path.basename(exe).startswith("python") or not os.access(exe, os.X_OK):
         return None
-    return [exe, "-I", "-c", _HELPER, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    return [exe, "-I", "-c", _HELPER, os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            hex(lib.btc_crash_record_address())]
 
 
 def enable_crash_report(file=None, *, helper: bool = True, helper_timeout: float = 10.0) -> None:
@@ -58,6 +61,7 @@ def enable_crash_report(file=None, *, helper: bool = True, helper_timeout: float
     if not 0 <= helper_timeout <= 3600:
         raise ValueError(f"helper_timeout must be 0 to 3600 seconds, not {helper_timeout!r}")
     command = helper_command() if helper else None
+    layout_known()   # greenlet's layout: how the handler finds the crashing greenlet's spawn record
     if lib.btc_thread_register() < 0:
         raise BacktraceError(f"cannot register this thread for crash reports: {_reason()}")
     if hasattr(file, "flush"):

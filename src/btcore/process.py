@@ -15,7 +15,7 @@ import platform
 import sys
 from dataclasses import dataclass, field
 
-from . import bounds, dump, remote_names
+from . import bounds, codec, dump, remote_names
 from ._native import ffi, lib
 from .backtrace import KIND_NATIVE, RECORD, Backtrace
 from .frame import NATIVE, PYTHON, Frame
@@ -67,6 +67,21 @@ class _Names:
         self._modules, self._interpreter = snap.modules, interpreter
         self._names = bounds.Names(snap.memory, snap.layout, snap.types)
         self._native, self._python = {}, {}
+        self._token_keys = {}   # module path -> what a token says of it
+
+    def string(self, address: int) -> str | None:
+        """The target's str object at address, bounded (None if it is not one)."""
+        return self._names.string(address)
+
+    def token_place(self, pc: int, exact: bool) -> tuple:
+        """(The module key a token names, the module-relative pc) of native pc."""
+        mod = self._modules.at(pc if exact else pc - 1)
+        if mod is None:
+            return None, pc
+        key = self._token_keys.get(mod.path)
+        if key is None:
+            key = self._token_keys[mod.path] = codec.file_module_key(codec.file_build_id(mod.path) or b"", mod.path)
+        return key, pc - mod.bias
 
     # What dump.py's grouping asks of a backtrace's _space (as of btcore/resolve.py).
     def module_key(self, pc: int, exact: bool) -> tuple:
@@ -126,6 +141,18 @@ class RemoteBacktrace(Backtrace):
         frames = self._space.frames
         return [(flags, frames(addr, lasti, kind, flags))
                 for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw)]
+
+    def encode(self) -> str:
+        """Its token (btcore.decode() reads it back): the target's modules
+        by build-id, its Python frames by the names the dump read."""
+        space, items = self._space, []
+        for addr, lasti, kind, flags, _ in RECORD.iter_unpack(self._raw):
+            if kind == KIND_NATIVE:
+                items.append((flags, *space.token_place(addr, bool(flags & F_EXACT))))
+            else:
+                frame = space.python(addr, lasti)[0][0]
+                items.append((flags, frame.function or "", frame.file or "", frame.line))
+        return codec.token(bool(self.truncated), items)
 
     def wrong(self) -> str | None:
         """What is wrong with its Python frames (a garbage code object), or None."""
@@ -198,12 +225,12 @@ class _Merger:
             for i in range(done, done + k):
                 st = stacks[i]
                 raw = buffer[st.at * 16: (st.at + st.n) * 16]
-                out.append((self._backtrace(raw, st.truncated) if named else (self._unnamed(raw, st.truncated), None))
+                out.append((self.backtrace(raw, st.truncated) if named else (self._unnamed(raw, st.truncated), None))
                            + (bounds.cut_reason(st.cut) if st.cut else None,))
             done += k
         return out
 
-    def _backtrace(self, raw: bytes, truncated: bool) -> tuple:
+    def backtrace(self, raw: bytes, truncated: bool) -> tuple:
         shared = self._shared.get(raw)
         bt = self._unnamed(raw, truncated, shared.refs if shared is not None else None)
         if shared is None:
@@ -255,8 +282,7 @@ def _fill(snap: Snapshot, merger: _Merger, native: bool) -> tuple:
     return stacks, notes, holders
 
 
-def _stacks(snap: Snapshot, native: bool) -> list:
-    merger = _Merger(snap, native)
+def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
     stacks, notes, holders = _fill(snap, merger, native)
     shown = [ProcessStack("thread", f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else ""), t.tid)
              for t in snap.threads]
@@ -416,20 +442,64 @@ def check_architecture() -> None:
 def process_stacks(pid: int | None = None, *, core: str | None = None, exe: str | None = None,
                    native: bool = True, threads_only: bool = False, timeout: float = 5.0):
     """(Snapshot, [ProcessStack]) of process pid, or of a core file."""
+    snap, stacks, _ = _read(pid, core, exe, native, threads_only, timeout, None)
+    return snap, stacks
+
+
+def _read(pid, core, exe, native: bool, threads_only: bool, timeout: float, crash_record: int | None) -> tuple:
+    """(Snapshot, [ProcessStack], the crash record's text or "")."""
     if (pid is None) == (core is None):
         raise ValueError("give either a pid or a core file")
     check_architecture()
     snap = _snapshot_core(core, exe, threads_only) if core else \
         snapshot_live(pid, threads_only=threads_only, timeout=timeout)
     try:
-        return snap, _stacks(snap, native)
+        merger = _Merger(snap, native)
+        stacks = _stacks(snap, merger, native)
+        return snap, stacks, _crash_text(snap, merger, crash_record) if crash_record else ""
     finally:
         snap.memory.close()
 
 
+# ---- the crash report's record (native/watch/crash.c), read from the crashed process ----
+
+_CRASH_RECORD_BYTES = ffi.sizeof("btc_crash_record")
+_CRASH_FRAMES_AT = ffi.offsetof("btc_crash_record", "frames")
+
+
+def _crash_text(snap: Snapshot, merger: _Merger, address: int) -> str:
+    """The crash handler's record at address in the target: the crashing
+    thread at the fault and its greenlet's spawn sites, named, each with
+    its token."""
+    data = snap.memory.read(address, _CRASH_RECORD_BYTES)
+    record = ffi.cast("btc_crash_record *", ffi.from_buffer(data)) if data else None
+    if record is None or record.magic != lib.BTC_CRASH_MAGIC:
+        return f"(the crash handler's record at {address:#x} cannot be read or is not complete)\n"
+    parts = []
+    for i in range(min(record.nstacks, len(record.stacks))):
+        st = record.stacks[i]
+        first = min(st.first, lib.BTC_CRASH_FRAMES)
+        n = min(st.n, lib.BTC_CRASH_FRAMES - first)
+        at = _CRASH_FRAMES_AT + first * RECORD.size
+        bt, _ = merger.backtrace(data[at:at + n * RECORD.size], st.truncated)
+        if i == 0:
+            title = "The crashing thread at the fault, named (the handler's record):"
+        else:
+            title = f"spawned by {merger.names.string(st.object) or '?'} at:"
+        if i == 1:
+            title = f"The crashing greenlet: <{_c_string(snap, record.greenlet_type)} at {record.greenlet:#x}>\n{title}"
+        parts.append(f"{title}\n{bt.format(most_recent_first=True, header=False)}\n  token: {bt.encode()}")
+    return "\n\n".join(parts) + "\n\n"
+
+
+def _c_string(snap: Snapshot, address: int, most: int = 128) -> str:
+    data = snap.memory.read(address, most) if address else None
+    return data.split(b"\0", 1)[0].decode("utf-8", "replace") if data else "?"
+
+
 def dump_process(pid: int | None = None, file=None, *, core: str | None = None, exe: str | None = None,
                  format: str = "text", native: bool = True, threads_only: bool = False,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, tokens: bool = False, crash_record: int | None = None) -> None:
     """Write every thread's running stack and every suspended greenlet of
     process pid (or of a core file, with the executable that made it) to
     file (default: sys.stdout), from outside: nothing runs in the target,
@@ -440,6 +510,10 @@ def dump_process(pid: int | None = None, file=None, *, core: str | None = None, 
     the JSON schema of btcore/schema.py; the page of write_html()).
     native=False: Python frames only.  threads_only: no greenlets.
     timeout: seconds to wait for each thread to stop.
+    tokens: text only, each stack followed by its token (btcore.decode(),
+    `python -m btcore decode`).  crash_record: the address of the crash
+    report's record in the target (the crash report's helper): the crashing
+    thread at the fault and its greenlet's spawn chain, named, first.
     Raises DumpPermissionError (what to change to be allowed) or DumpError.
     """
     if format not in ("text", "json", "html"):
@@ -447,9 +521,8 @@ def dump_process(pid: int | None = None, file=None, *, core: str | None = None, 
     # Tens of thousands of small objects (a stack, a Backtrace and an entry per greenlet): collections in
     # their middle cost ~10% of the dump (10,000 greenlets), and find nothing to free.
     with dump.GCHeld():
-        snap, stacks = process_stacks(pid, core=core, exe=exe, native=native, threads_only=threads_only,
-                                      timeout=timeout)
-        text = _render(snap, stacks, core, format)
+        snap, stacks, crash = _read(pid, core, exe, native, threads_only, timeout, crash_record)
+        text = crash + _render(snap, stacks, core, format, _token_text if tokens else dump.stack_text)
     out = sys.stdout if file is None else file
     out.write(text)
     out.flush()
@@ -487,12 +560,16 @@ def _infos(snap: Snapshot, stacks: list) -> list:
     return infos
 
 
-def _render(snap: Snapshot, stacks: list, core, format: str) -> str:
+def _token_text(bt) -> str:
+    return f"{dump.stack_text(bt)}\n  token: {bt.encode()}"
+
+
+def _render(snap: Snapshot, stacks: list, core, format: str, stack_text) -> str:
     infos = _infos(snap, stacks)
     source = f"core file {core}" if core else f"process {snap.pid}"
     if format == "text":
         stopped = f" (stopped {snap.stopped_for * 1000:.1f} ms)" if not core else ""
-        return dump.render_text(infos, True, True, dump.stack_text, f"Process dump, {source}", stopped, snap.notes)
+        return dump.render_text(infos, True, True, stack_text, f"Process dump, {source}", stopped, snap.notes)
     more = {"source": source, "stopped_ms": None if core else snap.stopped_for * 1000, "notes": snap.notes}
     if format == "json":
         return json.dumps(dump.json_document(infos, True, pid=snap.pid, **more), indent=1) + "\n"

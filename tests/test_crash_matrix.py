@@ -1,0 +1,255 @@
+"""The crash matrix (issue 27): each way a C extension can crash, inside a
+greenlet reached through a C callback, with 100 other greenlets parked in C
+and in Python, in the main thread or in another thread.
+
+The fixture is tests/fixtures/crash.c built as C++ (std::terminate).  Each
+crash runs once, with btcore's crash report and faulthandler both enabled
+and core dumps on, and is checked against oracles that do not use btcore's
+in-process code:
+
+- the exit status is the crash's own signal, and the kernel wrote a core
+  file in which gdb finds the crashing thread stopped where it crashed,
+  killed by that signal (what it would be without btcore);
+- gdb's backtrace of that thread from the core: its physical frames, as
+  module + offset, are the report's native frames, in order (gdb's own
+  DWARF unwinder, read from the core file);
+- faulthandler's report in the same run has the report's Python frames;
+- `python -m btcore dump --core` of the core: its crashing thread has the
+  report's Python frames, and its suspended greenlets are the 100 parked
+  ones in two groups, as the helper showed them from the live process.
+
+Seven crashes, each in one place (main thread or another thread,
+alternating, so both are covered by crashes of each signal): the whole
+matrix runs in ~15-25 s here.
+"""
+import glob
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import conftest
+from test_crash import (OUTSIDE_HEADER, btcore_python_frames, build_crash_fixture, faulthandler_frames, ours,
+                        outside_groups)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODULE = "_btfix_crashmx"
+
+pytestmark = [
+    pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan handles fatal signals itself"),
+    pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
+    pytest.mark.skipif(shutil.which("gdb") is None, reason="the core-file oracle is gdb, which is not installed"),
+]
+
+
+def core_pattern_problem() -> str | None:
+    """Why this machine's kernel will not write a core file into the crashed
+    process's directory, or None."""
+    try:
+        with open("/proc/sys/kernel/core_pattern") as f:
+            pattern = f.read().strip()
+    except OSError as e:
+        return f"cannot read /proc/sys/kernel/core_pattern: {e}"
+    if pattern.startswith("|") or "/" in pattern or not pattern:
+        return f"core_pattern is {pattern!r}: cores go to a handler or another folder, not the crashed process's"
+    return None
+
+
+@pytest.fixture(scope="session")
+def matrix_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("crash_matrix_build"))
+    build_crash_fixture(out, MODULE, cplusplus=True)
+    return out
+
+
+PROGRAM = """
+import faulthandler, functools, sys, threading
+sys.path.insert(0, sys.argv[1])
+import greenlet
+from _btfix_crashmx import ffi, lib
+import btcore
+crashes = {"null_write": lib.crash_null_write, "wild_read": lib.crash_wild_read,   # partial: no Python frame
+           "sigfpe": functools.partial(lib.crash_divide, 0), "stack_overflow": functools.partial(lib.crash_recurse, 0),
+           "abort": lib.crash_abort, "terminate": lib.crash_terminate, "fatal_error": lib.crash_fatal_error}
+crash = crashes[sys.argv[2]]
+
+@ffi.callback("int(int)")
+def park(arg):
+    greenlet.getcurrent().parent.switch()   # parked with the fixture's C frames below it
+    return 0
+
+@ffi.callback("int(int)")
+def in_callback(arg):
+    crash()
+    return 0
+
+def parked_in_c():
+    lib.crash_through_callback(park, 0)
+
+def parked_in_python():
+    greenlet.getcurrent().parent.switch()
+
+def crasher():
+    lib.crash_through_callback(in_callback, 0)
+
+def run():
+    if sys.argv[2] != "fatal_error":
+        faulthandler.enable()
+    btcore.enable_crash_report()   # this thread's crashes: runs first, from the fault's context
+    if sys.argv[2] == "fatal_error":
+        # After btcore's: Py_FatalError disables faulthandler, which puts back the disposition it found:
+        # the default action if faulthandler came first (the guide's "What to know").
+        faulthandler.enable()
+    parked = [greenlet.greenlet(parked_in_c if i % 2 else parked_in_python) for i in range(100)]
+    for g in parked:
+        g.switch()
+    with open("maps", "w") as f, open("/proc/self/maps") as maps:   # where each module is, for gdb's pcs
+        f.write(maps.read())
+    greenlet.greenlet(crasher).switch()
+
+if sys.argv[3] == "thread":
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+else:
+    run()
+"""
+
+CRASHES = [   # kind, signal, where, the fixture function that crashed
+    ("null_write", signal.SIGSEGV, "main", "crash_null_write"),
+    ("wild_read", signal.SIGSEGV, "thread", "crash_wild_read"),
+    ("sigfpe", signal.SIGFPE, "main", "crash_divide"),
+    ("stack_overflow", signal.SIGSEGV, "thread", "crash_recurse"),
+    ("abort", signal.SIGABRT, "main", "crash_abort"),
+    ("terminate", signal.SIGABRT, "thread", "crash_terminate"),
+    ("fatal_error", signal.SIGABRT, "main", "crash_fatal_error"),
+]
+
+
+def enable_cores():
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def module_offsets(maps_text: str):
+    """pc -> (module file name, offset from its load bias) in the crashed process (its /proc/self/maps)."""
+    starts = {}
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            base = lo - int(parts[2], 16)
+            starts.setdefault(parts[5], []).append((lo, hi, base))
+    spans = [(lo, hi, min(b for _, _, b in ranges), path) for path, ranges in starts.items() for lo, hi, _ in ranges]
+
+    def where(pc):
+        return next(((unversioned(path), pc - base) for lo, hi, base, path in spans if lo <= pc < hi), None)
+    return where
+
+
+def unversioned(path: str) -> str:
+    """A library's file name without its version (the loader's name libstdc++.so.6 is the file
+    libstdc++.so.6.0.30)."""
+    return re.sub(r"\.so(\.\d+)*$", ".so", os.path.basename(path))
+
+
+# The crashing thread's physical frames, newest first, each with whether its pc is exact (the newest, and
+# the one a signal interrupted) rather than a return address.  Above the fault, the core shows where the
+# default action ended the process: faulthandler's handler (run after btcore's, re-raising the signal) and
+# the signal trampoline; the frames after the last trampoline are the fault's.
+GDB_FRAMES = """
+f = gdb.newest_frame()
+n, after_signal = 0, True
+while f is not None and n < 80:
+    if f.type() == gdb.SIGTRAMP_FRAME:
+        print("SIGNAL")
+        after_signal = True
+    elif f.type() not in (gdb.INLINE_FRAME, gdb.TAILCALL_FRAME):   # gdb's own, from DWARF: not on the stack
+        print("FRAME", f.pc(), int(after_signal))
+        after_signal = False
+        n += 1
+    try:
+        f = f.older()
+    except gdb.error:
+        break
+"""
+
+
+def gdb_frames(core: str, folder: str):
+    """(the signal that ended the process, [(pc, exact)] of the crashing thread from the fault, newest
+    first) by gdb."""
+    script = os.path.join(folder, "frames.py")
+    with open(script, "w") as f:
+        f.write(GDB_FRAMES)
+    out = subprocess.run(["gdb", "-batch", "-nx", "-ex", "set debuginfod enabled off", "-ex", f"source {script}",
+                          sys.executable, core], capture_output=True, text=True, timeout=120).stdout
+    killed = re.search(r"Program terminated with signal (SIG[A-Z]+)", out)
+    frames = out.split("SIGNAL\n")[-1] if "SIGNAL\n" in out else out
+    return killed.group(1) if killed else None, [(int(pc), exact == "1")
+                                                  for pc, exact in re.findall(r"^FRAME (\d+) (\d)$", frames, re.M)]
+
+
+def report_native(lines):
+    """(module, offset) of the report's native frames, innermost first, up to its first Python frame."""
+    out = []
+    for line in lines:
+        m = re.match(r"\s+\[(.*?)\] \+0x([0-9a-f]+)$", line)
+        if m:
+            out.append((unversioned(m.group(1)), int(m.group(2), 16)))
+        elif line.lstrip().startswith("File "):
+            break
+    return out
+
+
+@pytest.mark.parametrize("kind, sig, where, function", CRASHES, ids=[c[0] + "-" + c[2] for c in CRASHES])
+def test_crash(matrix_dir, tmp_path, kind, sig, where, function):
+    # guards: the whole crash report against independent oracles, for each way of crashing (see the docstring).
+    problem = core_pattern_problem()
+    if problem:
+        pytest.skip(problem)
+    out = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, preexec_fn=enable_cores)
+    assert out.returncode == -sig, out.stderr
+    cores = glob.glob(str(tmp_path / "core*"))
+    if not cores:
+        pytest.skip("no core file was written (RLIMIT_CORE raised, core_pattern 'core': a container's limit?)")
+    lines = ours(out.stderr)
+
+    # The report's native frames are gdb's physical frames of the crashing thread in the core, in order.
+    killed, frames = gdb_frames(cores[0], str(tmp_path))
+    assert killed == sig.name, frames
+    where_is = module_offsets((tmp_path / "maps").read_text())
+    theirs = [where_is(pc if exact else pc - 1) for pc, exact in frames]
+    mine = report_native(lines)
+    shared = min(len(mine), len(theirs))
+    assert shared >= 3 and mine[:shared] == theirs[:shared], (mine, theirs, out.stderr)
+    assert any(module.startswith(MODULE) for module, _ in mine), mine   # the fixture's frames are among them
+
+    # faulthandler ran after us in the same run: the same Python frames.
+    python = btcore_python_frames(out.stderr)
+    if kind != "stack_overflow":   # there the sample holds the innermost 128 frames: no Python frame
+        assert python == faulthandler_frames(out.stderr) != []
+        assert [f[2] for f in python] == ["in_callback", "crasher"]
+
+    # The helper's part and the core's dump agree: the crashing thread's Python frames, the parked greenlets.
+    helper = outside_groups(out.stderr)
+    dumped = subprocess.run([sys.executable, "-m", "btcore", "dump", "--core", cores[0], "--exe",
+                             os.path.realpath(sys.executable)],
+                            capture_output=True, text=True, timeout=120)
+    assert dumped.returncode == 0, dumped.stderr
+    core_groups = outside_groups(OUTSIDE_HEADER + dumped.stdout)
+    parked = sorted((n, functions[-1]) for n, _, functions in core_groups if n > 1)
+    assert parked == [(50, "park"), (50, "parked_in_python")], dumped.stdout   # in C: under the callback
+    assert sorted((n, f) for n, _, f in helper) == sorted((n, f) for n, _, f in core_groups)
+    tid = re.search(r"^Fatal signal .*, thread (\d+)$", out.stderr, re.M).group(1)
+    assert thread_python(dumped.stdout, tid) == [f[2] for f in reversed(faulthandler_frames(out.stderr))] != []
+
+
+def thread_python(dump_text: str, tid: str) -> list:
+    """The Python functions, outermost first, of thread tid's stack in a dump's text."""
+    block = next(b for b in dump_text.split("\n=== stack ")[1:] if f"e.g. Thread {tid} " in b.split("\nBacktrace")[0])
+    return re.findall(r'^  File ".*", line \d+, in (\S+)$', block, re.M)
