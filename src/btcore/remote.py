@@ -480,13 +480,26 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
     spilled = lib.btc_remote_greenlet_fit(c_states, n, *target.map_ranges, bounds.SPILL_BUDGET)
     spill = room.get((interp, "spill"), max(1, spilled))
+    lib.btc_remote_greenlet_spills(target.memory.handle, c_states, n, ffi.from_buffer(spill),
+                                   0 if room.rehearsal else spilled)
+    copied = memoryview(states)[:n * _GREENLET.size], spill
+    if room.rehearsal:   # the chunks of their frames: the stop reads them, the walk after it reads its copies
+        _greenlet_frames(target, *copied)
+    return copied
+
+
+def _greenlet_frames(target: Target, states: memoryview, spill) -> memoryview:
+    """The Python frames of the greenlets (btc_remote_pyframe records; each state says which are its own),
+    walked from the chunks the stop read: a frame the stop did not read is read now."""
+    n = len(states) // _GREENLET.size
     most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
-    frames = room.get((interp, "frames"), most * _PYFRAME.size)
-    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, target.layout, c_states, n,
-                                             ffi.from_buffer(spill), 0 if room.rehearsal else spilled,
-                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)), most,
-                                             *target.map_ranges)
-    return memoryview(states)[:n * _GREENLET.size], spill, memoryview(frames)[:nframes * _PYFRAME.size]
+    frames = bytearray(most * _PYFRAME.size)
+    nframes = lib.btc_remote_greenlet_frames(target.memory.handle, target.layout,
+                                             ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states)), n,
+                                             ffi.from_buffer(spill), ffi.cast("btc_remote_pyframe *",
+                                                                              ffi.from_buffer(frames)),
+                                             most, *target.map_ranges)
+    return memoryview(frames)[:nframes * _PYFRAME.size]
 
 
 _GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
@@ -495,10 +508,11 @@ _MAX_PYFRAMES_ALL = 1 << 22   # Python frames of all greenlets
 
 def greenlet_copies(target: Target, copied: list) -> list:
     """GreenletCopy objects from the raw copies made while the target was
-    stopped (unpacked after it runs again: this is Python work)."""
+    stopped, their Python frames walked (after it runs again: nothing here
+    needs it stopped)."""
     out, seen = [], set()
-    for states, spill, frames in copied:
-        frames = memoryview(frames)
+    for states, spill in copied:
+        frames = _greenlet_frames(target, states, spill)
         spill = memoryview(spill)   # each greenlet's part: a view, not a copy
         size = _PYFRAME.size
         for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, bad in _GREENLET.iter_unpack(states):
