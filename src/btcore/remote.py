@@ -29,7 +29,6 @@ from .threads import is_main_thread
 _MAX_STACK_COPY = bounds.MAX_READ   # bytes of a thread's stack copied, from its sp up
 _MAX_GREENLETS = 1 << 20
 _MAX_PYFRAMES = bounds.MAX_FRAMES   # per stack
-_WORD = struct.Struct("<Q")
 _SCRATCH = 1 << 16            # reads up to this size reuse one buffer
 _MAX_CHUNKS = 1 << 15         # the chunk cache's bound (native/remote/rmem.c)
 _PAGE = 4096
@@ -89,6 +88,7 @@ class Memory:
         self._keep = list(keep)   # file objects whose descriptors the segments use
         self._folders = []        # temporary files of the dump
         self._scratch = ffi.new("char[]", _SCRATCH)
+        self._word = ffi.new("uintptr_t *")
 
     @property
     def handle(self):
@@ -100,16 +100,19 @@ class Memory:
         return self._keep
 
     def read(self, addr: int, n: int) -> bytes | None:
+        # called ~7 times per greenlet a dump names (btcore/remote_names.py): one C call and one copy
         if n == 0:
             return b""
         if not bounds.readable(addr, n):   # addresses and sizes read from the target: anything
             return None
         buf = self._scratch if n <= _SCRATCH else ffi.new("char[]", n)
-        return ffi.buffer(buf, n)[:] if lib.btc_rmem_read(self._m, addr, buf, n) == 0 else None
+        return ffi.unpack(buf, n) if lib.btc_rmem_read(self._m, addr, buf, n) == 0 else None
 
     def word(self, addr: int) -> int | None:
-        data = self.read(addr, 8)
-        return _WORD.unpack(data)[0] if data else None
+        if not bounds.readable(addr, 8):
+            return None
+        out = self._word
+        return out[0] if lib.btc_rmem_read(self._m, addr, out, 8) == 0 else None
 
     def syscalls(self) -> int:
         return lib.btc_rmem_syscalls(self._m)
