@@ -333,11 +333,28 @@ class Target:
         try:
             if _same_build(mod.path, greenlet._greenlet.__file__):
                 return greenlet_type, code, greenlet_offsets.local()
-            return greenlet_type, code, greenlet_offsets.learned(
-                self.memory, self._some_greenlets(greenlet_type), greenlet_type, self.types.frame)
+            return greenlet_type, code, self._learned_offsets(mod.path, greenlet_type)
         except greenlet_offsets.Unlearnable as e:
             self.notes.append(f"the target's greenlet ({mod.path}): {e}: suspended greenlets are not listed")
             return 0, None, None
+
+    def _learned_offsets(self, path: str, greenlet_type: int) -> tuple:
+        """Offsets learned from the target's own greenlets (greenlet_offsets.learned: a gc walk and up to
+        4,096 of them read), once per build of _greenlet (its build-id) while this process lives: they are
+        that build's layout, and a profiler from outside dumps the same target again and again."""
+        try:
+            build = file_build_id(path)
+        except OSError:
+            build = None
+        offsets = _LEARNED.get(build)
+        if offsets is None:
+            offsets = greenlet_offsets.learned(self.memory, self._some_greenlets(greenlet_type), greenlet_type,
+                                               self.types.frame)
+            if build is not None:
+                if len(_LEARNED) >= _MAX_LEARNED:
+                    _LEARNED.clear()
+                _LEARNED[build] = offsets
+        return offsets
 
     def _some_greenlets(self, greenlet_type: int) -> list:
         """Greenlet objects of the first interpreter (while it runs: to learn from)."""
@@ -374,6 +391,8 @@ class Target:
 
 
 _MAX_INTERPRETERS = 256
+_LEARNED = {}            # build-id of a target's _greenlet -> the greenlet offsets learned from it
+_MAX_LEARNED = 64        # builds remembered (then forgotten all at once)
 _MAX_THREAD_STATES = 65536
 
 
