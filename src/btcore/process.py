@@ -188,14 +188,13 @@ class _Merger:
                                       _CAPACITY * _STACKS_AT_ONCE)
             if k <= 0:
                 raise DumpError(ffi.string(lib.btc_last_error()).decode())
-            for i in range(done, done + k):
-                st = stacks[i]
-                out.append(self._backtrace(buffer[st.at * 16: (st.at + st.n) * 16], st.truncated)
-                           + (bounds.cut_reason(st.cut) if st.cut else None,))
+            backtrace = self._backtrace
+            for st in stacks[done:done + k]:
+                out.append(backtrace(buffer[st.at * 16: (st.at + st.n) * 16], st.truncated, st.cut))
             done += k
         return out
 
-    def _backtrace(self, raw: bytes, truncated: bool) -> tuple:
+    def _backtrace(self, raw: bytes, truncated: bool, cut: int) -> tuple:
         shared = self._shared.get(raw)
         bt = _new(RemoteBacktrace)
         bt._raw, bt._capacity, bt.truncated, bt._space = bytearray(raw), _CAPACITY, bool(truncated), self.names
@@ -203,7 +202,7 @@ class _Merger:
             bt._refs = tuple(addr for addr, _, kind, _, _ in RECORD.iter_unpack(raw) if kind != KIND_NATIVE)
             shared = self._shared[raw] = _Shared(bt)
         bt._refs = shared.refs
-        return bt, shared
+        return bt, shared, bounds.cut_reason(cut) if cut else None
 
 
 def _eval_ranges(snap: Snapshot, lo, hi) -> tuple:
@@ -234,13 +233,18 @@ def _stacks(snap: Snapshot, native: bool) -> list:
         shown.append(ProcessStack("thread", name, t.tid))
         notes.append(() if stopped else (t.error,))
     labels = remote_names.Labels(snap) if snap.greenlets else None
+    thread = None
     for g in snap.greenlets:
-        stack, note = _greenlet_stack(snap, merger, stacks[len(shown)], g, native, labels.label(g))
+        # the thread whose stack holds the greenlet's part still in place (most lie on the last one's)
+        inside = g.start if g.main else g.stop - 1
+        if thread is None or not thread.mapping[0] <= inside < thread.mapping[1]:
+            thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
+        stack, note = _greenlet_stack(snap, merger, stacks[len(shown)], g, thread, native, labels.label(g))
         shown.append(stack)
         notes.append(note)
-    for i, (stack, note, (bt, shared, cut)) in enumerate(zip(shown, notes, merger.merge(stacks, len(shown)))):
+    for stack, note, st, (bt, shared, cut) in zip(shown, notes, stacks, merger.merge(stacks, len(shown))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
-        stack.error = _noted(*note, _UNWALKED if stacks[i].unwalked else None, cut, shared.wrong)
+        stack.error = _noted(*note, _UNWALKED if st.unwalked else None, cut, shared.wrong)
     return shown
 
 
@@ -249,12 +253,9 @@ def _noted(*why) -> str | None:
     return "; ".join(w for w in why if w) or None
 
 
-def _greenlet_stack(snap: Snapshot, merger: _Merger, st, g, native: bool, label) -> tuple:
-    """(Its ProcessStack, its notes so far), st filled for the merge; label: its name, parent and spawner
-    (remote_names.py)."""
-    # The thread whose stack holds the greenlet's part still in place.
-    inside = g.start if g.main else g.stop - 1
-    thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
+def _greenlet_stack(snap: Snapshot, merger: _Merger, st, g, thread, native: bool, label) -> tuple:
+    """(Its ProcessStack, its notes so far), st filled for the merge; thread: the one whose stack holds its
+    part still in place, or None; label: its name, parent and spawner (remote_names.py)."""
     stack = ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
                          parent=label.parent, spawned_by=label.spawned_by)
     missing = data = None
