@@ -9,6 +9,7 @@ happen after it runs again.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -84,13 +85,14 @@ class _Names:
         return named
 
     def _name_native(self, pc: int, exact: bool) -> tuple:
-        lookup = pc if exact else pc - 1
-        mod = self._modules.at(lookup)
+        mod = self._modules.at(pc if exact else pc - 1)
         if mod is None:
             return (Frame(NATIVE, pc, None, None, None, None, None),)
-        name, start = file_symbol(mod.path, lookup - mod.bias)
-        offset = pc - mod.bias - start if name else pc - mod.bias
-        return native_frames(pc, mod.path, name, offset, lookup - mod.bias)
+        try:
+            st = os.stat(mod.path)
+        except OSError:
+            return _file_frames.__wrapped__(mod.path, None, mod.bias, pc, exact)
+        return _file_frames(mod.path, (st.st_ino, st.st_size, st.st_mtime_ns), mod.bias, pc, exact)
 
     def python(self, address: int, lasti: int) -> tuple:
         """(Frames, what is wrong with the frame or None)."""
@@ -107,6 +109,17 @@ class _Names:
             wrong = f"a frame's instruction offset {lasti} lies outside its code ({code.qualname})"
         frame = Frame(PYTHON, None, code.filename, code.qualname, None, code.filename, bounds.line(code, lasti))
         return (frame,), wrong
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _file_frames(path: str, identity: tuple | None, bias: int, pc: int, exact: bool) -> tuple:
+    """The Frames of pc in the file at path loaded at bias, from its symbols and DWARF; remembered across
+    dumps (~0.6 ms a pc: a dump again and again of one process, by the API or a profiler from outside, meets
+    the same pcs), while the file is the same one (identity: its inode, size and mtime)."""
+    lookup = pc if exact else pc - 1
+    name, start = file_symbol(path, lookup - bias)
+    offset = pc - bias - start if name else pc - bias
+    return native_frames(pc, path, name, offset, lookup - bias)
 
 
 class RemoteBacktrace(Backtrace):
