@@ -88,11 +88,10 @@ class _Names:
         mod = self._modules.at(pc if exact else pc - 1)
         if mod is None:
             return (Frame(NATIVE, pc, None, None, None, None, None),)
-        try:
-            st = os.stat(mod.path)
-        except OSError:
+        identity = _identity(mod.path)
+        if identity is None:
             return _file_frames.__wrapped__(mod.path, None, mod.bias, pc, exact)
-        return _file_frames(mod.path, (st.st_ino, st.st_size, st.st_mtime_ns), mod.bias, pc, exact)
+        return _file_frames(mod.path, identity, mod.bias, pc, exact)
 
     def python(self, address: int, lasti: int) -> tuple:
         """(Frames, what is wrong with the frame or None)."""
@@ -109,6 +108,16 @@ class _Names:
             wrong = f"a frame's instruction offset {lasti} lies outside its code ({code.qualname})"
         frame = Frame(PYTHON, None, code.filename, code.qualname, None, code.filename, bounds.line(code, lasti))
         return (frame,), wrong
+
+
+def _identity(path: str) -> tuple | None:
+    """What tells the file at path from another one there later (inode, size, mtime), None if it is gone:
+    what is remembered of a file across dumps is remembered for this identity."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -226,9 +235,31 @@ def _eval_ranges(snap: Snapshot, lo, hi) -> tuple:
         if os.path.basename(mod.path).startswith(("libpython", "python")):
             code = symbol_value(mod.path, "PyEval_EvalCode")   # exported: in the eval loop's module
             if code:
-                return mod, lib.btc_rmodules_eval_ranges(snap.modules.handle, mod.bias + code, lo, hi,
-                                                         lib.BTC_REMOTE_MAX_EVAL)
+                ranges = _eval_parts(snap, mod, code)
+                for i, (start, end) in enumerate(ranges):
+                    lo[i], hi[i] = start, end
+                return mod, len(ranges)
     return None, 0
+
+
+_EVAL_PARTS = {}   # (interpreter file, its identity, load bias) -> its eval loop's ranges, across dumps
+_MAX_EVAL_PARTS = 64
+
+
+def _eval_parts(snap: Snapshot, mod, code: int) -> tuple:
+    """[(lo, hi)] of the eval loop in the interpreter module mod; remembered across dumps of a process
+    while the file is the same one (the scan of a stripped interpreter's image takes ~4 ms)."""
+    key = (mod.path, _identity(mod.path), mod.bias)
+    parts = _EVAL_PARTS.get(key)
+    if parts is None:
+        lo, hi = ffi.new("uintptr_t[]", lib.BTC_REMOTE_MAX_EVAL), ffi.new("uintptr_t[]", lib.BTC_REMOTE_MAX_EVAL)
+        n = lib.btc_rmodules_eval_ranges(snap.modules.handle, mod.bias + code, lo, hi, lib.BTC_REMOTE_MAX_EVAL)
+        parts = tuple(zip(lo[0:n], hi[0:n]))
+        if key[1] is not None:
+            if len(_EVAL_PARTS) >= _MAX_EVAL_PARTS:
+                _EVAL_PARTS.clear()
+            _EVAL_PARTS[key] = parts
+    return parts
 
 
 # ---- stacks of a snapshot ----
