@@ -581,9 +581,8 @@ int btc_rmem_add_segment(btc_rmem *m, uintptr_t vaddr, uint64_t size, int fd, ui
 /* 0, or -1 if any byte of [addr, addr + n) is unreadable. */
 int btc_rmem_read(btc_rmem *m, uintptr_t addr, void *buf, size_t n);
 void btc_rmem_forget(btc_rmem *m);
-/* The addresses of the chunks the cache served reads from (at most max;
- * not those only read ahead): what a walk read, to be read again together
- * (btc_rmem_prefetch) after forgetting. */
+/* The addresses of the chunks the cache holds (at most max): what a walk
+ * read, to be read again together (btc_rmem_prefetch) after forgetting. */
 int btc_rmem_chunk_bases(btc_rmem *m, uintptr_t *out, int max);
 /* Fill the cache's chunks under the n addresses (0s are skipped) in
  * batches of one syscall; later reads there are cache hits. */

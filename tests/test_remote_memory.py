@@ -145,20 +145,3 @@ def test_the_same_reads_where_process_vm_readv_is_refused(tmp_path):
                            "prefetched_pages or many_ranges"], env=env, capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(__file__))
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout + done.stderr
-
-
-def test_a_miss_reads_ahead_and_lists_only_the_chunks_read_from(target, memory):
-    # guards: a miss reads the chunks after it in the same syscall; those past a page that cannot be read are
-    # dropped (read on their own when asked for, never kept unreadable); chunk_bases lists the chunks reads were
-    # served from, not those only read ahead (the stop would copy them for nothing).
-    pid, base, oracle = target
-    asked = range(290, 306)   # around the holes at 300-301
-    buf = ffi.new("char[]", PAGE)
-    for page in asked:
-        got = ffi.buffer(buf, PAGE)[:] if lib.btc_rmem_read(memory, base + page * PAGE, buf, PAGE) == 0 else None
-        assert got == oracle(base + page * PAGE, PAGE), f"page {page}"
-    if process_vm_readv_works(pid, base):   # 290-299 at once, 300 and 301 alone (one try, one page), 302-305 at once
-        assert lib.btc_rmem_syscalls(memory) <= 6, f"{lib.btc_rmem_syscalls(memory)} syscalls for 16 pages"
-    out = ffi.new("uintptr_t[]", 64)
-    listed = {(out[i] - base) // PAGE for i in range(lib.btc_rmem_chunk_bases(memory, out, 64))}
-    assert listed == set(asked) - set(HOLES)

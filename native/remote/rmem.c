@@ -6,10 +6,9 @@
  * mappings the core left out).  Reads are served from chunks of one page
  * kept until the cache is full (then it is emptied): a dump reads
  * thousands of small objects (gc list links, frames) that lie together in
- * a few arenas.  A miss reads the chunks after it too (reading ahead,
- * below); a chunk that cannot be read whole is read page by page, so an
- * unmapped page ends the chunk's valid part instead of failing it all.
- * The stop of a dump reads few chunks one by one: it re-reads what a
+ * a few arenas.  A chunk is read page by page (one remote iovec per page),
+ * so an unmapped page ends the chunk's valid part instead of failing it
+ * all.  The stop of a dump reads few chunks one by one: it re-reads what a
  * rehearsal read (btc_rmem_chunk_bases, then btc_rmem_prefetch in batches)
  * and reads large ranges (stacks) in one call each.
  */
@@ -38,7 +37,6 @@
 typedef struct {
     uintptr_t base;      /* chunk address + 1 (0: empty slot) */
     uint32_t valid;      /* bit i: page i is readable */
-    bool used;           /* a read was served from it (read ahead or prefetched only: false) */
     uint8_t *data;
 } chunk;
 
@@ -146,9 +144,17 @@ static bool read_page_live(btc_rmem *m, uintptr_t a, uint8_t *buf)
     return pread(m->mem_fd, buf, PAGE, (off_t)a) == PAGE;
 }
 
-/* A chunk page by page: the valid ones. */
+/* All pages in one syscall where they are all mapped (the common case). */
 static uint32_t read_live(btc_rmem *m, uintptr_t base, uint8_t *buf)
 {
+    if (m->mem_fd < 0) {
+        struct iovec local = {buf, CHUNK_SIZE}, remote[PAGES];
+        for (unsigned i = 0; i < PAGES; i++)
+            remote[i] = (struct iovec){(void *)(base + i * PAGE), PAGE};
+        m->syscalls++;
+        if (process_vm_readv(m->pid, &local, 1, remote, PAGES, 0) == CHUNK_SIZE)
+            return (1u << PAGES) - 1;
+    }
     uint32_t valid = 0;
     for (unsigned i = 0; i < PAGES; i++)
         if (read_page_live(m, base + i * PAGE, buf + i * PAGE))
@@ -190,56 +196,6 @@ static chunk *slot_for(btc_rmem *m, uintptr_t base)
     return &m->slots[i];
 }
 
-/* ---- reading ahead ----
- *
- * A walk that misses the cache (a gc list, thread states, objects a name
- * is read from: before the stop, or after it) mostly misses next on a
- * neighbour: objects lie in arenas, one after another.  A miss reads the
- * chunks after it too, those the cache lacks, in the same syscall (one
- * remote iovec: ~2 us a syscall against ~0.3 us a page copied).  Only the
- * chunks read whole are kept: a chunk past a page that cannot be read is
- * dropped again (the last ones claimed, so no probe run passes through
- * them), and read on its own when asked for. */
-
-#define READ_AHEAD 16   /* chunks, the missed one first */
-
-static void unclaim(btc_rmem *m, chunk *c)
-{
-    m->spare[m->nspare++] = c->data;   /* taken from spare or malloc: nspare + nchunks <= MAX_CHUNKS */
-    *c = (chunk){0};
-}
-
-/* c: the empty slot of the chunk at base. */
-static chunk *fill_ahead(btc_rmem *m, chunk *c, uintptr_t base)
-{
-    chunk *claimed[READ_AHEAD];
-    struct iovec local[READ_AHEAD];
-    int k = 0;
-    for (uintptr_t at = base; k < READ_AHEAD && m->nchunks + k < MAX_CHUNKS && at >= base; at += CHUNK_SIZE, k++) {
-        chunk *s = k ? slot_for(m, at) : c;
-        uint8_t *data = s->base ? NULL : chunk_buffer(m);
-        if (!data)
-            break;
-        *s = (chunk){at + 1, 0, false, data};
-        claimed[k] = s;
-        local[k] = (struct iovec){data, CHUNK_SIZE};
-    }
-    if (k == 0)
-        return NULL;
-    struct iovec remote = {(void *)base, (size_t)k * CHUNK_SIZE};
-    m->syscalls++;
-    ssize_t got = process_vm_readv(m->pid, local, k, &remote, 1, 0);
-    int whole = got > 0 ? (int)(got / CHUNK_SIZE) : 0;
-    for (int j = k - 1; j >= (whole ? whole : 1); j--)
-        unclaim(m, claimed[j]);
-    for (int j = 0; j < whole; j++)
-        claimed[j]->valid = (1u << PAGES) - 1;
-    if (!whole)   /* its first page unreadable, or process_vm_readv refused: page by page */
-        c->valid = read_live(m, base, c->data);
-    m->nchunks += whole ? whole : 1;
-    return c;
-}
-
 static chunk *chunk_for(btc_rmem *m, uintptr_t base)
 {
     chunk *c = slot_for(m, base);
@@ -249,13 +205,11 @@ static chunk *chunk_for(btc_rmem *m, uintptr_t base)
         btc_rmem_forget(m);
         return chunk_for(m, base);
     }
-    if (m->pid && m->mem_fd < 0)
-        return fill_ahead(m, c, base);
     uint8_t *data = chunk_buffer(m);
     if (!data)
         return NULL;
     uint32_t valid = m->pid ? read_live(m, base, data) : read_segments(m, base, data);
-    *c = (chunk){base + 1, valid, false, data};
+    *c = (chunk){base + 1, valid, data};
     m->nchunks++;
     return c;
 }
@@ -395,7 +349,7 @@ void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n)
         uint8_t *data = c && !c->base ? chunk_buffer(m) : NULL;
         if (!data)
             continue;
-        *c = (chunk){base + 1, 0, false, data};
+        *c = (chunk){base + 1, 0, data};
         m->nchunks++;
         for (unsigned p = 0; p < PAGES; p++)
             page[npages++] = (page_entry){base + p * PAGE, data + p * PAGE, c, false};
@@ -421,7 +375,7 @@ int btc_rmem_chunk_bases(btc_rmem *m, uintptr_t *out, int max)
 {
     int n = 0;
     for (uint32_t i = 0; i < SLOTS && n < max; i++)
-        if (m->slots[i].base && m->slots[i].used)   /* what was read ahead and never asked for: not */
+        if (m->slots[i].base)
             out[n++] = m->slots[i].base - 1;
     return n;
 }
@@ -453,7 +407,6 @@ int btc_rmem_read(btc_rmem *m, uintptr_t addr, void *buf, size_t n)
         size_t at = addr - base, take = CHUNK_SIZE - at < n ? CHUNK_SIZE - at : n;
         if (!c || !readable(c, at, take))
             return -1;
-        c->used = true;
         memcpy(out, c->data + at, take);
         out += take;
         addr += take;

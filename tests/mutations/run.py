@@ -149,13 +149,6 @@ MUTATIONS = [
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
              "a prefetch call that read all it tried still skips the next page, as after a page it cannot read: "
              "gc lists end early and greenlets go missing from the dump"),
-    Mutation("native/remote/rmem.c", "    for (int j = k - 1; j >= (whole ? whole : 1); j--)", "    for (int j = k - 1; j > k; j--)",
-             "tests/test_remote_memory.py::test_a_miss_reads_ahead_and_lists_only_the_chunks_read_from",
-             "chunks read ahead past a page that cannot be read are kept as unreadable: reads there fail for good"),
-    Mutation("native/remote/rmem.c", "if (m->slots[i].base && m->slots[i].used)", "if (m->slots[i].base)",
-             "tests/test_remote_memory.py::test_a_miss_reads_ahead_and_lists_only_the_chunks_read_from",
-             "chunks only read ahead are listed for the stop's prefetch: the target stays stopped while they are "
-             "copied for nothing"),
     Mutation("src/btcore/remote.py", "        if callable(handler):   # SIG_DFL", "        if False:   # SIG_DFL",
              "tests/test_process_dump.py::test_ctrl_c_in_the_stopped_window_still_resumes_the_target",
              "Ctrl-C between two detaches raises there: threads of the target stay stopped"),
