@@ -21,17 +21,26 @@ sleep, a sorted() key callback).  Measured, rounds interleaved:
               only, as py-spy)
 
 Targets (issue 15): stopped <= 10 ms for 1 000 greenlets; a whole dump of
-10 000 greenlets <= 2 s.
+10 000 greenlets <= 2 s.  Issue 26: 10 000 greenlets, the command <= 0.25 s,
+the API <= 0.15 s, stopped <= 2 ms per 1 000 greenlets (3.11 and 3.13-3.15
+targets).
+
+Each build's dumps run in a process of their own per round (warmed by one
+dump first), builds and rounds interleaved on the same target.
 
 Usage: python benchmarks/bench_dump_process.py [--greenlets N ...] [--rounds R]
                                               [--chroot ROOT --python PATH]
+                                              [--before SITE]
 --chroot/--python: the target runs on another interpreter in a chroot (as
 root; the sid chroot of ci/sid-matrix.sh, PATH a venv there with gevent):
 a target on CPython 3.13-3.15, read through its _Py_DebugOffsets.
+--before SITE: another build of btcore (pip install --target SITE), measured
+in the same rounds: a "before" row under each "after" row (the installed
+build).  Also "api cpu": the dumper's CPU time for a whole API dump.
 Prints a table; exits 0 whatever the result (a report, not a test).
 """
 import argparse
-import io
+import json
 import os
 import shutil
 import subprocess
@@ -39,8 +48,6 @@ import sys
 import tempfile
 import time
 
-import btcore
-from btcore.process import process_stacks
 from timing import interleaved_processes, ratio, spread   # benchmarks/ is first on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -75,21 +82,46 @@ def start_target(n, chroot=None, python=None):
     return proc, inside
 
 
-def measure(n, rounds, chroot=None, python=None):
+# One round of one build: a warm-up dump, then one whole API dump and one stop measured.
+DUMPER = """
+import io, json, sys, time
+sys.path[:0] = sys.argv[2:]
+import btcore
+from btcore.process import process_stacks
+pid = int(sys.argv[1])
+process_stacks(pid)
+t0, c0 = time.perf_counter(), time.process_time()
+btcore.dump_process(pid, io.StringIO())
+whole, cpu = time.perf_counter() - t0, time.process_time() - c0
+snap, stacks = process_stacks(pid)
+print(json.dumps([snap.stopped_for * 1000, snap.stopped_cpu * 1000, whole, cpu,
+                  sum(1 for s in stacks if s.kind == "greenlet")]))
+"""
+
+
+def dumps(pid, builds, rounds):
+    """{build: [(stopped ms, stop cpu ms, API s, API cpu s, greenlets listed), one per round]}."""
+    out = {name: [] for name in builds}
+    for r in range(rounds):
+        for name in (list(builds) if r % 2 == 0 else list(builds)[::-1]):
+            done = subprocess.run([sys.executable, "-c", DUMPER, str(pid)] + builds[name], capture_output=True,
+                                  text=True, check=True, timeout=600, cwd=HERE)
+            out[name].append(json.loads(done.stdout))
+    return out
+
+
+def cli(site):
+    """`python -m btcore` of a build (site: its directory, or None: the installed one)."""
+    return (["env", f"PYTHONPATH={site}"] if site else []) + [sys.executable, "-m", "btcore"]
+
+
+def measure(n, rounds, chroot=None, python=None, before=None):
+    builds = {"after": []} | ({"before": [before]} if before else {})
     proc, folder = start_target(n, chroot, python)
     try:
-        process_stacks(proc.pid)   # warm: symbol tables, greenlet offsets
-        stopped, cpu, whole, counted = [], [], [], 0
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            out = io.StringIO()
-            btcore.dump_process(proc.pid, out)
-            whole.append(time.perf_counter() - t0)
-            snap, stacks = process_stacks(proc.pid)
-            stopped.append(snap.stopped_for * 1000)
-            cpu.append(snap.stopped_cpu * 1000)
-            counted = sum(1 for s in stacks if s.kind == "greenlet")
-        commands = {"btcore cli": [sys.executable, "-m", "btcore", "dump", str(proc.pid)]}
+        measured = dumps(proc.pid, builds, rounds)
+        commands = {f"btcore cli {name}": cli(site[0] if site else None) + ["dump", str(proc.pid)]
+                    for name, site in builds.items()}
         spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
         if os.path.exists(spy):
             commands["py-spy"] = [spy, "dump", "--pid", str(proc.pid)]
@@ -102,7 +134,7 @@ def measure(n, rounds, chroot=None, python=None):
         proc.wait()
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
-    return counted, spread(stopped), spread(cpu), spread(whole), processes
+    return measured, processes
 
 
 def main():
@@ -111,20 +143,25 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chroot", help="run the target in this chroot (with --python)")
     parser.add_argument("--python", help="the target's interpreter, as the chroot names it")
+    parser.add_argument("--before", help="another build of btcore (a pip --target directory) to compare with")
     args = parser.parse_args()
     if bool(args.chroot) != bool(args.python):
         parser.error("--chroot and --python go together")
-    print(f"{'greenlets':>9} {'listed':>7} {'stopped ms':>18} {'stop cpu ms':>18} {'btcore API s':>18} "
-          f"{'btcore cli s':>18} {'py-spy s':>18} {'cli/py-spy':>16} {'pystack s':>18} {'cli/pystack':>16}")
+    print(f"{'greenlets':>9} {'build':>6} {'listed':>7} {'stopped ms':>18} {'stop cpu ms':>18} {'btcore API s':>18} "
+          f"{'API cpu s':>18} {'btcore cli s':>18} {'py-spy s':>18} {'cli/py-spy':>16} {'pystack s':>18} "
+          f"{'cli/pystack':>16}")
     for n in args.greenlets:
-        counted, stopped, cpu, whole, processes = measure(n, args.rounds, args.chroot, args.python)
-        cli = spread(processes["btcore cli"])
-        spy = spread(processes["py-spy"]).text(3) if "py-spy" in processes else "not installed"
-        vs = ratio(processes["btcore cli"], processes["py-spy"]).text() if "py-spy" in processes else "-"
-        stack = spread(processes["pystack"]).text(3) if "pystack" in processes else "not installed"
-        vs_stack = ratio(processes["btcore cli"], processes["pystack"]).text() if "pystack" in processes else "-"
-        print(f"{n:>9} {counted:>7} {stopped.text(1):>18} {cpu.text(1):>18} {whole.text(3):>18} {cli.text(3):>18} "
-              f"{spy:>18} {vs:>16} {stack:>18} {vs_stack:>16}")
+        measured, processes = measure(n, args.rounds, args.chroot, args.python, args.before)
+        for name, runs in measured.items():
+            stopped, cpu, whole, whole_cpu, counted = zip(*runs)
+            mine = processes[f"btcore cli {name}"]
+            peers = []
+            for peer in ("py-spy", "pystack"):
+                peers += [spread(processes[peer]).text(3), ratio(mine, processes[peer]).text()] \
+                    if peer in processes else ["not installed", "-"]
+            print(f"{n:>9} {name:>6} {max(counted):>7} {spread(stopped).text(1):>18} {spread(cpu).text(1):>18} "
+                  f"{spread(whole).text(3):>18} {spread(whole_cpu).text(3):>18} {spread(mine).text(3):>18} "
+                  + " ".join(f"{p:>{w}}" for p, w in zip(peers, (18, 16, 18, 16))))
 
 
 if __name__ == "__main__":

@@ -767,8 +767,8 @@ typedef struct {
     uintptr_t start, stop, copy;
     intptr_t saved;
     uintptr_t frame;     /* the top frame object, 0 if none saved */
-    size_t spill_at;     /* btc_remote_greenlet_copies(): where its heap copy went */
-    int32_t frames_at, nframes;   /* ... and its Python frames */
+    size_t spill_at;     /* btc_remote_greenlet_spills(): where its heap copy went */
+    int32_t frames_at, nframes;   /* btc_remote_greenlet_frames(): its Python frames */
     int32_t copied;      /* its heap copy was read */
     int32_t bad;         /* its state is garbage (BTC_REMOTE_BAD_*): nothing of it is read */
 } btc_remote_greenlet;
@@ -786,12 +786,20 @@ int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, c
 size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *lo, const uintptr_t *hi, int nmaps,
                                size_t budget);
 /* Copy each greenlet's heap copy of its stack into spill (packed, in
- * order) and its Python frames into frames; returns the frames written.
- * A greenlet's frames are read through its view of memory (what greenlet
- * copied to the heap from that copy): from 3.12 on the eval loop's shims
- * lie on its C stack, and greenlet "exposes" its frames past them (the
- * saved links tell the entry frames).  A main greenlet's stack ends at the
- * end of the mapping among the nmaps sorted [lo[i], hi[i]) that holds it. */
+ * order, at most spill_size bytes): what a dump's stop must read. */
+void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size);
+/* Each greenlet's Python frames into frames (after spills(): a dump walks
+ * them once the target runs again, from the chunks its stop read); returns
+ * the frames written.  A greenlet's frames are read through its view of
+ * memory (what greenlet copied to the heap from that copy): from 3.12 on
+ * the eval loop's shims lie on its C stack, and greenlet "exposes" its
+ * frames past them (the saved links tell the entry frames).  A main
+ * greenlet's stack ends at the end of the mapping among the nmaps sorted
+ * [lo[i], hi[i]) that holds it. */
+int btc_remote_greenlet_frames(btc_rmem *m, const btc_remote_layout *lay, btc_remote_greenlet *gs, int n,
+                               const uint8_t *spill, btc_remote_pyframe *frames, int max_frames,
+                               const uintptr_t *lo, const uintptr_t *hi, int nmaps);
+/* Both, in one call. */
 int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *lay, btc_remote_greenlet *gs, int n,
                                uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
                                const uintptr_t *lo, const uintptr_t *hi, int nmaps);

@@ -410,37 +410,49 @@ static rview greenlet_view(btc_rmem *m, const btc_remote_greenlet *g, const uint
     return v;
 }
 
-int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *L, btc_remote_greenlet *gs, int n,
-                               uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
-                               const uintptr_t *lo, const uintptr_t *hi, int nmaps)
+void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size)
 {
-    uintptr_t *addr = malloc(n * sizeof *addr);
-    size_t *size = malloc(n * sizeof *size);
-    uint8_t **dest = malloc(n * sizeof *dest), *ok = malloc(n);
-    int nread = 0, nframes = 0;
+    uintptr_t *addr = malloc((n ? n : 1) * sizeof *addr);
+    size_t *size = malloc((n ? n : 1) * sizeof *size);
+    uint8_t **dest = malloc((n ? n : 1) * sizeof *dest), *ok = malloc(n ? n : 1);
+    int nread = 0;
     size_t spilled = 0;
-    rview plain = {m, 0, 0, NULL, 0};
-    for (int i = 0; addr && size && dest && ok && i < n; i++) {   /* the heap copies: in batches */
+    for (int i = 0; i < n; i++) {   /* the heap copies: in batches */
         btc_remote_greenlet *g = &gs[i];
         g->spill_at = spilled;
         g->copied = g->saved == 0 && !g->bad;
-        if (g->bad || g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
+        if (!addr || !size || !dest || !ok || g->bad || g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
             continue;
         addr[nread] = g->copy;
         size[nread] = (size_t)g->saved;
         dest[nread++] = spill + spilled;
         spilled += (size_t)g->saved;
     }
-    if (addr && size && dest && ok)
+    if (nread)
         btc_rmem_read_many(m, addr, size, dest, nread, ok);
-    for (int i = 0; addr && i < n; i++)   /* each greenlet's innermost interpreter frame */
+    for (int i = 0, r = 0; i < n && r < nread; i++)
+        if (!gs[i].copied && dest[r] == spill + gs[i].spill_at)
+            gs[i].copied = ok[r++];
+    free(addr);
+    free(size);
+    free(dest);
+    free(ok);
+}
+
+int btc_remote_greenlet_frames(btc_rmem *m, const btc_remote_layout *L, btc_remote_greenlet *gs, int n,
+                               const uint8_t *spill, btc_remote_pyframe *frames, int max_frames,
+                               const uintptr_t *lo, const uintptr_t *hi, int nmaps)
+{
+    uintptr_t *addr = malloc((n ? n : 1) * sizeof *addr);
+    rview plain = {m, 0, 0, NULL, 0};
+    for (int i = 0; addr && i < n; i++)   /* each greenlet's innermost interpreter frame, read together */
         addr[i] = interpreter_frame(&plain, L, gs[i].frame);
     if (addr)
         btc_rmem_prefetch(m, addr, n);
-    for (int i = 0, r = 0; i < n; i++) {
+    free(addr);
+    int nframes = 0;
+    for (int i = 0; i < n; i++) {
         btc_remote_greenlet *g = &gs[i];
-        if (!g->copied && r < nread && dest[r] == spill + g->spill_at)
-            g->copied = ok[r++];
         g->frames_at = nframes;
         g->nframes = 0;
         if (g->frame && nframes < max_frames) {
@@ -450,9 +462,13 @@ int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *L, btc_remo
         }
         nframes += g->nframes;
     }
-    free(addr);
-    free(size);
-    free(dest);
-    free(ok);
     return nframes;
+}
+
+int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *L, btc_remote_greenlet *gs, int n,
+                               uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
+                               const uintptr_t *lo, const uintptr_t *hi, int nmaps)
+{
+    btc_remote_greenlet_spills(m, gs, n, spill, spill_size);
+    return btc_remote_greenlet_frames(m, L, gs, n, spill, frames, max_frames, lo, hi, nmaps);
 }

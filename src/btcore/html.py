@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import linecache
-from importlib import resources
 
 from .dump import json_frames, json_document
 from .fold import Folded, fold
@@ -81,6 +80,7 @@ _HEAD = """<!DOCTYPE html>
 @functools.cache
 def _template(name: str) -> str:
     """A page of this package (page.html, profile.html: from its <title> on) after the common head."""
+    from importlib import resources   # here: ~10 ms of every 'python -m btcore', which mostly writes no page
     return _HEAD + resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 

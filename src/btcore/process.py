@@ -9,6 +9,7 @@ happen after it runs again.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -105,13 +106,13 @@ class _Names:
         return named
 
     def _name_native(self, pc: int, exact: bool) -> tuple:
-        lookup = pc if exact else pc - 1
-        mod = self._modules.at(lookup)
+        mod = self._modules.at(pc if exact else pc - 1)
         if mod is None:
             return (Frame(NATIVE, pc, None, None, None, None, None),)
-        name, start = file_symbol(mod.path, lookup - mod.bias)
-        offset = pc - mod.bias - start if name else pc - mod.bias
-        return native_frames(pc, mod.path, name, offset, lookup - mod.bias)
+        identity = _identity(mod.path)
+        if identity is None:
+            return _file_frames.__wrapped__(mod.path, None, mod.bias, pc, exact)
+        return _file_frames(mod.path, identity, mod.bias, pc, exact)
 
     def python(self, address: int, lasti: int) -> tuple:
         """(Frames, what is wrong with the frame or None)."""
@@ -128,6 +129,27 @@ class _Names:
             wrong = f"a frame's instruction offset {lasti} lies outside its code ({code.qualname})"
         frame = Frame(PYTHON, None, code.filename, code.qualname, None, code.filename, bounds.line(code, lasti))
         return (frame,), wrong
+
+
+def _identity(path: str) -> tuple | None:
+    """What tells the file at path from another one there later (inode, size, mtime), None if it is gone:
+    what is remembered of a file across dumps is remembered for this identity."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _file_frames(path: str, identity: tuple | None, bias: int, pc: int, exact: bool) -> tuple:
+    """The Frames of pc in the file at path loaded at bias, from its symbols and DWARF; remembered across
+    dumps (~0.6 ms a pc: a dump again and again of one process, by the API or a profiler from outside, meets
+    the same pcs), while the file is the same one (identity: its inode, size and mtime)."""
+    lookup = pc if exact else pc - 1
+    name, start = file_symbol(path, lookup - bias)
+    offset = pc - bias - start if name else pc - bias
+    return native_frames(pc, path, name, offset, lookup - bias)
 
 
 class RemoteBacktrace(Backtrace):
@@ -222,8 +244,7 @@ class _Merger:
                                       _CAPACITY * _STACKS_AT_ONCE)
             if k <= 0:
                 raise DumpError(ffi.string(lib.btc_last_error()).decode())
-            for i in range(done, done + k):
-                st = stacks[i]
+            for st in stacks[done:done + k]:
                 raw = buffer[st.at * 16: (st.at + st.n) * 16]
                 out.append((self.backtrace(raw, st.truncated) if named else (self._unnamed(raw, st.truncated), None))
                            + (bounds.cut_reason(st.cut) if st.cut else None,))
@@ -258,9 +279,31 @@ def _eval_ranges(snap: Snapshot, lo, hi) -> tuple:
         if os.path.basename(mod.path).startswith(("libpython", "python")):
             code = symbol_value(mod.path, "PyEval_EvalCode")   # exported: in the eval loop's module
             if code:
-                return mod, lib.btc_rmodules_eval_ranges(snap.modules.handle, mod.bias + code, lo, hi,
-                                                         lib.BTC_REMOTE_MAX_EVAL)
+                ranges = _eval_parts(snap, mod, code)
+                for i, (start, end) in enumerate(ranges):
+                    lo[i], hi[i] = start, end
+                return mod, len(ranges)
     return None, 0
+
+
+_EVAL_PARTS = {}   # (interpreter file, its identity, load bias) -> its eval loop's ranges, across dumps
+_MAX_EVAL_PARTS = 64
+
+
+def _eval_parts(snap: Snapshot, mod, code: int) -> tuple:
+    """[(lo, hi)] of the eval loop in the interpreter module mod; remembered across dumps of a process
+    while the file is the same one (the scan of a stripped interpreter's image takes ~4 ms)."""
+    key = (mod.path, _identity(mod.path), mod.bias)
+    parts = _EVAL_PARTS.get(key)
+    if parts is None:
+        lo, hi = ffi.new("uintptr_t[]", lib.BTC_REMOTE_MAX_EVAL), ffi.new("uintptr_t[]", lib.BTC_REMOTE_MAX_EVAL)
+        n = lib.btc_rmodules_eval_ranges(snap.modules.handle, mod.bias + code, lo, hi, lib.BTC_REMOTE_MAX_EVAL)
+        parts = tuple(zip(lo[0:n], hi[0:n]))
+        if key[1] is not None:
+            if len(_EVAL_PARTS) >= _MAX_EVAL_PARTS:
+                _EVAL_PARTS.clear()
+            _EVAL_PARTS[key] = parts
+    return parts
 
 
 # ---- stacks of a snapshot ----
@@ -275,11 +318,21 @@ def _fill(snap: Snapshot, merger: _Merger, native: bool) -> tuple:
         stopped = t.regs is not None and t.stack
         merger.stack(stacks[i], t.regs, t.stack_lo, t.stack if stopped else None, 0, pyframes, False)
         notes.append(() if stopped else (t.error,))
+    thread = None
     for i, g in enumerate(snap.greenlets, len(snap.threads)):
-        thread, note = _fill_greenlet(snap, merger, stacks[i], g, native)
+        thread = _holder(snap, g, thread)
+        notes.append(_fill_greenlet(snap, merger, stacks[i], g, thread, native))
         holders.append(thread)
-        notes.append(note)
     return stacks, notes, holders
+
+
+def _holder(snap: Snapshot, g, last):
+    """The thread whose stack holds g's part still in place, or None; last: the previous greenlet's (most
+    greenlets lie on the same one: tried first)."""
+    inside = g.start if g.main else g.stop - 1
+    if last is not None and last.mapping[0] <= inside < last.mapping[1]:
+        return last
+    return next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
 
 
 def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
@@ -294,9 +347,9 @@ def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
     thread_names = labels.thread_names()
     for stack in shown:
         stack.thread_name = thread_names.get(stack.tid)
-    for i, (stack, note, (bt, shared, cut)) in enumerate(zip(shown, notes, merger.merge(stacks, len(shown)))):
+    for stack, note, st, (bt, shared, cut) in zip(shown, notes, stacks, merger.merge(stacks, len(shown))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
-        stack.error = _noted(*note, _UNWALKED if stacks[i].unwalked else None, cut, shared.wrong)
+        stack.error = _noted(*note, _UNWALKED if st.unwalked else None, cut, shared.wrong)
     return shown
 
 
@@ -328,18 +381,16 @@ def _noted(*why) -> str | None:
     return "; ".join(w for w in why if w) or None
 
 
-def _fill_greenlet(snap: Snapshot, merger: _Merger, st, g, native: bool) -> tuple:
-    """(The thread whose stack holds g's part still in place, or None; g's notes so far), st filled for the
-    merge."""
-    inside = g.start if g.main else g.stop - 1
-    thread = next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
+def _fill_greenlet(snap: Snapshot, merger: _Merger, st, g, thread, native: bool) -> tuple:
+    """g's notes so far, st filled for the merge; thread: the one whose stack holds g's part still in place,
+    or None."""
     missing = data = None
     if native and snap.greenlet_code is not None and g.error is None:
         data = _greenlet_bytes(g, thread)
         if data is None:
             missing = _UNWALKED
     merger.stack(st, None, g.start, data, 0 if g.main else g.stop, g.pyframes, True)
-    return thread, (g.error, missing)
+    return g.error, missing
 
 
 _UNWALKED = "its saved stack is not in the copies made: Python frames only"

@@ -29,7 +29,6 @@ from .threads import is_main_thread
 _MAX_STACK_COPY = bounds.MAX_READ   # bytes of a thread's stack copied, from its sp up
 _MAX_GREENLETS = 1 << 20
 _MAX_PYFRAMES = bounds.MAX_FRAMES   # per stack
-_WORD = struct.Struct("<Q")
 _SCRATCH = 1 << 16            # reads up to this size reuse one buffer
 _MAX_CHUNKS = 1 << 15         # the chunk cache's bound (native/remote/rmem.c)
 _PAGE = 4096
@@ -89,6 +88,7 @@ class Memory:
         self._keep = list(keep)   # file objects whose descriptors the segments use
         self._folders = []        # temporary files of the dump
         self._scratch = ffi.new("char[]", _SCRATCH)
+        self._word = ffi.new("uintptr_t *")
 
     @property
     def handle(self):
@@ -100,16 +100,19 @@ class Memory:
         return self._keep
 
     def read(self, addr: int, n: int) -> bytes | None:
+        # called ~7 times per greenlet a dump names (btcore/remote_names.py): one C call and one copy
         if n == 0:
             return b""
         if not bounds.readable(addr, n):   # addresses and sizes read from the target: anything
             return None
         buf = self._scratch if n <= _SCRATCH else ffi.new("char[]", n)
-        return ffi.buffer(buf, n)[:] if lib.btc_rmem_read(self._m, addr, buf, n) == 0 else None
+        return ffi.unpack(buf, n) if lib.btc_rmem_read(self._m, addr, buf, n) == 0 else None
 
     def word(self, addr: int) -> int | None:
-        data = self.read(addr, 8)
-        return _WORD.unpack(data)[0] if data else None
+        if not bounds.readable(addr, 8):
+            return None
+        out = self._word
+        return out[0] if lib.btc_rmem_read(self._m, addr, out, 8) == 0 else None
 
     def syscalls(self) -> int:
         return lib.btc_rmem_syscalls(self._m)
@@ -330,11 +333,28 @@ class Target:
         try:
             if _same_build(mod.path, greenlet._greenlet.__file__):
                 return greenlet_type, code, greenlet_offsets.local()
-            return greenlet_type, code, greenlet_offsets.learned(
-                self.memory, self._some_greenlets(greenlet_type), greenlet_type, self.types.frame)
+            return greenlet_type, code, self._learned_offsets(mod.path, greenlet_type)
         except greenlet_offsets.Unlearnable as e:
             self.notes.append(f"the target's greenlet ({mod.path}): {e}: suspended greenlets are not listed")
             return 0, None, None
+
+    def _learned_offsets(self, path: str, greenlet_type: int) -> tuple:
+        """Offsets learned from the target's own greenlets (greenlet_offsets.learned: a gc walk and up to
+        4,096 of them read), once per build of _greenlet (its build-id) while this process lives: they are
+        that build's layout, and a profiler from outside dumps the same target again and again."""
+        try:
+            build = file_build_id(path)
+        except OSError:
+            build = None
+        offsets = _LEARNED.get(build)
+        if offsets is None:
+            offsets = greenlet_offsets.learned(self.memory, self._some_greenlets(greenlet_type), greenlet_type,
+                                               self.types.frame)
+            if build is not None:
+                if len(_LEARNED) >= _MAX_LEARNED:
+                    _LEARNED.clear()
+                _LEARNED[build] = offsets
+        return offsets
 
     def _some_greenlets(self, greenlet_type: int) -> list:
         """Greenlet objects of the first interpreter (while it runs: to learn from)."""
@@ -371,6 +391,8 @@ class Target:
 
 
 _MAX_INTERPRETERS = 256
+_LEARNED = {}            # build-id of a target's _greenlet -> the greenlet offsets learned from it
+_MAX_LEARNED = 64        # builds remembered (then forgotten all at once)
 _MAX_THREAD_STATES = 65536
 
 
@@ -480,13 +502,26 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
     spilled = lib.btc_remote_greenlet_fit(c_states, n, *target.map_ranges, bounds.SPILL_BUDGET)
     spill = room.get((interp, "spill"), max(1, spilled))
+    lib.btc_remote_greenlet_spills(target.memory.handle, c_states, n, ffi.from_buffer(spill),
+                                   0 if room.rehearsal else spilled)
+    copied = memoryview(states)[:n * _GREENLET.size], spill
+    if room.rehearsal:   # the chunks of their frames: the stop reads them, the walk after it reads its copies
+        _greenlet_frames(target, *copied)
+    return copied
+
+
+def _greenlet_frames(target: Target, states: memoryview, spill) -> memoryview:
+    """The Python frames of the greenlets (btc_remote_pyframe records; each state says which are its own),
+    walked from the chunks the stop read: a frame the stop did not read is read now."""
+    n = len(states) // _GREENLET.size
     most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
-    frames = room.get((interp, "frames"), most * _PYFRAME.size)
-    nframes = lib.btc_remote_greenlet_copies(target.memory.handle, target.layout, c_states, n,
-                                             ffi.from_buffer(spill), 0 if room.rehearsal else spilled,
-                                             ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)), most,
-                                             *target.map_ranges)
-    return memoryview(states)[:n * _GREENLET.size], spill, memoryview(frames)[:nframes * _PYFRAME.size]
+    frames = bytearray(most * _PYFRAME.size)
+    nframes = lib.btc_remote_greenlet_frames(target.memory.handle, target.layout,
+                                             ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states)), n,
+                                             ffi.from_buffer(spill), ffi.cast("btc_remote_pyframe *",
+                                                                              ffi.from_buffer(frames)),
+                                             most, *target.map_ranges)
+    return memoryview(frames)[:nframes * _PYFRAME.size]
 
 
 _GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
@@ -495,10 +530,11 @@ _MAX_PYFRAMES_ALL = 1 << 22   # Python frames of all greenlets
 
 def greenlet_copies(target: Target, copied: list) -> list:
     """GreenletCopy objects from the raw copies made while the target was
-    stopped (unpacked after it runs again: this is Python work)."""
+    stopped, their Python frames walked (after it runs again: nothing here
+    needs it stopped)."""
     out, seen = [], set()
-    for states, spill, frames in copied:
-        frames = memoryview(frames)
+    for states, spill in copied:
+        frames = _greenlet_frames(target, states, spill)
         spill = memoryview(spill)   # each greenlet's part: a view, not a copy
         size = _PYFRAME.size
         for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, bad in _GREENLET.iter_unpack(states):

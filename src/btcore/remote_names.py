@@ -85,6 +85,7 @@ class Labels:
         self._type_info = {}    # type address -> (shown name, is gevent's Greenlet, its dict's offset)
         self._strings = {}      # str object address -> text (interned keys, shared function names)
         self._functions = {}    # callable address -> its name
+        self._ints = {}         # int object address -> its value (or None: not an int)
         self._greenlet_types = {}   # type address -> is it greenlet's or a subclass
         self._greenlets = {}        # parent or spawner address -> is it a greenlet object
         lay = self._lay
@@ -348,7 +349,13 @@ class Labels:
         return self._greenlets[obj]
 
     def _int(self, obj) -> int | None:
-        """A small non-negative int object's value."""
+        """A small non-negative int object's value; remembered: a Greenlet nobody named
+        holds None there, the same object in every one of them."""
+        if obj not in self._ints:
+            self._ints[obj] = self._read_int(obj)
+        return self._ints[obj]
+
+    def _read_int(self, obj) -> int | None:
         lay = self._lay
         words = self._object(obj, "int", (lay.long_digits + 4 * _LONG_DIGITS + 7) // 8)
         size = _digit_count(words[lay.long_size // 8], lay.long_tag_bits) if words else None
