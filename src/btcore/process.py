@@ -15,7 +15,7 @@ import platform
 import sys
 from dataclasses import dataclass, field
 
-from . import bounds, dump, remote_names
+from . import bounds, dump, remote_names, remote_tasks
 from ._native import ffi, lib
 from .backtrace import KIND_NATIVE, RECORD, Backtrace
 from .frame import NATIVE, PYTHON, Frame
@@ -34,7 +34,7 @@ _new = object.__new__
 class ProcessStack:
     """One stack of the target: a thread's running stack, or a suspended greenlet's.
 
-    kind      "thread" or "greenlet"
+    kind      "thread", "greenlet" or "task" (an asyncio task: btcore/remote_tasks.py)
     name      thread: "Thread <tid>"; greenlet: as dump_all() names it (btcore/remote_names.py),
               else "<type at 0x...>"
     tid       the thread it runs on (greenlet: whose stack holds it; None if unknown)
@@ -241,7 +241,7 @@ def _stacks(snap: Snapshot, native: bool) -> list:
     for i, (stack, note, (bt, shared, cut)) in enumerate(zip(shown, notes, merger.merge(stacks, len(shown)))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
         stack.error = _noted(*note, _UNWALKED if stacks[i].unwalked else None, cut, shared.wrong)
-    return shown
+    return shown + remote_tasks.stacks(snap, merger.names, shown)
 
 
 def _noted(*why) -> str | None:
@@ -434,7 +434,7 @@ def _infos(snap: Snapshot, stacks: list) -> list:
     for info, s in zip(infos, stacks):
         info.parent, info.spawned_by = known(s.parent), known(s.spawned_by)
     place_in_tree(infos)
-    return infos
+    return infos + remote_tasks.infos(snap, stacks, infos)
 
 
 def _render(snap: Snapshot, stacks: list, core, format: str) -> str:
