@@ -707,7 +707,8 @@ typedef struct {
     int32_t frame_stackpointer;    /* 3.14+: the pointer past the stack's top; else -1 */
     uint32_t frame_localsplus;
     uint32_t yield_from_depth;     /* where the awaited object lies below the stack's top, in words */
-    uint32_t resume_opcode;        /* 3.11 (no yield-from state): RESUME with oparg >= 2 follows a yield from */
+    uint32_t resume_opcode, resume_quick;   /* 3.11 (no yield-from state): RESUME (or its quickened form)
+                                               with oparg >= 2 follows a yield from */
     uint32_t thread_running_loop;  /* 3.13+: the thread state's running loop (0: not known) */
     uint32_t interp_tasks_head, thread_tasks_head;   /* 3.14+: the task lists' heads (0: none) */
     uintptr_t task_types[BTC_REMOTE_TASK_TYPES], future_types[BTC_REMOTE_TASK_TYPES];

@@ -35,17 +35,27 @@
 #define CELL_REF 16
 #define LLIST_NEXT 0           /* struct llist_node {next, prev} (3.14+) */
 
-/* Per family: FutureObj's loop, callback0, callbacks, state; TaskObj's
- * coro, name; the coroutine's qualname, gi_frame_state, gi_iframe; its
- * frame states (created, suspended, suspended in yield from, executing);
- * where the stack's top is (an int index or a pointer), localsplus, how
- * deep the awaited object lies, 3.11's RESUME opcode; the thread state's
- * running loop (3.13: _PyThreadStateImpl; 3.14+: from .AsyncioDebug). */
+/* Per family, FutureObj's state; TaskObj's coro and name; the
+ * coroutine's qualname, gi_frame_state and gi_iframe (its own frame); its
+ * frame states; where the frame's stack ends (an int index: stacktop, or a
+ * pointer: stackpointer; -1 for the other), localsplus; how deep below
+ * that the awaited object lies; 3.11's RESUME opcodes (plain and
+ * quickened: a code run 8 times is quickened in place); the thread state's
+ * running loop (3.13: in _PyThreadStateImpl; 3.14+: from .AsyncioDebug).
+ * FutureObj's loop, callback0 and callbacks lead it in every family. */
+#define FAMILY(version, state, coro, name, qualname, frame_state, iframe, created, suspended, yield_from, executing, \
+               stacktop, stackpointer, localsplus, depth, resume, quick, running_loop)                             \
+    {.version_hex = version, .fut_loop = 16, .fut_callback0 = 24, .fut_callbacks = 40, .fut_state = state,          \
+     .task_coro = coro, .task_name = name, .gen_qualname = qualname, .gen_frame_state = frame_state,                \
+     .gen_iframe = iframe, .frame_created = created, .frame_suspended = suspended, .frame_yield_from = yield_from,  \
+     .frame_executing = executing, .frame_stacktop = stacktop, .frame_stackpointer = stackpointer,                  \
+     .frame_localsplus = localsplus, .yield_from_depth = depth, .resume_opcode = resume, .resume_quick = quick,     \
+     .thread_running_loop = running_loop}
 static const btc_remote_tasklayout families[] = {
-    {0x030B0000, 16, 24, 40, 88, 136, 144, 0, 40, 75, 80, -2, -1, NEVER, 0, 64, -1, 72, 1, 151, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0},
-    {0x030D0000, 16, 24, 40, 96, 120, 128, 0, 32, 67, 72, -3, -2, -1, 0, 64, -1, 72, 1, 0, 312, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0},
-    {0x030E0000, 16, 24, 40, 104, 128, 136, 0, 32, 67, 72, -3, -2, -1, 0, -1, 64, 80, 1, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0},
-    {0x030F0000, 16, 24, 40, 104, 128, 136, 0, 32, 67, 72, 0, 1, 2, 4, -1, 64, 80, 2, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0},
+    FAMILY(0x030B0000, 88, 136, 144, 40, 75, 80, -2, -1, NEVER, 0, 64, -1, 72, 1, 151, 150, 0),
+    FAMILY(0x030D0000, 96, 120, 128, 32, 67, 72, -3, -2, -1, 0, 64, -1, 72, 1, 0, 0, 312),
+    FAMILY(0x030E0000, 104, 128, 136, 32, 67, 72, -3, -2, -1, 0, -1, 64, 80, 1, 0, 0, 0),
+    FAMILY(0x030F0000, 104, 128, 136, 32, 67, 72, 0, 1, 2, 4, -1, 64, 80, 2, 0, 0, 0),
 };
 
 int btc_remote_task_layout_of(uint64_t version_hex, btc_remote_tasklayout *out)
@@ -174,7 +184,7 @@ static bool frame_state(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t c
 
 /* 3.11 has no yield-from state: a suspended frame is in one when the
  * instruction after the one it stopped at is RESUME with oparg >= 2 (what
- * CPython's _PyGen_yf checks). */
+ * CPython's _PyGen_yf checks, of the instruction's unquickened form). */
 static bool in_yield_from(btc_rmem *m, const btc_remote_layout *L, const btc_remote_tasklayout *T, uintptr_t frame,
                           int8_t state)
 {
@@ -183,7 +193,7 @@ static bool in_yield_from(btc_rmem *m, const btc_remote_layout *L, const btc_rem
     uintptr_t prev;
     uint8_t next[2];
     return state == T->frame_suspended && btc_rmem_word(m, frame + L->frame_instr_ptr, &prev) &&
-           btc_rmem_read(m, prev + 2, next, 2) == 0 && next[0] == T->resume_opcode && next[1] >= 2;
+           btc_rmem_read(m, prev + 2, next, 2) == 0 && (next[0] == T->resume_opcode || next[0] == T->resume_quick) && next[1] >= 2;
 }
 
 /* The object a suspended coroutine awaits (sends into when resumed): near
