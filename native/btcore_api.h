@@ -712,12 +712,17 @@ typedef struct {
     uint32_t thread_running_loop;  /* 3.13+: the thread state's running loop (0: not known) */
     uint32_t interp_tasks_head, thread_tasks_head;   /* 3.14+: the task lists' heads (0: none) */
     uintptr_t task_types[BTC_REMOTE_TASK_TYPES], future_types[BTC_REMOTE_TASK_TYPES];
-    uintptr_t coro_type, gen_type, cfunction_type, function_type, tuple_type, list_type, cell_type;
+    uintptr_t coro_type, gen_type, cfunction_type, function_type, tuple_type, list_type, cell_type, set_type,
+              weakref_type;
 } btc_remote_tasklayout;
 int btc_remote_task_layout_of(uint64_t version_hex, btc_remote_tasklayout *out);
 /* The tasks linked in the list whose head (an llist_node) is at `head`
  * (3.14+), at most max, each once; -1 if more (a loop ends the list). */
 int btc_remote_task_list(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t head, uintptr_t *out, int max);
+/* The tasks a set object holds (3.11-3.13: asyncio's registry, a WeakSet,
+ * keeps them in a set of weak references; a plain set holds them
+ * directly): at most max, -1 if more; 0 for no set. */
+int btc_remote_set_tasks(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t set, uintptr_t *out, int max);
 #define BTC_REMOTE_TASK_NOT_STARTED 1
 #define BTC_REMOTE_TASK_SUSPENDED 2
 #define BTC_REMOTE_TASK_RUNNING 3
@@ -736,12 +741,14 @@ typedef struct {
 int btc_remote_tasks(btc_rmem *m, const btc_remote_layout *lay, const btc_remote_tasklayout *T,
                      const uintptr_t *tasks, int n, int per_task, btc_remote_task *out, btc_remote_pyframe *frames,
                      int max_frames);
-/* Which thread runs each loop where the thread state does not say (3.11):
- * the thread (an index into tstates) one of whose frames has the loop as
- * its first local (self: run_forever() runs there); -1 for none.  Returns
- * how many loops were placed. */
+/* Which thread runs each loop of the tasks where the thread state does not
+ * say (3.11): their distinct loops (at most max_loops) into loops, and for
+ * each the thread (an index into tstates) one of whose frames has the loop
+ * as its first local (self: run_forever() runs there), or -1.  Returns how
+ * many loops. */
 int btc_remote_loop_threads(btc_rmem *m, const btc_remote_layout *lay, const btc_remote_tasklayout *T,
-                            const uintptr_t *tstates, int nthreads, const uintptr_t *wanted, int nloops, int *thread_of);
+                            const uintptr_t *tstates, int nthreads, const btc_remote_task *tasks, int ntasks,
+                            uintptr_t *loops, int *thread_of, int max_loops);
 
 /* The target's stacks, walked over their local copies and merged with
  * their Python frames by collect()'s merge (capture.c): the same records

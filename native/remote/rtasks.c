@@ -34,6 +34,12 @@
 #define FUNC_CLOSURE 72        /* PyFunctionObject.func_closure, after the 7 words before it */
 #define CELL_REF 16
 #define LLIST_NEXT 0           /* struct llist_node {next, prev} (3.14+) */
+#define SET_MASK 32            /* PySetObject: fill, used, mask, table after the head */
+#define SET_TABLE 40
+#define SET_ENTRY 16           /* setentry {key, hash} */
+#define MAX_SET_MASK ((1u << 24) - 1)
+#define WEAKREF_OBJECT 16      /* PyWeakReference.wr_object */
+#define ENTRIES_AT_ONCE 256
 
 /* Per family, FutureObj's state; TaskObj's coro and name; the
  * coroutine's qualname, gi_frame_state and gi_iframe (its own frame); its
@@ -110,6 +116,30 @@ int btc_remote_task_list(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t 
         out[n++] = node - T->task_node;
         if (!btc_rmem_word(m, node + LLIST_NEXT, &node))
             break;
+    }
+    return n;
+}
+
+int btc_remote_set_tasks(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t set, uintptr_t *out, int max)
+{
+    uintptr_t mask, table, entries[2 * ENTRIES_AT_ONCE];
+    int n = 0;
+    if (!derives(m, type_of(m, set), (uintptr_t[]){T->set_type, 0}) || !btc_rmem_word(m, set + SET_MASK, &mask) ||
+        mask > MAX_SET_MASK || !btc_rmem_word(m, set + SET_TABLE, &table) || (table & 7))
+        return 0;
+    for (uintptr_t at = 0; at <= mask; at += ENTRIES_AT_ONCE) {
+        uintptr_t count = mask + 1 - at < ENTRIES_AT_ONCE ? mask + 1 - at : ENTRIES_AT_ONCE;
+        if (btc_rmem_read(m, table + at * SET_ENTRY, entries, count * SET_ENTRY) != 0)
+            return n;
+        for (uintptr_t i = 0; i < count; i++) {
+            uintptr_t key = entries[2 * i], type = key ? type_of(m, key) : 0, task = key;
+            if (!type || (type == T->weakref_type && !btc_rmem_word(m, key + WEAKREF_OBJECT, &task)) ||
+                !derives(m, type_of(m, task), T->task_types))
+                continue;   /* an empty slot, a dummy, a dead reference, not a task */
+            if (n >= max)
+                return -1;
+            out[n++] = task;
+        }
     }
     return n;
 }
@@ -333,9 +363,13 @@ static int index_of(const uintptr_t *values, int n, uintptr_t value)
 }
 
 int btc_remote_loop_threads(btc_rmem *m, const btc_remote_layout *L, const btc_remote_tasklayout *T,
-                            const uintptr_t *tstates, int nthreads, const uintptr_t *wanted, int nloops, int *thread_of)
+                            const uintptr_t *tstates, int nthreads, const btc_remote_task *tasks, int ntasks,
+                            uintptr_t *loops_out, int *thread_of, int max_loops)
 {
-    int found = 0;
+    int nloops = 0;
+    for (int i = 0; i < ntasks && nloops < max_loops; i++)
+        if (index_of(loops_out, nloops, tasks[i].loop) < 0)
+            loops_out[nloops++] = tasks[i].loop;
     for (int i = 0; i < nloops; i++)
         thread_of[i] = -1;
     for (int t = 0; t < nthreads; t++) {
@@ -345,13 +379,12 @@ int btc_remote_loop_threads(btc_rmem *m, const btc_remote_layout *L, const btc_r
             uintptr_t self;
             int at;
             if (btc_rmem_word(m, f + T->frame_localsplus, &self) &&
-                (at = index_of(wanted, nloops, self & ~(uintptr_t)L->executable_tag_bits)) >= 0 && thread_of[at] < 0) {
+                (at = index_of(loops_out, nloops, self & ~(uintptr_t)L->executable_tag_bits)) >= 0 &&
+                thread_of[at] < 0)
                 thread_of[at] = t;
-                found++;
-            }
             if (!btc_rmem_word(m, f + L->frame_previous, &f))
                 break;
         }
     }
-    return found;
+    return nloops;
 }

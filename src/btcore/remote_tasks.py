@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import struct
 import weakref
+from typing import NamedTuple
 
 from . import bounds
 from ._native import ffi, lib
@@ -41,15 +42,19 @@ from .remote_names import shown
 from .schema import RemoteGreenlet
 
 _MAX_TASKS = 1 << 20
+_MAX_LOOPS = 64       # event loops placed in their threads (3.11)
 _CHAIN_DEPTH = 64      # awaiters appended to a suspended task's stack (as tasks.py)
 _TASK_NAME = "_asyncio.Task"
 _FUTURE_NAME = "_asyncio.Future"
 _STATES = {lib.BTC_REMOTE_TASK_NOT_STARTED: NOT_STARTED, lib.BTC_REMOTE_TASK_SUSPENDED: SUSPENDED,
            lib.BTC_REMOTE_TASK_RUNNING: RUNNING}
 _TASK_SIZE = ffi.sizeof("btc_remote_task")
+_AWAITERS = lib.BTC_REMOTE_TASK_AWAITERS
+_TASK = struct.Struct(f"<6Q{_AWAITERS}Q4i")   # btc_remote_task
+assert _TASK.size == _TASK_SIZE
 _SYMBOLS = {"coro_type": "PyCoro_Type", "gen_type": "PyGen_Type", "cfunction_type": "PyCFunction_Type",
             "function_type": "PyFunction_Type", "tuple_type": "PyTuple_Type", "list_type": "PyList_Type",
-            "cell_type": "PyCell_Type"}
+            "cell_type": "PyCell_Type", "set_type": "PySet_Type", "weakref_type": "_PyWeakref_RefType"}
 
 
 class _Reader:
@@ -57,7 +62,7 @@ class _Reader:
     task layout (None: tasks are not read, `note` says why)."""
 
     def __init__(self, target):
-        self.layout, self.note = None, None
+        self.layout, self.note, self.registries = None, None, []
         lay = ffi.new("btc_remote_tasklayout *")
         if lib.btc_remote_task_layout_of(target.layout.version_hex, lay) != 0:
             return
@@ -69,7 +74,7 @@ class _Reader:
         if lay.version_hex >> 16 >= 0x030E and not self._lists(lay, asyncio_files):
             self.note = "the target's _asyncio publishes no task lists btcore can use: asyncio tasks are not listed"
             return
-        self.layout = lay
+        self.layout, self.registries = lay, [] if lay.thread_tasks_head else _registries(target, lay)
 
     @staticmethod
     def _types(target, lay, interpreter, asyncio_files) -> bool:
@@ -97,18 +102,14 @@ class _Reader:
         return True
 
     def addresses(self, target, threads, room) -> list:
-        """The task objects to read: 3.14+'s lists, else the gc lists' instances of the task types."""
+        """The task objects to read: 3.14+'s lists, else the registries' tasks."""
         lay, found = self.layout, []
-        for interp in target.interpreters():
-            if lay.thread_tasks_head:
-                heads = [interp + lay.interp_tasks_head] + [t.tstate + lay.thread_tasks_head for t in threads
-                                                            if t.tstate]
-                for head in heads:
-                    found += _list(target.memory, lay, head, room)
-            else:
-                for task_type in lay.task_types:
-                    if task_type:
-                        found += _instances(target, interp, task_type, room)
+        for interp in target.interpreters() if lay.thread_tasks_head else ():
+            for head in [interp + lay.interp_tasks_head] + [t.tstate + lay.thread_tasks_head for t in threads
+                                                            if t.tstate]:
+                found += _bounded(lib.btc_remote_task_list, target.memory, lay, head, room)
+        for registry in self.registries:
+            found += _bounded(lib.btc_remote_set_tasks, target.memory, lay, registry, room)
         return found
 
 
@@ -129,7 +130,7 @@ def _heap_types(target, names) -> tuple:
     type_type += target.modules.at(target.types.code).bias
     found = {name: [] for name in names}
     for interp in target.interpreters():
-        for tp in _instances(target, interp, type_type, None):
+        for tp in _instances(target, interp, type_type):
             name = _tp_name(target.memory, target.layout, tp)
             if name in found and len(found[name]) < lib.BTC_REMOTE_TASK_TYPES - 1:
                 found[name].append(tp)
@@ -142,14 +143,13 @@ def _tp_name(memory, layout, tp: int) -> str | None:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else None
 
 
-def _instances(target, interp: int, wanted: int, room) -> list:
-    """Objects of type wanted (or a subtype) in interp's gc lists."""
+def _instances(target, interp: int, wanted: int) -> list:
+    """Objects of type wanted (or a subtype) in interp's gc lists (read while the target runs)."""
     heads = target.gc_heads(interp)
     visited, broken = ffi.new("uint64_t *"), ffi.new("int *")
-    most = max(1 << 12, room.size(("tasks", interp, wanted)) // 8 if room else 0)
+    most = 1 << 12
     while most <= _MAX_TASKS:
-        out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get(("tasks", interp, wanted), most * 8))) if room \
-            else ffi.new("uintptr_t[]", most)
+        out = ffi.new("uintptr_t[]", most)
         n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), wanted, out, most, visited, broken)
         if n >= 0:
             return list(out[0:n])
@@ -157,15 +157,30 @@ def _instances(target, interp: int, wanted: int, room) -> list:
     return []
 
 
-def _list(memory, lay, head: int, room) -> list:
-    most = 1 << 12
+def _bounded(read, memory, lay, where: int, room) -> list:
+    """The tasks read(memory, lay, where, out, most) finds (a task list, a
+    registry), in room's buffer for where, grown until they fit."""
+    most = max(1 << 12, room.size(("tasks", where)) // 8)
     while most <= _MAX_TASKS:
-        out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get(("tasks", head), most * 8)))
-        n = lib.btc_remote_task_list(memory.handle, lay, head, out, most)
+        out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get(("tasks", where), most * 8)))
+        n = read(memory.handle, lay, where, out, most)
         if n >= 0:
             return list(out[0:n])
         most *= 2
     return []
+
+
+def _registries(target, lay) -> list:
+    """The sets holding tasks (3.11-3.13: asyncio's registry WeakSet keeps
+    its weak references in one; a program's own set of tasks counts too):
+    found among the gc lists' sets before the stop, which reads only them."""
+    set_type = lay.set_type
+    found = []
+    for interp in target.interpreters():
+        for candidate in _instances(target, interp, set_type):
+            if lib.btc_remote_set_tasks(target.memory.handle, lay, candidate, ffi.new("uintptr_t[1]"), 1) != 0:
+                found.append(candidate)
+    return found
 
 
 _readers = weakref.WeakKeyDictionary()    # target -> _Reader (made at the rehearsal, while it runs)
@@ -211,11 +226,10 @@ def _loop_threads(target, lay, threads: list, records, kept: int) -> dict:
     if lay.thread_running_loop:
         loops = {target.memory.word(t.tstate + lay.thread_running_loop): t.tid for t in threads}
         return {loop: tid for loop, tid in loops.items() if loop}
-    wanted = sorted({records[i].loop for i in range(kept)})
-    thread_of = ffi.new("int[]", max(1, len(wanted)))
-    lib.btc_remote_loop_threads(target.memory.handle, target.layout, lay, [t.tstate for t in threads], len(threads),
-                                wanted, len(wanted), thread_of)
-    return {loop: threads[thread_of[i]].tid for i, loop in enumerate(wanted) if thread_of[i] >= 0}
+    loops, thread_of = ffi.new("uintptr_t[]", _MAX_LOOPS), ffi.new("int[]", _MAX_LOOPS)
+    n = lib.btc_remote_loop_threads(target.memory.handle, target.layout, lay, [t.tstate for t in threads],
+                                    len(threads), records, kept, loops, thread_of, _MAX_LOOPS)
+    return {loops[i]: threads[thread_of[i]].tid for i in range(n) if thread_of[i] >= 0}
 
 
 # ---- after the stop: the dump's entries ----
@@ -251,11 +265,10 @@ def stacks(snap, space, shown: list) -> list:
     if copied is None or not copied.kept:
         return []
     names = _Names(snap)
-    records = ffi.cast("btc_remote_task *", ffi.from_buffer(copied.tasks))
-    found, order = {}, []
-    for r in (records[i] for i in range(copied.kept)):
+    found, order, shared = {}, [], {}
+    for r in map(_Record.of, _TASK.iter_unpack(memoryview(copied.tasks)[:copied.kept * _TASK_SIZE])):
         if r.address not in found:   # a list read twice over (a corrupt target) gives it once
-            found[r.address] = _entry(r, names, copied.frames, space, RemoteBacktrace)
+            found[r.address] = _entry(r, names, copied.frames, space, RemoteBacktrace, shared)
             order.append(r)
     threads = dict(zip((t.tid for t in snap.threads), shown))
     loops = {loop: tid for loop, tid in copied.loops.items()}
@@ -264,11 +277,14 @@ def stacks(snap, space, shown: list) -> list:
             _run_by_its_thread(found[r.address], snap, threads, loops, r.loop)
     for r in order:
         _place(found[r.address], r, found, loops)
-    out = []
+    out, frames_of = [], {}
     for info in found.values():
         if info.state == SUSPENDED:
             _append_awaiters(info, found)
-        out.append(ProcessStack("task", info.name, info.tid, info.backtrace.frames(), info.error, info.backtrace,
+        raw = bytes(info.backtrace._raw)   # identical stacks share their resolved frames (read-only)
+        if raw not in frames_of:
+            frames_of[raw] = info.backtrace.frames()
+        out.append(ProcessStack("task", info.name, info.tid, frames_of[raw], info.error, info.backtrace,
                                 info.task.address))
     _built[snap.memory] = list(found.values())
     return out
@@ -328,27 +344,51 @@ class _Names:
         return self._types[tp]
 
 
-def _entry(r, names: _Names, frames, space, kind) -> RemoteTaskInfo:
+class _Record(NamedTuple):
+    """A btc_remote_task, unpacked."""
+    address: int
+    type: int
+    loop: int
+    name: int
+    coro: int
+    qualname: int
+    awaiters: tuple
+    state: int
+    frames_at: int
+    nframes: int
+    truncated: int
+
+    @classmethod
+    def of(cls, fields: tuple):
+        return cls(*fields[:6], tuple(a for a in fields[6:6 + _AWAITERS] if a), *fields[6 + _AWAITERS:])
+
+
+def _entry(r: _Record, names: _Names, frames, space, kind, shared: dict) -> RemoteTaskInfo:
     coroutine = names.string(r.qualname) or "?" if r.coro else "?"
     name = f"{names.task_name(r.name) or 'Task'} ({coroutine})"
     info = RemoteTaskInfo(RemoteGreenlet(r.address, names.type_name(r.type)), RemoteGreenlet(r.loop, "loop"),
                           _STATES[r.state], name, coroutine)
-    info.backtrace, info.error = _backtrace(frames, r.frames_at, r.nframes, bool(r.truncated), space, kind)
+    key = bytes(frames[r.frames_at * _PYFRAME.size:(r.frames_at + r.nframes) * _PYFRAME.size])
+    if key not in shared:   # tasks parked in one place share their records
+        shared[key] = _records(key)
+    raw, codes, cut = shared[key]
+    bt = object.__new__(kind)
+    bt._raw, bt._refs, bt._capacity, bt.truncated, bt._space = bytearray(raw), codes, CAPACITY, bool(r.truncated), space
+    info.backtrace, info.error = bt, cut
     return info
 
 
-def _backtrace(frames, at: int, n: int, truncated: bool, space, kind) -> tuple:
-    """(A RemoteBacktrace (kind) of the task's frames, why its chain was cut or None)."""
-    size, codes, raw, cut = _PYFRAME.size, [], bytearray(), None
-    for code, lasti, _ in _PYFRAME.iter_unpack(frames[at * size:(at + n) * size]):
+def _records(frames: bytes) -> tuple:
+    """(The Backtrace records of a task's btc_remote_pyframe records, their code addresses, why the chain was
+    cut or None)."""
+    codes, raw, cut = [], bytearray(), None
+    for code, lasti, _ in _PYFRAME.iter_unpack(frames):
         if not code:
-            cut = bounds.cut_reason(lasti)
+            cut = bounds.cut_reason(lasti).replace("frame chain", "await chain")
             continue
         codes.append(code)
         raw += RECORD.pack(code, lasti, KIND_PYTHON, 0, 0)
-    bt = object.__new__(kind)
-    bt._raw, bt._refs, bt._capacity, bt.truncated, bt._space = raw, tuple(codes), CAPACITY, truncated, space
-    return bt, (cut.replace("frame chain", "await chain") if cut else None)
+    return bytes(raw), tuple(codes), cut
 
 
 def _run_by_its_thread(info: RemoteTaskInfo, snap, threads: dict, loops: dict, loop: int) -> None:
@@ -368,7 +408,7 @@ def _run_by_its_thread(info: RemoteTaskInfo, snap, threads: dict, loops: dict, l
 def _place(info: RemoteTaskInfo, r, found: dict, loops: dict) -> None:
     """Its thread (its loop's), its awaiters and where the tree draws it."""
     info.tid = loops.get(r.loop)
-    awaiting = [r.awaiters[i] for i in range(lib.BTC_REMOTE_TASK_AWAITERS) if r.awaiters[i]]
+    awaiting = r.awaiters
     info.awaited_by = [found[a].task if a in found else RemoteGreenlet(a, "task") for a in awaiting]
     info.under = next((found[a].task for a in awaiting if a in found), None)
 
