@@ -34,7 +34,7 @@ def start(folder, *args):
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    proc, inside = start(tmp_path_factory.mktemp("tasks"), "3")
+    proc, inside = start(tmp_path_factory.mktemp("tasks"), "8")
     try:
         yield proc, inside
     finally:
@@ -88,7 +88,7 @@ def test_outside_tasks_equal_dump_all_inside(target):
     assert {"sleeper (leaf)", "locked (locked)", "queued (reads_queue)", "gatherer (gathers)",
             "chain-top (chain)", "chain-0 (chain)"} <= set(expected)
     assert parked_tasks(outside) == expected
-    assert len(expected) == 5 + 2 + 3 + 3   # the five parked, gather's two, the chain's three, extra
+    assert len(expected) == 5 + 2 + 3 + 8   # the five parked, gather's two, the chain's three, extra
 
 
 @pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
@@ -96,7 +96,7 @@ def test_outside_text_groups_and_draws_tasks_as_inside(target):
     proc, _ = target
     text = dump(proc.pid)
     assert " tasks in 1 thread," in text.splitlines()[0]
-    assert "=== stack 1: 4 tasks, suspended ===" in text   # the sleeper and the three extra ones
+    assert "=== stack 1: 9 tasks, suspended ===" in text   # the sleeper and the eight extra ones
     assert "  awaited by chain-1 (chain):" in text
     tree = text[text.index("=== thread "):]
     assert "chain-top (chain)  suspended" in tree and "`- chain-0 (chain)  suspended" in tree
