@@ -7,25 +7,28 @@ Found while the target is stopped (gather(), from remote.gather()):
 - 3.14+: in the interpreter's and each thread's task lists, whose offsets
   the target's _asyncio module publishes (.AsyncioDebug, as tasks.py reads
   them in-process);
-- 3.11, 3.13: as greenlets are, in the gc lists, by type (asyncio.Task and
-  its subclasses: 3.11's static TaskType by its symbol, 3.13's heap type by
-  its name among the heap types found before the stop).  asyncio's own
-  registry (a WeakSet) would need instance dicts, managed dicts and sets
-  read on each version; the gc lists are the walk the dump already has.
+- 3.11-3.13: in asyncio's registry (a WeakSet: its weak references sit in
+  one set object), and any other set holding tasks.  Reaching it by name
+  would need each version's dicts, managed dicts and instance values;
+  instead, before the stop, the gc lists' sets are looked through for
+  (weak references to) tasks, and the stop reads only those tables.
+Task types: 3.11's static TaskType and FutureType by their symbols, 3.13+'s
+heap types by name among the gc lists' types (before the stop too).
 The task, its coroutine chain (what the interpreter resumes: the awaited
 object on each suspended frame's stack) and its awaiters (the wakeup bound
 to the awaiting task among its done-callbacks; through gather's closure)
 are read in C (native/remote/rtasks.c), type-checked and bounded; names
-and the chains of awaiters are put together after the target runs again
-(infos()).
+and the chains of awaiters are put together after the target runs again,
+while its memory is still open (stacks(), then infos()).
 
 A task's thread: the one running its loop (3.13+: the thread state's
-running loop; every version: the thread whose frames hold a running task's
-coroutine).  A running task's stack is that thread's (merged native +
-Python); a suspended one's is its await chain, then its awaiter's, headed
-"awaited by <task>:".  Not read from outside: pure-Python tasks
-(asyncio.tasks._PyTask), TaskGroup and wait_for edges (an instance dict, a
-partial), and before 3.13 the thread of a loop none of whose tasks runs.
+running loop; 3.11: the thread with a frame whose first local is the loop,
+run_forever()'s self; every version: the thread whose frames end with a
+running task's coroutine chain).  A running task's stack is that thread's
+(merged native + Python); a suspended one's is its await chain, then its
+awaiter's, headed "awaited by <task>:".  Not read from outside:
+pure-Python tasks (asyncio.tasks._PyTask), TaskGroup and wait_for edges
+(an instance dict, a partial), creation sites.
 """
 from __future__ import annotations
 
