@@ -36,7 +36,7 @@ import struct
 import weakref
 from typing import NamedTuple
 
-from . import bounds
+from . import asyncio_debug, bounds
 from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, append_labelled
 from .introspect import CAPACITY, NOT_STARTED, RUNNING, SUSPENDED
@@ -87,7 +87,7 @@ class _Reader:
         if lay.version_hex >> 16 == 0x030B:   # static types, named by their symbols
             tasks, futures = (_static_type(target, asyncio_files, name) for name in ("TaskType", "FutureType"))
         else:
-            tasks, futures = _heap_types(target, (_TASK_NAME, _FUTURE_NAME))
+            tasks, futures = _heap_types(target, interpreter, (_TASK_NAME, _FUTURE_NAME))
         if not tasks or not futures or not all(getattr(lay, field) for field in _SYMBOLS):
             return False
         lay.task_types[0:len(tasks)], lay.future_types[0:len(futures)] = tasks, futures
@@ -96,7 +96,6 @@ class _Reader:
     @staticmethod
     def _lists(lay, asyncio_files) -> bool:
         """3.14+: the lists' offsets from the section, the fields it shares with the table checked."""
-        from . import asyncio_debug
         offsets = next((o for o in map(asyncio_debug.offsets, asyncio_files) if o), None)
         if offsets is None or (offsets["task_coro"], offsets["task_name"]) != (lay.task_coro, lay.task_name):
             return False
@@ -125,12 +124,12 @@ def _static_type(target, files, symbol) -> list:
     return []
 
 
-def _heap_types(target, names) -> tuple:
+def _heap_types(target, interpreter, names) -> tuple:
     """([types named names[0]], [types named names[1]]) among the heap types of the target's interpreters."""
-    type_type = symbol_value(target.modules.at(target.types.code).path, "PyType_Type")
+    type_type = symbol_value(interpreter.path, "PyType_Type")
     if not type_type:
         return [], []
-    type_type += target.modules.at(target.types.code).bias
+    type_type += interpreter.bias
     found = {name: [] for name in names}
     for interp in target.interpreters():
         for tp in _instances(target, interp, type_type):
