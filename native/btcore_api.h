@@ -711,6 +711,72 @@ int btc_remote_thread_frames(btc_rmem *m, const btc_remote_layout *lay, uintptr_
                              int max);
 int btc_remote_object_frames(btc_rmem *m, const btc_remote_layout *lay, uintptr_t frame_object,
                              btc_remote_pyframe *out, int max);
+/* The chain from interpreter frame `frame` (the same walker): a coroutine's
+ * own frame, which lives in its object. */
+int btc_remote_frame_chain(btc_rmem *m, const btc_remote_layout *lay, uintptr_t frame, btc_remote_pyframe *out,
+                           int max);
+
+/* asyncio tasks of another process (remote/rtasks.c, btcore/remote_tasks.py).
+ * Where the target keeps them: btc_remote_task_layout_of() fills the known
+ * offsets of a version family (measured per family, pinned by
+ * tests/test_remote_tasks.py against each version's own objects); the
+ * caller adds the target's type objects and, on 3.14+, the task lists'
+ * offsets from _asyncio's .AsyncioDebug section.  0, or -1 for a version
+ * whose asyncio objects btcore does not know. */
+#define BTC_REMOTE_TASK_TYPES 4        /* task (future) types told apart: 0-ended lists */
+#define BTC_REMOTE_TASK_AWAITERS 4     /* tasks awaiting one task, kept */
+typedef struct {
+    uint64_t version_hex;
+    uint32_t fut_loop, fut_callback0, fut_callbacks, fut_state;   /* FutureObj */
+    uint32_t task_coro, task_name, task_node;                      /* TaskObj (task_node: 3.14+'s list link) */
+    uint32_t gen_qualname, gen_frame_state, gen_iframe;             /* a coroutine's name, state and own frame */
+    int32_t frame_created, frame_suspended, frame_yield_from, frame_executing;   /* gi_frame_state values */
+    int32_t frame_stacktop;        /* 3.11, 3.13: the int index past the stack's top, in localsplus; else -1 */
+    int32_t frame_stackpointer;    /* 3.14+: the pointer past the stack's top; else -1 */
+    uint32_t frame_localsplus;
+    uint32_t yield_from_depth;     /* where the awaited object lies below the stack's top, in words */
+    uint32_t resume_opcode, resume_quick;   /* 3.11 (no yield-from state): RESUME (or its quickened form)
+                                               with oparg >= 2 follows a yield from */
+    uint32_t thread_running_loop;  /* 3.13+: the thread state's running loop (0: not known) */
+    uint32_t interp_tasks_head, thread_tasks_head;   /* 3.14+: the task lists' heads (0: none) */
+    uintptr_t task_types[BTC_REMOTE_TASK_TYPES], future_types[BTC_REMOTE_TASK_TYPES];
+    uintptr_t coro_type, gen_type, cfunction_type, function_type, tuple_type, list_type, cell_type, set_type,
+              weakref_type;
+} btc_remote_tasklayout;
+int btc_remote_task_layout_of(uint64_t version_hex, btc_remote_tasklayout *out);
+/* The tasks linked in the list whose head (an llist_node) is at `head`
+ * (3.14+), at most max, each once; -1 if more (a loop ends the list). */
+int btc_remote_task_list(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t head, uintptr_t *out, int max);
+/* The tasks a set object holds (3.11-3.13: asyncio's registry, a WeakSet,
+ * keeps them in a set of weak references; a plain set holds them
+ * directly): at most max, -1 if more; 0 for no set. */
+int btc_remote_set_tasks(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t set, uintptr_t *out, int max);
+#define BTC_REMOTE_TASK_NOT_STARTED 1
+#define BTC_REMOTE_TASK_SUSPENDED 2
+#define BTC_REMOTE_TASK_RUNNING 3
+typedef struct {
+    uintptr_t address, type, loop, name, coro, qualname;   /* objects of the target (name: str, or int N) */
+    uintptr_t awaiters[BTC_REMOTE_TASK_AWAITERS];          /* tasks awaiting it (through a wakeup, or gather) */
+    int32_t state;                 /* BTC_REMOTE_TASK_* */
+    int32_t frames_at, nframes;    /* its await chain in frames, innermost first (running: its thread's
+                                      frames from its coroutine's own outwards) */
+    int32_t truncated;             /* outer frames left out (per_task), or no room left in frames */
+} btc_remote_task;
+/* Of the objects at tasks (each checked: a task type's instance, pending,
+ * its coroutine not ended), the pending tasks with their state, awaiters
+ * and await chains (at most per_task frames each, the innermost); returns
+ * how many were written to out. */
+int btc_remote_tasks(btc_rmem *m, const btc_remote_layout *lay, const btc_remote_tasklayout *T,
+                     const uintptr_t *tasks, int n, int per_task, btc_remote_task *out, btc_remote_pyframe *frames,
+                     int max_frames);
+/* Which thread runs each loop of the tasks where the thread state does not
+ * say (3.11): their distinct loops (at most max_loops) into loops, and for
+ * each the thread (an index into tstates) one of whose frames has the loop
+ * as its first local (self: run_forever() runs there), or -1.  Returns how
+ * many loops. */
+int btc_remote_loop_threads(btc_rmem *m, const btc_remote_layout *lay, const btc_remote_tasklayout *T,
+                            const uintptr_t *tstates, int nthreads, const btc_remote_task *tasks, int ntasks,
+                            uintptr_t *loops, int *thread_of, int max_loops);
 
 /* The target's stacks, walked over their local copies and merged with
  * their Python frames by collect()'s merge (capture.c): the same records

@@ -12,4 +12,24 @@
 /* One aligned word, through the cache; false if unreadable. */
 bool btc_rmem_word(btc_rmem *m, uintptr_t addr, uintptr_t *out);
 
+/* Brent's cycle detection over a walk of links: a chain that comes back
+ * to a link it passed is garbage (a corrupt target), found within about
+ * twice the steps to the loop, with two words of state. */
+typedef struct {
+    uintptr_t mark;
+    uint64_t steps, power;
+} loop_watch;
+
+static inline bool loops(loop_watch *w, uintptr_t at)
+{
+    if (at == w->mark)
+        return true;
+    if (++w->steps == w->power) {
+        w->mark = at;
+        w->power *= 2;
+        w->steps = 0;
+    }
+    return false;
+}
+
 #endif

@@ -17,26 +17,6 @@
 #define MAX_TYPE_DEPTH 32
 #define TYPE_MEMO 256
 
-/* Brent's cycle detection over a walk of links: a chain that comes back
- * to a link it passed is garbage (a corrupt target), found within about
- * twice the steps to the loop, with two words of state. */
-typedef struct {
-    uintptr_t mark;
-    uint64_t steps, power;
-} loop_watch;
-
-static bool loops(loop_watch *w, uintptr_t at)
-{
-    if (at == w->mark)
-        return true;
-    if (++w->steps == w->power) {
-        w->mark = at;
-        w->power *= 2;
-        w->steps = 0;
-    }
-    return false;
-}
-
 /* ---- Python frames (any version the layout table describes) ---- */
 
 /* What a walk reads memory through: the target's memory, except a
@@ -206,6 +186,12 @@ int btc_remote_object_frames(btc_rmem *m, const btc_remote_layout *L, uintptr_t 
 {
     rview v = {m, 0, 0, NULL, 0};
     return frame_chain(&v, L, interpreter_frame(&v, L, frame_object), false, out, max);
+}
+
+int btc_remote_frame_chain(btc_rmem *m, const btc_remote_layout *L, uintptr_t frame, btc_remote_pyframe *out, int max)
+{
+    rview v = {m, 0, 0, NULL, 0};
+    return frame_chain(&v, L, frame, false, out, max);
 }
 
 /* ---- instances of a type, through the gc lists (any CPython version) ----

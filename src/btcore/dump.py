@@ -395,8 +395,8 @@ def _greenlet_json(info, stack_of) -> dict:
 
 def _task_json(info) -> dict:
     """What an asyncio task's entry in "greenlets" does not say (same id)."""
-    return {"id": id(info.task), "loop": id(info.loop), "coroutine": info.coroutine,
-            "awaited_by": [id(task) for task in info.awaited_by]}
+    return {"id": schema.greenlet_id(info.task), "loop": schema.greenlet_id(info.loop), "coroutine": info.coroutine,
+            "awaited_by": [schema.greenlet_id(task) for task in info.awaited_by]}
 
 
 # ---- public ----

@@ -16,7 +16,7 @@ import platform
 import sys
 from dataclasses import dataclass, field
 
-from . import bounds, codec, dump, remote_names
+from . import bounds, codec, dump, remote_names, remote_tasks
 from ._native import ffi, lib
 from .backtrace import KIND_NATIVE, RECORD, Backtrace
 from .frame import NATIVE, PYTHON, Frame
@@ -36,7 +36,7 @@ _new = object.__new__
 class ProcessStack:
     """One stack of the target: a thread's running stack, or a suspended greenlet's.
 
-    kind      "thread" or "greenlet"
+    kind      "thread", "greenlet" or "task" (an asyncio task: btcore/remote_tasks.py)
     name      thread: "Thread <tid>"; greenlet: as dump_all() names it (btcore/remote_names.py),
               else "<type at 0x...>"
     tid       the thread it runs on (greenlet: whose stack holds it; None if unknown)
@@ -350,7 +350,7 @@ def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
     for stack, note, st, (bt, shared, cut) in zip(shown, notes, stacks, merger.merge(stacks, len(shown))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
         stack.error = _noted(*note, _UNWALKED if st.unwalked else None, cut, shared.wrong)
-    return shown
+    return shown + remote_tasks.stacks(snap, merger.names, shown)
 
 
 class Walker:
@@ -608,7 +608,7 @@ def _infos(snap: Snapshot, stacks: list) -> list:
     for info, s in zip(infos, stacks):
         info.parent, info.spawned_by = known(s.parent), known(s.spawned_by)
     place_in_tree(infos)
-    return infos
+    return infos + remote_tasks.infos(snap, stacks, infos)
 
 
 def _token_text(bt) -> str:

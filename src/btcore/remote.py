@@ -463,6 +463,9 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
             t.pyframes = target.thread_frames(ts)
         if not threads_only and target.greenlet_type:
             greenlets.append(_copy_greenlets(target, interp, room))
+    if not threads_only:
+        from . import remote_tasks   # (it builds on this module)
+        remote_tasks.gather(target, threads, room)
     return threads, greenlets
 
 

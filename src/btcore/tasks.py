@@ -34,10 +34,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import struct
 import sys
 from asyncio import tasks as _tasks_module
 
+from . import asyncio_debug
 from .backtrace import Backtrace, append_labelled, collect
 from .errors import BacktraceError
 from .introspect import (CAPACITY, NOT_STARTED, RUNNING, SUSPENDED, _Entry, _optional, _python_backtrace,
@@ -120,14 +120,6 @@ def _registered_tasks() -> list:
     return found
 
 
-# 3.14+'s Py_AsyncioModuleDebugOffsets (Modules/_asynciomodule.c), in the
-# _asyncio module's .AsyncioDebug section: 13 words, by field
-_DEBUG_SECTION = ".AsyncioDebug"
-_DEBUG_FIELDS = ("task_size task_name task_awaited_by task_is_task task_awaited_by_is_set task_coro task_node "
-                 "interp_size interp_tasks_head thread_size thread_running_loop thread_running_task "
-                 "thread_tasks_head").split()
-
-
 @functools.cache
 def _task_node_offset() -> int | None:
     """Where a C Task holds its list node (3.14+), from the offsets 3.14
@@ -138,7 +130,7 @@ def _task_node_offset() -> int | None:
         return None
     import _asyncio
     for path in _module_files(_asyncio):
-        offsets = _debug_offsets(path)
+        offsets = asyncio_debug.offsets(path)
         if offsets is not None:
             break
     else:
@@ -164,19 +156,6 @@ def _module_files(module) -> list:
     except OSError:
         pass
     return files
-
-
-def _debug_offsets(path: str) -> dict | None:
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    try:
-        with open(path, "rb") as f:
-            section = ELFFile(f).get_section_by_name(_DEBUG_SECTION)
-            data = section.data() if section is not None else b""
-    except (OSError, ELFError, ValueError):
-        return None
-    size = struct.calcsize(f"={len(_DEBUG_FIELDS)}Q")
-    return dict(zip(_DEBUG_FIELDS, struct.unpack_from(f"={len(_DEBUG_FIELDS)}Q", data))) if len(data) >= size else None
 
 
 def _copy_of(registry) -> list:

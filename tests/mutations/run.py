@@ -843,6 +843,29 @@ MUTATIONS = [
              "tests/test_remote_names.py::test_outside_names_are_the_in_process_names",
              "3.12+'s int tag is taken for the count of digits: gevent's idents (Greenlet-N) are not read from "
              "outside", since=(3, 13)),
+    # asyncio tasks from outside (native/remote/rtasks.c, btcore/remote_tasks.py)
+    Mutation("native/remote/rtasks.c", "        if (loops(&watch, c)) {", "        if (0) {",
+             "tests/test_remote_tasks.py::test_a_cycle_in_an_await_chain_is_cut_with_a_note",
+             "an await chain that loops (a corrupt target) is walked to its bound and shown as a deep stack, no note"),
+    Mutation("native/remote/rtasks.c", "(next[0] == T->resume_opcode || next[0] == T->resume_quick)",
+             "next[0] == T->resume_opcode",
+             "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
+             "3.11: a coroutine whose code was quickened (run 8 times) is not seen in its await: its awaited frames "
+             "are lost"),
+    Mutation("native/remote/rtasks.c", "            awaiters_of(m, T, value, a, depth + 1);", "            (void)value;",
+             "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
+             "gather's children lose their awaiter from outside: no 'awaited by' part, not drawn under it"),
+    Mutation("native/remote/rtasks.c", "    FAMILY(0x030D0000, 96, 120, 128,", "    FAMILY(0x030D0000, 96, 120, 120,",
+             "tests/test_remote_tasks.py::test_the_task_layout_is_this_versions",
+             "3.13's table reads a task's name where its coroutine is", since=(3, 13)),
+    Mutation("src/btcore/remote_tasks.py", '            text = f"Task-{number}" if number is not None else None',
+             "            text = None",
+             "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
+             "3.13+: a task never asked its name (a lazy int) is shown as 'Task', not 'Task-N'", since=(3, 13)),
+    Mutation("src/btcore/remote_tasks.py", "            self._shown[obj] = shown(text) if text is not None else None",
+             "            self._shown[obj] = text",
+             "tests/test_remote_tasks.py::test_absurd_names_are_bounded_and_escaped",
+             "a task's name from the target is printed as it is: unbounded, its control characters raw"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()

@@ -1,0 +1,225 @@
+"""asyncio tasks in the dump of another process (btcore/remote_tasks.py,
+native/remote/rtasks.c).  Oracle: the target's own dump_all() (whose
+tasks tests/test_tasks.py checks against Task.get_stack() and, on 3.14+,
+asyncio.capture_call_graph()), written while its tasks were parked as they
+are when the outside dump reads them: names, states, frames, awaiters and
+the tree must agree.  The layout table is pinned here against this
+version's own objects (each sid lane runs it on its version)."""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import conftest
+
+from btcore import asyncio_debug, remote_names
+from btcore._native import ffi, lib
+
+pytestmark = pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET = os.path.join(HERE, "fixtures", "asyncio_target.py")
+WAIT = 120   # seconds: hang detection only
+KNOWN = sys.version_info[:2] in ((3, 11), (3, 13), (3, 14), (3, 15))
+
+
+def start(folder, *args):
+    oracle, ready = folder / "oracle.json", folder / "ready"
+    proc = subprocess.Popen([sys.executable, TARGET, str(oracle), str(ready), *args])
+    conftest.wait_until_ready(proc, ready, WAIT)
+    return proc, json.loads(oracle.read_text())
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    proc, inside = start(tmp_path_factory.mktemp("tasks"), "8")
+    try:
+        yield proc, inside
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    proc, inside = start(tmp_path_factory.mktemp("hostile"), "0", "hostile")
+    try:
+        yield proc, inside
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
+def dump(pid, *args) -> str:
+    done = subprocess.run([sys.executable, "-m", "btcore", "dump", str(pid), *args], capture_output=True,
+                          text=True, timeout=WAIT, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def tasks_of(doc) -> dict:
+    """name -> (state, its stack's Python frames (function, file, line), the name it is drawn under, the names
+    awaiting it) for every task of a dump's JSON."""
+    stacks = {s["id"]: s for s in doc["stacks"]}
+    entries = {g["id"]: g for g in doc["greenlets"]}
+    out = {}
+    for task in doc["tasks"]:
+        g = entries[task["id"]]
+        frames = tuple((f["function"], f["file"], f["line"]) for f in stacks[g["stack"]]["frames"]
+                       if f["kind"] == "python")
+        under = entries[g["under"]]["name"] if g["under"] in entries else None
+        awaiting = tuple(entries[a]["name"] for a in task["awaited_by"] if a in entries)
+        out[g["name"]] = (g["state"], frames, under, awaiting)
+    return out
+
+
+def parked_tasks(doc) -> dict:
+    """tasks_of(doc) less the main task (it moved on after the inside view)."""
+    return {name: entry for name, entry in tasks_of(doc).items() if not name.endswith(" (main)")}
+
+
+@pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
+def test_outside_tasks_equal_dump_all_inside(target):
+    proc, inside = target
+    outside = json.loads(dump(proc.pid, "--format", "json"))
+    expected = parked_tasks(inside)
+    assert {"sleeper (leaf)", "locked (locked)", "queued (reads_queue)", "gatherer (gathers)",
+            "chain-top (chain)", "chain-0 (chain)"} <= set(expected)
+    assert parked_tasks(outside) == expected
+    assert len(expected) == 5 + 2 + 3 + 8   # the five parked, gather's two, the chain's three, extra
+
+
+@pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
+def test_outside_text_groups_and_draws_tasks_as_inside(target):
+    proc, _ = target
+    text = dump(proc.pid)
+    assert " tasks in 1 thread," in text.splitlines()[0]
+    assert "=== stack 1: 9 tasks, suspended ===" in text   # the sleeper and the eight extra ones
+    assert "  awaited by chain-1 (chain):" in text
+    tree = text[text.index("=== thread "):]
+    assert "chain-top (chain)  suspended" in tree and "`- chain-0 (chain)  suspended" in tree
+    assert "unknown thread" not in text   # every loop's thread found (3.11: by its frames' self)
+
+
+@pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
+def test_a_cycle_in_an_await_chain_is_cut_with_a_note(hostile):
+    proc, _ = hostile
+    doc = json.loads(dump(proc.pid, "--format", "json"))
+    entries = {g["name"]: g for g in doc["greenlets"]}
+    stacks = {s["id"]: s for s in doc["stacks"]}
+    for name in ("self-loop (looped)", "two-loop (looped)"):
+        stack = stacks[entries[name]["stack"]]
+        assert stack["error"] == "its await chain loops"
+        assert 1 <= len(stack["frames"]) <= 3   # each coroutine once before the loop is seen
+
+
+@pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
+def test_absurd_names_are_bounded_and_escaped(hostile):
+    proc, inside = hostile
+    text = dump(proc.pid)
+    names = {g["name"] for g in json.loads(dump(proc.pid, "--format", "json"))["greenlets"]}
+    cut = "L" * (remote_names.MAX_NAME - 3) + "... (leaf)"
+    assert cut in names
+    assert "Task (leaf)" in names   # 100,000 characters: past what a dump reads of a name
+    assert "Task (looped)" in names   # bent-name's name points nowhere
+    assert "evil\\n=== stack 1: 9 tasks ===\\x1b[2J (leaf)" in names
+    assert not any(line.startswith("=== stack 1: 9 tasks") for line in text.splitlines())
+    healthy = {name: entry for name, entry in parked_tasks(inside).items()
+               if name in names and not name.endswith("-loop (looped)")}
+    assert {"sleeper (leaf)", "chain-0 (chain)"} <= set(healthy)
+    outside = parked_tasks(json.loads(dump(proc.pid, "--format", "json")))
+    assert {name: outside[name] for name in healthy} == healthy
+
+
+# ---- the layout table, pinned to this version's own objects ----
+
+def layout():
+    lay = ffi.new("btc_remote_tasklayout *")
+    assert lib.btc_remote_task_layout_of(sys.hexversion, lay) == 0
+    return lay
+
+
+def frame_layout():
+    """The interpreter-frame offsets of this build (3.11's known table, else what btcore compiled in)."""
+    frames = ffi.new("btc_remote_layout *")
+    if lib.btc_remote_layout_compiled(frames) != 0:
+        assert lib.btc_remote_layout_of(sys.hexversion, frames) == 0
+    return frames
+
+
+def word(address: int) -> int:
+    return ctypes.c_uint64.from_address(address).value
+
+
+def awaited_by_the_table(lay, coro) -> int:
+    """What rtasks.c's awaited() reads as coro's awaited object (its frame suspended in an await)."""
+    frame = id(coro) + lay.gen_iframe
+    if lay.frame_stackpointer >= 0:
+        top = word(frame + lay.frame_stackpointer)
+    else:
+        top = frame + lay.frame_localsplus + 8 * ctypes.c_int32.from_address(frame + lay.frame_stacktop).value
+    return word(top - 8 * lay.yield_from_depth) & ~3
+
+
+@pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
+def test_the_task_layout_is_this_versions():
+    import asyncio
+    lay = layout()
+    state = lambda coro: ctypes.c_int8.from_address(id(coro) + lay.gen_frame_state).value  # noqa: E731
+    seen = {}
+
+    async def inner(fut):
+        await fut
+
+    async def outer(fut):
+        seen["running"] = state(asyncio.current_task().get_coro())
+        await inner(fut)
+
+    async def awaits(task):
+        await task
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        coro = outer(fut)
+        seen["created"] = state(coro)
+        task = asyncio.create_task(coro, name="pinned")
+        waiter = asyncio.create_task(awaits(task))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert word(id(task) + lay.task_coro) == id(coro)
+        assert word(id(task) + lay.task_name) == id(task.get_name())
+        assert word(id(task) + lay.fut_loop) == id(loop)
+        assert ctypes.c_int32.from_address(id(task) + lay.fut_state).value == 0   # PENDING
+        assert word(id(coro) + lay.gen_qualname) == id(coro.__qualname__)
+        assert word(id(coro) + lay.gen_iframe + frame_layout().frame_executable) & ~3 == id(coro.cr_code)
+        assert state(coro) == (lay.frame_suspended if lay.resume_opcode else lay.frame_yield_from)
+        assert awaited_by_the_table(lay, coro) == id(coro.cr_await)
+        wakeup = word(id(task) + lay.fut_callback0)
+        assert word(wakeup + 8) == id(type(task._callbacks[0][0])) and word(wakeup + 24) == id(waiter)
+        task.add_done_callback(print)
+        assert word(word(id(task) + lay.fut_callbacks) + 8) == id(list)
+        if lay.thread_running_loop and sys.version_info < (3, 14):
+            ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p
+            assert word(ctypes.pythonapi.PyThreadState_Get() + lay.thread_running_loop) == id(loop)
+        fut.set_result(None)
+        await task
+        assert ctypes.c_int32.from_address(id(task) + lay.fut_state).value != 0
+        await waiter
+
+    asyncio.run(main())
+    assert seen["created"] == lay.frame_created and seen["running"] == lay.frame_executing
+    if sys.version_info[:2] == (3, 11):
+        import dis
+        assert (lay.resume_opcode, lay.resume_quick) == (dis.opmap["RESUME"], dis._all_opmap["RESUME_QUICK"])
+
+
+@pytest.mark.skipif(sys.version_info < (3, 14), reason=".AsyncioDebug is 3.14+'s")
+def test_the_asyncio_debug_section_agrees_with_the_table():
+    import _asyncio
+    lay = layout()
+    files = [getattr(_asyncio, "__file__", None) or sys.executable]   # 3.15: built into the interpreter
+    offsets = next(o for o in map(asyncio_debug.offsets, files) if o)
+    assert (offsets["task_coro"], offsets["task_name"]) == (lay.task_coro, lay.task_name)
