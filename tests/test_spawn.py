@@ -19,7 +19,7 @@ from greenlet import greenlet as EarlyGreenlet   # imported before tracking is e
 
 import btcore
 from btcore._native import lib
-from btcore.spawn import GENERATIONS, _counts, _spawn_chain
+from btcore.spawn import GENERATIONS, _counts, raw_spawn_chain
 
 from conftest import in_interpreter
 from oracles import short
@@ -295,7 +295,7 @@ def test_ten_thousand_generations_bounded_newest_kept():
             assert (len(chain.links), chain.cut) == (min(n + 1, GENERATIONS), n + 1 > GENERATIONS), n
         del spawner
         leaf = g
-        assert len(_spawn_chain(leaf, 1 << 30)[0]) <= 2 * GENERATIONS   # generations kept alive
+        assert len(raw_spawn_chain(leaf, 1 << 30)[0]) <= 2 * GENERATIONS   # generations kept alive
         assert _counts()[0] - records_before <= 2   # the leaf's (and main's) record, not 10 000
         bt = btcore.spawn_backtrace(leaf)
         assert len(bt) == GENERATIONS and bt.truncated   # one Python frame per site

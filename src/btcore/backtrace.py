@@ -70,7 +70,7 @@ class Backtrace:
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         """An empty backtrace, e.g. to append() others into."""
-        self._capacity = _check_capacity(capacity)
+        self._capacity = check_capacity(capacity)
         self._raw = bytearray()
         self._refs = ()
         self.truncated = False
@@ -178,7 +178,7 @@ class Backtrace:
 
 
 
-def _check_capacity(capacity) -> int:
+def check_capacity(capacity) -> int:
     if type(capacity) is not int:
         raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
     if not 1 <= capacity <= MAX_CAPACITY:
@@ -225,7 +225,7 @@ def collect(target=None, *, limit=None, python=True, native=True, capacity=DEFAU
     # The Python implementation: the builtin installed below does the plain
     # calls itself and hands this function every other one.
     if type(capacity) is not int or not 0 < capacity <= MAX_CAPACITY:
-        _check_capacity(capacity)
+        check_capacity(capacity)
     limit = capacity if limit is None else _check_limit(limit, capacity)
     where, want = (CURRENT, 0) if target is None else target_of(target)
     if where is CURRENT:   # this stack: hide collect() itself

@@ -33,11 +33,12 @@ import sysconfig
 from typing import NamedTuple
 
 from ._native import ffi, lib
-from .backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace, _new
+from .backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace
 from .frame import NATIVE, PYTHON, Frame
 from .resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modules_generation, native_frames,
                       open_regular, resolve_python)
 
+_new = object.__new__   # a DecodedBacktrace whose fields are set here, not by __init__
 VERSION = lib.BTC_TOKEN_VERSION
 PREFIX = f"btc{VERSION}."
 READ_VERSIONS = (2, 3, 4)   # formats 2 and 3: the same stream without copies (design.md)

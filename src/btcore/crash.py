@@ -14,7 +14,7 @@ import sys
 from ._native import ffi, lib
 from .errors import BacktraceError
 from .greenlets import layout_known
-from .watchdog import _reason
+from .watchdog import last_native_error
 
 _file = None   # kept alive: the handler writes to its descriptor
 
@@ -63,7 +63,7 @@ def enable_crash_report(file=None, *, helper: bool = True, helper_timeout: float
     command = helper_command() if helper else None
     layout_known()   # greenlet's layout: how the handler finds the crashing greenlet's spawn record
     if lib.btc_thread_register() < 0:
-        raise BacktraceError(f"cannot register this thread for crash reports: {_reason()}")
+        raise BacktraceError(f"cannot register this thread for crash reports: {last_native_error()}")
     if hasattr(file, "flush"):
         file.flush()
     args = [ffi.new("char[]", os.fsencode(a)) for a in command or ()]

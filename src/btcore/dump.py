@@ -16,8 +16,8 @@ from . import dumpwriter, resolve, schema
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from .resolve import F_EXACT
 from .greenlets import layout_known
-from .introspect import _base_dead, _name_of, snapshot
-from .watchdog import _install_stuck_dump, _uninstall_stuck_dump
+from .introspect import base_dead, name_of, snapshot
+from .watchdog import install_stuck_dump, uninstall_stuck_dump
 
 JSON_VERSION = schema.VERSION
 _MAX_NAMES = 3        # greenlet names listed in a group's header
@@ -117,8 +117,8 @@ def _creator_name(ref, spawner: str) -> str:
     """A live creator as the dump names greenlets; one that has ended (its
     gevent name no longer says what it ran) by its repr from when it spawned."""
     creator = ref() if ref is not None else None
-    if isinstance(creator, greenlet.greenlet) and not _base_dead(creator):
-        return _name_of(creator)
+    if isinstance(creator, greenlet.greenlet) and not base_dead(creator):
+        return name_of(creator)
     if creator is not None and _pending_task(creator):   # an asyncio task (btcore.tasks)
         return f"{creator.get_name()} ({getattr(creator.get_coro(), '__qualname__', '?')})"
     return _shortened(spawner)
@@ -465,7 +465,7 @@ def register_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL, file=None, *, chain:
     if stuck:
         unregister_dump_signal(signum)
         _refuse_foreign(signum, chain, c_chainable=True)
-        _install_stuck_dump(signum, file, chain)
+        install_stuck_dump(signum, file, chain)
         _registered[signum] = _STUCK
         return
     if _registered.get(signum) is _STUCK:
@@ -536,7 +536,7 @@ def unregister_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL) -> bool:
     if entry is None:
         return False
     if entry is _STUCK:
-        return _uninstall_stuck_dump(signum)
+        return uninstall_stuck_dump(signum)
     signal.signal(signum, entry[2])
     if any(other is not _STUCK for other in _registered.values()):
         dumpwriter.drain()

@@ -19,7 +19,7 @@ import linecache
 
 from .dump import json_frames, json_document
 from .fold import Folded, fold
-from .introspect import _is_hub, snapshot
+from .introspect import is_hub, snapshot
 
 _DATA_MARK = "{{BTCORE_DATA}}"
 # JSON's own escapes for the characters that could end or confuse the script element
@@ -32,7 +32,7 @@ def page(infos=None, **more) -> str:
     if infos is None:
         infos = snapshot()
     doc = _as_rows(json_document(infos, True, _page_frames_json, **more))
-    doc["hubs"] = [id(info.greenlet) for info in infos if _is_hub(info.greenlet)]
+    doc["hubs"] = [id(info.greenlet) for info in infos if is_hub(info.greenlet)]
     return embed("page.html", doc)
 
 

@@ -1,9 +1,9 @@
 """snapshot(): every live greenlet of the process, with its state, thread and stack.
 
 How greenlets are found: a gc scan (gc.get_objects() filtered for greenlets,
-as gevent.util does), in _live_greenlets(), the one place a live-greenlet
+as gevent.util does), in live_greenlets(), the one place a live-greenlet
 registry would plug in.  Each greenlet is then classified from greenlet's own
-state (_state_of) and captured with collect(); a greenlet that changes under
+state (state_of) and captured with collect(); a greenlet that changes under
 the snapshot (another thread ends it, starts it, switches into it) gives an
 entry marked with an error, never an exception.
 """
@@ -35,15 +35,15 @@ PAUSE_EVERY = 500        # greenlets between two pauses of snapshot(pause=): ~5-
 _WANT_SUSPENDED = lib.BTC_WANT_PYTHON | lib.BTC_WANT_NATIVE | lib.BTC_WANT_OWN_THREAD
 
 _base_bool = greenlet.greenlet.__bool__              # greenlet's own "active", not a subclass's
-_base_dead = greenlet.greenlet.dead.__get__          # gevent.Greenlet overrides `dead`
-_base_frame = greenlet.greenlet.gr_frame.__get__
+base_dead = greenlet.greenlet.dead.__get__          # gevent.Greenlet overrides `dead`
+base_frame = greenlet.greenlet.gr_frame.__get__
 _base_parent = greenlet.greenlet.parent.__get__
 # Files whose frames are btcore's own introspection code, hidden from the caller's stack.
 _OWN_FILES = frozenset(os.path.join(os.path.dirname(__file__), name)
                        for name in ("introspect.py", "dump.py", "html.py", "web.py", "tasks.py"))
 
 
-class _Entry:
+class Entry:
     """What a snapshot's entries share (GreenletInfo, tasks.TaskInfo): a
     spawn backtrace built from the spawn chain on first use (the snapshot
     itself only takes the chain: cheap)."""
@@ -58,7 +58,7 @@ class _Entry:
         return self._spawn_backtrace
 
 
-class GreenletInfo(_Entry):
+class GreenletInfo(Entry):
     """One live greenlet, as snapshot() saw it.
 
     greenlet     the greenlet object (the snapshot keeps it alive)
@@ -98,8 +98,8 @@ class GreenletInfo(_Entry):
         self.thread_id = self.thread_name = self.under = None
         self.parent = _base_parent(g)
         # gevent's attributes, read through the subclass: its code must not fail the snapshot
-        self.spawned_by = _optional(_spawner_of, g)
-        self.name = _name_of(g)
+        self.spawned_by = read_optional(_spawner_of, g)
+        self.name = name_of(g)
         self.backtrace = self.spawn_chain = self._spawn_backtrace = self.last_ran = self.error = None
         self.python_only = False
 
@@ -107,7 +107,7 @@ class GreenletInfo(_Entry):
         return f"<GreenletInfo {self.name} {self.state} thread={self.thread_name}>"
 
 
-def _live_greenlets() -> list:
+def live_greenlets() -> list:
     """Every greenlet object the gc knows about (dead ones included).
 
     The single source of greenlets: a live-greenlet registry, when one
@@ -133,14 +133,14 @@ def _greenlet_classes() -> frozenset:
     return frozenset(found)
 
 
-def _root(g):
+def root_of(g):
     parent = _base_parent(g)
     while parent is not None:
         g, parent = parent, _base_parent(parent)
     return g
 
 
-def _state_of(g, current) -> str:
+def state_of(g, current) -> str:
     """RUNNING, SUSPENDED, NOT_STARTED or DEAD, from greenlet's own state only.
 
     Subclasses may override __bool__ and `dead` (gevent does), so the base
@@ -155,21 +155,21 @@ def _state_of(g, current) -> str:
     """
     if g is current:
         return RUNNING
-    if _base_dead(g):
+    if base_dead(g):
         return DEAD
     if not _base_bool(g):
         return NOT_STARTED
-    if _base_frame(g) is not None:
+    if base_frame(g) is not None:
         return SUSPENDED
-    root = _root(g)
-    if root is _root(current):
+    root = root_of(g)
+    if root is root_of(current):
         return SUSPENDED
     if g is root:
         return RUNNING
     # Its thread's main greenlet runs (no saved frame): g is suspended.
     # Otherwise g is taken as the one running there (two frameless
     # greenlets in one such thread cannot be told apart).
-    return SUSPENDED if _base_frame(root) is None else RUNNING
+    return SUSPENDED if base_frame(root) is None else RUNNING
 
 
 def _spawner_of(g):
@@ -182,7 +182,7 @@ def _spawner_of(g):
     return spawn._spawn_creator(g) if spawn is not None else None
 
 
-def _gevent_name_of(g) -> str | None:
+def gevent_name_of(g) -> str | None:
     """gevent's name and function ("Greenlet-3 (handler)"), if g has a name."""
     name = getattr(g, "name", None) if hasattr(type(g), "name") else None
     if not isinstance(name, str) or not name:
@@ -191,13 +191,13 @@ def _gevent_name_of(g) -> str | None:
     return f"{name} ({function})" if isinstance(function, str) else name
 
 
-def _name_of(g) -> str:
+def name_of(g) -> str:
     """What a dump calls g: gevent's name and function, else its type and
     address and the function it runs."""
-    return _optional(_gevent_name_of, g) or _plain_name_of(g, _optional(_function_of, g))
+    return read_optional(gevent_name_of, g) or plain_name_of(g, read_optional(_function_of, g))
 
 
-def _plain_name_of(g, function=None) -> str:
+def plain_name_of(g, function=None) -> str:
     """"<module.Type at 0xADDR>", with " main" for a thread's main greenlet,
     then " (function)" when the function it runs is known."""
     kind = type(g)
@@ -212,11 +212,11 @@ def _function_of(g) -> str | None:
     eventlet GreenThread, the function its `main` was given."""
     if _base_parent(g) is None:
         return None   # a thread's main greenlet runs the thread, not a function
-    main = _eventlet_main_code()
+    main = eventlet_main_code()
     if not _base_bool(g):
         run = getattr(g, "run", None)
         return None if getattr(run, "__code__", None) is main else getattr(run, "__name__", None)
-    frame = sys._getframe() if g is greenlet.getcurrent() else _base_frame(g)
+    frame = sys._getframe() if g is greenlet.getcurrent() else base_frame(g)
     if frame is None:
         return None   # running in another thread: its frames are not g's to read
     return outermost_function(frame, main)
@@ -232,7 +232,7 @@ def outermost_function(frame, eventlet_main) -> str | None:
     return frame.f_code.co_name
 
 
-def _eventlet_main_code():
+def eventlet_main_code():
     greenthread = sys.modules.get("eventlet.greenthread")
     return getattr(getattr(getattr(greenthread, "GreenThread", None), "main", None), "__code__", None)
 
@@ -247,15 +247,15 @@ def _spawn_chain_reader():
     return reader
 
 
-def _threads(greenlets) -> dict:
+def threads_of_greenlets(greenlets) -> dict:
     """thread ident -> OSThread, for every thread the interpreter knows but
     btcore's own dump writer (no greenlets; it would spoil
-    _thread_of_roots' pairing of the one chain and the one thread left)."""
+    thread_of_roots' pairing of the one chain and the one thread left)."""
     writer = dumpwriter.ident()
     return {t.ident: t for t in os_threads(greenlets) if t.ident != writer}
 
 
-def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
+def thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
     """root (a thread's main greenlet) -> thread ident, where it can be told.
 
     greenlet does not say which thread a greenlet belongs to, only that all
@@ -268,12 +268,12 @@ def _thread_of_roots(roots: dict, current_root, threads: dict) -> dict:
     found = {current_root: current_ident()}
     for root, members in roots.items():
         # A dead root's thread has exited: its stack may be another thread's now.
-        if root not in found and not _base_dead(root):
+        if root not in found and not base_dead(root):
             ident = _thread_by_stack(root, threads) or _thread_by_hub(members, threads)
             if ident is not None:
                 found[root] = ident
     # A root whose thread has exited since the scan is dead now: not paired.
-    left_roots = [r for r in roots if r not in found and not _base_dead(r)]
+    left_roots = [r for r in roots if r not in found and not base_dead(r)]
     left_threads = set(threads) - set(found.values())
     if len(left_roots) == 1 and len(left_threads) == 1:
         found[left_roots[0]] = left_threads.pop()
@@ -291,18 +291,18 @@ def _thread_by_stack(root, threads: dict):
 def _thread_by_hub(members, threads: dict):
     """A gevent hub's record of its thread, if it names a live thread."""
     for g in members:
-        ident = getattr(g, "thread_ident", None) if _is_hub(g) else None
+        ident = getattr(g, "thread_ident", None) if is_hub(g) else None
         if ident in threads:
             return ident
     return None
 
 
-def _is_hub(g) -> bool:
+def is_hub(g) -> bool:
     hub_module = sys.modules.get("gevent.hub")
     return hub_module is not None and isinstance(g, hub_module.Hub)
 
 
-def _python_frames_of_thread(ident) -> Backtrace | None:
+def python_frames_of_thread(ident) -> Backtrace | None:
     """The Python frames a thread is running, from the interpreter (no native frames)."""
     frame = sys._current_frames().get(ident)
     if frame is None:
@@ -311,10 +311,10 @@ def _python_frames_of_thread(ident) -> Backtrace | None:
     while frame is not None and len(frames) < CAPACITY:
         frames.append(frame)
         frame = frame.f_back
-    return _python_backtrace(frames, frame is not None)
+    return python_backtrace(frames, frame is not None)
 
 
-def _python_backtrace(frames, truncated: bool) -> Backtrace:
+def python_backtrace(frames, truncated: bool) -> Backtrace:
     """A Backtrace of Python frames only (innermost first) from frame objects."""
     bt = Backtrace(CAPACITY)
     bt._raw = bytearray(b"".join(RECORD.pack(id(f.f_code), f.f_lasti, KIND_PYTHON, 0, 0) for f in frames))
@@ -322,7 +322,7 @@ def _python_backtrace(frames, truncated: bool) -> Backtrace:
     return bt
 
 
-def _without_own_frames(bt: Backtrace) -> Backtrace:
+def without_own_frames(bt: Backtrace) -> Backtrace:
     """bt minus its innermost Python frames that are btcore's introspection
     code.  Native frames below them stay: when a signal handler dumps, they
     are where the signal was handled (say, a C call or gevent's loop)."""
@@ -341,15 +341,15 @@ def _capture(info: GreenletInfo, current) -> None:
     g = info.greenlet
     try:
         if g is current:
-            info.backtrace = _without_own_frames(collect(capacity=CAPACITY))
+            info.backtrace = without_own_frames(collect(capacity=CAPACITY))
         elif info.state == RUNNING:
-            info.backtrace = _python_frames_of_thread(info.thread_id)
+            info.backtrace = python_frames_of_thread(info.thread_id)
             info.python_only = True
             if info.backtrace is None:
                 info.error = "running in a thread that cannot be identified"
         else:
-            info.backtrace = _collect_suspended(g)
-            if _base_dead(g):
+            info.backtrace = collect_suspended(g)
+            if base_dead(g):
                 info.error = GONE
     except BacktraceError as e:
         info.error = f"BacktraceError: {e}"
@@ -357,14 +357,14 @@ def _capture(info: GreenletInfo, current) -> None:
         info.error = "started running in another thread during the snapshot"
 
 
-def _collect_suspended(g) -> Backtrace:
-    """collect(g) for a greenlet _state_of() found suspended.
+def collect_suspended(g) -> Backtrace:
+    """collect(g) for a greenlet state_of() found suspended.
 
     collect() applies greenlet's rule, so it refuses a greenlet of another
-    thread suspended without Python frames; _state_of() knows it is
+    thread suspended without Python frames; state_of() knows it is
     suspended, so it is captured as collect() captures one of this thread.
     """
-    if _base_frame(g) is not None or not layout_known():
+    if base_frame(g) is not None or not layout_known():
         return collect(g, capacity=CAPACITY)
     bt = Backtrace(CAPACITY)
     rc = lib.btc_collect(id(g), id(bt), CAPACITY, CAPACITY, _WANT_SUSPENDED)
@@ -387,20 +387,20 @@ def snapshot(*, pause=None) -> list[GreenletInfo]:
     at a time, and one that ended meanwhile is left out.
     """
     current = greenlet.getcurrent()
-    current_root = _root(current)
-    writer_root = dumpwriter.root()   # btcore's own thread: left out, as _threads() leaves it out
+    current_root = root_of(current)
+    writer_root = dumpwriter.root()   # btcore's own thread: left out, as threads_of_greenlets() leaves it out
     found, roots = [], {}
-    for g in _live_greenlets():
-        state = _state_of(g, current)
+    for g in live_greenlets():
+        state = state_of(g, current)
         if state != DEAD and g is not writer_root:
             found.append((g, state))
-            roots.setdefault(_root(g), []).append(g)
+            roots.setdefault(root_of(g), []).append(g)
     try:
         layout_known()   # stack marks need greenlet's layout (learned once)
     except BacktraceError:   # being learned on this thread: threads are then told without marks
         pass
-    threads = _threads([g for g, _ in found])
-    thread_of = _thread_of_roots(roots, current_root, threads)
+    threads = threads_of_greenlets([g for g, _ in found])
+    thread_of = thread_of_roots(roots, current_root, threads)
     spawn_chain = _spawn_chain_reader()
     now, infos = time.monotonic(), []
     for done, (g, state) in enumerate(found):
@@ -408,16 +408,16 @@ def snapshot(*, pause=None) -> list[GreenletInfo]:
             pause()
             now = time.monotonic()
         if pause is not None and done >= PAUSE_EVERY:
-            state = _state_of(g, current)   # as it is now, after the pauses
+            state = state_of(g, current)   # as it is now, after the pauses
             if state == DEAD:
                 continue
         info = GreenletInfo(g, state)
-        info.thread_id = thread_of.get(_root(g))
+        info.thread_id = thread_of.get(root_of(g))
         thread = threads.get(info.thread_id)
         info.thread_name = thread.name if thread is not None else None
         _capture(info, current)
         if spawn_chain is not None:
-            info.spawn_chain = _optional(spawn_chain, g)
+            info.spawn_chain = read_optional(spawn_chain, g)
         info.last_ran = _last_ran(info, now)
         infos.append(info)
     tasks = _asyncio_tasks()
@@ -469,11 +469,11 @@ def _name_scheduled_green_threads(infos) -> None:
     hub = getattr(getattr(sys.modules.get("eventlet.hubs"), "_threadlocal", None), "hub", None)
     if not waiting or hub is None:
         return
-    for entry in _optional(_eventlet_timers, hub) or ():
+    for entry in read_optional(_eventlet_timers, hub) or ():
         cb, args = entry
         info = waiting.get(id(getattr(cb, "__self__", None)))
         if info is not None and getattr(cb, "__name__", None) == "switch" and args:
-            info.name = _plain_name_of(info.greenlet, getattr(args[0], "__name__", None))
+            info.name = plain_name_of(info.greenlet, getattr(args[0], "__name__", None))
 
 
 def _eventlet_timers(hub) -> list:
@@ -507,7 +507,7 @@ def _last_ran(info, now) -> float | None:
     return 0.0 if info.state == RUNNING else max(0.0, now - stamp)
 
 
-def _optional(reader, g):
+def read_optional(reader, g):
     """reader(g), or None if it raises: optional data must not fail the snapshot."""
     try:
         return reader(g)

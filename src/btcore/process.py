@@ -24,7 +24,7 @@ from .introspect import place_in_tree
 from .resolve import F_EXACT, file_symbol, native_frames
 from .schema import RemoteGreenlet
 from .threads import fallback_name
-from .remote import (_PYFRAME, DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
+from .remote import (PYFRAME, DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
                      greenlet_copies, snapshot_live, symbol_value, vdso_file)
 
 __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "Walker", "dump_process", "process_stacks"]
@@ -230,7 +230,7 @@ class _Merger:
         if len(pyframes):   # (a greenlet parked in Cython code has none)
             py = ffi.from_buffer("btc_remote_pyframe[]", pyframes)
             self._keep.append(py)
-            st.py, st.npy = py, len(pyframes) // _PYFRAME.size
+            st.py, st.npy = py, len(pyframes) // PYFRAME.size
         st.greenlet = greenlet
 
     def merge(self, stacks, n: int, named: bool = True) -> list:
@@ -314,7 +314,7 @@ def _fill(snap: Snapshot, merger: _Merger, native: bool) -> tuple:
     stacks = ffi.new("btc_remote_stack[]", max(1, len(snap.threads) + len(snap.greenlets)))
     notes, holders = [], []
     for i, t in enumerate(snap.threads):
-        pyframes = b"".join(_PYFRAME.pack(*f) for f in t.pyframes)
+        pyframes = b"".join(PYFRAME.pack(*f) for f in t.pyframes)
         stopped = t.regs is not None and t.stack
         merger.stack(stacks[i], t.regs, t.stack_lo, t.stack if stopped else None, 0, pyframes, False)
         notes.append(() if stopped else (t.error,))

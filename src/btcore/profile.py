@@ -35,9 +35,9 @@ import greenlet
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD, collect
 from .errors import BacktraceError
 from .fold import is_plumbing
-from .introspect import (RUNNING, SUSPENDED, _base_frame, _collect_suspended, _eventlet_main_code, _gevent_name_of,
-                         _live_greenlets, _name_of, _optional, _plain_name_of, _python_frames_of_thread, _root,
-                         _state_of, _thread_of_roots, _threads, outermost_function)
+from .introspect import (RUNNING, SUSPENDED, base_frame, collect_suspended, eventlet_main_code, gevent_name_of,
+                         live_greenlets, name_of, read_optional, plain_name_of, python_frames_of_thread, root_of,
+                         state_of, thread_of_roots, threads_of_greenlets, outermost_function)
 from .resolve import resolve_native, resolve_python
 from .threads import MAX_THREADS, current_ident
 
@@ -259,21 +259,21 @@ class _Greenlets:
         found, self.pending = self.pending, []
         if now >= self.next_full_scan:
             started = time.perf_counter()
-            found += _live_greenlets()
+            found += live_greenlets()
             self.known = {i: v for i, v in self.known.items() if v[0]() is not None}
             self.stacks = {i: v for i, v in self.stacks.items() if i in self.known}
             cost = time.perf_counter() - started
             self.next_full_scan = now + max(1.0, cost / SCAN_SHARE)
         else:
             found += _young_greenlets((0,))
-        mine = _root(sampler_current)
+        mine = root_of(sampler_current)
         new_roots = False
         for g in found:
             entry = self.known.get(id(g))
-            if (entry is None or entry[0]() is not g) and _root(g) is not mine:
+            if (entry is None or entry[0]() is not g) and root_of(g) is not mine:
                 self.known[id(g)] = (weakref.ref(g), None, None)
                 self.stacks.pop(id(g), None)
-                new_roots = new_roots or id(_root(g)) not in self.thread_of_root
+                new_roots = new_roots or id(root_of(g)) not in self.thread_of_root
         if new_roots:
             self._map_threads(sampler_current)
 
@@ -282,9 +282,9 @@ class _Greenlets:
         for ref, _, _ in self.known.values():
             g = ref()
             if g is not None:
-                roots.setdefault(_root(g), []).append(g)
-        threads = _threads([g for members in roots.values() for g in members])
-        found = _thread_of_roots(roots, _root(sampler_current), threads)
+                roots.setdefault(root_of(g), []).append(g)
+        threads = threads_of_greenlets([g for members in roots.values() for g in members])
+        found = thread_of_roots(roots, root_of(sampler_current), threads)
         self.thread_of_root = {id(root): ident for root, ident in found.items()}
 
     def forget(self, key: int) -> None:
@@ -303,9 +303,9 @@ class _Greenlets:
         /proc/self/maps for its stack's end (~0.1-0.2 ms): it is stamped by
         its innermost frame and offset only, and captured again at least
         every MAIN_EVERY ticks."""
-        frame = _base_frame(g)
+        frame = base_frame(g)
         if frame is None:   # parked in C with no Python frame: nothing to stamp
-            return _collect_suspended(g)
+            return collect_suspended(g)
         if _base_parent(g) is None:
             stamp = (id(frame), frame.f_lasti, tick // MAIN_EVERY)
         else:
@@ -313,7 +313,7 @@ class _Greenlets:
         known = self.stacks.get(key)
         if known is not None and known[0] == stamp:
             return known[1]
-        bt = _collect_suspended(g)
+        bt = collect_suspended(g)
         self.stacks[key] = (stamp, bt)
         return bt
 
@@ -324,7 +324,7 @@ class _Greenlets:
         greenlet does not show its frames)."""
         ref, name, site = self.known[key]
         if name is None:
-            name = group_name(_name_of(g) if frame is None else _running_name_of(g, frame))
+            name = group_name(name_of(g) if frame is None else _running_name_of(g, frame))
             site = _spawn_site(g)
             if _state_is_started(g):
                 self.known[key] = (ref, name, site)
@@ -332,12 +332,12 @@ class _Greenlets:
 
 
 def _running_name_of(g, frame) -> str:
-    """_name_of() for a greenlet running in another thread, from its frames."""
-    gevent_name = _optional(_gevent_name_of, g)
+    """name_of() for a greenlet running in another thread, from its frames."""
+    gevent_name = read_optional(gevent_name_of, g)
     if gevent_name is not None:
         return gevent_name
     main = _base_parent(g) is None   # a thread's main greenlet runs the thread
-    return _plain_name_of(g, None if main else outermost_function(frame, _eventlet_main_code()))
+    return plain_name_of(g, None if main else outermost_function(frame, eventlet_main_code()))
 
 
 def _state_is_started(g) -> bool:
@@ -347,7 +347,7 @@ def _state_is_started(g) -> bool:
 def _spawn_site(g):
     """The interned site where g was created, if spawn tracking recorded it."""
     spawn = sys.modules.get("btcore.spawn")
-    chain = _optional(spawn.spawn_chain, g) if spawn is not None else None
+    chain = read_optional(spawn.spawn_chain, g) if spawn is not None else None
     return chain.links[0][0] if chain is not None and chain.links else None
 
 
@@ -463,18 +463,18 @@ class Profiler:
             self._greenlets.refresh(time.monotonic(), current)
             for key, (ref, _, _) in list(self._greenlets.known.items()):
                 g = ref()
-                state = _state_of(g, current) if g is not None else None
+                state = state_of(g, current) if g is not None else None
                 if state == SUSPENDED:
                     parked.append((key, g))
                 elif state == RUNNING:
-                    ident = self._greenlets.thread_of_root.get(id(_root(g)))
+                    ident = self._greenlets.thread_of_root.get(id(root_of(g)))
                     if ident in running:
                         running[ident] = (key, g)
                 elif g is None or greenlet.greenlet.dead.__get__(g):
                     self._greenlets.forget(key)
         previous, self._previous = self._previous, {}
         for ident, found in running.items():
-            bt = _python_frames_of_thread(ident)
+            bt = python_frames_of_thread(ident)
             if bt is None:
                 continue
             name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
@@ -490,7 +490,7 @@ class Profiler:
         for n, (key, g) in enumerate(parked):
             if n and n % SLICE == 0:
                 self._sleep(0)   # let the program run between slices: it is paused while the sampler holds the GIL
-            if n >= SLICE and _state_of(g, current) != SUSPENDED:   # it may have run during a slice's pause
+            if n >= SLICE and state_of(g, current) != SUSPENDED:   # it may have run during a slice's pause
                 continue
             try:
                 bt = self._greenlets.parked_stack(key, g, self.profile.ticks)
@@ -565,6 +565,11 @@ def start_profiler(rate: int = DEFAULT_RATE, *, duration: float | None = None,
         raise RuntimeError("a btcore profiler is already running in this process")
     _profiler = Profiler(rate, max_stacks, threads_only, duration)
     _profiler.start()
+    return _profiler
+
+
+def running_profiler() -> Profiler | None:
+    """The profiler start_profiler() started and that is still running, or None."""
     return _profiler
 
 

@@ -78,8 +78,8 @@ class _Run:
                          f"(Ctrl-C writes {self.output})\n")
 
     def at_exit(self) -> None:
-        from .profile import stop_profiler, _profiler
-        if _profiler is not self.profiler:
+        from .profile import running_profiler, stop_profiler
+        if running_profiler() is not self.profiler:
             return
         try:
             self.write(stop_profiler())   # stop_profiler() waits for a write the duration's end began

@@ -265,15 +265,15 @@ class Snapshot:
     types: bounds.Types = field(default_factory=bounds.Types)   # the target's type objects (bounds.Names)
 
 
-_PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
+PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
 _pyframe_buffer = ffi.new("btc_remote_pyframe[]", _MAX_PYFRAMES)   # reused: the dump runs on one thread
 
 
 def _pyframes(reader, memory: Memory, layout, addr: int) -> list:
     """[(code, lasti, entry)] innermost first."""
     n = reader(memory.handle, layout, addr, _pyframe_buffer, _MAX_PYFRAMES)
-    raw = ffi.buffer(_pyframe_buffer, n * _PYFRAME.size)
-    return [(code, lasti, bool(entry)) for code, lasti, entry in _PYFRAME.iter_unpack(raw)]
+    raw = ffi.buffer(_pyframe_buffer, n * PYFRAME.size)
+    return [(code, lasti, bool(entry)) for code, lasti, entry in PYFRAME.iter_unpack(raw)]
 
 
 class Target:
@@ -518,13 +518,13 @@ def _greenlet_frames(target: Target, states: memoryview, spill) -> memoryview:
     walked from the chunks the stop read: a frame the stop did not read is read now."""
     n = len(states) // _GREENLET.size
     most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
-    frames = bytearray(most * _PYFRAME.size)
+    frames = bytearray(most * PYFRAME.size)
     nframes = lib.btc_remote_greenlet_frames(target.memory.handle, target.layout,
                                              ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states)), n,
                                              ffi.from_buffer(spill), ffi.cast("btc_remote_pyframe *",
                                                                               ffi.from_buffer(frames)),
                                              most, *target.map_ranges)
-    return memoryview(frames)[:nframes * _PYFRAME.size]
+    return memoryview(frames)[:nframes * PYFRAME.size]
 
 
 _GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
@@ -539,7 +539,7 @@ def greenlet_copies(target: Target, copied: list) -> list:
     for states, spill in copied:
         frames = _greenlet_frames(target, states, spill)
         spill = memoryview(spill)   # each greenlet's part: a view, not a copy
-        size = _PYFRAME.size
+        size = PYFRAME.size
         for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, bad in _GREENLET.iter_unpack(states):
             if g in seen:   # a corrupt gc list may lead through objects twice
                 continue

@@ -31,7 +31,7 @@ import greenlet
 from . import bounds, greenlet_offsets
 from ._native import ffi, lib
 from .codec import file_build_id
-from .remote import _PYFRAME, symbol_value
+from .remote import PYFRAME, symbol_value
 
 MAX_NAME = 200          # characters of a name as shown (an absurd one is cut, with "...")
 MAX_DICT_ENTRIES = 256  # entries of an instance dict looked through
@@ -374,7 +374,7 @@ class Labels:
         partial or a builtin, the first Python function it called).  pyframes: its
         btc_remote_pyframe records, innermost first (a cut chain ends in a
         record of code 0)."""
-        records = list(_PYFRAME.iter_unpack(pyframes)) if self._lay else []
+        records = list(PYFRAME.iter_unpack(pyframes)) if self._lay else []
         if not records or not records[-1][0]:   # none, or cut short: its outermost frame is not known
             return None
         if self._is_eventlet_main(records[-1][0]):

@@ -40,7 +40,7 @@ from . import asyncio_debug, bounds
 from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, append_labelled
 from .introspect import CAPACITY, NOT_STARTED, RUNNING, SUSPENDED
-from .remote import _PYFRAME, symbol_value
+from .remote import PYFRAME, symbol_value
 from .remote_names import shown
 from .schema import RemoteGreenlet
 
@@ -212,7 +212,7 @@ def gather(target, threads, room) -> None:
     n = len(addresses)
     records = room.get(("tasks", "records"), max(1, n) * _TASK_SIZE)
     most = min(bounds.MAX_FRAMES * 256, 16 * n + CAPACITY)
-    frames = room.get(("tasks", "frames"), most * _PYFRAME.size)
+    frames = room.get(("tasks", "frames"), most * PYFRAME.size)
     c_records = ffi.cast("btc_remote_task *", ffi.from_buffer(records))
     kept = lib.btc_remote_tasks(target.memory.handle, target.layout, lay, ffi.new("uintptr_t[]", addresses), n,
                                 CAPACITY, c_records, ffi.cast("btc_remote_pyframe *", ffi.from_buffer(frames)),
@@ -370,7 +370,7 @@ def _entry(r: _Record, names: _Names, frames, space, kind, shared: dict) -> Remo
     name = f"{names.task_name(r.name) or 'Task'} ({coroutine})"
     info = RemoteTaskInfo(RemoteGreenlet(r.address, names.type_name(r.type)), RemoteGreenlet(r.loop, "loop"),
                           _STATES[r.state], name, coroutine)
-    key = bytes(frames[r.frames_at * _PYFRAME.size:(r.frames_at + r.nframes) * _PYFRAME.size])
+    key = bytes(frames[r.frames_at * PYFRAME.size:(r.frames_at + r.nframes) * PYFRAME.size])
     if key not in shared:   # tasks parked in one place share their records
         shared[key] = _records(key)
     raw, codes, cut = shared[key]
@@ -384,7 +384,7 @@ def _records(frames: bytes) -> tuple:
     """(The Backtrace records of a task's btc_remote_pyframe records, their code addresses, why the chain was
     cut or None)."""
     codes, raw, cut = [], bytearray(), None
-    for code, lasti, _ in _PYFRAME.iter_unpack(frames):
+    for code, lasti, _ in PYFRAME.iter_unpack(frames):
         if not code:
             cut = bounds.cut_reason(lasti).replace("frame chain", "await chain")
             continue

@@ -17,17 +17,18 @@ from typing import NamedTuple
 import greenlet
 
 from ._native import ffi, lib
-from .backtrace import Backtrace, _check_capacity, append_labelled
+from .backtrace import Backtrace, check_capacity, append_labelled
 from .errors import BacktraceError
 from .greenlets import layout_known
 
 if lib.btc_spawn_install(id(globals()), id(greenlet.greenlet)) != 0:
     raise ImportError("btcore: cannot install spawn tracking")
 
-# _spawn_chain(g, limit) (installed above): (links, cut), links newest first,
-# at most limit, each (site Backtrace, spawner repr, spawner's weak reference
-# or None); cut: older generations were left out.  None if g is untracked.
-_spawn_chain = globals()["_spawn_chain"]
+# raw_spawn_chain(g, limit) (installed above as _spawn_chain): (links, cut),
+# links newest first, at most limit, each (site Backtrace, spawner repr,
+# spawner's weak reference or None); cut: older generations were left out.
+# None if g is untracked.
+raw_spawn_chain = globals()["_spawn_chain"]
 # _spawn_creator(g): the greenlet that created g while tracking was on, or
 # None (untracked, or its creator is gone).
 _spawn_creator = globals()["_spawn_creator"]
@@ -73,7 +74,7 @@ def enable_spawn_tracking(*, capacity: int = DEFAULT_CAPACITY, native: bool = Tr
     Calling it again while on changes the settings for greenlets created
     afterwards (and turns notes on or off at once).
     """
-    _check_capacity(capacity)
+    check_capacity(capacity)
     for name, value in (("native", native), ("exception_notes", exception_notes)):
         if type(value) is not bool:
             raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
@@ -155,7 +156,7 @@ def spawn_chain(g) -> SpawnChain | None:
     """g's spawn chain (see SpawnChain), or None if g was not created while
     tracking was on.  Costs a tuple per generation: cheap enough to take for
     every greenlet of a snapshot."""
-    chain = _spawn_chain(g, GENERATIONS)
+    chain = raw_spawn_chain(g, GENERATIONS)
     return None if chain is None else SpawnChain(*chain)
 
 
@@ -165,7 +166,7 @@ def chain_backtrace(chain: SpawnChain, capacity: int | None = None) -> Backtrace
     headed "spawned by <spawner> at:".  Truncated when the capacity or the
     generation bound is reached (the oldest generation's header says so),
     or when a site recorded only its innermost SITE_FRAMES (its header says so)."""
-    capacity = lib.btc_spawn_capacity() if capacity is None else _check_capacity(capacity)
+    capacity = lib.btc_spawn_capacity() if capacity is None else check_capacity(capacity)
     bt = Backtrace(capacity)
     links = chain.links
     for i, (site, spawner, _) in enumerate(links):

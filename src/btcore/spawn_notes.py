@@ -27,7 +27,7 @@ import greenlet
 
 from ._native import lib
 from .errors import BacktraceError
-from .spawn import GENERATIONS, SpawnChain, _spawn_chain, chain_backtrace
+from .spawn import GENERATIONS, SpawnChain, raw_spawn_chain, chain_backtrace
 
 NOTE_HEADER = "Greenlet spawn chain (btcore, most recent call first):"
 NOTE_LINES = 40          # lines of a note, its header and its "... more" line included
@@ -48,7 +48,7 @@ def _render(chain) -> str:
 
 
 def _text(g) -> str | None:
-    raw = _spawn_chain(g, GENERATIONS)
+    raw = raw_spawn_chain(g, GENERATIONS)
     if raw is None:
         return None
     links, cut = raw

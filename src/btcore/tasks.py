@@ -40,8 +40,8 @@ from asyncio import tasks as _tasks_module
 from . import asyncio_debug
 from .backtrace import Backtrace, append_labelled, collect
 from .errors import BacktraceError
-from .introspect import (CAPACITY, NOT_STARTED, RUNNING, SUSPENDED, _Entry, _optional, _python_backtrace,
-                         _python_frames_of_thread, _without_own_frames)
+from .introspect import (CAPACITY, NOT_STARTED, RUNNING, SUSPENDED, Entry, read_optional, python_backtrace,
+                         python_frames_of_thread, without_own_frames)
 from ._native import lib
 from .threads import current_ident
 
@@ -57,7 +57,7 @@ _FUTURES = tuple({asyncio.Future, getattr(asyncio.futures, "_PyFuture", asyncio.
 _CHAIN_DEPTH = 64      # awaiters appended to a suspended task's stack
 
 
-class TaskInfo(_Entry):
+class TaskInfo(Entry):
     """One pending asyncio task, as snapshot() saw it: the attributes of a
     GreenletInfo (so every view lists it the same way), and its own.
 
@@ -89,7 +89,7 @@ class TaskInfo(_Entry):
         self.task, self.loop, self.state = task, loop, state
         coro = task.get_coro()
         self.coroutine = getattr(coro, "__qualname__", type(coro).__name__)
-        self.name = f"{_optional(_task_name, task) or 'Task'} ({self.coroutine})"
+        self.name = f"{read_optional(_task_name, task) or 'Task'} ({self.coroutine})"
         self.thread_id = self.thread_name = self.backtrace = self.under = self.spawned_by = None
         self.spawn_chain = self._spawn_backtrace = self.parent = self.last_ran = self.error = None
         self.python_only = False
@@ -204,7 +204,7 @@ def coroutine_frames(coro, limit: int = CAPACITY) -> tuple[list, bool]:
 
 def _own_backtrace(task) -> Backtrace:
     frames, truncated = coroutine_frames(task.get_coro())
-    return _python_backtrace(frames, truncated)
+    return python_backtrace(frames, truncated)
 
 
 # ---- who awaits whom ----
@@ -265,7 +265,7 @@ def _unique(items) -> list:
 def task_infos(threads: dict) -> list:
     """A TaskInfo for every pending task; threads: ident -> OSThread (snapshot()'s).
     A task whose own methods fail (a Task subclass) is left out, never the snapshot."""
-    infos = [info for info in (_optional(_info_of, task) for task in _unique(_registered_tasks()))
+    infos = [info for info in (read_optional(_info_of, task) for task in _unique(_registered_tasks()))
              if info is not None]
     mine = asyncio.events._get_running_loop()
     for info in infos:
@@ -288,7 +288,7 @@ def _info_of(task) -> TaskInfo | None:
         return None
     loop = task.get_loop()
     info = TaskInfo(task, loop, state)
-    info.awaited_by = _optional(_awaiters_of, task) or []
+    info.awaited_by = read_optional(_awaiters_of, task) or []
     return info
 
 
@@ -303,9 +303,9 @@ def _thread_of(loop, mine):
 def _capture(info: TaskInfo, by_task: dict) -> None:
     try:
         if info.state == RUNNING and info.thread_id == current_ident():
-            info.backtrace = _without_own_frames(collect(capacity=CAPACITY))
+            info.backtrace = without_own_frames(collect(capacity=CAPACITY))
         elif info.state == RUNNING:
-            info.backtrace, info.python_only = _python_frames_of_thread(info.thread_id), True
+            info.backtrace, info.python_only = python_frames_of_thread(info.thread_id), True
             if info.backtrace is None:
                 info.error = "running in a thread that cannot be identified"
         else:
@@ -325,16 +325,16 @@ def _append_awaiters(info: TaskInfo, by_task: dict) -> None:
             break
         seen.add(id(above))
         known = by_task.get(id(above))
-        name = known.name if known is not None else f"{_optional(_task_name, above) or 'Task'}"
+        name = known.name if known is not None else f"{read_optional(_task_name, above) or 'Task'}"
         append_labelled(bt, _own_backtrace(above), f"awaited by {name}:")
-        awaiting = known.awaited_by if known is not None else (_optional(_awaiters_of, above) or [])
+        awaiting = known.awaited_by if known is not None else (read_optional(_awaiters_of, above) or [])
 
 
 def _track(info: TaskInfo) -> None:
     spawn = sys.modules.get("btcore.spawn")
     if spawn is not None and spawn.spawn_tracking_enabled():
-        info.spawn_chain = _optional(spawn.spawn_chain, info.task)
-        info.spawned_by = _optional(spawn._spawn_creator, info.task)
+        info.spawn_chain = read_optional(spawn.spawn_chain, info.task)
+        info.spawned_by = read_optional(spawn._spawn_creator, info.task)
 
 
 def place_tasks(infos) -> None:

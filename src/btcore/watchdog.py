@@ -42,7 +42,7 @@ def _running_asyncio_loop():
     return events._get_running_loop() if events is not None else None
 
 
-def _reason() -> str:
+def last_native_error() -> str:
     return ffi.string(lib.btc_last_error()).decode("utf-8", "replace")
 
 
@@ -60,7 +60,7 @@ def _watch_calling_thread() -> None:
                              "switches in the thread state's context_ver")
     idle = _idle_code()
     if lib.btc_watch_thread(0 if idle is None else id(idle)) < 0:
-        raise BacktraceError(f"cannot watch this thread: {_reason()}")
+        raise BacktraceError(f"cannot watch this thread: {last_native_error()}")
 
 
 def _unwatch_calling_thread() -> None:
@@ -175,7 +175,7 @@ def _sample_text(thread_ident: int, timeout: float = 1.0) -> str | None:
 
 def _register_calling_thread() -> None:
     if lib.btc_thread_register() < 0:
-        raise BacktraceError(f"cannot register this thread for signal sampling: {_reason()}")
+        raise BacktraceError(f"cannot register this thread for signal sampling: {last_native_error()}")
 
 
 def gevent_blocking_reports() -> None:
@@ -209,14 +209,14 @@ def _on_gevent_event(event) -> None:
 
 # ---- register_dump_signal(stuck=True) ----
 
-def _install_stuck_dump(signum: int, file, chain: bool) -> None:
+def install_stuck_dump(signum: int, file, chain: bool) -> None:
     _register_calling_thread()
     if lib.btc_dump_signal_install(signum, _fileno(file), chain) < 0:
         raise ValueError(f"cannot install a stuck-thread dump on signal {signum} "
                          "(one at a time; not the capture signal)")
 
 
-def _uninstall_stuck_dump(signum: int) -> bool:
+def uninstall_stuck_dump(signum: int) -> bool:
     return lib.btc_dump_signal_uninstall(signum) > 0
 
 
