@@ -33,12 +33,7 @@ static bool emit(sink *s, uintptr_t addr, int lasti, int kind, int flags)
         s->truncated = true;
         return false;
     }
-    btc_frame *f = &s->out[s->n++];
-    f->addr = addr;
-    f->lasti = lasti;
-    f->kind = (uint8_t)kind;
-    f->flags = (uint8_t)flags;
-    f->reserved = 0;
+    s->out[s->n++] = (btc_frame){.addr = addr, .lasti = lasti, .kind = (uint8_t)kind, .flags = (uint8_t)flags};
     return true;
 }
 
@@ -136,15 +131,15 @@ typedef struct {
     bool complete;     /* the walk reached its natural end, not our buffer's */
     bool own_first;    /* the innermost frames are btcore's own: drop them (see merge) */
     bool greenlet;     /* a greenlet's stack: mark (or hide) greenlet's own frames */
-    uintptr_t internal_lo, internal_hi;   /* another process's greenlet module (0, 0: this process's) */
+    uintptr_t internal_lo, internal_hi;   /* greenlet's module (this process's or another's); empty if
+                                           * not a greenlet's stack (merge_walk) */
 } native_walk;
 
-/* Is the code at pc greenlet's own switching machinery? */
+/* Is the code at pc greenlet's own switching machinery?  (One unsigned
+ * compare: below internal_lo wraps past the range.) */
 static bool internal(const native_walk *w, uintptr_t pc)
 {
-    if (w->internal_hi)
-        return pc >= w->internal_lo && pc < w->internal_hi;
-    return btc_greenlet_internal(pc);
+    return pc - w->internal_lo < w->internal_hi - w->internal_lo;
 }
 
 /* A capture made from inside btcore's greenlet-creation hook (spawn.c): the
@@ -174,16 +169,18 @@ static int hide_greenlet_internals(native_walk *w)
 
 /* From nat[i] on, the native frames merge() emits with no flag (not the
  * eval loop, not exact, no signal, not greenlet's own), up to the room
- * left: the bulk of a deep native stack, copied in a loop of their own.
+ * left: the bulk of a deep native stack, copied in a loop of their own
+ * (locals, not the sink's fields: its stores cannot alias them).
  * Returns how many. */
 static int copy_plain_natives(sink *s, const native_walk *w, int i)
 {
-    int k = 0, room = s->max - s->n;
+    int room = s->max - s->n, k = 0, end = w->n - i < room ? w->n - i : room;
+    const btc_native_frame *f = &w->nat[i];
     btc_frame *out = s->out + s->n;
-    for (const btc_native_frame *f = &w->nat[i]; i + k < w->n && k < room; f++, k++) {
-        if (f->eval | f->exact | f->signal || (w->greenlet && internal(w, f->pc - 1)))
+    for (; k < end; k++) {
+        if (f[k].eval | f[k].exact | f[k].signal || internal(w, f[k].pc - 1))
             break;
-        out[k] = (btc_frame){.addr = f->pc, .lasti = -1, .kind = BTC_KIND_NATIVE};
+        out[k] = (btc_frame){.addr = f[k].pc, .lasti = -1, .kind = BTC_KIND_NATIVE};
     }
     s->n += k;
     return k;
@@ -202,7 +199,7 @@ static void merge(sink *s, const native_walk *w, py_source *py, int want)
             break;
         const btc_native_frame *f = &w->nat[i];
         int flags = (f->exact ? BTC_F_EXACT : 0) | (f->signal ? BTC_F_SIGNAL : 0);
-        if (w->greenlet && internal(w, f->pc - !f->exact))
+        if (internal(w, f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;
         if (f->eval) {   /* the walker's btc_in_eval_loop(), cached per pc */
@@ -242,6 +239,8 @@ static void python_only(sink *s, py_source *py)
 /* Merge the walk w (w->nat: all the walk gave) with py's frames. */
 static void merge_walk(py_source *py, sink *s, int want, native_walk w)
 {
+    if (!w.greenlet)
+        w.internal_lo = w.internal_hi = 0;
     if (w.greenlet && !(want & BTC_WANT_INTERNALS)) {
         int hidden = hide_greenlet_internals(&w);
         w.nat += hidden;
@@ -260,8 +259,9 @@ static void merge_walked(btc_pycursor *py, sink *s, int want, bool own_first, bo
                          btc_native_frame *nat, int n, int max)
 {
     py_source src = {.live = py};
-    merge_walk(&src, s, want, (native_walk){.nat = nat, .n = n, .complete = n < max, .own_first = own_first,
-                                            .greenlet = greenlet});
+    native_walk w = {.nat = nat, .n = n, .complete = n < max, .own_first = own_first, .greenlet = greenlet};
+    btc_greenlet_internal_range(&w.internal_lo, &w.internal_hi);
+    merge_walk(&src, s, want, w);
 }
 
 static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,

@@ -702,7 +702,7 @@ MUTATIONS = [
              "row->cfa_kind == BTC_CFA_REG && row->flags == 0",
              "tests/test_cfi_tables.py::test_plain_rows_step_as_the_interpreter",
              "rows whose CFA is based on fp (or another register) take the plain form, which adds to sp"),
-    Mutation("native/capture/capture.c", "if (f->eval | f->exact | f->signal ||", "if (f->exact | f->signal ||",
+    Mutation("native/capture/capture.c", "if (f[k].eval | f[k].exact | f[k].signal ||", "if (f[k].exact | f[k].signal ||",
              "tests/test_collect.py",
              "the merge's run of plain native frames takes eval-loop frames too: their Python frames are not merged"),
     Mutation("native/capture/unwind.c", ".delta = (uintptr_t)m->spill - m->spill_lo}", ".delta = (uintptr_t)m->spill - m->spill_lo + 8}",
