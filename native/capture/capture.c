@@ -82,7 +82,7 @@ static bool py_stopped(const py_source *src)
  * (a spawn site of an asyncio task ends at the creating task's bottom).
  * On 3.12+ the cursor may step over a shim frame first: the stop is then
  * not seen, and the site's Python frames go on to the thread's bottom. */
-static bool py_next(py_source *src, btc_pyframe *pf)
+static inline __attribute__((always_inline)) bool py_next(py_source *src, btc_pyframe *pf)
 {
     btc_pycursor *py = src->live;
     if (!py) {
@@ -103,7 +103,7 @@ static bool py_next(py_source *src, btc_pyframe *pf)
 
 /* The Python frames one eval-loop call runs: up to and including its entry
  * frame.  Returns how many frames the chain gave (0: chain exhausted). */
-static int take_eval_call(sink *s, py_source *py, bool emit_it, int *users)
+static inline __attribute__((always_inline)) int take_eval_call(sink *s, py_source *py, bool emit_it, int *users)
 {
     btc_pyframe pf;
     int taken = 0;
@@ -449,13 +449,15 @@ static void release_codes(sink *s)
     s->ncodes = 0;
 }
 
-/* Hand the frames and the code objects they name to the Backtrace: a
- * bytearray of exactly the frames captured (append() grows it up to the
- * capacity) and a tuple of code objects, in frame order (the tuple takes
- * the sink's references). */
-static int fill_backtrace(PyObject *bt, sink *s, int capacity)
+/* Hand the frames and the code objects they name to the Backtrace: raw,
+ * a bytearray holding the sink's frames (cut here to exactly the frames
+ * captured; append() grows it up to the capacity), and a tuple of code
+ * objects, in frame order (the tuple takes the sink's references).  Takes
+ * raw's reference; raw NULL: no memory for it. */
+static int fill_backtrace(PyObject *bt, sink *s, int capacity, PyObject *raw)
 {
-    PyObject *raw = PyByteArray_FromStringAndSize((const char *)s->out, (Py_ssize_t)s->n * sizeof(btc_frame));
+    if (raw && PyByteArray_Resize(raw, (Py_ssize_t)s->n * sizeof(btc_frame)) < 0)
+        Py_CLEAR(raw);
     PyObject *refs = PyTuple_New(s->ncodes);
     PyObject *cap = PyLong_FromLong(capacity);
     if (!raw || !refs || !cap) {
@@ -489,28 +491,36 @@ static int dispatch(sink *s, uintptr_t target, int want)
     return collect_current(s, want);
 }
 
+/* The frames are captured straight into the bytearray the Backtrace will
+ * hold, made for the most the capture may write and cut to what it wrote
+ * (a shrink: realloc in place, or a copy of a short trace), rather than
+ * into a buffer copied afterwards. */
 int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *bt = (PyObject *)backtrace;
-    btc_frame frames_buf[STACK_FRAMES];
     PyObject *codes_buf[STACK_FRAMES];
-    sink s = {.out = frames_buf, .codes = codes_buf,
-              .max = limit < capacity ? limit : capacity,
+    PyObject *raw = NULL;
+    sink s = {.codes = codes_buf, .max = limit < capacity ? limit : capacity,
               .skip_python = (want & BTC_WANT_HIDE_CALLER) ? 1 : 0};
     int rc = 0;
     if (!bt_slots.type || !Py_IS_TYPE(bt, bt_slots.type) || capacity < 0 || s.max < 0)
         rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: not a btcore.Backtrace, or a bad size");
-    else if (s.max > STACK_FRAMES && (!(s.out = malloc(s.max * sizeof *s.out)) ||
-                                      !(s.codes = malloc(s.max * sizeof *s.codes))))
+    else if (!(raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)s.max * sizeof(btc_frame))) ||
+             (s.max > STACK_FRAMES && !(s.codes = malloc(s.max * sizeof *s.codes)))) {
+        PyErr_Clear();   /* the bytearray's MemoryError: reported as btcore's own */
         rc = btc_fail(BTC_E_NOMEMORY, "out of memory");
-    if (rc == 0)
+    }
+    if (rc == 0) {
+        s.out = (btc_frame *)PyByteArray_AS_STRING(raw);
         rc = dispatch(&s, target, want);
-    if (rc == 0)
-        rc = fill_backtrace(bt, &s, capacity);
+    }
+    if (rc == 0) {
+        rc = fill_backtrace(bt, &s, capacity, raw);
+        raw = NULL;   /* taken */
+    }
+    Py_XDECREF(raw);
     release_codes(&s);   /* only left over when the capture failed */
-    if (s.out != frames_buf)
-        free(s.out);
     if (s.codes != codes_buf)
         free(s.codes);
     PyGILState_Release(gil);
@@ -535,7 +545,9 @@ PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, in
         if (c->frames[i].kind == BTC_KIND_PYTHON)
             codes[s.ncodes++] = Py_NewRef((PyObject *)c->frames[i].addr);
     PyObject *bt = bt_slots.type ? bt_slots.type->tp_alloc(bt_slots.type, 0) : NULL;
-    if (!bt || fill_backtrace(bt, &s, capacity) < 0) {   /* fill_backtrace takes the references */
+    PyObject *raw = bt ? PyByteArray_FromStringAndSize((const char *)c->frames, (Py_ssize_t)c->n * sizeof(btc_frame))
+                       : NULL;
+    if (!bt || fill_backtrace(bt, &s, capacity, raw) < 0) {   /* fill_backtrace takes the references */
         release_codes(&s);
         Py_XDECREF(bt);
         PyErr_Clear();

@@ -329,9 +329,13 @@ BTC_HOT int walk_region(const btc_context *ctx, const plain_region *g, btc_regs 
     while (n < max) {
         uintptr_t pc = regs.ip - 1;
         const typeof(row_cache[0]) *e = &row_cache[row_cache_slot(pc)];
-        if (e->pc != pc || !step_plain(&e->info.plain, g, &regs))
+        /* Read before the store to out (which might alias the cache, as
+         * far as the compiler knows): the entry is loaded once. */
+        plain_rule plain = e->info.plain;
+        bool eval = e->info.eval;
+        if (e->pc != pc || !step_plain(&plain, g, &regs))
             break;
-        out[n++] = (btc_native_frame){.pc = pc + 1, .eval = e->info.eval};
+        out[n++] = (btc_native_frame){.pc = pc + 1, .eval = eval};
         if (!regs.ip || (check_ends && BTC_UNLIKELY(ends_walk(ctx, pc)))) {
             *done = true;
             break;
@@ -341,8 +345,9 @@ BTC_HOT int walk_region(const btc_context *ctx, const plain_region *g, btc_regs 
     return n;
 }
 
-/* walk_region from the region r->sp lies in (none: nothing walked). */
-static int walk_plain(const btc_context *ctx, const btc_memview *mem, btc_regs *r, btc_native_frame *out, int n,
+/* walk_region from the region r->sp lies in (none: nothing walked).  Not
+ * inlined into btc_unwind: the loop's registers then stay in registers. */
+static __attribute__((noinline)) int walk_plain(const btc_context *ctx, const btc_memview *mem, btc_regs *r, btc_native_frame *out, int n,
                       int max, bool *done)
 {
     plain_region g;
