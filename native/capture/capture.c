@@ -82,7 +82,7 @@ static bool py_stopped(const py_source *src)
  * (a spawn site of an asyncio task ends at the creating task's bottom).
  * On 3.12+ the cursor may step over a shim frame first: the stop is then
  * not seen, and the site's Python frames go on to the thread's bottom. */
-static inline __attribute__((always_inline)) bool py_next(py_source *src, btc_pyframe *pf)
+static bool py_next(py_source *src, btc_pyframe *pf)
 {
     btc_pycursor *py = src->live;
     if (!py) {
@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) bool py_next(py_source *src, btc_py
 
 /* The Python frames one eval-loop call runs: up to and including its entry
  * frame.  Returns how many frames the chain gave (0: chain exhausted). */
-static inline __attribute__((always_inline)) int take_eval_call(sink *s, py_source *py, bool emit_it, int *users)
+static int take_eval_call(sink *s, py_source *py, bool emit_it, int *users)
 {
     btc_pyframe pf;
     int taken = 0;

@@ -404,16 +404,19 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
 }
 
 /* Test-only (btcore_api.h): a row's plain form against the rule
- * interpreter, on one frame. */
+ * interpreter, on one frame; a row with no plain form must be refused by
+ * the plain step (its size, PLAIN_NEVER, fits no view). */
 int btc_test_plain_step(const btc_cfi_row *row, const uintptr_t *regs, uintptr_t lo, uintptr_t hi, uintptr_t *out)
 {
     plain_rule p;
     plain_region g;
     btc_context ctx = {.mem = {.lo = lo, .hi = hi}};
     btc_regs fast = {.ip = regs[0], .sp = regs[1], .fp = regs[2], .aux = regs[3]}, slow = fast;
-    if (!plain_form(row, &p))
-        return -1;
-    if (!region_at(&ctx.mem, fast.sp, &g) || !step_plain(&p, &g, &fast))
+    bool plain = plain_form(row, &p);
+    bool stepped = region_at(&ctx.mem, fast.sp, &g) && step_plain(&p, &g, &fast);
+    if (!plain)
+        return stepped ? 0 : -1;   /* a row with no plain form is never stepped as one */
+    if (!stepped)
         return 2;
     uintptr_t cfa_slow = 0;
     bool more_slow = step(row, &ctx, false, &slow, &cfa_slow);

@@ -708,6 +708,15 @@ MUTATIONS = [
     Mutation("native/capture/unwind.c", ".delta = (uintptr_t)m->spill - m->spill_lo}", ".delta = (uintptr_t)m->spill - m->spill_lo + 8}",
              "tests/test_greenlets.py",
              "the walker's plain path reads a suspended greenlet's frame from the wrong words of its heap copy"),
+    Mutation("native/capture/unwind.c", "p->size = plain ? (uint64_t)row->cfa_off : PLAIN_NEVER;",
+             "p->size = (uint64_t)row->cfa_off;",
+             "tests/test_cfi_tables.py::test_plain_rows_step_as_the_interpreter",
+             "rows with no plain form (CFA from fp, a return address in a register) are stepped by the plain loop "
+             "as CFA = sp + offset"),
+    Mutation("native/capture/capture.c", "    btc_greenlet_internal_range(&w.internal_lo, &w.internal_hi);\n", "",
+             "tests/test_greenlets.py",
+             "the merge of this process's greenlet stacks does not know greenlet's module: its switching frames "
+             "are shown and not flagged internal"),
     Mutation("native/capture/unwind.c", "row_cache_eval_ranges == eval_ranges", "true",
              "tests/test_contracts.py::test_walk_before_the_eval_loop_is_known_still_merges",
              "pcs cached by a walk made before the eval loop's ranges were found stay marked as not the eval loop"),
