@@ -491,31 +491,38 @@ static int dispatch(sink *s, uintptr_t target, int want)
     return collect_current(s, want);
 }
 
-/* The frames are captured straight into the bytearray the Backtrace will
- * hold, made for the most the capture may write and cut to what it wrote
- * (a shrink: realloc in place, or a copy of a short trace), rather than
- * into a buffer copied afterwards. */
+/* A capture that may write more than STACK_FRAMES records writes them
+ * straight into the bytearray the Backtrace will hold (made for the most it
+ * may write, then cut to what it wrote: realloc shrinks it in place) rather
+ * than into a heap buffer copied afterwards; a smaller one writes into a
+ * buffer on the stack, copied into a bytearray of exactly its frames
+ * (measured: cheaper than allocating and cutting a bytearray of up to 4 KiB). */
 int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *bt = (PyObject *)backtrace;
+    btc_frame frames_buf[STACK_FRAMES];
     PyObject *codes_buf[STACK_FRAMES];
     PyObject *raw = NULL;
-    sink s = {.codes = codes_buf, .max = limit < capacity ? limit : capacity,
+    sink s = {.out = frames_buf, .codes = codes_buf, .max = limit < capacity ? limit : capacity,
               .skip_python = (want & BTC_WANT_HIDE_CALLER) ? 1 : 0};
     int rc = 0;
     if (!bt_slots.type || !Py_IS_TYPE(bt, bt_slots.type) || capacity < 0 || s.max < 0)
         rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: not a btcore.Backtrace, or a bad size");
-    else if (!(raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)s.max * sizeof(btc_frame))) ||
-             (s.max > STACK_FRAMES && !(s.codes = malloc(s.max * sizeof *s.codes)))) {
+    else if (s.max > STACK_FRAMES &&
+             (!(raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)s.max * sizeof(btc_frame))) ||
+              !(s.codes = malloc(s.max * sizeof *s.codes)))) {
         PyErr_Clear();   /* the bytearray's MemoryError: reported as btcore's own */
         rc = btc_fail(BTC_E_NOMEMORY, "out of memory");
     }
     if (rc == 0) {
-        s.out = (btc_frame *)PyByteArray_AS_STRING(raw);
+        if (raw)
+            s.out = (btc_frame *)PyByteArray_AS_STRING(raw);
         rc = dispatch(&s, target, want);
     }
     if (rc == 0) {
+        if (!raw)   /* NULL: fill_backtrace reports the MemoryError */
+            raw = PyByteArray_FromStringAndSize((const char *)s.out, (Py_ssize_t)s.n * sizeof(btc_frame));
         rc = fill_backtrace(bt, &s, capacity, raw);
         raw = NULL;   /* taken */
     }
