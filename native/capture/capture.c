@@ -491,6 +491,18 @@ static int dispatch(sink *s, uintptr_t target, int want)
     return collect_current(s, want);
 }
 
+/* An empty bytearray grown to size: PyByteArray_FromStringAndSize(NULL,
+ * size) that fails to allocate frees its half-made object, whose export
+ * count is not set yet, and CPython (3.11) reports a SystemError for it on
+ * stderr. */
+static PyObject *bytearray_of_size(Py_ssize_t size)
+{
+    PyObject *raw = PyByteArray_FromStringAndSize(NULL, 0);
+    if (raw && PyByteArray_Resize(raw, size) < 0)
+        Py_CLEAR(raw);
+    return raw;
+}
+
 /* A capture that may write more than STACK_FRAMES records writes them
  * straight into the bytearray the Backtrace will hold (made for the most it
  * may write, then cut to what it wrote: realloc shrinks it in place) rather
@@ -509,8 +521,7 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
     int rc = 0;
     if (!bt_slots.type || !Py_IS_TYPE(bt, bt_slots.type) || capacity < 0 || s.max < 0)
         rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: not a btcore.Backtrace, or a bad size");
-    else if (s.max > STACK_FRAMES &&
-             (!(raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)s.max * sizeof(btc_frame))) ||
+    else if (s.max > STACK_FRAMES && (!(raw = bytearray_of_size((Py_ssize_t)s.max * sizeof(btc_frame))) ||
               !(s.codes = malloc(s.max * sizeof *s.codes)))) {
         PyErr_Clear();   /* the bytearray's MemoryError: reported as btcore's own */
         rc = btc_fail(BTC_E_NOMEMORY, "out of memory");
