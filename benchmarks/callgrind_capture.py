@@ -96,7 +96,11 @@ def child(method, depth, calls):
         return python_stack(method, depth, calls, frames, plib, ffi, lib)
     body_calls = calls
     calls = 1
-    body()   # warm: tables built; callgrind zeroes its counts at recurse_call
+    # Warm, from inside the recursion: every module's table is built (the
+    # driver's too, which a call from Python would not need); callgrind
+    # zeroes its counts at each entry into recurse_call, so only the
+    # measured recursion's deepest entry on is counted.
+    lib.recurse_call(1, body)
     frames.clear()
     calls = body_calls
     lib.recurse_call(depth, body)

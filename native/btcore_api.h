@@ -243,8 +243,10 @@ int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uint
 /* Test-only: the walker's plain form of row (unwind.c: CFA = sp + K, every
  * saved register in the frame) stepped against its rule interpreter, from
  * regs {ip, sp, fp, aux} through the stack view [lo, hi): -1 if row has no
- * plain form, 2 if its frame cannot be read in place there (the interpreter
- * steps it), 1 if both give the same registers, CFA and answer, 0 if not.
+ * plain form (and the plain step refuses it), 2 if its frame cannot be read
+ * in place there (the interpreter steps it), 1 if both give the same
+ * registers, CFA and answer, 0 if not (or a row with no plain form was
+ * stepped as one).
  * out: {ip, sp, fp, aux, cfa} after the plain step. */
 int btc_test_plain_step(const btc_cfi_row *row, const uintptr_t *regs, uintptr_t lo, uintptr_t hi, uintptr_t *out);
 

@@ -34,12 +34,7 @@ static bool emit(sink *s, uintptr_t addr, int lasti, int kind, int flags)
         s->truncated = true;
         return false;
     }
-    btc_frame *f = &s->out[s->n++];
-    f->addr = addr;
-    f->lasti = lasti;
-    f->kind = (uint8_t)kind;
-    f->flags = (uint8_t)flags;
-    f->reserved = 0;
+    s->out[s->n++] = (btc_frame){.addr = addr, .lasti = lasti, .kind = (uint8_t)kind, .flags = (uint8_t)flags};
     return true;
 }
 
@@ -137,15 +132,15 @@ typedef struct {
     bool complete;     /* the walk reached its natural end, not our buffer's */
     bool own_first;    /* the innermost frames are btcore's own: drop them (see merge) */
     bool greenlet;     /* a greenlet's stack: mark (or hide) greenlet's own frames */
-    uintptr_t internal_lo, internal_hi;   /* another process's greenlet module (0, 0: this process's) */
+    uintptr_t internal_lo, internal_hi;   /* greenlet's module (this process's or another's); empty if
+                                           * not a greenlet's stack (merge_walk) */
 } native_walk;
 
-/* Is the code at pc greenlet's own switching machinery? */
+/* Is the code at pc greenlet's own switching machinery?  (One unsigned
+ * compare: below internal_lo wraps past the range.) */
 static bool internal(const native_walk *w, uintptr_t pc)
 {
-    if (w->internal_hi)
-        return pc >= w->internal_lo && pc < w->internal_hi;
-    return btc_greenlet_internal(pc);
+    return pc - w->internal_lo < w->internal_hi - w->internal_lo;
 }
 
 /* A capture made from inside btcore's greenlet-creation hook (spawn.c): the
@@ -175,16 +170,18 @@ static int hide_greenlet_internals(native_walk *w)
 
 /* From nat[i] on, the native frames merge() emits with no flag (not the
  * eval loop, not exact, no signal, not greenlet's own), up to the room
- * left: the bulk of a deep native stack, copied in a loop of their own.
+ * left: the bulk of a deep native stack, copied in a loop of their own
+ * (locals, not the sink's fields: its stores cannot alias them).
  * Returns how many. */
 static int copy_plain_natives(sink *s, const native_walk *w, int i)
 {
-    int k = 0, room = s->max - s->n;
+    int room = s->max - s->n, k = 0, end = w->n - i < room ? w->n - i : room;
+    const btc_native_frame *f = &w->nat[i];
     btc_frame *out = s->out + s->n;
-    for (const btc_native_frame *f = &w->nat[i]; i + k < w->n && k < room; f++, k++) {
-        if (f->eval | f->exact | f->signal || (w->greenlet && internal(w, f->pc - 1)))
+    for (; k < end; k++) {
+        if (f[k].eval | f[k].exact | f[k].signal || internal(w, f[k].pc - 1))
             break;
-        out[k] = (btc_frame){.addr = f->pc, .lasti = -1, .kind = BTC_KIND_NATIVE};
+        out[k] = (btc_frame){.addr = f[k].pc, .lasti = -1, .kind = BTC_KIND_NATIVE};
     }
     s->n += k;
     return k;
@@ -203,7 +200,7 @@ static void merge(sink *s, const native_walk *w, py_source *py, int want)
             break;
         const btc_native_frame *f = &w->nat[i];
         int flags = (f->exact ? BTC_F_EXACT : 0) | (f->signal ? BTC_F_SIGNAL : 0);
-        if (w->greenlet && internal(w, f->pc - !f->exact))
+        if (internal(w, f->pc - !f->exact))
             flags |= BTC_F_INTERNAL;
         bool ok = true;
         if (f->eval) {   /* the walker's btc_in_eval_loop(), cached per pc */
@@ -243,6 +240,8 @@ static void python_only(sink *s, py_source *py)
 /* Merge the walk w (w->nat: all the walk gave) with py's frames. */
 static void merge_walk(py_source *py, sink *s, int want, native_walk w)
 {
+    if (!w.greenlet)
+        w.internal_lo = w.internal_hi = 0;
     if (w.greenlet && !(want & BTC_WANT_INTERNALS)) {
         int hidden = hide_greenlet_internals(&w);
         w.nat += hidden;
@@ -261,8 +260,9 @@ static void merge_walked(btc_pycursor *py, sink *s, int want, bool own_first, bo
                          btc_native_frame *nat, int n, int max)
 {
     py_source src = {.live = py};
-    merge_walk(&src, s, want, (native_walk){.nat = nat, .n = n, .complete = n < max, .own_first = own_first,
-                                            .greenlet = greenlet});
+    native_walk w = {.nat = nat, .n = n, .complete = n < max, .own_first = own_first, .greenlet = greenlet};
+    btc_greenlet_internal_range(&w.internal_lo, &w.internal_hi);
+    merge_walk(&src, s, want, w);
 }
 
 static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
@@ -450,13 +450,15 @@ static void release_codes(sink *s)
     s->ncodes = 0;
 }
 
-/* Hand the frames and the code objects they name to the Backtrace: a
- * bytearray of exactly the frames captured (append() grows it up to the
- * capacity) and a tuple of code objects, in frame order (the tuple takes
- * the sink's references). */
-static int fill_backtrace(PyObject *bt, sink *s, int capacity)
+/* Hand the frames and the code objects they name to the Backtrace: raw,
+ * a bytearray holding the sink's frames (cut here to exactly the frames
+ * captured; append() grows it up to the capacity), and a tuple of code
+ * objects, in frame order (the tuple takes the sink's references).  Takes
+ * raw's reference; raw NULL: no memory for it. */
+static int fill_backtrace(PyObject *bt, sink *s, int capacity, PyObject *raw)
 {
-    PyObject *raw = PyByteArray_FromStringAndSize((const char *)s->out, (Py_ssize_t)s->n * sizeof(btc_frame));
+    if (raw && PyByteArray_Resize(raw, (Py_ssize_t)s->n * sizeof(btc_frame)) < 0)
+        Py_CLEAR(raw);
     PyObject *refs = PyTuple_New(s->ncodes);
     PyObject *cap = PyLong_FromLong(capacity);
     if (!raw || !refs || !cap) {
@@ -490,28 +492,54 @@ static int dispatch(sink *s, uintptr_t target, int want)
     return collect_current(s, want);
 }
 
+/* An empty bytearray grown to size: PyByteArray_FromStringAndSize(NULL,
+ * size) that fails to allocate frees its half-made object, whose export
+ * count is not set yet, and CPython (3.11) reports a SystemError for it on
+ * stderr. */
+static PyObject *bytearray_of_size(Py_ssize_t size)
+{
+    PyObject *raw = PyByteArray_FromStringAndSize(NULL, 0);
+    if (raw && PyByteArray_Resize(raw, size) < 0)
+        Py_CLEAR(raw);
+    return raw;
+}
+
+/* A capture that may write more than STACK_FRAMES records writes them
+ * straight into the bytearray the Backtrace will hold (made for the most it
+ * may write, then cut to what it wrote: realloc shrinks it in place) rather
+ * than into a heap buffer copied afterwards; a smaller one writes into a
+ * buffer on the stack, copied into a bytearray of exactly its frames
+ * (measured: cheaper than allocating and cutting a bytearray of up to 4 KiB). */
 int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *bt = (PyObject *)backtrace;
     btc_frame frames_buf[STACK_FRAMES];
     PyObject *codes_buf[STACK_FRAMES];
-    sink s = {.out = frames_buf, .codes = codes_buf,
-              .max = limit < capacity ? limit : capacity,
+    PyObject *raw = NULL;
+    sink s = {.out = frames_buf, .codes = codes_buf, .max = limit < capacity ? limit : capacity,
               .skip_python = (want & BTC_WANT_HIDE_CALLER) ? 1 : 0};
     int rc = 0;
     if (!bt_slots.type || !Py_IS_TYPE(bt, bt_slots.type) || capacity < 0 || s.max < 0)
         rc = btc_fail(BTC_E_UNSUPPORTED, "btc_collect: not a btcore.Backtrace, or a bad size");
-    else if (s.max > STACK_FRAMES && (!(s.out = malloc(s.max * sizeof *s.out)) ||
-                                      !(s.codes = malloc(s.max * sizeof *s.codes))))
+    else if (s.max > STACK_FRAMES && (!(raw = bytearray_of_size((Py_ssize_t)s.max * sizeof(btc_frame))) ||
+              !(s.codes = malloc(s.max * sizeof *s.codes)))) {
+        PyErr_Clear();   /* the bytearray's MemoryError: reported as btcore's own */
         rc = btc_fail(BTC_E_NOMEMORY, "out of memory");
-    if (rc == 0)
+    }
+    if (rc == 0) {
+        if (raw)
+            s.out = (btc_frame *)PyByteArray_AS_STRING(raw);
         rc = dispatch(&s, target, want);
-    if (rc == 0)
-        rc = fill_backtrace(bt, &s, capacity);
+    }
+    if (rc == 0) {
+        if (!raw)   /* NULL: fill_backtrace reports the MemoryError */
+            raw = PyByteArray_FromStringAndSize((const char *)s.out, (Py_ssize_t)s.n * sizeof(btc_frame));
+        rc = fill_backtrace(bt, &s, capacity, raw);
+        raw = NULL;   /* taken */
+    }
+    Py_XDECREF(raw);
     release_codes(&s);   /* only left over when the capture failed */
-    if (s.out != frames_buf)
-        free(s.out);
     if (s.codes != codes_buf)
         free(s.codes);
     PyGILState_Release(gil);
@@ -536,7 +564,9 @@ PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, in
         if (c->frames[i].kind == BTC_KIND_PYTHON)
             codes[s.ncodes++] = Py_NewRef((PyObject *)c->frames[i].addr);
     PyObject *bt = bt_slots.type ? bt_slots.type->tp_alloc(bt_slots.type, 0) : NULL;
-    if (!bt || fill_backtrace(bt, &s, capacity) < 0) {   /* fill_backtrace takes the references */
+    PyObject *raw = bt ? PyByteArray_FromStringAndSize((const char *)c->frames, (Py_ssize_t)c->n * sizeof(btc_frame))
+                       : NULL;
+    if (!bt || fill_backtrace(bt, &s, capacity, raw) < 0) {   /* fill_backtrace takes the references */
         release_codes(&s);
         Py_XDECREF(bt);
         PyErr_Clear();

@@ -413,9 +413,10 @@ int btc_greenlet_layout(size_t *state_off, size_t *object_size, size_t *scan_end
     return layout.ok ? 0 : -1;
 }
 
-bool btc_greenlet_internal(uintptr_t pc)
+void btc_greenlet_internal_range(uintptr_t *lo, uintptr_t *hi)
 {
-    return pc >= layout.module_lo && pc < layout.module_hi;
+    *lo = layout.module_lo;
+    *hi = layout.module_hi;
 }
 
 bool btc_greenlet_switching(uintptr_t pc)

@@ -42,8 +42,9 @@ PyObject *btc_current_greenlet(void);
  * btc_greenlet_learn_stub)?  While it runs, the thread state's frame chain
  * belongs to neither greenlet: a signal handler must not read it. */
 bool btc_greenlet_switching(uintptr_t pc);
-/* Is pc in greenlet's own module (its switching machinery)? */
-bool btc_greenlet_internal(uintptr_t pc);
+/* [*lo, *hi): greenlet's own module (its switching machinery); empty
+ * until greenlet's layout is learned. */
+void btc_greenlet_internal_range(uintptr_t *lo, uintptr_t *hi);
 
 /* A greenlet's outermost own frame (UserGreenlet::g_initialstub(void*)). */
 #define BTC_GREENLET_INITIAL_STUB "_ZN8greenlet12UserGreenlet13g_initialstubEPv"

@@ -118,12 +118,17 @@ BTC_HOT bool read_signal_frame(const btc_cfi_row *row, const btc_memview *m, btc
  * every row of compiled code says CFA = sp + K, the return address saved at
  * CFA + off, fp and aux unchanged or saved at CFA + off.  Kept only when
  * every slot lies 8-aligned inside the frame, [CFA - K, CFA - 8]: then one
- * test of the frame against the view (frame_at) bounds all its reads. */
+ * test of the frame against the view (step_plain) bounds all its reads. */
 typedef struct {
-    int32_t cfa_off;           /* CFA = sp + cfa_off; > 0, a multiple of 8 */
+    uint64_t size;             /* CFA = sp + size: > 0, a multiple of 8; PLAIN_NEVER: no plain form */
     int16_t ra_word;           /* return address at CFA + 8 * ra_word (< 0) */
     int16_t fp_word, aux_word; /* 0: unchanged, else saved at CFA + 8 * word */
 } plain_rule;
+
+/* The size of a row with no plain form: larger than any view (region_at
+ * refuses a view reaching it), so its frame never fits and the one bound
+ * test of a plain step also tells the plain rows from the others. */
+#define PLAIN_NEVER ((uint64_t)1 << 62)
 
 /* off, a slot inside the frame, in words from the CFA (-1 the highest). */
 static bool slot_in_frame(int32_t cfa_off, int off, int16_t *word)
@@ -138,59 +143,75 @@ static bool saved_or_same(uint8_t rule, int16_t off, int32_t cfa_off, int16_t *w
     return rule == BTC_RULE_SAME || (rule == BTC_RULE_AT_CFA && slot_in_frame(cfa_off, off, word));
 }
 
-/* The plain form of row, if it has one. */
+/* The plain form of row, if it has one (else p->size is PLAIN_NEVER). */
 static bool plain_form(const btc_cfi_row *row, plain_rule *p)
 {
-    p->cfa_off = row->cfa_off;
-    return row->cfa_kind == BTC_CFA_REG && row->cfa_reg == BTC_DWARF_SP && row->flags == 0 &&
-           row->cfa_off > 0 && (row->cfa_off & 7) == 0 && row->ra_rule == BTC_RULE_AT_CFA &&
-           slot_in_frame(row->cfa_off, row->ra_off, &p->ra_word) &&
-           saved_or_same(row->fp_rule, row->fp_off, row->cfa_off, &p->fp_word) &&
-           saved_or_same(row->aux_rule, row->aux_off, row->cfa_off, &p->aux_word);
+    bool plain = row->cfa_kind == BTC_CFA_REG && row->cfa_reg == BTC_DWARF_SP && row->flags == 0 &&
+                 row->cfa_off > 0 && (row->cfa_off & 7) == 0 && row->ra_rule == BTC_RULE_AT_CFA &&
+                 slot_in_frame(row->cfa_off, row->ra_off, &p->ra_word) &&
+                 saved_or_same(row->fp_rule, row->fp_off, row->cfa_off, &p->fp_word) &&
+                 saved_or_same(row->aux_rule, row->aux_off, row->cfa_off, &p->aux_word);
+    p->size = plain ? (uint64_t)row->cfa_off : PLAIN_NEVER;
+    return plain;
 }
 
-/* Where the words of the frame [sp, sp + cfa_off) can be read, as a
- * pointer to its CFA: the frame lies in the view, 8-aligned, and wholly on
- * one side of the spill (the stack itself, or greenlet's heap copy of that
- * part of it); every slot of a plain_rule is then read through it.  NULL
- * otherwise: step() decides, read by read. */
-BTC_HOT const uintptr_t *frame_at(const plain_rule *p, const btc_memview *m, uintptr_t sp)
+/* A stretch of the view whose words lie in one place: the stack itself, or
+ * greenlet's heap copy of part of it.  A frame [sp, CFA) with CFA <= hi,
+ * sp at or above where the region was found, is read at address + delta. */
+typedef struct {
+    uintptr_t hi;
+    uintptr_t delta;   /* added (mod 2^64) to an address: where its word is */
+} plain_region;
+
+/* The region the frames from sp on are read in, as far as they lie wholly
+ * on one side of the spill; false if sp is misaligned or outside the view
+ * (or the view reaches PLAIN_NEVER).  A walk's sp only grows, by multiples
+ * of 8, so these tests hold for every later frame of the region. */
+BTC_HOT bool region_at(const btc_memview *m, uintptr_t sp, plain_region *g)
 {
-    uintptr_t cfa = sp + (uintptr_t)p->cfa_off;
-    if ((sp & 7) || sp < m->lo || cfa <= sp || cfa > m->hi)
-        return NULL;
-    if (cfa <= m->spill_lo || sp >= m->spill_hi)
-        return (const uintptr_t *)cfa;
-    if (sp >= m->spill_lo && cfa <= m->spill_hi)
-        return (const uintptr_t *)(m->spill + (cfa - m->spill_lo));
-    return NULL;
+    if ((sp & 7) || sp < m->lo || sp >= m->hi || m->hi >= PLAIN_NEVER)
+        return false;
+    if (sp < m->spill_lo)
+        *g = (plain_region){.hi = m->spill_lo < m->hi ? m->spill_lo : m->hi};
+    else if (sp < m->spill_hi)
+        *g = (plain_region){.hi = m->spill_hi < m->hi ? m->spill_hi : m->hi,
+                            .delta = (uintptr_t)m->spill - m->spill_lo};
+    else
+        *g = (plain_region){.hi = m->hi};
+    return true;
 }
 
-/* step() for a plain_rule whose frame_at() is at: the same answer, with no
+/* step() for a plain rule whose frame fits in g: the same answer, with no
  * rule to interpret and no read to check (the return address is never in
- * a register here: its rule is AT_CFA, so no leaf case; no signal frame). */
-BTC_HOT bool step_plain(const plain_rule *p, const uintptr_t *at, btc_regs *r, uintptr_t *cfa_out)
+ * a register here: its rule is AT_CFA, so no leaf case; no signal frame).
+ * False, r unchanged, if the frame does not fit (or p has no plain form). */
+BTC_HOT bool step_plain(const plain_rule *p, const plain_region *g, btc_regs *r)
 {
-    uintptr_t cfa = r->sp + (uintptr_t)p->cfa_off;
+    uintptr_t cfa = r->sp + p->size;
+    if (cfa > g->hi)
+        return false;
+    const uintptr_t *at = (const uintptr_t *)(cfa + g->delta);
     uintptr_t ip = at[p->ra_word];
-    *cfa_out = cfa;
     *r = (btc_regs){.ip = ip, .sp = cfa, .fp = p->fp_word ? at[p->fp_word] : r->fp,
                     .aux = BTC_LINK_REGISTER ? ip : p->aux_word ? at[p->aux_word] : r->aux};
-    return ip != 0;
+    return true;
 }
 
 /* What the walk needs to know about a pc, precomputed once per pc. */
-enum { PC_NO_ROW, PC_ROW, PC_PLAIN };
+enum { PC_NO_ROW, PC_ROW };
 typedef struct {
-    plain_rule plain;
-    uint8_t kind;    /* PC_NO_ROW: no module or no FDE covers pc; PC_PLAIN: plain holds row's plain form */
-    bool eval;       /* pc runs the interpreter's eval loop (btc_in_eval_loop) */
+    plain_rule plain;   /* the row's plain form (size PLAIN_NEVER: none, or no row) */
+    uint8_t kind;       /* PC_NO_ROW: no module or no FDE covers pc */
+    bool eval;          /* pc runs the interpreter's eval loop (btc_in_eval_loop) */
     btc_cfi_row row;
 } pc_info;
 
 static void pc_info_set(pc_info *info, const btc_cfi_row *row, bool eval)
 {
-    info->kind = !row ? PC_NO_ROW : plain_form(row, &info->plain) ? PC_PLAIN : PC_ROW;
+    info->kind = row ? PC_ROW : PC_NO_ROW;
+    info->plain.size = PLAIN_NEVER;
+    if (row)
+        plain_form(row, &info->plain);
     info->eval = eval;
     if (row)
         info->row = *row;
@@ -213,8 +234,16 @@ static struct {
     uintptr_t pc;
     pc_info info;
 } __attribute__((aligned(64))) row_cache[1 << ROW_CACHE_BITS];   /* an entry: one cache line */
-static uint64_t row_cache_generation;
+static uint64_t row_cache_generation = UINT64_MAX;   /* none yet: the first walk clears the cache */
 static int row_cache_eval_ranges;
+
+/* Every entry empty: pc 0 (never looked up: a return address of 1 is not
+ * a call), no row, no plain form. */
+static void row_cache_clear(void)
+{
+    for (size_t i = 0; i < sizeof row_cache / sizeof row_cache[0]; i++)
+        row_cache[i] = (typeof(row_cache[0])){.info = {.plain.size = PLAIN_NEVER}};
+}
 
 /* Drop the rows of a previous module list: their tables may be freed. */
 static void row_cache_follow_modules(void)
@@ -222,7 +251,7 @@ static void row_cache_follow_modules(void)
     int eval_ranges = btc_eval_ranges_found();
     if (BTC_LIKELY(row_cache_generation == btc_modules_generation && row_cache_eval_ranges == eval_ranges))
         return;
-    memset(row_cache, 0, sizeof row_cache);
+    row_cache_clear();
     row_cache_generation = btc_modules_generation;
     row_cache_eval_ranges = eval_ranges;
 }
@@ -288,29 +317,45 @@ static bool ends_walk(const btc_context *ctx, uintptr_t pc)
 }
 
 /* The walk's common case in a loop of its own: a return address whose pc
- * the row cache holds with a plain rule, its frame readable in place.
- * Stops at the first frame that is not, for btc_unwind's general step to
- * take it; *done: the walk ended at a frame recorded here.  This process's
- * modules only (the row cache), after row_cache_follow_modules(). */
-static int walk_plain(const btc_context *ctx, const btc_memview *mem, btc_regs *r, btc_native_frame *out, int n,
-                      int max, bool *done)
+ * the row cache holds with a plain rule, its frame inside region g.  Stops
+ * at the first frame that is not, for btc_unwind's general step to take it;
+ * *done: the walk ended at a frame recorded here.  check_ends: ctx has end
+ * ranges (a constant in each call, so each gets a loop of its own).  This
+ * process's modules only (the row cache), after row_cache_follow_modules(). */
+BTC_HOT int walk_region(const btc_context *ctx, const plain_region *g, btc_regs *r, btc_native_frame *out, int n,
+                        int max, bool *done, bool check_ends)
 {
+    btc_regs regs = *r;
     while (n < max) {
-        uintptr_t pc = r->ip - 1;
-        size_t i = row_cache_slot(pc);
-        const pc_info *info = &row_cache[i].info;
-        const uintptr_t *at;
-        if (row_cache[i].pc != pc || info->kind != PC_PLAIN || !(at = frame_at(&info->plain, mem, r->sp)))
+        uintptr_t pc = regs.ip - 1;
+        const typeof(row_cache[0]) *e = &row_cache[row_cache_slot(pc)];
+        /* Read before the store to out (which might alias the cache, as
+         * far as the compiler knows): the entry is loaded once. */
+        plain_rule plain = e->info.plain;
+        bool eval = e->info.eval;
+        if (e->pc != pc || !step_plain(&plain, g, &regs))
             break;
-        uintptr_t cfa;
-        bool more = step_plain(&info->plain, at, r, &cfa);
-        out[n++] = (btc_native_frame){.pc = pc + 1, .cfa = cfa, .eval = info->eval};
-        if (!more || BTC_UNLIKELY(ctx->nend && ends_walk(ctx, pc))) {
+        out[n++] = (btc_native_frame){.pc = pc + 1, .eval = eval};
+        if (!regs.ip || (check_ends && BTC_UNLIKELY(ends_walk(ctx, pc)))) {
             *done = true;
             break;
         }
     }
+    *r = regs;
     return n;
+}
+
+/* walk_region from the region r->sp lies in (none: nothing walked).  Not
+ * inlined into btc_unwind: the loop's registers then stay in registers. */
+static __attribute__((noinline)) int walk_plain(const btc_context *ctx, const btc_memview *mem, btc_regs *r, btc_native_frame *out, int n,
+                      int max, bool *done)
+{
+    plain_region g;
+    if (!region_at(mem, r->sp, &g))
+        return n;
+    if (ctx->nend)
+        return walk_region(ctx, &g, r, out, n, max, done, true);
+    return walk_region(ctx, &g, r, out, n, max, done, false);
 }
 
 int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
@@ -348,7 +393,7 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
         }
         if (cfa && ctx->last_cfa && cfa > ctx->last_cfa)
             break;  /* this frame belongs to whoever is below the target's stack */
-        out[n] = (btc_native_frame){.pc = exact ? pc : pc + 1, .cfa = cfa, .exact = exact, .signal = signal,
+        out[n] = (btc_native_frame){.pc = exact ? pc : pc + 1, .exact = exact, .signal = signal,
                                     .eval = info ? info->eval : btc_in_eval_loop(pc)};
         n++;
         if (!more || ends_walk(ctx, pc))
@@ -359,20 +404,23 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
 }
 
 /* Test-only (btcore_api.h): a row's plain form against the rule
- * interpreter, on one frame. */
+ * interpreter, on one frame; a row with no plain form must be refused by
+ * the plain step (its size, PLAIN_NEVER, fits no view). */
 int btc_test_plain_step(const btc_cfi_row *row, const uintptr_t *regs, uintptr_t lo, uintptr_t hi, uintptr_t *out)
 {
     plain_rule p;
+    plain_region g;
     btc_context ctx = {.mem = {.lo = lo, .hi = hi}};
     btc_regs fast = {.ip = regs[0], .sp = regs[1], .fp = regs[2], .aux = regs[3]}, slow = fast;
-    if (!plain_form(row, &p))
-        return -1;
-    const uintptr_t *at = frame_at(&p, &ctx.mem, fast.sp);
-    if (!at)
+    bool plain = plain_form(row, &p);
+    bool stepped = region_at(&ctx.mem, fast.sp, &g) && step_plain(&p, &g, &fast);
+    if (!plain)
+        return stepped ? 0 : -1;   /* a row with no plain form is never stepped as one */
+    if (!stepped)
         return 2;
-    uintptr_t cfa_fast = 0, cfa_slow = 0;
-    bool more_fast = step_plain(&p, at, &fast, &cfa_fast), more_slow = step(row, &ctx, false, &slow, &cfa_slow);
-    out[0] = fast.ip, out[1] = fast.sp, out[2] = fast.fp, out[3] = fast.aux, out[4] = cfa_fast;
-    return more_fast == more_slow && cfa_fast == cfa_slow && fast.ip == slow.ip && fast.sp == slow.sp &&
+    uintptr_t cfa_slow = 0;
+    bool more_slow = step(row, &ctx, false, &slow, &cfa_slow);
+    out[0] = fast.ip, out[1] = fast.sp, out[2] = fast.fp, out[3] = fast.aux, out[4] = fast.sp;
+    return (fast.ip != 0) == more_slow && fast.sp == cfa_slow && fast.ip == slow.ip && fast.sp == slow.sp &&
            fast.fp == slow.fp && fast.aux == slow.aux;
 }

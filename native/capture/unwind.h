@@ -6,7 +6,6 @@
 
 typedef struct {
     uintptr_t pc;    /* as found: return address, or exact pc */
-    uintptr_t cfa;   /* canonical frame address (the caller's sp) */
     uint8_t exact;   /* pc is exact (innermost or interrupted by a signal) */
     uint8_t signal;  /* a signal return stub: pc is its first instruction, not after a call */
     uint8_t eval;    /* the interpreter's eval loop (btc_in_eval_loop), once its ranges are found;
