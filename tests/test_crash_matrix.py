@@ -46,6 +46,7 @@ pytestmark = [
     pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan handles fatal signals itself"),
     pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
     pytest.mark.skipif(shutil.which("gdb") is None, reason="the core-file oracle is gdb, which is not installed"),
+    pytest.mark.skipif(sys.version_info[:2] == (3, 14), reason=conftest.CRASH_MATRIX_NOT_314),
 ]
 
 
