@@ -471,12 +471,21 @@ outer(True)
 
 
 
+def _has_gevent(version: str, path: str) -> bool:
+    """Has the chroot's venv of path (if it is one) gevent and greenlet installed?"""
+    if not path.startswith("/opt/btcore-venv-"):
+        return True
+    site = f"{SID_ROOT}{os.path.dirname(os.path.dirname(path))}/lib/python{version}/site-packages"
+    return all(os.path.isdir(f"{site}/{package}") for package in ("gevent", "greenlet"))
+
+
 def sid_python(version: str, path: str) -> str:
     """An interpreter of the sid chroot (ci/sid-matrix.sh builds it, with a venv per version that has gevent),
     or a skip; .ci/run runs these tests again after that lane with BTCORE_REQUIRE_SID=1: a failure there."""
-    if os.path.lexists(SID_ROOT + path) and os.geteuid() == 0:   # a venv's python links into the chroot
-        return path
-    why = f"no CPython {version} in a sid chroot here (ci/sid-matrix.sh builds it; chroot needs root): {path}"
+    if os.path.lexists(SID_ROOT + path) and os.geteuid() == 0 and _has_gevent(version, path):
+        return path   # (a venv's python links into the chroot)
+    why = (f"no CPython {version} in a sid chroot here (ci/sid-matrix.sh builds it; chroot needs root; a venv "
+           f"whose install was cut short has no gevent): {path}")
     if os.environ.get("BTCORE_REQUIRE_SID") == "1":
         pytest.fail(why)
     pytest.skip(why)
