@@ -34,6 +34,8 @@ UNDER_QEMU = "QEMU_CPU" in os.environ
 DUMPS_OTHER_PROCESSES = platform.machine() == "x86_64"
 NO_DUMP_HERE = "the dump of another process reads x86-64 registers only"
 FATAL_ERROR_IN_GREENLET = "Py_FatalError inside a greenlet faults on 3.13+ (see ALLOWED_SKIPS)"
+QEMU_NO_OWN_READS = ("qemu-user: process_vm_readv is not emulated: the crash handler reads its own memory "
+                     "with it (a corrupt heap gives EFAULT, not a second fault), so its report has no Python frame")
 CRASH_MATRIX_NOT_314 = "on 3.14 the report's native frames end at the crashing fixture's (see ALLOWED_SKIPS)"
 skip_under_asan = pytest.mark.skipif(UNDER_ASAN, reason="ASan's backtrace() interceptor shifts the glibc oracle")
 

@@ -22,7 +22,8 @@ from cffi import FFI
 
 import conftest
 
-pytestmark = pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan handles fatal signals itself")
+pytestmark = [pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan handles fatal signals itself"),
+              pytest.mark.skipif(conftest.UNDER_QEMU, reason=conftest.QEMU_NO_OWN_READS)]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE = "_btfix_crash"

@@ -63,6 +63,8 @@ def test_guide_example_runs(source, tmp_path):
         pytest.skip("stripped interpreter: the example names its static C functions")
     if "enable_crash_report" in source and conftest.UNDER_ASAN:
         pytest.skip("ASan handles fatal signals itself")
+    if "enable_crash_report" in source and conftest.UNDER_QEMU:
+        pytest.skip(conftest.QEMU_NO_OWN_READS)
     if "dump_process(" in source and not conftest.DUMPS_OTHER_PROCESSES:
         pytest.skip(conftest.NO_DUMP_HERE)
     proc = subprocess.run([sys.executable, "-P", "-c", source], cwd=tmp_path,

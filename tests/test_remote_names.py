@@ -3,6 +3,7 @@
 that process (tests/fixtures/names_target.py writes it: the oracle)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -58,7 +59,8 @@ def test_outside_names_are_the_in_process_names(target):
     assert len(compared) >= 11, compared   # 3 workers, spawner, 2 children, custom, hostile, subclass, 2 plain
     assert {a: dumped[a]["name"] for a in compared} == {a: remote_names.shown(n) for a, n in compared.items()}
     names = set(compared.values())
-    assert {"Greenlet-0 (worker)", "custom <b>name</b> (worker)"} <= names
+    # gevent numbers a Greenlet when its name is first asked for: which worker is Greenlet-0 is not fixed
+    assert "custom <b>name</b> (worker)" in names and any(re.fullmatch(r"Greenlet-\d+ \(worker\)", n) for n in names)
     assert any(n.startswith("<greenlet.greenlet at 0x") and n.endswith("> (parked)") for n in names)
     assert any(n.startswith("<__main__.Plain at 0x") and n.endswith("> (parked)") for n in names)
     # the main greenlet runs in-process (not in the oracle); outside it is parked while the hub runs
