@@ -473,12 +473,14 @@ def test_format_from_the_name():
 def test_duration_ends_sampling_by_itself():
     profiler = btcore.start_profiler(100, duration=0.1)
     gevent.sleep(0.3)
-    ticks = profiler.profile.ticks
+    ticks, duration = profiler.profile.ticks, profiler.profile.duration
     gevent.sleep(0.1)
     assert profiler.profile.ticks == ticks >= 1   # no tick after the duration
     profile = btcore.stop_profiler()
     assert profiler.profile is profile
-    assert 0.1 <= profile.duration < 0.3, profile.duration
+    # the sampled span ends with the sampling, not at stop_profiler() (no wall-clock bound: a loaded or
+    # emulated machine wakes the sampler late)
+    assert profile.duration == duration >= 0.1, (profile.duration, duration)
 
 
 # ---- python -m btcore profile ----
@@ -510,7 +512,8 @@ def _cli(tmp_path, *args, seconds="0.5", **popen):
 
 def test_cli_profiles_a_monkey_patched_program(tmp_path):
     out = tmp_path / "out.txt"
-    child = _cli(tmp_path, "-o", str(out), "--rate", "200", "--mode", "cpu")
+    # 2 s: on a loaded 2-core machine the program's start-up can take most of a shorter run
+    child = _cli(tmp_path, "-o", str(out), "--rate", "200", "--mode", "cpu", seconds="2")
     stdout, stderr = child.communicate(timeout=60)
     assert child.returncode == 0, stderr
     assert f"wrote {out} (collapsed)" in stderr
