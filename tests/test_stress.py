@@ -56,7 +56,7 @@ def run_child(script, *args, bound):
                           capture_output=True, text=True, timeout=bound,
                           env=dict(os.environ, PYTHONFAULTHANDLER="1"))
     print(done.stdout, end="")   # the figures, for ci/stress.sh and pytest -s (and what failed)
-    assert done.returncode == 0, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0, (done.returncode, done.stdout[-3000:], done.stderr[-12000:])   # (an ASan report whole)
     return done.stdout
 
 
