@@ -62,31 +62,37 @@ int btc_capture_signal(void)
 /* ---- reading the Python chain without trusting it ----
  *
  * The interrupted code may be between two steps of pushing or popping a
- * frame: CPython clears a frame (and may unmap its data-stack chunk) before
- * it points the thread state at the previous one.  So a frame is read in
- * place only where its memory is known to be mapped: in one of the thread's
- * linked data-stack chunks (freed chunks are unlinked before they are
- * unmapped) or on its C stack (3.12+'s shim frames).  Anywhere else (a
- * generator's frame, inside its object) it is first probed with
- * process_vm_readv on our own process, which fails with EFAULT instead of
- * faulting; so is the code object of such a frame.  A chunk frame's code
- * object is read in place: the frame holds it. */
+ * frame: CPython clears a frame (freeing its locals, and may unmap its
+ * data-stack chunk) before it points the thread state at the previous one,
+ * and a stale link may point anywhere, freed heap blocks included.  So a
+ * frame is read in place only where its memory is known to be mapped: in
+ * one of the thread's linked data-stack chunks (freed chunks are unlinked
+ * before they are unmapped) or on its C stack (3.12+'s shim frames).
+ * Anywhere else (a generator's frame, inside its object, or garbage) its
+ * fixed part is copied with process_vm_readv on our own process, which
+ * fails with EFAULT instead of faulting, and read from the copy (never
+ * probed and then read in place: the block may be freed, or unmapped by
+ * another thread, in between).  Such a frame's code object is copied so too,
+ * and so is the innermost frame's: it may be the one being popped, whose
+ * code object may just have been freed.  The code object of a chunk frame
+ * further out is read in place: the frame is live, and holds it. */
 
 #define GUARD_BYTES (64 * 1024)   /* below a thread's stack: its guard pages, where an overflow faults */
-#define FRAME_BYTES 96   /* >= the fixed part of _PyInterpreterFrame that the readers touch */
 #define MAX_CHUNKS 4096
 
 typedef struct {
     btc_read_check base;
     const PyThreadState *ts;
     uintptr_t stack_lo, stack_hi;
-    bool probed;     /* the last frame was probed: so is its code object */
     bool refused;    /* a read was refused: the chain was cut short */
+    bool copied;     /* the last frame asked for was read from a copy: so is its code object */
+    int codes;       /* code objects asked for: the first one (the innermost frame's) is copied */
+    union {
+        char bytes[BTC_FRAME_FIXED_BYTES];
+        void *align;
+    } frame_copy;
+    PyCodeObject code_copy;
 } chain_limits;
-
-/* Room for a frame and for a code object: a coroutine's frame (asyncio)
- * lives in its object and is probed, and so is its code object. */
-#define PROBE_BYTES (sizeof(PyCodeObject) > FRAME_BYTES ? sizeof(PyCodeObject) : FRAME_BYTES)
 
 bool btc_read_own(void *dst, uintptr_t src, size_t n)
 {
@@ -94,40 +100,48 @@ bool btc_read_own(void *dst, uintptr_t src, size_t n)
     return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
 }
 
-static bool probe(const void *p, size_t n)
-{
-    char buf[PROBE_BYTES];
-    return n <= sizeof buf && btc_read_own(buf, (uintptr_t)p, n);
-}
-
 static bool in_chunks(const PyThreadState *ts, uintptr_t p)
 {
     int i = 0;
     for (const _PyStackChunk *ch = ts->datastack_chunk; ch && i < MAX_CHUNKS; ch = ch->previous, i++)
-        if (p >= (uintptr_t)ch && ch->size >= FRAME_BYTES && p - (uintptr_t)ch <= ch->size - FRAME_BYTES)
+        if (p >= (uintptr_t)ch && ch->size >= BTC_FRAME_FIXED_BYTES &&
+            p - (uintptr_t)ch <= ch->size - BTC_FRAME_FIXED_BYTES)
             return true;
     return false;
 }
 
-static bool frame_readable(btc_read_check *self, const void *frame)
+static const void *frame_at(btc_read_check *self, const void *frame)
 {
     chain_limits *l = (chain_limits *)self;
     uintptr_t p = (uintptr_t)frame;
-    l->probed = false;
-    bool ok = !(p & 7) && ((p >= l->stack_lo && p + FRAME_BYTES <= l->stack_hi) || in_chunks(l->ts, p) ||
-                           (l->probed = probe(frame, FRAME_BYTES)));
-    l->refused |= !ok;
-    return ok;
+    const void *at = NULL;
+    if (p & 7)
+        at = NULL;
+    else if ((p >= l->stack_lo && p + BTC_FRAME_FIXED_BYTES <= l->stack_hi) || in_chunks(l->ts, p))
+        at = frame;
+    else if (btc_read_own(l->frame_copy.bytes, p, sizeof l->frame_copy.bytes))
+        at = l->frame_copy.bytes;
+    l->copied = at && at != frame;
+    l->refused |= !at;
+    return at;
 }
 
-static bool object_readable(btc_read_check *self, const void *object)
+static const void *code_at(btc_read_check *self, const void *code)
 {
     chain_limits *l = (chain_limits *)self;
+    bool copy = l->copied || l->codes++ == 0;
+    const void *at = NULL;
+    if ((uintptr_t)code & 7)
+        at = NULL;
+    else if (!copy)
+        at = code;
+    else if (btc_read_own(&l->code_copy, (uintptr_t)code, sizeof l->code_copy))
+        at = &l->code_copy;
     /* A frame whose code is not a code object was being pushed or popped: refused too. */
-    bool ok = !((uintptr_t)object & 7) && (!l->probed || probe(object, sizeof(PyCodeObject))) &&
-              PyCode_Check((PyObject *)object);
-    l->refused |= !ok;
-    return ok;
+    if (at && !PyCode_Check((PyObject *)at))
+        at = NULL;
+    l->refused |= !at;
+    return at;
 }
 
 /* ---- the capture, inside the handler ---- */
@@ -184,7 +198,8 @@ void btc_signal_capture(const btc_thread_info *info, const void *ucontext, btc_s
     /* The thread's state as Python's own thread-local says (pthread_getspecific):
      * NULL once the thread state is gone (an exiting thread). */
     PyThreadState *ts = PyGILState_GetThisThreadState();
-    chain_limits limits = {{frame_readable, object_readable}, ts, info->stack_lo, info->stack_hi, false, false};
+    chain_limits limits = {.base = {frame_at, code_at}, .ts = ts, .stack_lo = info->stack_lo,
+                           .stack_hi = info->stack_hi};
     if (ts && ts == info->tstate) {
         btc_py_cursor_thread(&py, ts);
         py.check = &limits.base;

@@ -45,18 +45,22 @@
 
 typedef _PyInterpreterFrame btc_iframe;
 
+_Static_assert(offsetof(btc_iframe, localsplus) <= BTC_FRAME_FIXED_BYTES, "a frame's fixed part");
+
 static bool in_view(const btc_memview *m, const void *p)
 {
     return m && (uintptr_t)p >= m->lo && (uintptr_t)p < m->hi;
 }
 
 /* A frame's owner and previous link.  Frames on a suspended greenlet's
- * stack (shims) are read through its memory view, others in place. */
-static bool read_link(const btc_pycursor *c, const btc_iframe *p, int *owner, const btc_iframe **prev)
+ * stack (shims) are read through its memory view, others from `at`, where
+ * the cursor's reader put frame p (btc_py_frame_at). */
+static bool read_link(const btc_pycursor *c, const btc_iframe *p, const btc_iframe *at, int *owner,
+                      const btc_iframe **prev)
 {
     if (!in_view(c->mem, p)) {
-        *owner = p->owner;
-        *prev = p->previous;
+        *owner = at->owner;
+        *prev = at->previous;
         return true;
     }
     uintptr_t a = (uintptr_t)p, ow, pw;
@@ -76,7 +80,7 @@ static bool saved_link_is_shims(const btc_pycursor *c, const btc_iframe *saved, 
     for (int i = 0; i < BTC_MAX_SHIMS && saved; i++) {
         int owner;
         const btc_iframe *prev;
-        if (!in_view(c->mem, saved) || !read_link(c, saved, &owner, &prev) || owner < BTC_BOUNDARY_OWNER)
+        if (!in_view(c->mem, saved) || !read_link(c, saved, saved, &owner, &prev) || owner < BTC_BOUNDARY_OWNER)
             return false;
         /* exposed == NULL: the greenlet's outermost Python frame; whatever
          * lies below its shim (NULL, 3.15's base frame) is not its own. */
@@ -87,21 +91,22 @@ static bool saved_link_is_shims(const btc_pycursor *c, const btc_iframe *saved, 
     return false;
 }
 
-/* Is fr (a Python frame, previous link `next`) the entry frame of its
- * eval-loop call? */
-static bool entry_frame(const btc_pycursor *c, const btc_iframe *fr, const btc_iframe *next)
+/* Is the Python frame read at `at` (previous link `next`) the entry frame
+ * of its eval-loop call?  (`at` is not read once next is asked for.) */
+static bool entry_frame(btc_pycursor *c, const btc_iframe *at, const btc_iframe *next)
 {
-    if (c->exposed && fr->frame_obj) {
+    if (c->exposed && at->frame_obj) {
         const btc_iframe *saved;
-        memcpy(&saved, &fr->frame_obj->_f_frame_data[0], sizeof saved);
+        memcpy(&saved, &at->frame_obj->_f_frame_data[0], sizeof saved);
         if (saved != next && saved_link_is_shims(c, saved, next))
             return true;
     }
-    if (!next || (c->check && !c->check->frame(c->check, next)))
+    const btc_iframe *next_at;
+    if (!next || !(next_at = btc_py_frame_at(c, next)))
         return true;
     int owner;
     const btc_iframe *ignored;
-    return read_link(c, next, &owner, &ignored) && owner >= BTC_BOUNDARY_OWNER;
+    return read_link(c, next, next_at, &owner, &ignored) && owner >= BTC_BOUNDARY_OWNER;
 }
 
 static bool chain_end(btc_pycursor *c)
@@ -112,11 +117,11 @@ static bool chain_end(btc_pycursor *c)
 
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 {
-    const btc_iframe *fr = c->frame, *prev;
+    const btc_iframe *fr = c->frame, *at, *prev;
     int owner;
     for (;;) {   /* shims and sentinels are not Python frames */
-        if (!fr || ++c->steps > BTC_PY_MAX_FRAMES || (c->check && !c->check->frame(c->check, fr)) ||
-            !read_link(c, fr, &owner, &prev))
+        if (!fr || ++c->steps > BTC_PY_MAX_FRAMES || !(at = btc_py_frame_at(c, fr)) ||
+            !read_link(c, fr, at, &owner, &prev))
             return chain_end(c);
         if (owner < BTC_BOUNDARY_OWNER)
             break;
@@ -126,17 +131,18 @@ bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
      * chain is not what we think it is. */
     if (in_view(c->mem, fr))
         return chain_end(c);
-    PyObject *code = BTC_FRAME_CODE(fr);
-    if (!code || (c->check && !c->check->object(c->check, code)) || !PyCode_Check(code))
+    PyObject *code = BTC_FRAME_CODE(at);
+    const PyCodeObject *code_at;
+    if (!code || !(code_at = btc_py_code_at(c, code)) || !PyCode_Check((PyObject *)code_at))
         return chain_end(c);
     const char *first = (const char *)code + offsetof(PyCodeObject, co_code_adaptive);
-    int lasti = (int)((const char *)BTC_FRAME_INSTR(fr) - first);
+    int lasti = (int)((const char *)BTC_FRAME_INSTR(at) - first);
     f->code = code;
     f->lasti = lasti;
     /* CPython's _PyFrame_IsIncomplete for a frame that is not a shim. */
     f->hidden = owner != FRAME_OWNED_BY_GENERATOR &&
-                lasti / (int)sizeof(_Py_CODEUNIT) < ((PyCodeObject *)code)->_co_firsttraceable;
-    f->entry = entry_frame(c, fr, prev);
+                lasti / (int)sizeof(_Py_CODEUNIT) < code_at->_co_firsttraceable;
+    f->entry = entry_frame(c, at, prev);
     c->frame = prev;
     return true;
 }

@@ -7,6 +7,8 @@
 #define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
 
+_Static_assert(offsetof(_PyInterpreterFrame, localsplus) <= BTC_FRAME_FIXED_BYTES, "a frame's fixed part");
+
 const char *const btc_py_eval_functions[] = {"_PyEval_EvalFrameDefault", NULL};
 
 bool btc_py_supported(void) { return true; }
@@ -43,16 +45,19 @@ uintptr_t btc_py_eval_call_address(const void *frame)
 
 bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
 {
-    _PyInterpreterFrame *frame = (_PyInterpreterFrame *)c->frame;
-    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES || (c->check && !c->check->frame(c->check, frame)))
+    const _PyInterpreterFrame *frame = c->frame, *fr;
+    const PyCodeObject *code;
+    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES || !(fr = btc_py_frame_at(c, frame)))
         return false;
-    f->code = (PyObject *)frame->f_code;
-    if (!f->code || (c->check && !c->check->object(c->check, f->code)) || !PyCode_Check(f->code))
+    f->code = (PyObject *)fr->f_code;
+    if (!f->code || !(code = btc_py_code_at(c, f->code)) || !PyCode_Check((PyObject *)code))
         return false;
-    f->lasti = _PyInterpreterFrame_LASTI(frame) * (int)sizeof(_Py_CODEUNIT);
-    f->entry = frame->is_entry;
-    f->hidden = _PyFrame_IsIncomplete(frame);
-    c->frame = frame->previous;
+    f->lasti = _PyInterpreterFrame_LASTI(fr) * (int)sizeof(_Py_CODEUNIT);   /* pointer arithmetic only */
+    f->entry = fr->is_entry;
+    /* _PyFrame_IsIncomplete, with the code object's field read from `code` */
+    f->hidden = fr->owner != FRAME_OWNED_BY_GENERATOR &&
+                fr->prev_instr < _PyCode_CODE(fr->f_code) + code->_co_firsttraceable;
+    c->frame = fr->previous;
     return true;
 }
 

@@ -35,12 +35,20 @@
 #endif
 
 /* A reader that may not trust the chain (a signal handler: the interrupted
- * code may be pushing or popping a frame): each frame's fixed part and each
- * code object's header are read only if these say so. */
+ * code may be pushing or popping a frame, and a link may point at freed
+ * memory): each frame's fixed part and each code object's header are read
+ * from the address these return, never from the object itself unless they
+ * return it: the object (memory sure to stay mapped), a private copy of it
+ * (valid until the next call of the same function), or NULL (refused; for
+ * `code`, also when the object is not a code object). */
 typedef struct btc_read_check {
-    bool (*frame)(struct btc_read_check *self, const void *frame);
-    bool (*object)(struct btc_read_check *self, const void *object);
+    const void *(*frame)(struct btc_read_check *self, const void *frame);
+    const void *(*code)(struct btc_read_check *self, const void *code);
 } btc_read_check;
+
+/* The bytes of a frame a reader copies: each family unit asserts that the
+ * fixed part of its _PyInterpreterFrame fits. */
+#define BTC_FRAME_FIXED_BYTES 96
 
 /* A position in a thread's chain of interpreter frames. */
 typedef struct {
@@ -61,6 +69,18 @@ typedef struct {
     bool entry;         /* the first frame of its eval-loop call: the merge's boundary */
     bool hidden;        /* not shown by tracebacks either (not started yet) */
 } btc_pyframe;
+
+/* Where to read frame `frame` and code object `code` of cursor c's chain
+ * from (see btc_read_check; without one: in place). */
+static inline const void *btc_py_frame_at(btc_pycursor *c, const void *frame)
+{
+    return c->check ? c->check->frame(c->check, frame) : frame;
+}
+
+static inline const void *btc_py_code_at(btc_pycursor *c, const void *code)
+{
+    return c->check ? c->check->code(c->check, code) : code;
+}
 
 /* False (with btc_fail() called) when this build cannot read frames. */
 bool btc_py_supported(void);
