@@ -488,6 +488,112 @@ static int intern_string(string_table *t, PyObject *str)
     return t->count++;
 }
 
+/* References the caches below evict during an encoding, dropped when it
+ * is done (a deallocation can run Python code: weakref callbacks). */
+#define MAX_EVICTED 256
+static PyObject *evicted[MAX_EVICTED];
+static int nevicted;
+
+/* Whether a cache entry holding old (NULL: none) may be replaced: its
+ * reference is kept, to drop after the encoding. */
+static bool evict(PyObject *old)
+{
+    if (!old)
+        return true;
+    if (nevicted == MAX_EVICTED)
+        return false;
+    evicted[nevicted++] = old;
+    return true;
+}
+
+static void release_evicted(void)
+{
+    while (nevicted)
+        Py_DECREF(evicted[--nevicted]);
+}
+
+/* The codes of a new string's bytes between the prefix and the suffix it
+ * takes from an earlier one, per str (with the prefix and suffix they were
+ * coded for): the same names and files come back token after token, and
+ * coding them symbol by symbol was a fifth of an encoding.  Direct-mapped
+ * by the str's address, bounded; an entry holds a reference to its str
+ * (immutable), so that the address cannot name another string while the
+ * entry lives. */
+#define CODED_CACHE_BITS 8   /* the slot: the top bits of a hash of the address */
+#define CODED_CACHE (1 << CODED_CACHE_BITS)
+#define MAX_CODED_WORDS 12   /* 768 bits; longer codes are written each time */
+
+typedef struct {
+    PyObject *str;
+    size_t prefix, suffix;
+    size_t nbits;
+    uint64_t bits[MAX_CODED_WORDS];   /* the stream's first bit is bits[0]'s lowest */
+} coded_string;
+
+static coded_string coded_cache[CODED_CACHE];
+static bit_writer coding;   /* a string's codes before they are cached; its buffer kept */
+
+static uint64_t load_le64(const uint8_t *bytes)
+{
+    uint64_t v;
+    memcpy(&v, bytes, 8);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return v;
+#else
+    return __builtin_bswap64(v);
+#endif
+}
+
+/* Words first.. first + n - 1 of coding's bits (zero-padded to whole words). */
+static void coded_words(uint64_t *words, size_t first, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        words[k] = load_le64(coding.bytes + 8 * (first + k));
+}
+
+static void put_words(bit_writer *w, const uint64_t *words, size_t nbits)
+{
+    size_t k = 0;
+    for (; 64 * (k + 1) <= nbits; k++)
+        put(w, words[k], 64);
+    if (nbits > 64 * k)
+        put(w, words[k], (unsigned)(nbits - 64 * k));
+}
+
+/* put_symbols() of s's bytes between prefix and suffix, from the cache. */
+static void put_coded(bit_writer *w, const text *s, size_t prefix, size_t suffix)
+{
+    coded_string *slot = &coded_cache[((uintptr_t)s->object >> 4) * UINT64_C(0x9E3779B97F4A7C15) >> (64 - CODED_CACHE_BITS)];
+    if (slot->str == s->object && slot->prefix == prefix && slot->suffix == suffix) {
+        put_words(w, slot->bits, slot->nbits);
+        return;
+    }
+    coding.len = coding.acc = coding.nacc = 0;
+    coding.failed = false;
+    put_symbols(&coding, s->data + prefix, s->len - prefix - suffix);
+    size_t nbits = bit_count(&coding), nwords = (nbits + 63) / 64;
+    flush_word(&coding);   /* the pending bits, zero-padded */
+    if (coding.failed) {   /* out of memory, or longer than a token */
+        w->failed = true;
+        return;
+    }
+    uint64_t words[MAX_CODED_WORDS];
+    bool keep = nwords <= MAX_CODED_WORDS && evict(slot->str);
+    uint64_t *into = keep ? slot->bits : words;
+    for (size_t at = 0; at < nwords; at += MAX_CODED_WORDS) {   /* a long string: a window at a time */
+        size_t n = nwords - at < MAX_CODED_WORDS ? nwords - at : MAX_CODED_WORDS;
+        coded_words(into, at, n);
+        put_words(w, into, nbits - 64 * at < 64 * n ? nbits - 64 * at : 64 * n);
+    }
+    if (keep) {
+        Py_INCREF(s->object);
+        slot->str = s->object;
+        slot->prefix = prefix;
+        slot->suffix = suffix;
+        slot->nbits = nbits;
+    }
+}
+
 /* String i of the table: a reference (bit 0 + index) to one the token
  * holds, or the next new one (bit 1 + the string against the earlier one
  * it shares the most with, the first on a tie). */
@@ -517,18 +623,15 @@ static void put_string(bit_writer *w, string_table *t, int i)
     }
     put_varint(w, prefix);
     put_varint(w, suffix);
-    put_symbols(w, s->data + prefix, s->len - prefix - suffix);
+    put_coded(w, s, prefix, suffix);
     t->written++;
 }
 
 /* Lines per (code object, instruction offset): PyCode_Addr2Line() walks
  * the line table from its start every time.  Direct-mapped, bounded; an
  * entry holds a reference to its code object, so that the address cannot
- * name another code object while the entry lives.  References an encoding
- * evicts are dropped when it is done (a code object's deallocation can run
- * Python code: weakref callbacks). */
+ * name another code object while the entry lives. */
 #define LINE_CACHE 2048
-#define MAX_EVICTED 256
 
 typedef struct {
     PyObject *code;
@@ -537,8 +640,6 @@ typedef struct {
 } line_entry;
 
 static line_entry line_cache[LINE_CACHE];
-static PyObject *evicted[MAX_EVICTED];
-static int nevicted;
 
 static int line_of(PyCodeObject *code, int lasti)
 {
@@ -548,27 +649,21 @@ static int line_of(PyCodeObject *code, int lasti)
     if (slot->code == (PyObject *)code && slot->lasti == lasti)
         return slot->line;
     int line = PyCode_Addr2Line(code, lasti);
-    if (slot->code && nevicted == MAX_EVICTED)
+    if (!evict(slot->code))
         return line;   /* not cached: no room to drop the old entry's reference later */
-    if (slot->code)
-        evicted[nevicted++] = slot->code;
     Py_INCREF(code);
     *slot = (line_entry){(PyObject *)code, lasti, line};
     return line;
 }
 
-static void release_evicted(void)
-{
-    while (nevicted)
-        Py_DECREF(evicted[--nevicted]);
-}
-
-void btc_encode_forget(int modules, int lines)
+void btc_encode_forget(int modules, int objects)
 {
     if (modules)
         forget_all();
-    for (int i = 0; lines && i < LINE_CACHE; i++)
+    for (int i = 0; objects && i < LINE_CACHE; i++)
         Py_CLEAR(line_cache[i].code);
+    for (int i = 0; objects && i < CODED_CACHE; i++)
+        Py_CLEAR(coded_cache[i].str);
 }
 
 #define KEY_PYTHON 0x80   /* above the flags a key keeps */
