@@ -362,9 +362,10 @@ def test_c_encoder_codes_a_name_again_when_it_shares_another_part_of_an_earlier_
     orders = [("alpha_gamma", "alpha_beta"), ("delta_beta", "alpha_beta"), ("alpha_beta",), (long, "alpha_beta"),
               ("alpha_beta", long), (long,), ("delta_beta", long)]
     codec.lib.btc_encode_forget(0, 1)
-    for names in orders + orders:   # the second time round, from the cache
+    for names in orders + orders:
         bt = trace(*names)
-        assert bt.encode() == codec._encode(bt), names
+        for _ in range(2):   # the second from the cache, as coded for this token
+            assert bt.encode() == codec._encode(bt), names
 
 
 def every_utf8_byte() -> str:
