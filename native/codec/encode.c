@@ -563,7 +563,8 @@ static void put_words(bit_writer *w, const uint64_t *words, size_t nbits)
 /* put_symbols() of s's bytes between prefix and suffix, from the cache. */
 static void put_coded(bit_writer *w, const text *s, size_t prefix, size_t suffix)
 {
-    coded_string *slot = &coded_cache[((uintptr_t)s->object >> 4) * UINT64_C(0x9E3779B97F4A7C15) >> (64 - CODED_CACHE_BITS)];
+    uint64_t hash = ((uintptr_t)s->object >> 4) * UINT64_C(0x9E3779B97F4A7C15);
+    coded_string *slot = &coded_cache[hash >> (64 - CODED_CACHE_BITS)];
     if (slot->str == s->object && slot->prefix == prefix && slot->suffix == suffix) {
         put_words(w, slot->bits, slot->nbits);
         return;
