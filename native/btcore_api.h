@@ -441,10 +441,10 @@ int btc_encode(uintptr_t backtrace, uintptr_t into, btc_encode_need *need);
  * with id module_id (btc_module_key()), kept for every later token
  * (bounded).  Returns 0, or -1 if refused (already known, too long). */
 int btc_encode_module(uint64_t module_id, const uint8_t *entry, size_t nbits);
-/* Forget the module entries (modules != 0) and the cached lines
- * (lines != 0): tests and benchmarks of a cold encoder.  Runs with the GIL
- * held. */
-void btc_encode_forget(int modules, int lines);
+/* Forget the module entries (modules != 0) and what is cached of Python
+ * objects, lines and coded strings (objects != 0): tests and benchmarks of
+ * a cold encoder.  Runs with the GIL held. */
+void btc_encode_forget(int modules, int objects);
 /* Make Backtrace.encode() (of backtrace_type) a builtin method doing what
  * btc_encode() does and handing every other call to python_impl(bt)
  * (codec.encode()); doc is its __doc__ (copied).  Returns 0 or -1. */

@@ -17,7 +17,8 @@ base64 and the decoder itself is exercised), plus some raw text mutations
 of the token string.  Decoded backtraces are also resolved (frames()).
 Encoder inputs are backtraces of random records: pcs of real frames, inside
 loaded modules, in none, 0 and 2^64 - 1; code objects (some with names that
-are not UTF-8) at random instruction offsets; random flags.
+are not UTF-8) at random instruction offsets; random flags; a third of them
+a few runs repeated with changes, for the copy search.
 tests/test_codec.py runs 100 000 and 20 000; a million takes about ten
 times as long.
 """
@@ -143,18 +144,31 @@ def encoder_pools() -> tuple:
     return sorted(pcs), codes
 
 
+def random_record(rng: random.Random, pcs: list, codes: list) -> bytes:
+    flags = rng.choice(FLAGS)
+    if rng.random() < 0.35:
+        code = rng.choice(codes)
+        lasti = rng.choice((-1, 0, 2, rng.randrange(len(code.co_code) + 8)))
+        return RECORD.pack(id(code), lasti, KIND_PYTHON, flags & ~codec.F_EXACT, 0)
+    pc = rng.choice(pcs) if rng.random() < 0.8 else rng.choice(pcs) + rng.randrange(-64, 64)
+    return RECORD.pack(pc % (1 << 64), -1, KIND_NATIVE, flags, 0)
+
+
 def random_backtrace(rng: random.Random, pcs: list, codes: list) -> Backtrace:
-    raw, refs = bytearray(), []
-    for _ in range(rng.choice((0, 1, 2, 5, 20, 40, 120))):
-        flags = rng.choice(FLAGS)
-        if rng.random() < 0.35:
-            code = rng.choice(codes)
-            refs.append(code)
-            lasti = rng.choice((-1, 0, 2, rng.randrange(len(code.co_code) + 8)))
-            raw += RECORD.pack(id(code), lasti, KIND_PYTHON, flags & ~codec.F_EXACT, 0)
-        else:
-            pc = rng.choice(pcs) if rng.random() < 0.8 else rng.choice(pcs) + rng.randrange(-64, 64)
-            raw += RECORD.pack(pc % (1 << 64), -1, KIND_NATIVE, flags, 0)
+    """Random records; a third of the backtraces are a few random runs
+    repeated with changes (what recursion leaves), for the copy search:
+    several earlier runs to choose from, of different lengths."""
+    raw = bytearray()
+    if rng.random() < 0.33:
+        runs = [[random_record(rng, pcs, codes) for _ in range(rng.randrange(1, 8))] for _ in range(3)]
+        for _ in range(rng.randrange(2, 30)):
+            for record in rng.choice(runs):
+                raw += record if rng.random() < 0.95 else random_record(rng, pcs, codes)
+    else:
+        for _ in range(rng.choice((0, 1, 2, 5, 20, 40, 120))):
+            raw += random_record(rng, pcs, codes)
+    by_address = {id(c): c for c in codes}
+    refs = [by_address[r[0]] for r in RECORD.iter_unpack(raw) if r[2] == KIND_PYTHON]
     bt = _new(Backtrace)
     bt._capacity, bt._raw, bt._refs, bt.truncated = max(len(raw) // 16, 1), raw, tuple(refs), rng.random() < 0.2
     return bt

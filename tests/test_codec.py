@@ -317,6 +317,57 @@ def test_c_encoder_writes_the_reference_token_cold_and_warm(chain):
         assert cold == bt.encode() == codec._encode(bt)
 
 
+def test_c_encoder_writes_pcs_in_no_module_and_modules_named_again_as_the_reference(chain):
+    """Guards the C encoder's one pass over the pcs (module found, table
+    index, module switches): pcs in no module (the first frame, between
+    modules, exact and not), a module named again after others, and the
+    same tokens as the reference encoder, decoding to absolute pcs for the
+    frames in no module."""
+    from btcore.backtrace import KIND_NATIVE, RECORD, Backtrace
+    real = [r[0] for r in RECORD.iter_unpack(capture_in_chain(chain, python=False)._raw) if r[2] == KIND_NATIVE]
+    outside = [0x1000, (1 << 64) - 1, 0x1000, 0x1008]
+    pcs = [(outside[0], 0), (real[0], 0), (real[-1], 0), (outside[1], codec.F_EXACT), (real[0], 0), (real[1], 0),
+           (outside[2], codec.F_EXACT), (real[-1], 0), (outside[3], 0)]
+    bt = object.__new__(Backtrace)
+    bt._capacity, bt._refs, bt.truncated = 16, (), False
+    bt._raw = bytearray(b"".join(RECORD.pack(pc, -1, KIND_NATIVE, flags, 0) for pc, flags in pcs))
+    for warm in (False, True):
+        if not warm:
+            codec.lib.btc_encode_forget(1, 1)
+        token = bt.encode()
+        assert token == codec._encode(bt)
+    decoded = btcore.decode(token)
+    assert [(r.vaddr, r.exact) for r in decoded._refs if r.module is None] == \
+        [(outside[0], False), (outside[1], True), (outside[2], True), (outside[3], False)]
+    assert len(decoded) == len(pcs)
+
+
+def test_c_encoder_codes_a_name_again_when_it_shares_another_part_of_an_earlier_one():
+    """Guards the C encoder's cache of coded strings: a name coded against
+    different earlier names in different tokens (another prefix and suffix
+    taken from them), and names too long to keep, are written as the
+    reference writes them, whatever was cached before."""
+    from btcore.backtrace import KIND_PYTHON, RECORD, Backtrace
+    base = test_c_encoder_codes_a_name_again_when_it_shares_another_part_of_an_earlier_one.__code__
+    codes = {name: base.replace(co_qualname=name, co_filename=f"/srv/{name}.py")
+             for name in ("alpha_beta", "alpha_gamma", "delta_beta", "x" * 300 + "_beta")}
+
+    def trace(*names):
+        bt = object.__new__(Backtrace)
+        bt._capacity, bt.truncated, bt._refs = 16, False, tuple(codes[n] for n in names)
+        bt._raw = bytearray(b"".join(RECORD.pack(id(codes[n]), 0, KIND_PYTHON, 0, 0) for n in names))
+        return bt
+
+    long = "x" * 300 + "_beta"
+    orders = [("alpha_gamma", "alpha_beta"), ("delta_beta", "alpha_beta"), ("alpha_beta",), (long, "alpha_beta"),
+              ("alpha_beta", long), (long,), ("delta_beta", long)]
+    codec.lib.btc_encode_forget(0, 1)
+    for names in orders + orders:
+        bt = trace(*names)
+        for _ in range(2):   # the second from the cache, as coded for this token
+            assert bt.encode() == codec._encode(bt), names
+
+
 def every_utf8_byte() -> str:
     """A str whose UTF-8 holds every byte value valid UTF-8 can hold (all
     but 0xC0, 0xC1, 0xF5-0xFF), and every word of the string code."""

@@ -316,7 +316,7 @@ static void put_entry(bit_writer *w, const learnt_module *m)
 typedef struct {
     uint64_t module_id;   /* 0: no module contains the pc */
     uint64_t vaddr;       /* pc - load bias (the pc itself without a module) */
-    int index;            /* in the token's module table (collect_modules()) */
+    int index;            /* in the token's module table (place_frames()) */
     /* What a COPY must reproduce of the frame (codec.py's _copy_key()):
      * native: flags, module index, vaddr; Python: flags, name and file
      * (indices in their tables), line + 1 (0: none). */
@@ -341,7 +341,8 @@ typedef struct {
     const learnt_module *modules[MAX_LEARNT];   /* the token's module table */
     int nmodules;
     int seen;   /* modules named by a literal so far: the next new one is modules[seen] */
-    struct { int index; uint64_t vaddr; } history[HISTORY];
+    struct { int index; uint64_t vaddr; } history[HISTORY];   /* a ring: k back is history[back(e, k)] */
+    unsigned newest;
     int nhistory;
     string_table names, files;
 } encoder;
@@ -363,12 +364,21 @@ static int module_index(encoder *e, uint64_t id)
     return e->nmodules++;
 }
 
+_Static_assert((HISTORY & (HISTORY - 1)) == 0, "the history ring is indexed with a mask");
+
+/* The slot of the native frame k + 1 back. */
+static unsigned back(const encoder *e, int k)
+{
+    return (e->newest - (unsigned)k) & (HISTORY - 1);
+}
+
+/* A ring, not a shift of the list: a copy of 4 entries per native frame
+ * showed in profiles. */
 static void remember(encoder *e, int index, uint64_t vaddr)
 {
-    for (int k = HISTORY - 1; k > 0; k--)   /* not memmove(): a call per native frame showed in profiles */
-        e->history[k] = e->history[k - 1];
-    e->history[0].index = index;
-    e->history[0].vaddr = vaddr;
+    e->newest = (e->newest + 1) & (HISTORY - 1);
+    e->history[e->newest].index = index;
+    e->history[e->newest].vaddr = vaddr;
     if (e->nhistory < HISTORY)
         e->nhistory++;
 }
@@ -401,9 +411,10 @@ static void put_native(bit_writer *w, encoder *e, int index, uint64_t vaddr)
     uint64_t best_delta = 0;
     bool best_negative = false;
     for (int k = 0; k < e->nhistory; k++) {
-        if (e->history[k].index != index)
+        unsigned slot = back(e, k);
+        if (e->history[slot].index != index)
             continue;
-        uint64_t ref = e->history[k].vaddr;
+        uint64_t ref = e->history[slot].vaddr;
         if (ref == vaddr) {
             put(w, 0, 2);   /* REPEAT */
             put(w, (uint64_t)k, 2);
@@ -477,6 +488,113 @@ static int intern_string(string_table *t, PyObject *str)
     return t->count++;
 }
 
+/* References the caches below evict during an encoding, dropped when it
+ * is done (a deallocation can run Python code: weakref callbacks). */
+#define MAX_EVICTED 256
+static PyObject *evicted[MAX_EVICTED];
+static int nevicted;
+
+/* Whether a cache entry holding old (NULL: none) may be replaced: its
+ * reference is kept, to drop after the encoding. */
+static bool evict(PyObject *old)
+{
+    if (!old)
+        return true;
+    if (nevicted == MAX_EVICTED)
+        return false;
+    evicted[nevicted++] = old;
+    return true;
+}
+
+static void release_evicted(void)
+{
+    while (nevicted)
+        Py_DECREF(evicted[--nevicted]);
+}
+
+/* The codes of a new string's bytes between the prefix and the suffix it
+ * takes from an earlier one, per str (with the prefix and suffix they were
+ * coded for): the same names and files come back token after token, and
+ * coding them symbol by symbol was a fifth of an encoding.  Direct-mapped
+ * by the str's address, bounded; an entry holds a reference to its str
+ * (immutable), so that the address cannot name another string while the
+ * entry lives. */
+#define CODED_CACHE_BITS 8   /* the slot: the top bits of a hash of the address */
+#define CODED_CACHE (1 << CODED_CACHE_BITS)
+#define MAX_CODED_WORDS 12   /* 768 bits; longer codes are written each time */
+
+typedef struct {
+    PyObject *str;
+    size_t prefix, suffix;
+    size_t nbits;
+    uint64_t bits[MAX_CODED_WORDS];   /* the stream's first bit is bits[0]'s lowest */
+} coded_string;
+
+static coded_string coded_cache[CODED_CACHE];
+static bit_writer coding;   /* a string's codes before they are cached; its buffer kept */
+
+static uint64_t load_le64(const uint8_t *bytes)
+{
+    uint64_t v;
+    memcpy(&v, bytes, 8);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return v;
+#else
+    return __builtin_bswap64(v);
+#endif
+}
+
+/* Words first.. first + n - 1 of coding's bits (zero-padded to whole words). */
+static void coded_words(uint64_t *words, size_t first, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        words[k] = load_le64(coding.bytes + 8 * (first + k));
+}
+
+static void put_words(bit_writer *w, const uint64_t *words, size_t nbits)
+{
+    size_t k = 0;
+    for (; 64 * (k + 1) <= nbits; k++)
+        put(w, words[k], 64);
+    if (nbits > 64 * k)
+        put(w, words[k], (unsigned)(nbits - 64 * k));
+}
+
+/* put_symbols() of s's bytes between prefix and suffix, from the cache. */
+static void put_coded(bit_writer *w, const text *s, size_t prefix, size_t suffix)
+{
+    uint64_t hash = ((uintptr_t)s->object >> 4) * UINT64_C(0x9E3779B97F4A7C15);
+    coded_string *slot = &coded_cache[hash >> (64 - CODED_CACHE_BITS)];
+    if (slot->str == s->object && slot->prefix == prefix && slot->suffix == suffix) {
+        put_words(w, slot->bits, slot->nbits);
+        return;
+    }
+    coding.len = coding.acc = coding.nacc = 0;
+    coding.failed = false;
+    put_symbols(&coding, s->data + prefix, s->len - prefix - suffix);
+    size_t nbits = bit_count(&coding), nwords = (nbits + 63) / 64;
+    flush_word(&coding);   /* the pending bits, zero-padded */
+    if (coding.failed) {   /* out of memory, or longer than a token */
+        w->failed = true;
+        return;
+    }
+    uint64_t words[MAX_CODED_WORDS];
+    bool keep = nwords <= MAX_CODED_WORDS && evict(slot->str);
+    uint64_t *into = keep ? slot->bits : words;
+    for (size_t at = 0; at < nwords; at += MAX_CODED_WORDS) {   /* a long string: a window at a time */
+        size_t n = nwords - at < MAX_CODED_WORDS ? nwords - at : MAX_CODED_WORDS;
+        coded_words(into, at, n);
+        put_words(w, into, nbits - 64 * at < 64 * n ? nbits - 64 * at : 64 * n);
+    }
+    if (keep) {
+        Py_INCREF(s->object);
+        slot->str = s->object;
+        slot->prefix = prefix;
+        slot->suffix = suffix;
+        slot->nbits = nbits;
+    }
+}
+
 /* String i of the table: a reference (bit 0 + index) to one the token
  * holds, or the next new one (bit 1 + the string against the earlier one
  * it shares the most with, the first on a tie). */
@@ -506,18 +624,15 @@ static void put_string(bit_writer *w, string_table *t, int i)
     }
     put_varint(w, prefix);
     put_varint(w, suffix);
-    put_symbols(w, s->data + prefix, s->len - prefix - suffix);
+    put_coded(w, s, prefix, suffix);
     t->written++;
 }
 
 /* Lines per (code object, instruction offset): PyCode_Addr2Line() walks
  * the line table from its start every time.  Direct-mapped, bounded; an
  * entry holds a reference to its code object, so that the address cannot
- * name another code object while the entry lives.  References an encoding
- * evicts are dropped when it is done (a code object's deallocation can run
- * Python code: weakref callbacks). */
+ * name another code object while the entry lives. */
 #define LINE_CACHE 2048
-#define MAX_EVICTED 256
 
 typedef struct {
     PyObject *code;
@@ -526,8 +641,6 @@ typedef struct {
 } line_entry;
 
 static line_entry line_cache[LINE_CACHE];
-static PyObject *evicted[MAX_EVICTED];
-static int nevicted;
 
 static int line_of(PyCodeObject *code, int lasti)
 {
@@ -537,27 +650,21 @@ static int line_of(PyCodeObject *code, int lasti)
     if (slot->code == (PyObject *)code && slot->lasti == lasti)
         return slot->line;
     int line = PyCode_Addr2Line(code, lasti);
-    if (slot->code && nevicted == MAX_EVICTED)
+    if (!evict(slot->code))
         return line;   /* not cached: no room to drop the old entry's reference later */
-    if (slot->code)
-        evicted[nevicted++] = slot->code;
     Py_INCREF(code);
     *slot = (line_entry){(PyObject *)code, lasti, line};
     return line;
 }
 
-static void release_evicted(void)
-{
-    while (nevicted)
-        Py_DECREF(evicted[--nevicted]);
-}
-
-void btc_encode_forget(int modules, int lines)
+void btc_encode_forget(int modules, int objects)
 {
     if (modules)
         forget_all();
-    for (int i = 0; lines && i < LINE_CACHE; i++)
+    for (int i = 0; objects && i < LINE_CACHE; i++)
         Py_CLEAR(line_cache[i].code);
+    for (int i = 0; objects && i < CODED_CACHE; i++)
+        Py_CLEAR(coded_cache[i].str);
 }
 
 #define KEY_PYTHON 0x80   /* above the flags a key keeps */
@@ -619,55 +726,49 @@ static void base64url(const uint8_t *in, size_t n, char *out)
     }
 }
 
-/* Where each native record's pc is: one pass under the module lock,
- * searching the module list only when a pc leaves the previous frame's
- * module (neighbouring frames are often in one). */
-static void map_places(const btc_frame *frames, int n, place *places)
+/* Asks Python for the table entry of a module never taught (the first
+ * BTC_ENCODE_MAX_NEED such modules, each once, with a pc inside it). */
+static void note_need(btc_encode_need *need, uint64_t id, uintptr_t lookup)
+{
+    for (int k = 0; k < need->count; k++)
+        if (need->module_id[k] == id)
+            return;
+    if (need->count < BTC_ENCODE_MAX_NEED) {
+        need->module_id[need->count] = id;
+        need->pc[need->count++] = lookup;
+    }
+}
+
+/* Where each native record's pc is (module, module-relative pc) and its
+ * module's index in the token's table (in order of first use): one pass
+ * under the module lock, which guards the module list (nothing here reads
+ * a Python object), searching the list and the taught modules only when a
+ * pc leaves the previous frame's module (neighbouring frames are often in
+ * one).  A pc in no module gets its index in link_keys(), once the table
+ * is whole.  Returns 0, or the number of modules never taught (listed in
+ * need). */
+static int place_frames(encoder *e, const btc_frame *frames, int n, place *places, btc_encode_need *need)
 {
     btc_module *m = NULL;
+    int index = -1;
+    need->count = 0;
     btc_modules_acquire();
     for (int i = 0; i < n; i++) {
         if (frames[i].kind != BTC_KIND_NATIVE)
             continue;
         uintptr_t pc = frames[i].addr, lookup = frames[i].flags & BTC_F_EXACT ? pc : pc - 1;
-        if (!m || lookup < m->lo || lookup >= m->hi)
+        if (!m || lookup < m->lo || lookup >= m->hi) {
             m = btc_module_find(lookup);
-        places[i] = m ? (place){m->id, pc - m->bias} : (place){0, pc};
+            index = m ? module_index(e, m->id) : -1;
+        }
+        place *p = &places[i];
+        p->module_id = m ? m->id : 0;
+        p->vaddr = m ? pc - m->bias : pc;
+        p->index = index;
+        if (m && index < 0)
+            note_need(need, m->id, lookup);
     }
     btc_modules_release();
-}
-
-/* The token's module table, in order of first use; 0, or the number of
- * modules never taught (the first BTC_ENCODE_MAX_NEED in need). */
-static int collect_modules(encoder *e, const btc_frame *frames, int n, place *places,
-                           btc_encode_need *need)
-{
-    need->count = 0;
-    uint64_t last_id = 0;
-    int last_index = -1;
-    for (int i = 0; i < n; i++) {
-        uint64_t id = places[i].module_id;
-        if (frames[i].kind != BTC_KIND_NATIVE || id == 0)
-            continue;
-        if (id != last_id) {   /* neighbouring frames are often in one module */
-            last_id = id;
-            last_index = module_index(e, id);
-        }
-        places[i].index = last_index;
-        if (last_index >= 0)
-            continue;
-        bool listed = false;
-        for (int k = 0; k < need->count && !listed; k++)
-            listed = need->module_id[k] == id;
-        if (!listed && need->count < BTC_ENCODE_MAX_NEED) {
-            uintptr_t pc = frames[i].addr;
-            need->module_id[need->count] = id;
-            need->pc[need->count++] = frames[i].flags & BTC_F_EXACT ? pc : pc - 1;
-        }
-    }
-    for (int i = 0; i < n; i++)
-        if (frames[i].kind == BTC_KIND_NATIVE && places[i].module_id == 0)
-            places[i].index = e->nmodules;   /* no module */
     return need->count;
 }
 
@@ -695,6 +796,8 @@ static int link_keys(encoder *e, const btc_frame *frames, int n, place *places, 
             if (python_key(e, &frames[i], p) < 0)
                 return -1;
         } else {
+            if (p->module_id == 0)
+                p->index = e->nmodules;   /* no module */
             p->key[0] = (uint64_t)p->index << 8 | (frames[i].flags & (BTC_F_JOIN | BTC_F_EXACT));
             p->key[1] = p->vaddr;
         }
@@ -715,6 +818,10 @@ static int longest_copy(const place *places, int n, int i, int *distance)
     int best = 0, chain = 0;
     for (int j = places[i].earlier; j >= 0 && chain < MAX_CHAIN; j = places[j].earlier, chain++) {
         int most = i - j < n - i ? i - j : n - i, length = 1;
+        /* A run that cannot be longer than the best so far is not measured:
+         * it is not taken on a tie (the nearest wins). */
+        if (most <= best || !same_key(&places[j + best], &places[i + best]))
+            continue;
         while (length < most && same_key(&places[j + length], &places[i + length]))
             length++;
         if (length > best) {
@@ -812,8 +919,7 @@ static int encode_into(const btc_frame *frames, int n, int truncated, btc_encode
     encoder *e = &enc;
     e->nmodules = e->seen = e->nhistory = 0;
     e->names.count = e->names.written = e->files.count = e->files.written = 0;
-    map_places(frames, n, places);
-    if (collect_modules(e, frames, n, places, need))
+    if (place_frames(e, frames, n, places, need))
         return BTC_ENCODE_NEED_MODULE;
     if (link_keys(e, frames, n, places, slots, slot_bits(n)) < 0)
         return BTC_ENCODE_ELSEWHERE;
