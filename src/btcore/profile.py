@@ -475,7 +475,9 @@ class Profiler:
         previous, self._previous = self._previous, {}
         for ident, found in running.items():
             bt = python_frames_of_thread(ident)
-            if bt is None:
+            if bt is None or (found and state_of(found[1], current) != RUNNING):
+                # (the sampler lost the GIL between reading the states and this
+                # capture, and the thread switched: bt is another greenlet's)
                 continue
             name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
             before = previous.get(ident)
