@@ -340,8 +340,7 @@ def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
     shown = [ProcessStack("thread", f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else ""), t.tid)
              for t in snap.threads]
     labels = remote_names.Labels(snap)
-    for g, thread in zip(snap.greenlets, holders):
-        label = labels.label(g)
+    for g, thread, label in zip(snap.greenlets, holders, labels.labels(snap.greenlets)):
         shown.append(ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
                                   parent=label.parent, spawned_by=label.spawned_by))
     thread_names = labels.thread_names()
