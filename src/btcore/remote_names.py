@@ -22,8 +22,12 @@ and with every unprintable character escaped before they are shown.
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
+import importlib.util
+import json
 import os
 import struct
+import tempfile
 from dataclasses import dataclass
 
 import greenlet
@@ -363,12 +367,8 @@ def _types(snap) -> tuple:
 
 def _same_build(snap, prefix: str, ours: str) -> bool:
     """Does the target run the very file (build-id) this process loaded as ours?"""
-    mod = snap.modules.named(lambda name: name.startswith(prefix))
-    try:
-        mine = file_build_id(ours)
-        return mod is not None and mine is not None and file_build_id(mod.path) == mine
-    except OSError:
-        return False
+    build = _target_build(snap, prefix)
+    return build is not None and build == _build_id(ours)
 
 
 _learned = {}
@@ -386,17 +386,102 @@ def _once(key, learn):
 
 def _gevent_offsets(snap) -> dict:
     """{"ident": offset, "spawner": offset} of gevent's Greenlet fields, if
-    the target runs the gevent build this process can import."""
+    the target runs the gevent build this process can import: learned in
+    this process (importing gevent: ~0.1 s of a cold dump), or remembered
+    from an earlier dump of the same build (learned_offsets_file())."""
+    ours = _importable_file("gevent", "_gevent_cgreenlet")
+    if ours is None or not _same_build(snap, "_gevent_cgreenlet", ours):
+        return {}
+    build = _build_id(ours)
+    remembered = _remembered(build)
+    if remembered is not None:
+        return remembered
     try:
         from gevent import _gevent_cgreenlet
     except ImportError:
         return {}
-    if not _same_build(snap, "_gevent_cgreenlet", _gevent_cgreenlet.__file__):
-        return {}
     kind = _gevent_cgreenlet.Greenlet
     found = {"ident": _once("gevent ident", lambda: _field_behind(kind, "minimal_ident", 10 ** 30)),
              "spawner": _once("gevent spawner", lambda: _field_behind(kind, "spawning_greenlet", object()))}
-    return {field: at for field, at in found.items() if at is not None}
+    learned = {field: at for field, at in found.items() if at is not None}
+    _remember(build, learned)
+    return learned
+
+
+def _target_build(snap, prefix: str) -> str | None:
+    """The build-id (hex) of the target's module whose file name starts with prefix, None if none."""
+    mod = snap.modules.named(lambda name: name.startswith(prefix))
+    return _build_id(mod.path) if mod is not None else None
+
+
+def _build_id(path: str) -> str | None:
+    try:
+        found = file_build_id(path)
+    except OSError:
+        return None
+    return found.hex() if found else None
+
+
+def _importable_file(package: str, module: str) -> str | None:
+    """The extension file `import package.module` would load, found without importing package (gevent's
+    import alone takes ~0.1 s)."""
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, module + suffix)
+            if os.path.exists(path):
+                return path
+    return None
+
+
+MAX_REMEMBERED = 64   # builds whose learned offsets the file keeps
+_MAX_FIELD = 1 << 12  # bytes: an offset read back from the file past this is not gevent's
+
+
+def learned_offsets_file() -> str:
+    """Where the offsets of gevent's fields learned for a build (its build-id) are kept across dumps:
+    $XDG_CACHE_HOME/btcore/, else ~/.cache/btcore/."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "btcore", "gevent-fields.json")
+
+
+def _read_remembered() -> dict:
+    try:
+        with open(learned_offsets_file()) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _remembered(build: str) -> dict | None:
+    """The offsets learned for build by an earlier dump, if the file holds plausible ones."""
+    fields = _read_remembered().get(build)
+    if not isinstance(fields, dict) or not set(fields) <= {"ident", "spawner"}:
+        return None
+    plausible = all(isinstance(at, int) and 0 < at < _MAX_FIELD and not at & 7 for at in fields.values())
+    return dict(fields) if plausible else None
+
+
+def _remember(build: str, fields: dict) -> None:
+    """Keep what was learned for build (best effort: a read-only home keeps nothing)."""
+    path = learned_offsets_file()
+    kept = _read_remembered()
+    if len(kept) >= MAX_REMEMBERED:
+        kept = {}
+    kept[build] = fields
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, written = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".gevent-fields-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(kept, f)
+            os.replace(written, path)   # whole or not at all, whoever reads it meanwhile
+        finally:
+            if os.path.exists(written):
+                os.unlink(written)
+    except OSError:
+        pass
 
 
 def _field_behind(kind, attribute: str, sentinel) -> int | None:

@@ -822,6 +822,12 @@ MUTATIONS = [
              "        spawner = spawner or None",
              "tests/test_remote_names.py::test_outside_spawners_are_the_in_process_spawners",
              "a dead spawner's weak reference (pointing at None) is given as the spawner: None's address"),
+    Mutation("src/btcore/remote_names.py",
+             "    plausible = all(isinstance(at, int) and 0 < at < _MAX_FIELD and not at & 7 for at in fields.values())",
+             "    plausible = True",
+             "tests/test_remote_names.py::test_learned_gevent_fields_are_remembered_per_build_and_checked",
+             "offsets read back from the file of learned fields are used unchecked: a misaligned or non-integer "
+             "one names greenlets from the wrong word (or fails the labels)"),
     Mutation("src/btcore/remote_names.py", "        words[i] = id(sentinel)", "        words[i] = id(None)",
              "tests/test_remote_names.py::test_outside_spawners_are_the_in_process_spawners",
              "the sentinel is never planted: gevent's fields are not learned, no spawner and no Greenlet-N"),
