@@ -28,7 +28,7 @@ import json
 import os
 import struct
 import tempfile
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import greenlet
 
@@ -46,8 +46,7 @@ _EVENTLET_MAIN = os.path.join("eventlet", "greenthread.py")
 _GREENLET_WORDS = greenlet.greenlet.__basicsize__ // 8   # PyGreenlet (its pimpl last)
 
 
-@dataclass(frozen=True)
-class RemoteLabel:
+class RemoteLabel(NamedTuple):
     """name      as dump_all() names the greenlet, escaped and bounded
     function  the function it runs, if known
     parent    the address of its parent greenlet (None: a thread's main
@@ -107,29 +106,42 @@ class Labels:
         """The labels of remote.GreenletCopy objects, in one pass over the target's objects: what can be
         read of each, else the dump's plain label (type and address)."""
         if self._spec is None:
-            return [RemoteLabel(shown(_plain(g, g.type_name))) for g in greenlets]
+            return [RemoteLabel(shown(_plain(g.address, g.main, g.type_name))) for g in greenlets]
         out = ffi.new("btc_remote_label[]", max(1, len(greenlets)))
         lib.btc_remote_greenlet_labels(self._m.handle, self._snap.layout, self._lay, self._spec,
                                        ffi.new("uintptr_t[]", [g.address for g in greenlets]), len(greenlets), out)
-        return [self._label(g, *record)
-                for g, record in zip(greenlets, _LABEL.iter_unpack(ffi.buffer(out, _LABEL.size * len(greenlets))))]
+        shared, labels = {}, []   # greenlets parked alike have the same record: they share all but the address
+        for g, record in zip(greenlets, _LABEL.iter_unpack(ffi.buffer(out, _LABEL.size * len(greenlets)))):
+            key = (record, g.main, g.type_name, None if g.main or record[_GEVENT] else _outer_codes(g.pyframes))
+            part = shared.get(key)
+            if part is None:
+                part = shared[key] = self._shared_part(g.main, g.type_name, key[3], *record)
+            labels.append(part if isinstance(part, RemoteLabel) else part(g.address))
+        return labels
 
     def label(self, g) -> RemoteLabel:
         """The label of one remote.GreenletCopy."""
         return self.labels([g])[0]
 
-    def _label(self, g, tp, parent, spawner, name, function, ident, read, gevent, function_is_cstring) -> RemoteLabel:
-        plain = _plain(g, self._type_name(tp) or "?" if read else g.type_name)
-        if g.main:
-            return RemoteLabel(shown(plain))
+    def _shared_part(self, main, type_name, codes, tp, parent, spawner, name, function, ident, read, gevent,
+                     function_is_cstring):
+        """The label of greenlets with this record: a RemoteLabel when it does not name their address, else
+        address -> their RemoteLabel.  codes: a plain greenlet's outermost (code, the code it called)."""
+        type_name = self._type_name(tp) or "?" if read else type_name
+        if main:
+            return lambda address: RemoteLabel(shown(_plain(address, main, type_name)))
         parent = parent if parent and self._is_greenlet(parent) else None
         if not gevent:
-            function = self._outermost(g.pyframes)
-            return RemoteLabel(shown(f"{plain} ({function})" if function else plain), function, parent)
+            function = self._outermost(*codes)
+            suffix = f" ({function})" if function else ""
+            return lambda address: RemoteLabel(shown(_plain(address, main, type_name) + suffix), function, parent)
         function = self._c_string(function) if function_is_cstring else self._string(function)
-        shown_as = self._string(name) or (f"Greenlet-{ident}" if ident >= 0 else None) or plain
+        suffix = f" ({function})" if function else ""
         spawner = spawner if spawner and self._is_greenlet(spawner) else None
-        return RemoteLabel(shown(f"{shown_as} ({function})" if function else shown_as), function, parent, spawner)
+        named = self._string(name) or (f"Greenlet-{ident}" if ident >= 0 else None)
+        if named:
+            return RemoteLabel(shown(named + suffix), function, parent, spawner)
+        return lambda address: RemoteLabel(shown(_plain(address, main, type_name) + suffix), function, parent, spawner)
 
     # ---- the target's objects, each read checked ----
 
@@ -309,21 +321,18 @@ class Labels:
         value = lib.btc_remote_small_int(self._m.handle, self._lay, self._types.get("int") or 0, obj or 0)
         return value if value >= 0 else None
 
-    def _outermost(self, pyframes) -> str | None:
+    def _outermost(self, outer: int, inner: int) -> str | None:
         """The function a plain greenlet runs: its outermost Python frame's
         (in-process: f_code.co_name of the last f_back); for an eventlet
         GreenThread, the function its main runs (in-process: main's local
         `function`; frames' locals are not read here: the function of the
         frame main called, the same for a Python function or method; for a
-        partial or a builtin, the first Python function it called).  pyframes: its
-        btc_remote_pyframe records, innermost first (a cut chain ends in a
-        record of code 0)."""
-        size, end = PYFRAME.size, len(pyframes)
-        outer = PYFRAME.unpack_from(pyframes, end - size)[0] if end >= size else 0
+        partial or a builtin, the first Python function it called).  outer,
+        inner: its outermost frame's code and the one that frame called
+        (_outer_codes(); 0: none)."""
         if not outer:   # none, or cut short: its outermost frame is not known
             return None
-        inner = PYFRAME.unpack_from(pyframes, end - 2 * size)[0] if end >= 2 * size else 0
-        if (outer, inner) not in self._outermost_names:   # greenlets parked alike share them
+        if (outer, inner) not in self._outermost_names:
             self._outermost_names[outer, inner] = self._runs(outer, inner)
         return self._outermost_names[outer, inner]
 
@@ -342,11 +351,20 @@ class Labels:
         return self._string(self._m.word(code + self._lay.code_name)) if not self._names.code(code).error else None
 
 
-def _plain(g, type_name: str) -> str:
-    return f"<{type_name} at 0x{g.address:x}{' main' if g.main else ''}>"
+def _plain(address: int, main: bool, type_name: str) -> str:
+    return f"<{type_name} at 0x{address:x}{' main' if main else ''}>"
+
+
+def _outer_codes(pyframes) -> tuple:
+    """(The outermost frame's code, the code of the frame it called) of btc_remote_pyframe records,
+    innermost first; 0: none (a cut chain ends in a record of code 0)."""
+    size, end = PYFRAME.size, len(pyframes)
+    outer = PYFRAME.unpack_from(pyframes, end - size)[0] if end >= size else 0
+    return outer, PYFRAME.unpack_from(pyframes, end - 2 * size)[0] if end >= 2 * size else 0
 
 
 _LABEL = struct.Struct("<5Qq3i4x")   # btc_remote_label
+_GEVENT = 7                          # its field `gevent`
 
 
 def _types(snap) -> tuple:
