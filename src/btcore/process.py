@@ -250,8 +250,8 @@ class _Merger:
                                       _CAPACITY * _STACKS_AT_ONCE)
             if k <= 0:
                 raise DumpError(ffi.string(lib.btc_last_error()).decode())
-            for at, n, truncated, cut, _ in _STACK_OUT.iter_unpack(ffi.buffer(stacks + done, k * _STACK_OUT.size)):
-                raw = buffer[at * 16: (at + n) * 16]
+            for at, count, truncated, cut, _ in _STACK_OUT.iter_unpack(ffi.buffer(stacks + done, k * _STACK_OUT.size)):
+                raw = buffer[at * 16: (at + count) * 16]
                 out.append((self.backtrace(raw, truncated) if named else (self._unnamed(raw, truncated), None))
                            + (bounds.cut_reason(cut) if cut else None,))
             done += k
