@@ -80,7 +80,7 @@ class Labels:
         known = lib.btc_remote_pyobjects(snap.layout.version_hex, lay) == 0   # the target's version's table
         self._lay = lay if known else None
         self._types, self._runtime = _types(snap) if known else ({}, None)
-        self._spec = self._label_spec(snap) if known and snap.greenlets else None   # (imports gevent)
+        self._spec = self._label_spec(snap) if known and snap.greenlets else None   # (may import gevent)
         self._type_names = {}   # type address -> its name as dump_all() shows it
         self._strings = {}      # str object address -> text (interned keys, shared function names)
         self._c_strings = {}    # C string address -> text (builtins' names)
@@ -105,11 +105,11 @@ class Labels:
     def labels(self, greenlets) -> list:
         """The labels of remote.GreenletCopy objects, in one pass over the target's objects: what can be
         read of each, else the dump's plain label (type and address)."""
-        if self._spec is None:
-            return [RemoteLabel(shown(_plain(g.address, g.main, g.type_name))) for g in greenlets]
         out = ffi.new("btc_remote_label[]", max(1, len(greenlets)))
-        lib.btc_remote_greenlet_labels(self._m.handle, self._snap.layout, self._lay, self._spec,
-                                       ffi.new("uintptr_t[]", [g.address for g in greenlets]), len(greenlets), out)
+        if self._spec is None or lib.btc_remote_greenlet_labels(
+                self._m.handle, self._snap.layout, self._lay, self._spec,
+                ffi.new("uintptr_t[]", [g.address for g in greenlets]), len(greenlets), out) < 0:
+            return [RemoteLabel(shown(_plain(g.address, g.main, g.type_name))) for g in greenlets]
         shared, labels = {}, []   # greenlets parked alike have the same record: they share all but the address
         for g, record in zip(greenlets, _LABEL.iter_unpack(ffi.buffer(out, _LABEL.size * len(greenlets)))):
             key = (record, g.main, g.type_name, None if g.main or record[_GEVENT] else _outer_codes(g.pyframes))
