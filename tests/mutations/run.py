@@ -790,8 +790,8 @@ MUTATIONS = [
              "objects of the target are read through the layout of the type expected, whatever their type: a "
              "float taken for gevent's ident, a list for the instance dict, an int for the function's name"),
     Mutation("src/btcore/remote_names.py",
-             "        shown_as = self._string(name) or (f\"Greenlet-{ident}\" if ident >= 0 else None) or plain",
-             "        shown_as = self._string(name) or plain",
+             "        named = self._string(name) or (f\"Greenlet-{ident}\" if ident >= 0 else None)",
+             "        named = self._string(name)",
              "tests/test_remote_names.py::test_outside_names_are_the_in_process_names",
              "gevent's Greenlet-N is not read from outside: every Greenlet named by type and address"),
     Mutation("native/remote/rlabels.c",
