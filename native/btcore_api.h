@@ -897,3 +897,40 @@ typedef struct {
     uint32_t values_valid;            /* 3.13+: PyDictValues.valid (inline values in use) */
 } btc_remote_objlayout;
 int btc_remote_pyobjects(uint64_t version_hex, btc_remote_objlayout *out);
+/* A greenlet's label parts (remote/rlabels.c), read in one pass over the
+ * greenlet objects at greenlets: what btcore/remote_names.py makes labels
+ * of.  Addresses are the target's, unchecked where marked: the caller
+ * checks those few (remembered per address).  Returns n, or -1 for a spec
+ * out of bounds. */
+typedef struct {
+    uintptr_t str_type, dict_type, int_type, function_type, method_type, builtin_type, weakref_type;  /* 0: none */
+    uint32_t span;           /* words of a greenlet object read (its fields below lie within them) */
+    uint32_t short_span;     /* PyGreenlet's words: read when the span is not */
+    int32_t pimpl_at, parent_at;      /* PyGreenlet.pimpl, the parent in greenlet's C++ object (-1: not known) */
+    int32_t ident_at, spawner_at;     /* gevent's Greenlet's ident and spawner fields (-1: not known) */
+} btc_remote_label_spec;
+typedef struct {
+    uintptr_t type;        /* its ob_type, read now */
+    uintptr_t parent;      /* its parent, as greenlet's C++ object holds it (unchecked; 0: none) */
+    uintptr_t spawner;     /* what gevent's weak reference to its spawner points at (unchecked; 0: none) */
+    uintptr_t name;        /* the value under "name" in its instance dict (unchecked; 0: none) */
+    uintptr_t function;    /* its `_run`'s name: a str object (unchecked), or a builtin's C string; 0: none */
+    int64_t ident;         /* gevent's ident (a small int's value), -1: none */
+    int32_t read;          /* its object was read (else only the stop's type name is known) */
+    int32_t gevent;        /* gevent's Greenlet or a subclass, its fields read */
+    int32_t function_is_cstring;
+} btc_remote_label;
+int btc_remote_greenlet_labels(btc_rmem *m, const btc_remote_layout *lay, const btc_remote_objlayout *obj,
+                               const btc_remote_label_spec *spec, const uintptr_t *greenlets, int n,
+                               btc_remote_label *out);
+/* The (key, value) entries of a dict's keys object (values: its split
+ * values array, or 0), at most most: how many, or -1 (unreadable, more
+ * than most, or not a keys object's shape). */
+#define BTC_REMOTE_ENTRIES_AT_ONCE 256
+int btc_remote_dict_entries(btc_rmem *m, const btc_remote_objlayout *obj, uintptr_t keys, uintptr_t values, int most,
+                            uintptr_t *out_keys, uintptr_t *out_values);
+/* Is type tp, or a base on its tp_base chain (at most 32 deep), named name (tp_name)? */
+int btc_remote_type_inherits(btc_rmem *m, const btc_remote_layout *lay, const btc_remote_objlayout *obj, uintptr_t tp,
+                             const char *name);
+/* The value of a small non-negative int object (at most 2 digits) of type int_type, or -1. */
+int64_t btc_remote_small_int(btc_rmem *m, const btc_remote_objlayout *obj, uintptr_t int_type, uintptr_t address);

@@ -9,12 +9,14 @@ tests/fixtures/build_chain.py for the callback helpers.
 functions, read from the .so's symbol table with pyelftools (an oracle
 independent of btcore's own symbolizer).
 """
+import atexit
 import importlib.util
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -38,6 +40,10 @@ QEMU_NO_OWN_READS = ("qemu-user: process_vm_readv is not emulated: the crash han
                      "with it (a corrupt heap gives EFAULT, not a second fault), so its report has no Python frame")
 CRASH_MATRIX_NOT_314 = "on 3.14 the report's native frames end at the crashing fixture's (see ALLOWED_SKIPS)"
 skip_under_asan = pytest.mark.skipif(UNDER_ASAN, reason="ASan's backtrace() interceptor shifts the glibc oracle")
+# A dump remembers the offsets it learned of gevent's fields across runs (remote_names.learned_offsets_file()):
+# each test session learns afresh, in a folder of its own, so that a change to the learning is tested.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="btcore-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 
 def _load_build_chain():

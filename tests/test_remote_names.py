@@ -120,6 +120,39 @@ def test_shown_escapes_and_bounds():
     assert remote_names.shown("y" * remote_names.MAX_NAME) == "y" * remote_names.MAX_NAME
 
 
+REMEMBERING_DUMPER = """
+import io, json, sys, btcore
+from btcore import process
+snap, stacks = process.process_stacks(int(sys.argv[1]))
+print(json.dumps({"names": sorted(s.name for s in stacks if s.kind == "greenlet"),
+                  "imported gevent": "gevent" in sys.modules}))
+"""
+
+
+def test_learned_gevent_fields_are_remembered_per_build_and_checked(target, tmp_path):
+    # guards: a dump remembers gevent's field offsets per build-id (a cold dump then need not import gevent:
+    # ~0.1 s), names as the learning dump did; implausible remembered values are not used: learned again.
+    proc, _ = target
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+
+    def dumped():
+        done = subprocess.run([sys.executable, "-c", REMEMBERING_DUMPER, str(proc.pid)], capture_output=True,
+                              text=True, timeout=WAIT, env=env, cwd="/", check=True)
+        return json.loads(done.stdout)
+
+    learning, remembering = dumped(), dumped()
+    assert learning["imported gevent"] and not remembering["imported gevent"]
+    assert remembering["names"] == learning["names"]
+    assert any(re.match(r"Greenlet-\d+ \(worker\)$", n) for n in learning["names"])
+    kept = tmp_path / "btcore" / "gevent-fields.json"
+    fields = json.loads(kept.read_text())
+    assert len(fields) == 1 and set(next(iter(fields.values()))) == {"ident", "spawner"}
+    kept.write_text(json.dumps({build: {"ident": 3, "spawner": "x"} for build in fields}))   # garbage
+    relearning = dumped()
+    assert relearning["imported gevent"] and relearning["names"] == learning["names"]
+    assert json.loads(kept.read_text()) == fields
+
+
 EVENTLET_TARGET = """
 import json, sys, eventlet, btcore
 

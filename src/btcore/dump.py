@@ -179,7 +179,7 @@ def _group_header(group: _Group, grouped: bool) -> str:
     lines = [f"=== stack {group.number}: {what} ==="]
     if grouped:
         lines.append(_fitting("  e.g. ", [info.name for info in group.infos[:_MAX_NAMES]], count))
-    threads = sorted({_thread_label(info) for info in group.infos})
+    threads = sorted({_thread_label(info) for info in {(i.thread_id, i.thread_name): i for i in group.infos}.values()})
     lines.append(_fitting(f"  thread{'s' if len(threads) > 1 else ''}: ", threads, len(threads)))
     ran = [info.last_ran for info in group.infos if info.last_ran is not None]
     if ran:

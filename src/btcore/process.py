@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import platform
+import struct
 import sys
 from dataclasses import dataclass, field
 
@@ -197,6 +198,11 @@ _CAPACITY = lib.BTC_REMOTE_MAX_FRAMES   # what process.py showed before: every f
 _STACKS_AT_ONCE = 64
 
 
+# btc_remote_stack's outputs (at, n, truncated, cut, unwalked), read for a whole array at once
+_STACK_OUT = struct.Struct(f"<{ffi.offsetof('btc_remote_stack', 'at')}x5i"
+                           f"{ffi.sizeof('btc_remote_stack') - ffi.offsetof('btc_remote_stack', 'at') - 20}x")
+
+
 class _Merger:
     """Every stack of a snapshot, walked and merged in C (btc_remote_stacks)."""
 
@@ -244,10 +250,10 @@ class _Merger:
                                       _CAPACITY * _STACKS_AT_ONCE)
             if k <= 0:
                 raise DumpError(ffi.string(lib.btc_last_error()).decode())
-            for st in stacks[done:done + k]:
-                raw = buffer[st.at * 16: (st.at + st.n) * 16]
-                out.append((self.backtrace(raw, st.truncated) if named else (self._unnamed(raw, st.truncated), None))
-                           + (bounds.cut_reason(st.cut) if st.cut else None,))
+            for at, count, truncated, cut, _ in _STACK_OUT.iter_unpack(ffi.buffer(stacks + done, k * _STACK_OUT.size)):
+                raw = buffer[at * 16: (at + count) * 16]
+                out.append((self.backtrace(raw, truncated) if named else (self._unnamed(raw, truncated), None))
+                           + (bounds.cut_reason(cut) if cut else None,))
             done += k
         return out
 
@@ -340,8 +346,7 @@ def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
     shown = [ProcessStack("thread", f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else ""), t.tid)
              for t in snap.threads]
     labels = remote_names.Labels(snap)
-    for g, thread in zip(snap.greenlets, holders):
-        label = labels.label(g)
+    for g, thread, label in zip(snap.greenlets, holders, labels.labels(snap.greenlets)):
         shown.append(ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
                                   parent=label.parent, spawned_by=label.spawned_by))
     thread_names = labels.thread_names()
@@ -585,6 +590,7 @@ class RemoteInfo:
 
     __slots__ = ("greenlet", "thread_id", "thread_name", "state", "parent", "spawned_by", "under", "name",
                  "backtrace", "python_only", "spawn_chain", "spawn_backtrace", "last_ran", "error")
+    task = None   # not an asyncio task (dump.py asks each entry: found here, not by a failed lookup)
 
     def __init__(self, stack: ProcessStack, greenlet, thread):
         self.greenlet, self.name, self.backtrace, self.error = greenlet, stack.name, stack.backtrace, stack.error

@@ -22,9 +22,13 @@ and with every unprintable character escaped before they are shown.
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
+import importlib.util
+import json
 import os
 import struct
-from dataclasses import dataclass
+import tempfile
+from typing import NamedTuple
 
 import greenlet
 
@@ -35,18 +39,14 @@ from .remote import PYFRAME, symbol_value
 
 MAX_NAME = 200          # characters of a name as shown (an absurd one is cut, with "...")
 MAX_DICT_ENTRIES = 256  # entries of an instance dict looked through
-MAX_TYPE_DEPTH = 32     # tp_base links followed
 MAX_MODULES = 1 << 14   # entries of sys.modules looked through (for threading)
 MAX_INTERPRETERS = 64   # interpreter states followed to the main one
 MAX_OBJECT = 1 << 16    # bytes: no instance's dict offset or basic size lies further
-_GEVENT_GREENLET = "gevent._gevent_cgreenlet.Greenlet"
 _EVENTLET_MAIN = os.path.join("eventlet", "greenthread.py")
 _GREENLET_WORDS = greenlet.greenlet.__basicsize__ // 8   # PyGreenlet (its pimpl last)
-_LONG_DIGITS = 2        # an ident fits in 2 digits of 30 bits
 
 
-@dataclass(frozen=True)
-class RemoteLabel:
+class RemoteLabel(NamedTuple):
     """name      as dump_all() names the greenlet, escaped and bounded
     function  the function it runs, if known
     parent    the address of its parent greenlet (None: a thread's main
@@ -80,52 +80,68 @@ class Labels:
         known = lib.btc_remote_pyobjects(snap.layout.version_hex, lay) == 0   # the target's version's table
         self._lay = lay if known else None
         self._types, self._runtime = _types(snap) if known else ({}, None)
-        self._gevent = _gevent_offsets(snap) if known and snap.greenlets else {}   # (imports gevent)
-        self._parent_at = _parent_offset(snap) if snap.greenlets else None
-        self._type_info = {}    # type address -> (shown name, is gevent's Greenlet, its dict's offset)
+        self._spec = self._label_spec(snap) if known and snap.greenlets else None   # (may import gevent)
+        self._type_names = {}   # type address -> its name as dump_all() shows it
         self._strings = {}      # str object address -> text (interned keys, shared function names)
-        self._functions = {}    # callable address -> its name
+        self._c_strings = {}    # C string address -> text (builtins' names)
         self._ints = {}         # int object address -> its value (or None: not an int)
         self._greenlet_types = {}   # type address -> is it greenlet's or a subclass
         self._greenlets = {}        # parent or spawner address -> is it a greenlet object
-        lay = self._lay
-        # the words of a greenlet object read: up to its last field a label reads (PyGreenlet's own, gevent's)
-        fields = [8] + ([self._parent_at[0]] if self._parent_at else []) + list(self._gevent.values())
-        self._span = max(fields) // 8 + 1
-        self._dict_words = max(lay.dict_keys, lay.dict_values) // 8 + 1 if lay else 0
+        self._outermost_names = {}  # (outermost code, the one it called) -> the function a greenlet runs
+
+    def _label_spec(self, snap):
+        """What btc_remote_greenlet_labels reads of a greenlet object: the target's types, and the words up to
+        the last field a label reads (PyGreenlet's own, gevent's learned ones)."""
+        gevent, parent_at = _gevent_offsets(snap), _parent_offset(snap)
+        spec = ffi.new("btc_remote_label_spec *")
+        for kind in ("str", "dict", "int", "function", "method", "builtin", "weakref"):
+            setattr(spec, f"{kind}_type", self._types.get(kind) or 0)
+        spec.span = max([8] + ([parent_at[0]] if parent_at else []) + list(gevent.values())) // 8 + 1
+        spec.short_span = min(_GREENLET_WORDS, spec.span)
+        spec.pimpl_at, spec.parent_at = parent_at if parent_at else (-1, -1)
+        spec.ident_at, spec.spawner_at = gevent.get("ident", -1), gevent.get("spawner", -1)
+        return spec
+
+    def labels(self, greenlets) -> list:
+        """The labels of remote.GreenletCopy objects, in one pass over the target's objects: what can be
+        read of each, else the dump's plain label (type and address)."""
+        out = ffi.new("btc_remote_label[]", max(1, len(greenlets)))
+        if self._spec is None or lib.btc_remote_greenlet_labels(
+                self._m.handle, self._snap.layout, self._lay, self._spec,
+                ffi.new("uintptr_t[]", [g.address for g in greenlets]), len(greenlets), out) < 0:
+            return [RemoteLabel(shown(_plain(g.address, g.main, g.type_name))) for g in greenlets]
+        shared, labels = {}, []   # greenlets parked alike have the same record: they share all but the address
+        for g, record in zip(greenlets, _LABEL.iter_unpack(ffi.buffer(out, _LABEL.size * len(greenlets)))):
+            key = (record, g.main, g.type_name, None if g.main or record[_GEVENT] else _outer_codes(g.pyframes))
+            part = shared.get(key)
+            if part is None:
+                part = shared[key] = self._shared_part(g.main, g.type_name, key[3], *record)
+            labels.append(part if isinstance(part, RemoteLabel) else part(g.address))
+        return labels
 
     def label(self, g) -> RemoteLabel:
-        """The label of a remote.GreenletCopy: what can be read of it, else
-        the dump's plain label (type and address)."""
-        try:
-            return self._label(g)
-        except (struct.error, ValueError, OverflowError):   # a read cut short, a value no field holds
-            return RemoteLabel(shown(f"<{g.type_name} at 0x{g.address:x}{' main' if g.main else ''}>"))
+        """The label of one remote.GreenletCopy."""
+        return self.labels([g])[0]
 
-    def _label(self, g) -> RemoteLabel:
-        # the object's words up to the last field read, in one read (ob_type first: the type gc listed it by);
-        # a plain greenlet is smaller: if its object ends where memory does, its own words
-        words = self._words(g.address, self._span) or self._words(g.address, _GREENLET_WORDS)
-        type_name, gevent, dictoffset = self._type(words[1]) if words and self._lay else (g.type_name, False, 0)
-        gevent = gevent and len(words) == self._span
-        parent = self._parent(words)
-        plain = f"<{type_name} at 0x{g.address:x}{' main' if g.main else ''}>"
-        if g.main:
-            return RemoteLabel(shown(plain), None, None)
+    def _shared_part(self, main, type_name, codes, tp, parent, spawner, name, function, ident, read, gevent,
+                     function_is_cstring):
+        """The label of greenlets with this record: a RemoteLabel when it does not name their address, else
+        address -> their RemoteLabel.  codes: a plain greenlet's outermost (code, the code it called)."""
+        type_name = self._type_name(tp) or "?" if read else type_name
+        if main:
+            return lambda address: RemoteLabel(shown(_plain(address, main, type_name)))
+        parent = parent if parent and self._is_greenlet(parent) else None
         if not gevent:
-            function = self._outermost(g.pyframes) if self._lay else None
-            return RemoteLabel(shown(f"{plain} ({function})" if function else plain), function, parent)
-        fields = self._entries(words[dictoffset // 8]) if dictoffset < 8 * self._span else {}
-        function = self._function(fields.get("_run"))
-        name = self._string(fields.get("name")) or self._ident_name(words)
-        spawner = self._spawner(words)
-        shown_as = name or plain
-        return RemoteLabel(shown(f"{shown_as} ({function})" if function else shown_as), function, parent, spawner)
-
-    def _words(self, address: int, n: int) -> tuple | None:
-        """n words of the target at address (None: unreadable or misaligned)."""
-        raw = self._m.read(address, 8 * n) if address and not address & 7 else None
-        return struct.unpack(f"<{n}Q", raw) if raw else None
+            function = self._outermost(*codes)
+            suffix = f" ({function})" if function else ""
+            return lambda address: RemoteLabel(shown(_plain(address, main, type_name) + suffix), function, parent)
+        function = self._c_string(function) if function_is_cstring else self._string(function)
+        suffix = f" ({function})" if function else ""
+        spawner = spawner if spawner and self._is_greenlet(spawner) else None
+        named = self._string(name) or (f"Greenlet-{ident}" if ident >= 0 else None)
+        if named:
+            return RemoteLabel(shown(named + suffix), function, parent, spawner)
+        return lambda address: RemoteLabel(shown(_plain(address, main, type_name) + suffix), function, parent, spawner)
 
     # ---- the target's objects, each read checked ----
 
@@ -135,7 +151,8 @@ class Labels:
 
     def _object(self, obj, kind: str, n: int) -> tuple | None:
         """The first n words of obj (n >= 2) if its type is the target's `kind`, in one read."""
-        words = self._words(obj, n)
+        raw = self._m.read(obj, 8 * n) if obj and not obj & 7 else None
+        words = struct.unpack(f"<{n}Q", raw) if raw else None
         return words if words and self._types.get(kind) is not None and words[1] == self._types[kind] else None
 
     def _string(self, obj) -> str | None:
@@ -145,15 +162,12 @@ class Labels:
             self._strings[obj] = self._names.string(obj) if self._is(obj, "str") else None
         return self._strings[obj]
 
-    def _type(self, tp: int) -> tuple:
-        """(type's name as dump_all() shows it, is it gevent's Greenlet or a subclass, the place of its
-        instances' dict: past the words read when none)."""
-        found = self._type_info.get(tp)
-        if found is None:
-            offset = self._m.word(tp + self._lay.type_dictoffset)
-            aligned = offset if offset is not None and 0 < offset < self._span * 8 and not offset & 7 else 8 * self._span
-            found = self._type_info[tp] = (self._type_name(tp) or "?", self._inherits(tp, _GEVENT_GREENLET), aligned)
-        return found
+    def _c_string(self, at: int) -> str | None:
+        """A builtin's name (a C string of the target), at most MAX_NAME bytes."""
+        if at not in self._c_strings:
+            raw = self._m.read(at, MAX_NAME)
+            self._c_strings[at] = raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else None
+        return self._c_strings[at]
 
     def _tp_name(self, tp: int) -> str | None:
         at = self._m.word(tp + self._snap.layout.type_name) if tp else None
@@ -162,7 +176,13 @@ class Labels:
 
     def _type_name(self, tp: int) -> str | None:
         """module.qualname: a static type's tp_name says both; a class made in
-        Python keeps its qualname in its heap type and __module__ in its dict."""
+        Python keeps its qualname in its heap type and __module__ in its dict.
+        Remembered per type."""
+        if tp not in self._type_names:
+            self._type_names[tp] = self._read_type_name(tp)
+        return self._type_names[tp]
+
+    def _read_type_name(self, tp: int) -> str | None:
         lay = self._lay
         flags = self._m.word(tp + lay.type_flags)
         if flags is None or not flags & lay.heaptype_flag:
@@ -172,13 +192,7 @@ class Labels:
         return f"{module}.{qualname}" if module and qualname else self._tp_name(tp)
 
     def _inherits(self, tp: int, name: str) -> bool:
-        for _ in range(MAX_TYPE_DEPTH):
-            if not tp:
-                return False
-            if self._tp_name(tp) == name:
-                return True
-            tp = self._m.word(tp + self._lay.type_base)
-        return False
+        return bool(lib.btc_remote_type_inherits(self._m.handle, self._snap.layout, self._lay, tp, name.encode()))
 
     def _lookup(self, d, key: str):
         return self._entries(d).get(key)
@@ -188,7 +202,7 @@ class Labels:
         reads; a split dict's values from its values array); {} when it is
         not one, is unreadable or has more than `most` entries."""
         lay = self._lay
-        words = self._object(d, "dict", self._dict_words)
+        words = self._object(d, "dict", max(lay.dict_keys, lay.dict_values) // 8 + 1)
         if words is None:
             return {}
         return self._keys_entries(words[lay.dict_keys // 8], words[lay.dict_values // 8], key_of or self._string,
@@ -196,26 +210,11 @@ class Labels:
 
     def _keys_entries(self, keys: int, values: int, key_of, most: int) -> dict:
         """The entries of a dict's keys object (values: its values array, 0: in the entries)."""
-        lay, m = self._lay, self._m
-        head = m.read(keys, lay.keys_indices) if keys else None
-        if head is None:
-            return {}
-        log2_index_bytes, kind = head[lay.keys_log2_index_bytes], head[lay.keys_kind]
-        n = struct.unpack_from("<q", head, lay.keys_nentries)[0]
-        if not 0 <= n <= most or log2_index_bytes > 20:
-            return {}
-        general = kind == lay.kind_general
-        size, key_at, value_at = (lay.entry_size, lay.entry_key, lay.entry_value) if general else \
-            (lay.unicode_entry_size, lay.unicode_entry_key, lay.unicode_entry_value)
-        raw = m.read(keys + lay.keys_indices + (1 << log2_index_bytes), n * size)
-        slots = m.read(values + lay.values_values, n * 8) if values else None
-        if raw is None or (values and slots is None):
-            return {}
+        got_keys, got_values = ffi.new("uintptr_t[]", most), ffi.new("uintptr_t[]", most)
+        n = lib.btc_remote_dict_entries(self._m.handle, self._lay, keys or 0, values or 0, most, got_keys, got_values)
         out = {}
-        for i in range(n):
-            key = key_of(struct.unpack_from("<Q", raw, i * size + key_at)[0])
-            value = struct.unpack_from("<Q", slots, i * 8)[0] if values else \
-                struct.unpack_from("<Q", raw, i * size + value_at)[0]
+        for key, value in zip(got_keys[0:max(n, 0)], got_values[0:max(n, 0)]):
+            key = key_of(key)
             if key is not None and value:
                 out[key] = value
         return out
@@ -302,43 +301,6 @@ class Labels:
             raise ValueError("no interpreter state")
         return interp
 
-    def _function(self, obj) -> str | None:
-        """__name__ of a function, bound method or builtin (others: None)."""
-        if not obj:
-            return None
-        if obj not in self._functions:
-            self._functions[obj] = self._function_name(obj)
-        return self._functions[obj]
-
-    def _function_name(self, obj: int) -> str | None:
-        lay, m = self._lay, self._m
-        if self._is(obj, "method"):
-            obj = m.word(obj + lay.method_func)
-        if self._is(obj, "function"):
-            return self._string(m.word(obj + lay.func_name))
-        if self._is(obj, "builtin"):
-            ml = m.word(obj + lay.cfunc_def)
-            at = m.word(ml + lay.methoddef_name) if ml else None
-            raw = m.read(at, MAX_NAME) if at else None
-            return raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else None
-        return None
-
-    def _ident_name(self, g: tuple) -> str | None:
-        """"Greenlet-N" once gevent gave g its ident (in-process: the first
-        time anything asked for its name; the target's own dump_all() does)."""
-        if "ident" not in self._gevent:
-            return None
-        value = self._int(g[self._gevent["ident"] // 8])
-        return f"Greenlet-{value}" if value is not None else None
-
-    def _spawner(self, g: tuple) -> int | None:
-        """What gevent's weak reference to g's spawner points at, if it is a
-        greenlet object (a dead spawner's reference points at None)."""
-        ref = g[self._gevent["spawner"] // 8] if "spawner" in self._gevent else None
-        words = self._object(ref, "weakref", self._lay.weakref_object // 8 + 1)
-        spawner = words[-1] if words else None
-        return spawner if spawner and self._is_greenlet(spawner) else None
-
     def _is_greenlet(self, obj: int) -> bool:
         """Is obj of greenlet's type or a subclass? (Remembered: a few parents and spawners have many greenlets.)"""
         if obj not in self._greenlets:
@@ -356,30 +318,29 @@ class Labels:
         return self._ints[obj]
 
     def _read_int(self, obj) -> int | None:
-        lay = self._lay
-        words = self._object(obj, "int", (lay.long_digits + 4 * _LONG_DIGITS + 7) // 8)
-        size = _digit_count(words[lay.long_size // 8], lay.long_tag_bits) if words else None
-        if size is None or not 0 <= size <= _LONG_DIGITS:
-            return None
-        raw = struct.pack(f"<{len(words)}Q", *words)
-        digits = struct.unpack_from(f"<{size}I", raw, lay.long_digits)
-        return sum(d << (lay.long_shift * i) for i, d in enumerate(digits))
+        value = lib.btc_remote_small_int(self._m.handle, self._lay, self._types.get("int") or 0, obj or 0)
+        return value if value >= 0 else None
 
-    def _outermost(self, pyframes) -> str | None:
+    def _outermost(self, outer: int, inner: int) -> str | None:
         """The function a plain greenlet runs: its outermost Python frame's
         (in-process: f_code.co_name of the last f_back); for an eventlet
         GreenThread, the function its main runs (in-process: main's local
         `function`; frames' locals are not read here: the function of the
         frame main called, the same for a Python function or method; for a
-        partial or a builtin, the first Python function it called).  pyframes: its
-        btc_remote_pyframe records, innermost first (a cut chain ends in a
-        record of code 0)."""
-        records = list(PYFRAME.iter_unpack(pyframes)) if self._lay else []
-        if not records or not records[-1][0]:   # none, or cut short: its outermost frame is not known
+        partial or a builtin, the first Python function it called).  outer,
+        inner: its outermost frame's code and the one that frame called
+        (_outer_codes(); 0: none)."""
+        if not outer:   # none, or cut short: its outermost frame is not known
             return None
-        if self._is_eventlet_main(records[-1][0]):
-            return self._code_name(records[-2][0]) if len(records) > 1 and records[-2][0] else None
-        return self._code_name(records[-1][0])
+        if (outer, inner) not in self._outermost_names:
+            self._outermost_names[outer, inner] = self._runs(outer, inner)
+        return self._outermost_names[outer, inner]
+
+    def _runs(self, outer: int, inner: int) -> str | None:
+        """What _outermost() says of a greenlet whose outermost frames run codes outer and inner (0: none)."""
+        if self._is_eventlet_main(outer):
+            return self._code_name(inner) if inner else None
+        return self._code_name(outer)
 
     def _is_eventlet_main(self, code: int) -> bool:
         read = self._names.code(code)
@@ -389,22 +350,21 @@ class Labels:
         """co_name of a code object (None: not one, or unreadable)."""
         return self._string(self._m.word(code + self._lay.code_name)) if not self._names.code(code).error else None
 
-    def _parent(self, g: tuple | None) -> int | None:
-        if self._parent_at is None or g is None or self._lay is None:   # greenlet types are told by their tp_base
-            return None
-        pimpl = g[self._parent_at[0] // 8]
-        parent = self._m.word(pimpl + self._parent_at[1]) if pimpl and not pimpl & 7 else None
-        return parent if parent and self._is_greenlet(parent) else None
+
+def _plain(address: int, main: bool, type_name: str) -> str:
+    return f"<{type_name} at 0x{address:x}{' main' if main else ''}>"
 
 
-def _digit_count(size: int, tag_bits: int) -> int | None:
-    """The digits of a non-negative int from its size word (None: negative):
-    3.11's ob_size counts them, signed; 3.12+'s lv_tag holds the count above
-    tag_bits, the sign below (0 positive, 1 zero, 2 negative)."""
-    if not tag_bits:
-        return size if size < 1 << 63 else None
-    sign = size & 3
-    return None if sign == 2 else 0 if sign == 1 else size >> tag_bits
+def _outer_codes(pyframes) -> tuple:
+    """(The outermost frame's code, the code of the frame it called) of btc_remote_pyframe records,
+    innermost first; 0: none (a cut chain ends in a record of code 0)."""
+    size, end = PYFRAME.size, len(pyframes)
+    outer = PYFRAME.unpack_from(pyframes, end - size)[0] if end >= size else 0
+    return outer, PYFRAME.unpack_from(pyframes, end - 2 * size)[0] if end >= 2 * size else 0
+
+
+_LABEL = struct.Struct("<5Qq3i4x")   # btc_remote_label
+_GEVENT = 7                          # its field `gevent`
 
 
 def _types(snap) -> tuple:
@@ -425,12 +385,8 @@ def _types(snap) -> tuple:
 
 def _same_build(snap, prefix: str, ours: str) -> bool:
     """Does the target run the very file (build-id) this process loaded as ours?"""
-    mod = snap.modules.named(lambda name: name.startswith(prefix))
-    try:
-        mine = file_build_id(ours)
-        return mod is not None and mine is not None and file_build_id(mod.path) == mine
-    except OSError:
-        return False
+    build = _target_build(snap, prefix)
+    return build is not None and build == _build_id(ours)
 
 
 _learned = {}
@@ -448,17 +404,102 @@ def _once(key, learn):
 
 def _gevent_offsets(snap) -> dict:
     """{"ident": offset, "spawner": offset} of gevent's Greenlet fields, if
-    the target runs the gevent build this process can import."""
+    the target runs the gevent build this process can import: learned in
+    this process (importing gevent: ~0.1 s of a cold dump), or remembered
+    from an earlier dump of the same build (learned_offsets_file())."""
+    ours = _importable_file("gevent", "_gevent_cgreenlet")
+    if ours is None or not _same_build(snap, "_gevent_cgreenlet", ours):
+        return {}
+    build = _build_id(ours)
+    remembered = _remembered(build)
+    if remembered is not None:
+        return remembered
     try:
         from gevent import _gevent_cgreenlet
     except ImportError:
         return {}
-    if not _same_build(snap, "_gevent_cgreenlet", _gevent_cgreenlet.__file__):
-        return {}
     kind = _gevent_cgreenlet.Greenlet
     found = {"ident": _once("gevent ident", lambda: _field_behind(kind, "minimal_ident", 10 ** 30)),
              "spawner": _once("gevent spawner", lambda: _field_behind(kind, "spawning_greenlet", object()))}
-    return {field: at for field, at in found.items() if at is not None}
+    learned = {field: at for field, at in found.items() if at is not None}
+    _remember(build, learned)
+    return learned
+
+
+def _target_build(snap, prefix: str) -> str | None:
+    """The build-id (hex) of the target's module whose file name starts with prefix, None if none."""
+    mod = snap.modules.named(lambda name: name.startswith(prefix))
+    return _build_id(mod.path) if mod is not None else None
+
+
+def _build_id(path: str) -> str | None:
+    try:
+        found = file_build_id(path)
+    except OSError:
+        return None
+    return found.hex() if found else None
+
+
+def _importable_file(package: str, module: str) -> str | None:
+    """The extension file `import package.module` would load, found without importing package (gevent's
+    import alone takes ~0.1 s)."""
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, module + suffix)
+            if os.path.exists(path):
+                return path
+    return None
+
+
+MAX_REMEMBERED = 64   # builds whose learned offsets the file keeps
+_MAX_FIELD = 1 << 12  # bytes: an offset read back from the file past this is not gevent's
+
+
+def learned_offsets_file() -> str:
+    """Where the offsets of gevent's fields learned for a build (its build-id) are kept across dumps:
+    $XDG_CACHE_HOME/btcore/, else ~/.cache/btcore/."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "btcore", "gevent-fields.json")
+
+
+def _read_remembered() -> dict:
+    try:
+        with open(learned_offsets_file()) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _remembered(build: str) -> dict | None:
+    """The offsets learned for build by an earlier dump, if the file holds plausible ones."""
+    fields = _read_remembered().get(build)
+    if not isinstance(fields, dict) or not set(fields) <= {"ident", "spawner"}:
+        return None
+    plausible = all(isinstance(at, int) and 0 < at < _MAX_FIELD and not at & 7 for at in fields.values())
+    return dict(fields) if plausible else None
+
+
+def _remember(build: str, fields: dict) -> None:
+    """Keep what was learned for build (best effort: a read-only home keeps nothing)."""
+    path = learned_offsets_file()
+    kept = _read_remembered()
+    if len(kept) >= MAX_REMEMBERED:
+        kept = {}
+    kept[build] = fields
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, written = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".gevent-fields-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(kept, f)
+            os.replace(written, path)   # whole or not at all, whoever reads it meanwhile
+        finally:
+            if os.path.exists(written):
+                os.unlink(written)
+    except OSError:
+        pass
 
 
 def _field_behind(kind, attribute: str, sentinel) -> int | None:
