@@ -252,8 +252,9 @@ def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
     assert doc["period"] == 1_000_000_000 // 200
     check_pprof_times(split, doc)
     burning = [names for names, (cpu, _), labels in doc["samples"] if labels["greenlet"] == "Greenlet (burn)" and cpu]
-    # (none shows the hub: the sampler drops a thread that switched between the read of its running
-    # greenlet and the capture of its frames, seen once, 1 of 267 samples, on a loaded 3.13 lane)
+    # (none shows the hub: a thread that switched between the read of its running greenlet and the
+    # capture of its frames is labelled again after the capture; seen once, 1 of 267 samples, on a
+    # loaded 3.13 lane)
     assert burning and all("burn" in names for names in burning), burning
     assert any(ODD in names for names, _, _ in doc["samples"])
     ungrouped = decode_pprof(profile_formats.pprof(split, group_by=None))
@@ -609,9 +610,9 @@ def test_cli_without_a_command_and_a_program_that_writes_nothing(tmp_path):
 def test_a_thread_that_switches_between_the_state_read_and_the_capture_is_not_mislabelled(monkeypatch):
     """The sampler reads which greenlet runs in each thread, then captures
     each thread's stack; if it loses the GIL in between and the thread
-    switches, the stack is another greenlet's: that tick is not counted
-    under the first one's name (seen on CI: the hub's stack labelled as the
-    burning greenlet)."""
+    switches, the stack is another greenlet's: it is counted under that
+    greenlet's name, not the first one's (seen on CI: the hub's stack
+    labelled as the burning greenlet)."""
     import threading
 
     import greenlet
@@ -653,10 +654,7 @@ def test_a_thread_that_switches_between_the_state_read_and_the_capture_is_not_mi
         stacks = sampler.profile.stacks(mode="cpu")
         mislabelled = [k for k in stacks if "first_runner" in k[0] and any("second_runner" in f for f in k)]
         assert not mislabelled, stacks
-        monkeypatch.setattr(profile_module, "python_frames_of_thread", real_capture)
-        sampler.sample(time.monotonic())   # the next tick sees the second greenlet, under its own name
-        assert any("second_runner" in k[0] and any("second_runner" in f for f in k)
-                   for k in sampler.profile.stacks(mode="cpu")), sampler.profile.stacks(mode="cpu")
+        assert any("second_runner" in k[0] for k in stacks), stacks   # counted, under the right name
     finally:
         stop.set()
         thread.join(10)

@@ -475,10 +475,13 @@ class Profiler:
         previous, self._previous = self._previous, {}
         for ident, found in running.items():
             bt = python_frames_of_thread(ident)
-            if bt is None or (found and state_of(found[1], current) != RUNNING):
-                # (the sampler lost the GIL between reading the states and this
-                # capture, and the thread switched: bt is another greenlet's)
+            if bt is None:
                 continue
+            if found and state_of(found[1], current) != RUNNING:
+                # The sampler lost the GIL between reading the states and this
+                # capture, and the thread switched: bt is another greenlet's.
+                found = self._running_greenlet_of(ident, current)
+                frames[ident] = sys._current_frames().get(ident)   # what names it
             name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
             before = previous.get(ident)
             early = before is not None and 0 < waited < self._forced_switch
@@ -487,6 +490,15 @@ class Profiler:
             self.profile.add(bt, name, site, RUNNING_STATE, weight - waited if early else weight)
             self._previous[ident] = (bt, name, site)
         return parked
+
+    def _running_greenlet_of(self, ident, current):
+        """(key, greenlet) of the known greenlet running in thread ident now, or None."""
+        for key, (ref, _, _) in self._greenlets.known.items():
+            g = ref()
+            if (g is not None and self._greenlets.thread_of_root.get(id(root_of(g))) == ident
+                    and state_of(g, current) == RUNNING):
+                return key, g
+        return None
 
     def _parked(self, current, weight: int, parked: list) -> None:
         for n, (key, g) in enumerate(parked):
