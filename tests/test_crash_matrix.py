@@ -76,7 +76,6 @@ import faulthandler, functools, sys, threading
 sys.path.insert(0, sys.argv[1])
 import greenlet
 from _btfix_crashmx import ffi, lib
-import btcore
 crashes = {"null_write": lib.crash_null_write, "wild_read": lib.crash_wild_read,   # partial: no Python frame
            "sigfpe": functools.partial(lib.crash_divide, 0), "stack_overflow": functools.partial(lib.crash_recurse, 0),
            "abort": lib.crash_abort, "terminate": lib.crash_terminate, "fatal_error": lib.crash_fatal_error}
@@ -104,7 +103,9 @@ def crasher():
 def run():
     if sys.argv[2] != "fatal_error":
         faulthandler.enable()
-    btcore.enable_crash_report()   # this thread's crashes: runs first, from the fault's context
+    if sys.argv[4] == "btcore":   # else the same crash without btcore: the exit status it would have
+        import btcore
+        btcore.enable_crash_report()   # this thread's crashes: runs first, from the fault's context
     if sys.argv[2] == "fatal_error":
         # After btcore's: Py_FatalError disables faulthandler, which puts back the disposition it found:
         # the default action if faulthandler came first (the guide's "What to know").
@@ -135,13 +136,34 @@ CRASHES = [   # kind, signal, where, the fixture function that crashed
     crash("stack_overflow", signal.SIGSEGV, "thread", "crash_recurse"),
     crash("abort", signal.SIGABRT, "main", "crash_abort"),
     crash("terminate", signal.SIGABRT, "thread", "crash_terminate"),
-    crash("fatal_error", signal.SIGABRT, "main", "crash_fatal_error",
-          pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason=conftest.FATAL_ERROR_IN_GREENLET)),
+    crash("fatal_error", signal.SIGABRT, "main", "crash_fatal_error"),
 ]
+
+
+def crash_alone(matrix_dir, folder, kind, where) -> int:
+    """The signal that ends the same crash without btcore.  Py_FatalError's is SIGABRT, except on CPython
+    3.13, which faults first (SIGSEGV at 0x10 in PyMem_Free, under Py_FatalError's teardown of faulthandler:
+    with or without a greenlet, btcore or a callback; docs/design.md): what the interpreter does, not btcore."""
+    folder.mkdir()
+    alone = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where, "alone"], capture_output=True,
+                           text=True, timeout=120, cwd=folder, preexec_fn=disable_cores)
+    return -alone.returncode
+
+
+def function_range(folder: str, function: str):
+    """[start, end) of function in the fixture built in folder, from its symbol table (pyelftools)."""
+    so = next(os.path.join(folder, n) for n in os.listdir(folder) if n.startswith(MODULE) and n.endswith(".so"))
+    with open(so, "rb") as f:
+        symbol = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(function)[0]
+    return symbol["st_value"], symbol["st_value"] + symbol["st_size"]
 
 
 def enable_cores():
     resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def disable_cores():
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def module_offsets(maps_text: str):
@@ -261,9 +283,13 @@ def test_crash(matrix_dir, tmp_path, kind, sig, where, function):
     problem = core_pattern_problem()
     if problem:
         pytest.skip(problem)
-    out = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path, preexec_fn=enable_cores)
-    assert out.returncode == -sig, out.stderr
+    alone = crash_alone(matrix_dir, tmp_path / "alone", kind, where)
+    assert alone == sig or (kind == "fatal_error" and alone == signal.SIGSEGV), alone
+    sig = signal.Signals(alone)
+    out = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where, "btcore"], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path, preexec_fn=enable_cores)
+    assert out.returncode == -sig, out.stderr   # as without btcore
+    assert f"\nFatal signal {sig.name} ({int(sig)})" in out.stderr, out.stderr   # the report is of that signal
     cores = glob.glob(str(tmp_path / "core*"))
     if not cores:
         pytest.skip("no core file was written (RLIMIT_CORE raised, core_pattern 'core': a container's limit?)")
@@ -277,7 +303,9 @@ def test_crash(matrix_dir, tmp_path, kind, sig, where, function):
     mine = report_frames(lines)
     assert unmatched(mine, theirs) is None, (unmatched(mine, theirs), mine, theirs, out.stderr)
     assert mine[0][0] == "native" and len(mine) >= 3, mine   # the faulting frame first; not a stub
-    assert any(what[0].startswith(MODULE) for kind, what in mine if kind == "native"), mine   # the fixture's
+    fixture = [what[1] for frame_kind, what in mine if frame_kind == "native" and what[0].startswith(MODULE)]
+    lo, hi = function_range(matrix_dir, function)
+    assert fixture and lo <= fixture[0] < hi, (function, mine)   # the fixture's first frame: the crashing function
 
     # faulthandler ran after us in the same run: the same Python frames.
     python = btcore_python_frames(out.stderr)
