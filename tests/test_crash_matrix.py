@@ -20,9 +20,16 @@ in-process code:
   report's Python frames, and its suspended greenlets are the 100 parked
   ones in two groups, as the helper showed them from the live process.
 
+Each crash also runs once without btcore: the signal it ends with there is
+the one expected (Py_FatalError's is SIGSEGV on CPython 3.13, which faults
+in its own faulthandler teardown before it aborts).
+
 Seven crashes, each in one place (main thread or another thread,
-alternating, so both are covered by crashes of each signal): the whole
-matrix runs in ~15-25 s here.
+alternating, so both are covered by crashes of each signal) and in one
+order (faulthandler enabled before btcore, whose handler then runs first,
+or after it, whose handler then runs first and passes the signal on: both
+are covered by crashes of SIGSEGV and SIGABRT): the whole matrix runs in
+~20-40 s here.
 """
 import glob
 import os
@@ -38,8 +45,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 import conftest
-from test_crash import (OUTSIDE_HEADER, btcore_python_frames, build_crash_fixture, faulthandler_frames, ours,
-                        outside_groups)
+from test_crash import (OUTSIDE_HEADER, PASSED_ON, btcore_python_frames, build_crash_fixture, faulthandler_frames,
+                        ours, outside_groups)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE = "_btfix_crashmx"
@@ -101,14 +108,15 @@ def crasher():
     lib.crash_through_callback(in_callback, 0)
 
 def run():
-    if sys.argv[2] != "fatal_error":
+    if sys.argv[5] == "faulthandler_first":   # then btcore's handler runs first, from the fault's context
         faulthandler.enable()
     if sys.argv[4] == "btcore":   # else the same crash without btcore: the exit status it would have
         import btcore
-        btcore.enable_crash_report()   # this thread's crashes: runs first, from the fault's context
-    if sys.argv[2] == "fatal_error":
-        # After btcore's: Py_FatalError disables faulthandler, which puts back the disposition it found:
-        # the default action if faulthandler came first (the guide's "What to know").
+        btcore.enable_crash_report()   # this thread's crashes
+    if sys.argv[5] == "btcore_first":
+        # faulthandler's handler runs first and passes the signal on from its own (btcore's report finds the
+        # fault's context in the kernel's signal frame); Py_FatalError on 3.11 and 3.13 disables faulthandler,
+        # which puts back the disposition it found: btcore's here (the guide's "What to know").
         faulthandler.enable()
     parked = [greenlet.greenlet(parked_in_c if i % 2 else parked_in_python) for i in range(100)]
     for g in parked:
@@ -125,27 +133,27 @@ else:
     run()
 """
 
-def crash(kind, sig, where, function, *marks):
-    return pytest.param(kind, sig, where, function, id=f"{kind}-{where}", marks=marks)
+def crash(kind, sig, where, function, order):
+    return pytest.param(kind, sig, where, function, order, id=f"{kind}-{where}-{order}")
 
 
-CRASHES = [   # kind, signal, where, the fixture function that crashed
-    crash("null_write", signal.SIGSEGV, "main", "crash_null_write"),
-    crash("wild_read", signal.SIGSEGV, "thread", "crash_wild_read"),
-    crash("sigfpe", signal.SIGFPE, "main", "crash_divide"),
-    crash("stack_overflow", signal.SIGSEGV, "thread", "crash_recurse"),
-    crash("abort", signal.SIGABRT, "main", "crash_abort"),
-    crash("terminate", signal.SIGABRT, "thread", "crash_terminate"),
-    crash("fatal_error", signal.SIGABRT, "main", "crash_fatal_error"),
+CRASHES = [   # kind, signal, where, the fixture function that crashed, whose handler was enabled first
+    crash("null_write", signal.SIGSEGV, "main", "crash_null_write", "faulthandler_first"),
+    crash("wild_read", signal.SIGSEGV, "thread", "crash_wild_read", "btcore_first"),
+    crash("sigfpe", signal.SIGFPE, "main", "crash_divide", "btcore_first"),
+    crash("stack_overflow", signal.SIGSEGV, "thread", "crash_recurse", "faulthandler_first"),
+    crash("abort", signal.SIGABRT, "main", "crash_abort", "faulthandler_first"),
+    crash("terminate", signal.SIGABRT, "thread", "crash_terminate", "btcore_first"),
+    crash("fatal_error", signal.SIGABRT, "main", "crash_fatal_error", "btcore_first"),
 ]
 
 
-def crash_alone(matrix_dir, folder, kind, where) -> int:
+def crash_alone(matrix_dir, folder, kind, where, order) -> int:
     """The signal that ends the same crash without btcore.  Py_FatalError's is SIGABRT, except on CPython
     3.13, which faults first (SIGSEGV at 0x10 in PyMem_Free, under Py_FatalError's teardown of faulthandler:
     with or without a greenlet, btcore or a callback; docs/design.md): what the interpreter does, not btcore."""
     folder.mkdir()
-    alone = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where, "alone"], capture_output=True,
+    alone = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where, "alone", order], capture_output=True,
                            text=True, timeout=120, cwd=folder, preexec_fn=disable_cores)
     return -alone.returncode
 
@@ -277,19 +285,21 @@ def unmatched(report, theirs) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("kind, sig, where, function", CRASHES)
-def test_crash(matrix_dir, tmp_path, kind, sig, where, function):
+@pytest.mark.parametrize("kind, sig, where, function, order", CRASHES)
+def test_crash(matrix_dir, tmp_path, kind, sig, where, function, order):
     # guards: the whole crash report against independent oracles, for each way of crashing (see the docstring).
     problem = core_pattern_problem()
     if problem:
         pytest.skip(problem)
-    alone = crash_alone(matrix_dir, tmp_path / "alone", kind, where)
+    alone = crash_alone(matrix_dir, tmp_path / "alone", kind, where, order)
     assert alone == sig or (kind == "fatal_error" and alone == signal.SIGSEGV), alone
     sig = signal.Signals(alone)
-    out = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where, "btcore"], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where, "btcore", order], capture_output=True,
                          text=True, timeout=120, cwd=tmp_path, preexec_fn=enable_cores)
     assert out.returncode == -sig, out.stderr   # as without btcore
     assert f"\nFatal signal {sig.name} ({int(sig)})" in out.stderr, out.stderr   # the report is of that signal
+    if order == "btcore_first" and kind != "fatal_error":   # (Py_FatalError disables faulthandler on 3.11, 3.13)
+        assert PASSED_ON in out.stderr, out.stderr   # faulthandler's handler ran first: ours is passed the signal
     cores = glob.glob(str(tmp_path / "core*"))
     if not cores:
         pytest.skip("no core file was written (RLIMIT_CORE raised, core_pattern 'core': a container's limit?)")
