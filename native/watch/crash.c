@@ -120,23 +120,25 @@ static const char *signal_name(int sig)
     }
 }
 
-/* The context of the signal's first delivery, when a handler that ran
- * before ours raised it again from inside itself, on the alternate stack
- * (faulthandler does, having written its report): ours, otherwise.  Each
- * frame the kernel pushes records the alternate stack's settings
- * (uc_stack) and the interrupted registers: our frame's sp lies on that
- * stack, the first delivery's is the frame above ours whose sp does not.
- * Its siginfo is there only if that handler asked for one (SA_SIGINFO;
- * faulthandler does not): *si is set to it when it names this signal,
- * else to NULL.  The scan reads only [our frame, the stack's top): the
- * stack we run on, written by the kernel and the handlers since the first
- * delivery. */
+/* Did the signal interrupt code running on the alternate stack alt? */
 static bool on_alt_stack(const ucontext_t *uc, const stack_t *alt)
 {
     btc_regs regs;
     return btc_regs_from_ucontext(uc, &regs) && regs.sp - (uintptr_t)alt->ss_sp < alt->ss_size;
 }
 
+/* The context of the signal's first delivery, when a handler that ran
+ * before ours raised it again from inside itself, on the alternate stack
+ * (faulthandler does, having written its report): ours, otherwise.  Each
+ * frame the kernel pushes records the alternate stack's settings
+ * (uc_stack; its flags are the stack's, not whether the interrupted code
+ * was on it) and the interrupted registers: our frame's sp lies on that
+ * stack, the first delivery's is the frame above ours whose sp does not.
+ * Its siginfo is there only if that handler asked for one (SA_SIGINFO;
+ * faulthandler does not): *si is set to it when it names this signal,
+ * else to NULL.  The scan reads only [our frame, the stack's top): the
+ * stack we run on, written by the kernel and the handlers since the first
+ * delivery. */
 static const ucontext_t *first_delivery(int sig, const ucontext_t *uc, const siginfo_t **si)
 {
     const stack_t *alt = &uc->uc_stack;
@@ -170,12 +172,13 @@ static void header(btc_text *t, int sig, const siginfo_t *si, bool passed_on)
     btc_text_add(t, " (");
     btc_text_add_uint(t, (uint64_t)sig, 10);
     btc_text_add(t, ")");
-    if (!si) {
-        /* passed on, the first delivery's siginfo unknown: its cause too */
-    } else if (si->si_code > 0 && sig != SIGABRT) {   /* sent by the kernel for a fault: the address is meaningful */
+    /* Sent by the kernel for a fault: the address is meaningful.  No siginfo
+     * (passed on without one): neither address nor sender is known. */
+    bool fault = si && si->si_code > 0 && sig != SIGABRT;
+    if (fault) {
         btc_text_add(t, " at address ");
         btc_text_add_uint(t, (uintptr_t)si->si_addr, 16);
-    } else {
+    } else if (si) {
         btc_text_add(t, ", sent by the process (raise, abort, kill)");
     }
     btc_text_add(t, ", thread ");
