@@ -14,6 +14,9 @@ the fault; this script timestamps each line of its stderr as it arrives:
 Targets (issue 27): first <= 50 ms, whole <= 1 s at 1,000 greenlets.
 "tracked": spawn tracking on, so the first part also finds the crashing
 greenlet among the N + 2 spawn records and writes its spawn chain.
+"passed on": faulthandler enabled after btcore, whose handler writes its
+report first and raises the signal again; the first part then ends after
+both reports, ours found from the kernel's signal frame of the fault.
 Beside them, faulthandler's report alone (the same program without btcore's
 report) for scale: what the crash costs without any report of greenlets.
 
@@ -69,6 +72,8 @@ def main() -> int:
              "btcore, no helper": "btcore.enable_crash_report(helper=False)",
              # the crashing greenlet's search among 1,000 spawn records, and its chain, in the first part
              "tracked, no helper": "btcore.enable_spawn_tracking(); btcore.enable_crash_report(helper=False)",
+             # faulthandler enabled after btcore: its handler runs first, then passes the signal on to ours
+             "passed on, no helper": "btcore.enable_crash_report(helper=False); faulthandler.enable()",
              "faulthandler": "faulthandler.enable()"}
     runs = {kind: [] for kind in kinds}
     for _ in range(args.rounds):   # interleaved: the machine's load moves each alike

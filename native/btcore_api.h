@@ -549,6 +549,9 @@ int btc_test_crash_handler_is_ours(void);
 int btc_test_crash_chain_here(uint64_t *greenlet);
 /* Tests: fault inside the report (a second crash while reporting). */
 void btc_test_crash_fault_in_report(int on);
+/* Tests: fault while holding the module list lock, as a crash inside a
+ * capture (a walk holds it) would. */
+void btc_test_crash_holding_modules_lock(void);
 /* The signal the handler captures on (a real-time signal). */
 int btc_capture_signal(void);
 

@@ -35,10 +35,8 @@ UNDER_QEMU = "QEMU_CPU" in os.environ
 # (docs/platforms.md); elsewhere it refuses before it stops anything.
 DUMPS_OTHER_PROCESSES = platform.machine() == "x86_64"
 NO_DUMP_HERE = "the dump of another process reads x86-64 registers only"
-FATAL_ERROR_IN_GREENLET = "Py_FatalError inside a greenlet faults on 3.13+ (see ALLOWED_SKIPS)"
 QEMU_NO_OWN_READS = ("qemu-user: process_vm_readv is not emulated: the crash handler reads its own memory "
                      "with it (a corrupt heap gives EFAULT, not a second fault), so its report has no Python frame")
-CRASH_MATRIX_NOT_314 = "on 3.14 the report's native frames end at the crashing fixture's (see ALLOWED_SKIPS)"
 skip_under_asan = pytest.mark.skipif(UNDER_ASAN, reason="ASan's backtrace() interceptor shifts the glibc oracle")
 # A dump remembers the offsets it learned of gevent's fields across runs (remote_names.learned_offsets_file()):
 # each test session learns afresh, in a folder of its own, so that a change to the learning is tested.
@@ -310,13 +308,6 @@ ALLOWED_SKIPS = [
     (r"^stripped interpreter: no DWARF to (bound|compress)$",
      "the memory-bound and compressed-section tests use libpython's DWARF (many compile units); Debian's "
      "stripped static python3.X has none (the small libraries built in test_symbolize.py cover compression)"),
-    (r"^on 3\.14 the report's native frames end at the crashing fixture's ",
-     "on Debian's 3.14 the report goes from the fixture's two frames straight to the Python caller, where gdb "
-     "on the core shows cffi's call frames between them: open in issue 27; 3.11, 3.13 and 3.15 run the matrix"),
-    (r"^Py_FatalError inside a greenlet faults on 3\.13\+ ",
-     "CPython 3.13-3.15's Py_FatalError, called in a greenlet reached through a C callback, faults at 0x10 "
-     "in the interpreter after faulthandler's part, before it aborts (SIGSEGV, not SIGABRT): open in issue "
-     "27; the host lane (3.11) runs that crash, every lane the six others"),
     (r"^no CPython 3\.1[3-5] in a sid chroot here ",
      "the cross-version dump test runs 3.13-3.15 targets from the cached sid chroot (ci/sid-matrix.sh builds it); "
      "without it, or inside the chroot (where the whole dump module skips), it cannot run"),

@@ -42,6 +42,7 @@ def build_crash_fixture(out: str, module: str, cplusplus: bool = False) -> None:
         int crash_recurse(int n);
         int crash_through_callback(int (*callback)(int), int arg);
         void crash_with_malloc_forbidden(void);
+        int crash_install_reraising_handler(void);
     """ + ("void crash_terminate(void);" if cplusplus else ""))
     with open(os.path.join(HERE, "fixtures", "crash.c")) as f:
         ffi.set_source(module, f.read(), source_extension=".cpp" if cplusplus else ".c",
@@ -72,7 +73,7 @@ import faulthandler, sys, threading
 sys.path.insert(0, {dir!r})
 import greenlet
 from _btfix_crash import ffi, lib
-faulthandler.enable()
+{faulthandler}
 import btcore
 {setup}
 
@@ -90,8 +91,10 @@ def in_greenlet():
 IN_MAIN_THREAD = "greenlet.greenlet(in_greenlet).switch()"
 
 
-def crash(fixture_dir, action, setup="btcore.enable_crash_report()", env=None, run=IN_MAIN_THREAD):
-    code = PROGRAM.format(dir=fixture_dir, setup=textwrap.dedent(setup).strip(), action=action, run=run)
+def crash(fixture_dir, action, setup="btcore.enable_crash_report()", env=None, run=IN_MAIN_THREAD,
+          faulthandler="faulthandler.enable()"):
+    code = PROGRAM.format(dir=fixture_dir, setup=textwrap.dedent(setup).strip(), action=action, run=run,
+                          faulthandler=faulthandler)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **(env or {})})
 
@@ -197,17 +200,75 @@ def test_disabled_and_environment_switch(fixture_dir):
     assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != []
 
 
-def test_faulthandler_enabled_after_us_passes_the_signal_on(fixture_dir):
-    """faulthandler installed after the crash report runs first, then hands
-    the signal to ours: both reports, the same Python frames."""
-    out = crash(fixture_dir, "lib.crash_null_write()", setup="""
-        faulthandler.disable()
+PASSED_ON = ("(passed on by a handler that ran first, faulthandler's if enabled after btcore: the frames are the "
+             "fault's, from the kernel's first signal frame)")
+IN_A_THREAD = """
+def in_thread():
+    btcore.enable_crash_report()
+    faulthandler.enable()
+    greenlet.greenlet(in_greenlet).switch()
+t = threading.Thread(target=in_thread)
+t.start()
+t.join()
+"""
+
+
+@pytest.mark.parametrize("action, sig, function, run", [
+    ("lib.crash_null_write()", signal.SIGSEGV, "crash_null_write", IN_MAIN_THREAD),
+    ("lib.crash_abort()", signal.SIGABRT, "crash_abort", IN_A_THREAD),
+    ("lib.crash_recurse(0)", signal.SIGSEGV, "crash_recurse", IN_A_THREAD),
+], ids=["null_write-main", "abort-thread", "stack_overflow-thread"])
+def test_faulthandler_enabled_after_us_passes_the_signal_on(fixture_dir, fixture_symbols, action, sig, function, run):
+    # guards: crash.c first_delivery: faulthandler enabled after the crash report (and never before: its own,
+    # smaller alternate stack replaces ours) runs first, then raises the signal again from its handler, which
+    # hands it to ours; our report is still of the fault's own context (the kernel's frame of the first
+    # delivery, found above ours on that stack), native frames from the faulting function on, after
+    # faulthandler's, and the process dies by its signal.
+    setup = "btcore.enable_crash_report()\nfaulthandler.enable()" if run == IN_MAIN_THREAD else ""   # else in_thread
+    out = crash(fixture_dir, action, faulthandler="", run=run, setup=setup)
+    assert out.returncode == -sig, out.stderr
+    assert out.stderr.index("Fatal Python error") < out.stderr.index(PASSED_ON) < out.stderr.index(BTCORE_HEADER)
+    lines = ours(out.stderr)
+    offsets = [off for off in (native_offset(line, MODULE) for line in lines) if off is not None]
+    lo, hi = fixture_symbols[function]
+    assert offsets and lo <= offsets[0] < hi, lines   # the fixture's innermost frame: the function that crashed
+    if function == "crash_recurse":
+        assert len(offsets) > 50 and all(lo <= off < hi for off in offsets), lines
+    else:
+        assert lines[0].startswith(f"  [{MODULE}" if sig == signal.SIGSEGV else "  [libc"), lines   # the fault first
+        assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != []
+
+
+def test_a_reraising_handler_s_siginfo_gives_the_fault_address(fixture_dir, fixture_symbols):
+    # guards: arch btc_siginfo_beside (where the kernel puts the siginfo beside a frame's ucontext): a handler
+    # installed after ours that asked for a siginfo (SA_SIGINFO, as in-process crash reporters do; faulthandler
+    # does not) and raises the signal again: our header has the fault address that handler was given, from the
+    # first delivery's siginfo, and the frames are the fault's.
+    out = crash(fixture_dir, "lib.crash_wild_read()", faulthandler="", setup="""
         btcore.enable_crash_report()
-        faulthandler.enable()
+        assert lib.crash_install_reraising_handler() == 0
     """)
     assert out.returncode == -signal.SIGSEGV, out.stderr
-    assert out.stderr.index("Fatal Python error") < out.stderr.index(BTCORE_HEADER)
-    assert [f[2] for f in btcore_python_frames(out.stderr)] == ["in_callback", "in_greenlet"]
+    given = int(re.search(r"^reraising handler: (0x[0-9a-f]+)$", out.stderr, re.M).group(1), 16)
+    reported = re.search(r"^Fatal signal SIGSEGV \(11\) at address (0x[0-9a-f]+), thread \d+$", out.stderr, re.M)
+    assert reported and int(reported.group(1), 16) == given != 0, out.stderr
+    assert PASSED_ON in out.stderr
+    lo, hi = fixture_symbols["crash_wild_read"]
+    first = native_offset(ours(out.stderr)[0], MODULE)
+    assert first is not None and lo <= first < hi, out.stderr
+
+
+def test_crash_holding_btcore_s_lock_does_not_hang(fixture_dir):
+    # guards: the handler only tries the module list lock (modules.c btc_modules_try_acquire_prebuilt, report.c):
+    # a crash inside btcore's own capture, which holds it, is reported (Python frames, saying why there is no
+    # native one, then the helper's part) and ends the process by its signal instead of waiting for itself.
+    out = crash(fixture_dir, "btcore._native.lib.btc_test_crash_holding_modules_lock()")
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    lines = ours(out.stderr)
+    assert "  (partial: the module list was busy: Python frames only)" in lines, out.stderr
+    assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != []
+    if conftest.DUMPS_OTHER_PROCESSES:
+        assert OUTSIDE_HEADER in out.stderr, out.stderr
 
 
 def test_thread_not_registered_says_so(fixture_dir):

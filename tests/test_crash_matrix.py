@@ -11,16 +11,25 @@ in-process code:
   file in which gdb finds the crashing thread stopped where it crashed,
   killed by that signal (what it would be without btcore);
 - gdb's backtrace of that thread from the core: its physical frames, as
-  module + offset, are the report's native frames, in order (gdb's own
-  DWARF unwinder, read from the core file);
+  module + offset, are the report's native frames, in order, and where the
+  report has a run of Python frames gdb has the eval loop's C frames that
+  ran them, in the interpreter (gdb's own DWARF unwinder, read from the
+  core file);
 - faulthandler's report in the same run has the report's Python frames;
 - `python -m btcore dump --core` of the core: its crashing thread has the
   report's Python frames, and its suspended greenlets are the 100 parked
   ones in two groups, as the helper showed them from the live process.
 
+Each crash also runs once without btcore: the signal it ends with there is
+the one expected (Py_FatalError's is SIGSEGV on CPython 3.13, which faults
+in its own faulthandler teardown before it aborts).
+
 Seven crashes, each in one place (main thread or another thread,
-alternating, so both are covered by crashes of each signal): the whole
-matrix runs in ~15-25 s here.
+alternating, so both are covered by crashes of each signal) and in one
+order (faulthandler enabled before btcore, whose handler then runs first,
+or after it, whose handler then runs first and passes the signal on: both
+are covered by crashes of SIGSEGV and SIGABRT): the whole matrix runs in
+~20-40 s here.
 """
 import glob
 import os
@@ -36,8 +45,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 import conftest
-from test_crash import (OUTSIDE_HEADER, btcore_python_frames, build_crash_fixture, faulthandler_frames, ours,
-                        outside_groups)
+from test_crash import (OUTSIDE_HEADER, PASSED_ON, btcore_python_frames, build_crash_fixture, faulthandler_frames,
+                        ours, outside_groups)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE = "_btfix_crashmx"
@@ -46,7 +55,6 @@ pytestmark = [
     pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan handles fatal signals itself"),
     pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
     pytest.mark.skipif(shutil.which("gdb") is None, reason="the core-file oracle is gdb, which is not installed"),
-    pytest.mark.skipif(sys.version_info[:2] == (3, 14), reason=conftest.CRASH_MATRIX_NOT_314),
 ]
 
 
@@ -75,7 +83,6 @@ import faulthandler, functools, sys, threading
 sys.path.insert(0, sys.argv[1])
 import greenlet
 from _btfix_crashmx import ffi, lib
-import btcore
 crashes = {"null_write": lib.crash_null_write, "wild_read": lib.crash_wild_read,   # partial: no Python frame
            "sigfpe": functools.partial(lib.crash_divide, 0), "stack_overflow": functools.partial(lib.crash_recurse, 0),
            "abort": lib.crash_abort, "terminate": lib.crash_terminate, "fatal_error": lib.crash_fatal_error}
@@ -101,12 +108,15 @@ def crasher():
     lib.crash_through_callback(in_callback, 0)
 
 def run():
-    if sys.argv[2] != "fatal_error":
+    if sys.argv[5] == "faulthandler_first":   # then btcore's handler runs first, from the fault's context
         faulthandler.enable()
-    btcore.enable_crash_report()   # this thread's crashes: runs first, from the fault's context
-    if sys.argv[2] == "fatal_error":
-        # After btcore's: Py_FatalError disables faulthandler, which puts back the disposition it found:
-        # the default action if faulthandler came first (the guide's "What to know").
+    if sys.argv[4] == "btcore":   # else the same crash without btcore: the exit status it would have
+        import btcore
+        btcore.enable_crash_report()   # this thread's crashes
+    if sys.argv[5] == "btcore_first":
+        # faulthandler's handler runs first and passes the signal on from its own (btcore's report finds the
+        # fault's context in the kernel's signal frame); Py_FatalError on 3.11 and 3.13 disables faulthandler,
+        # which puts back the disposition it found: btcore's here (the guide's "What to know").
         faulthandler.enable()
     parked = [greenlet.greenlet(parked_in_c if i % 2 else parked_in_python) for i in range(100)]
     for g in parked:
@@ -123,24 +133,45 @@ else:
     run()
 """
 
-def crash(kind, sig, where, function, *marks):
-    return pytest.param(kind, sig, where, function, id=f"{kind}-{where}", marks=marks)
+def crash(kind, sig, where, function, order):
+    return pytest.param(kind, sig, where, function, order, id=f"{kind}-{where}-{order}")
 
 
-CRASHES = [   # kind, signal, where, the fixture function that crashed
-    crash("null_write", signal.SIGSEGV, "main", "crash_null_write"),
-    crash("wild_read", signal.SIGSEGV, "thread", "crash_wild_read"),
-    crash("sigfpe", signal.SIGFPE, "main", "crash_divide"),
-    crash("stack_overflow", signal.SIGSEGV, "thread", "crash_recurse"),
-    crash("abort", signal.SIGABRT, "main", "crash_abort"),
-    crash("terminate", signal.SIGABRT, "thread", "crash_terminate"),
-    crash("fatal_error", signal.SIGABRT, "main", "crash_fatal_error",
-          pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason=conftest.FATAL_ERROR_IN_GREENLET)),
+CRASHES = [   # kind, signal, where, the fixture function that crashed, whose handler was enabled first
+    crash("null_write", signal.SIGSEGV, "main", "crash_null_write", "faulthandler_first"),
+    crash("wild_read", signal.SIGSEGV, "thread", "crash_wild_read", "btcore_first"),
+    crash("sigfpe", signal.SIGFPE, "main", "crash_divide", "btcore_first"),
+    crash("stack_overflow", signal.SIGSEGV, "thread", "crash_recurse", "faulthandler_first"),
+    crash("abort", signal.SIGABRT, "main", "crash_abort", "faulthandler_first"),
+    crash("terminate", signal.SIGABRT, "thread", "crash_terminate", "btcore_first"),
+    crash("fatal_error", signal.SIGABRT, "main", "crash_fatal_error", "btcore_first"),
 ]
+
+
+def crash_alone(matrix_dir, folder, kind, where, order) -> int:
+    """The signal that ends the same crash without btcore.  Py_FatalError's is SIGABRT, except on CPython
+    3.13, which faults first (SIGSEGV at 0x10 in PyMem_Free, under Py_FatalError's teardown of faulthandler:
+    with or without a greenlet, btcore or a callback; docs/design.md): what the interpreter does, not btcore."""
+    folder.mkdir()
+    alone = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where, "alone", order], capture_output=True,
+                           text=True, timeout=120, cwd=folder, preexec_fn=disable_cores)
+    return -alone.returncode
+
+
+def function_range(folder: str, function: str):
+    """[start, end) of function in the fixture built in folder, from its symbol table (pyelftools)."""
+    so = next(os.path.join(folder, n) for n in os.listdir(folder) if n.startswith(MODULE) and n.endswith(".so"))
+    with open(so, "rb") as f:
+        symbol = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(function)[0]
+    return symbol["st_value"], symbol["st_value"] + symbol["st_size"]
 
 
 def enable_cores():
     resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def disable_cores():
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def module_offsets(maps_text: str):
@@ -184,7 +215,7 @@ def unversioned(path: str) -> str:
 GDB_FRAMES = """
 f = gdb.newest_frame()
 n, after_signal = 0, True
-while f is not None and n < 80:
+while f is not None and n < 300:   # more than a sample holds (BTC_SIGNAL_NATIVE)
     if f.type() == gdb.SIGTRAMP_FRAME:
         print("SIGNAL")
         after_signal = True
@@ -213,27 +244,62 @@ def gdb_frames(core: str, folder: str):
                                                   for pc, exact in re.findall(r"^FRAME (\d+) (\d)$", frames, re.M)]
 
 
-def report_native(lines):
-    """(module, offset) of the report's native frames, innermost first, up to its first Python frame."""
+def report_frames(lines):
+    """The report's frames, innermost first: ("native", (module, offset)) for a native frame, ("python", n) for
+    a run of n Python frames."""
     out = []
     for line in lines:
         m = re.match(r"\s+\[(.*?)\] \+0x([0-9a-f]+)$", line)
         if m:
-            out.append((unversioned(m.group(1)), int(m.group(2), 16)))
+            out.append(("native", (unversioned(m.group(1)), int(m.group(2), 16))))
         elif line.lstrip().startswith("File "):
-            break
+            n = out.pop()[1] if out and out[-1][0] == "python" else 0
+            out.append(("python", n + 1))
     return out
 
 
-@pytest.mark.parametrize("kind, sig, where, function", CRASHES)
-def test_crash(matrix_dir, tmp_path, kind, sig, where, function):
+def interpreter_module(module: str) -> bool:
+    """Is module the interpreter's code: its executable (Debian's static python3.X) or libpython?"""
+    return re.match(r"(lib)?python3\.\d+", module) is not None
+
+
+def unmatched(report, theirs) -> str | None:
+    """Where the report's frames part from gdb's physical frames (innermost first), or None.  Each native frame
+    is gdb's next one; each run of Python frames stands where gdb has the eval-loop C frames that ran them: at
+    least one, at most one per Python frame (a C frame of the eval loop runs one or more), all in the
+    interpreter, up to the report's next native frame.  The report may end first (a greenlet's bottom, a
+    sample's capacity), gdb may not."""
+    j = 0
+    for i, (kind, what) in enumerate(report):
+        if kind == "native":
+            if j >= len(theirs) or theirs[j] != what:
+                return f"report frame {i} {what}: gdb has {theirs[j] if j < len(theirs) else 'nothing'} (gdb frame {j})"
+            j += 1
+            continue
+        following = next((w for k, w in report[i + 1:] if k == "native"), None)
+        ran = 0
+        while j < len(theirs) and theirs[j] != following and theirs[j] and interpreter_module(theirs[j][0]):
+            j, ran = j + 1, ran + 1
+        if not 1 <= ran <= what:
+            return f"report frame {i}, {what} Python frame(s): {ran} eval-loop frames in gdb from gdb frame {j - ran}"
+    return None
+
+
+@pytest.mark.parametrize("kind, sig, where, function, order", CRASHES)
+def test_crash(matrix_dir, tmp_path, kind, sig, where, function, order):
     # guards: the whole crash report against independent oracles, for each way of crashing (see the docstring).
     problem = core_pattern_problem()
     if problem:
         pytest.skip(problem)
-    out = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path, preexec_fn=enable_cores)
-    assert out.returncode == -sig, out.stderr
+    alone = crash_alone(matrix_dir, tmp_path / "alone", kind, where, order)
+    assert alone == sig or (kind == "fatal_error" and alone == signal.SIGSEGV), alone
+    sig = signal.Signals(alone)
+    out = subprocess.run([sys.executable, "-c", PROGRAM, matrix_dir, kind, where, "btcore", order], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path, preexec_fn=enable_cores)
+    assert out.returncode == -sig, out.stderr   # as without btcore
+    assert f"\nFatal signal {sig.name} ({int(sig)})" in out.stderr, out.stderr   # the report is of that signal
+    if order == "btcore_first" and kind != "fatal_error":   # (Py_FatalError disables faulthandler on 3.11, 3.13)
+        assert PASSED_ON in out.stderr, out.stderr   # faulthandler's handler ran first: ours is passed the signal
     cores = glob.glob(str(tmp_path / "core*"))
     if not cores:
         pytest.skip("no core file was written (RLIMIT_CORE raised, core_pattern 'core': a container's limit?)")
@@ -244,10 +310,12 @@ def test_crash(matrix_dir, tmp_path, kind, sig, where, function):
     assert killed == sig.name, frames
     where_is = module_offsets((tmp_path / "maps").read_text())
     theirs = [where_is(pc if exact else pc - 1) for pc, exact in frames]
-    mine = report_native(lines)
-    shared = min(len(mine), len(theirs))
-    assert shared >= 3 and mine[:shared] == theirs[:shared], (mine, theirs, out.stderr)
-    assert any(module.startswith(MODULE) for module, _ in mine), mine   # the fixture's frames are among them
+    mine = report_frames(lines)
+    assert unmatched(mine, theirs) is None, (unmatched(mine, theirs), mine, theirs, out.stderr)
+    assert mine[0][0] == "native" and len(mine) >= 3, mine   # the faulting frame first; not a stub
+    fixture = [what[1] for frame_kind, what in mine if frame_kind == "native" and what[0].startswith(MODULE)]
+    lo, hi = function_range(matrix_dir, function)
+    assert fixture and lo <= fixture[0] < hi, (function, mine)   # the fixture's first frame: the crashing function
 
     # faulthandler ran after us in the same run: the same Python frames.
     python = btcore_python_frames(out.stderr)

@@ -34,6 +34,10 @@ void btc_get_regs(btc_regs *r);
  * SA_SIGINFO handler receives; false on an unsupported architecture. */
 bool btc_regs_from_ucontext(const void *ucontext, btc_regs *out);
 
+/* The siginfo_t the kernel pushed beside the ucontext_t at ucontext, in the
+ * same signal frame (its layout is the architecture's); NULL where unknown. */
+const void *btc_siginfo_beside(const void *ucontext);
+
 /* The registers of thread tid of another process, stopped under ptrace by
  * us: 0, or -errno (-ENOSYS where btcore does not read them: the process
  * dump is x86-64 only, as are the core-file registers it parses). */

@@ -30,6 +30,14 @@
  * stopped process, names them and writes their tokens (encoding allocates:
  * not here).
  *
+ * A handler installed after ours (faulthandler.enable() after
+ * enable_crash_report()) runs first and passes the signal on by raising it
+ * again from inside itself: our context is then that handler's, on the
+ * alternate stack, where the fault's registers are not.  The kernel's frame
+ * of the first delivery lies above ours on that stack; first_delivery()
+ * finds it, and the report is of the fault's own context and siginfo, as
+ * if ours had run first.
+ *
  * A second crash during the report: all five signals are blocked while the
  * handler runs, so a fault inside it is fatal at once (the kernel forces the
  * default action of a blocked synchronous signal): no loop.  Another thread
@@ -59,6 +67,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "capture/arch.h"
@@ -96,6 +105,9 @@ static btc_native_frame nat[BTC_SIGNAL_NATIVE];
 static char text_buf[64 * 1024];
 static btc_crash_record record;
 
+#define PASSED_ON "\n(passed on by a handler that ran first, faulthandler's if enabled after btcore: the frames " \
+                  "are the fault's, from the kernel's first signal frame)"
+
 static const char *signal_name(int sig)
 {
     switch (sig) {
@@ -108,27 +120,71 @@ static const char *signal_name(int sig)
     }
 }
 
+/* Did the signal interrupt code running on the alternate stack alt? */
+static bool on_alt_stack(const ucontext_t *uc, const stack_t *alt)
+{
+    btc_regs regs;
+    return btc_regs_from_ucontext(uc, &regs) && regs.sp - (uintptr_t)alt->ss_sp < alt->ss_size;
+}
+
+/* The context of the signal's first delivery, when a handler that ran
+ * before ours raised it again from inside itself, on the alternate stack
+ * (faulthandler does, having written its report): ours, otherwise.  Each
+ * frame the kernel pushes records the alternate stack's settings
+ * (uc_stack; its flags are the stack's, not whether the interrupted code
+ * was on it) and the interrupted registers: our frame's sp lies on that
+ * stack, the first delivery's is the frame above ours whose sp does not.
+ * Its siginfo is there only if that handler asked for one (SA_SIGINFO;
+ * faulthandler does not): *si is set to it when it names this signal,
+ * else to NULL.  The scan reads only [our frame, the stack's top): the
+ * stack we run on, written by the kernel and the handlers since the first
+ * delivery. */
+static const ucontext_t *first_delivery(int sig, const ucontext_t *uc, const siginfo_t **si)
+{
+    const stack_t *alt = &uc->uc_stack;
+    if ((*si)->si_code > 0 || !on_alt_stack(uc, alt))   /* a fault, or not raised on the alternate stack */
+        return uc;
+    uintptr_t top = (uintptr_t)alt->ss_sp + alt->ss_size;
+    for (uintptr_t p = (uintptr_t)uc + sizeof(uintptr_t); p + offsetof(ucontext_t, uc_sigmask) <= top;
+         p += sizeof(uintptr_t)) {
+        const ucontext_t *first = (const ucontext_t *)p;
+        if (first->uc_stack.ss_sp != alt->ss_sp || first->uc_stack.ss_size != alt->ss_size ||
+            first->uc_stack.ss_flags != alt->ss_flags || on_alt_stack(first, alt))
+            continue;
+        const siginfo_t *info = btc_siginfo_beside(first);
+        bool named = info && (uintptr_t)info > (uintptr_t)uc && (uintptr_t)(info + 1) <= top && info->si_signo == sig;
+        *si = named ? info : NULL;
+        return first;
+    }
+    return uc;
+}
+
 static void restore_previous(void)
 {
     for (int i = 0; i < NFATAL; i++)
         sigaction(fatal_signals[i], &previous[i], NULL);
 }
 
-static void header(btc_text *t, int sig, const siginfo_t *si)
+static void header(btc_text *t, int sig, const siginfo_t *si, bool passed_on)
 {
     btc_text_add(t, "\nFatal signal ");
     btc_text_add(t, signal_name(sig));
     btc_text_add(t, " (");
     btc_text_add_uint(t, (uint64_t)sig, 10);
     btc_text_add(t, ")");
-    if (si->si_code > 0 && sig != SIGABRT) {   /* sent by the kernel for a fault: the address is meaningful */
+    /* Sent by the kernel for a fault: the address is meaningful.  No siginfo
+     * (passed on without one): neither address nor sender is known. */
+    bool fault = si && si->si_code > 0 && sig != SIGABRT;
+    if (fault) {
         btc_text_add(t, " at address ");
         btc_text_add_uint(t, (uintptr_t)si->si_addr, 16);
-    } else {
+    } else if (si) {
         btc_text_add(t, ", sent by the process (raise, abort, kill)");
     }
     btc_text_add(t, ", thread ");
     btc_text_add_uint(t, (uint64_t)syscall(SYS_gettid), 10);
+    if (passed_on)
+        btc_text_add(t, PASSED_ON);
     btc_text_add(t, "\nbtcore crash report (most recent call first):\n");
 }
 
@@ -271,15 +327,17 @@ static void run_helper(int fd)
     waitpid(child, &status, 0);
 }
 
-static void on_fatal_signal(int sig, siginfo_t *si, void *ucontext)
+static void on_fatal_signal(int sig, siginfo_t *si_here, void *ucontext_here)
 {
     int saved_errno = errno;
     uintptr_t none = 0;
     if (atomic_compare_exchange_strong(&reporter, &none, (uintptr_t)pthread_self())) {
         int fd = atomic_load(&report_fd);
         btc_text t = {text_buf, sizeof text_buf, 0};
+        const siginfo_t *si = si_here;
+        const ucontext_t *ucontext = first_delivery(sig, ucontext_here, &si);
         text_buf[0] = 0;
-        header(&t, sig, si);
+        header(&t, sig, si, ucontext != ucontext_here);
         btc_text_write(&t, fd);   /* the header first: whatever happens next, it is out */
         t.len = 0;
         if (atomic_load(&fault_in_report))
@@ -394,6 +452,12 @@ int btc_test_crash_handler_is_ours(void)
 void btc_test_crash_fault_in_report(int on)
 {
     atomic_store(&fault_in_report, on);
+}
+
+void btc_test_crash_holding_modules_lock(void)
+{
+    btc_modules_acquire();
+    *(volatile int *)unmapped = 0;
 }
 
 int btc_test_crash_chain_here(uint64_t *greenlet)

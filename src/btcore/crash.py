@@ -86,5 +86,6 @@ def disable_crash_report() -> None:
 def crash_report_enabled() -> bool:
     """Enabled and not disabled since.  (A handler installed afterwards,
     faulthandler.enable() for one, runs first and passes the signal on to
-    the crash report's: both reports are written.)"""
+    the crash report's: both reports are written, ours still of the
+    fault's own frames.)"""
     return bool(lib.btc_crash_enabled())

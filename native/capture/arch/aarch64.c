@@ -41,6 +41,12 @@ bool btc_regs_from_ucontext(const void *ucontext, btc_regs *out)
     return true;
 }
 
+/* The kernel's frame is { siginfo_t info; ucontext_t uc; } (rt_sigframe). */
+const void *btc_siginfo_beside(const void *ucontext)
+{
+    return (const char *)ucontext - sizeof(siginfo_t);
+}
+
 /* Not read here: qemu-user, where the arm64 lane runs, has no ptrace to test
  * it with, and the dump's Python side parses x86-64 registers (arch.h). */
 int btc_ptrace_regs(int tid, btc_regs *out)

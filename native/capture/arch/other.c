@@ -18,6 +18,12 @@ bool btc_regs_from_ucontext(const void *ucontext, btc_regs *out)
     return false;
 }
 
+const void *btc_siginfo_beside(const void *ucontext)
+{
+    (void)ucontext;
+    return NULL;
+}
+
 int btc_ptrace_regs(int tid, btc_regs *out)
 {
     (void)tid;

@@ -39,6 +39,14 @@ bool btc_regs_from_ucontext(const void *ucontext, btc_regs *out)
     return true;
 }
 
+/* The kernel's frame is { pretcode; struct ucontext uc; siginfo_t info; },
+ * and its ucontext ends after a one-word signal mask where glibc's
+ * ucontext_t goes on (a 128-byte mask, the FP registers). */
+const void *btc_siginfo_beside(const void *ucontext)
+{
+    return (const char *)ucontext + offsetof(ucontext_t, uc_sigmask) + sizeof(uint64_t);
+}
+
 int btc_ptrace_regs(int tid, btc_regs *out)
 {
     struct user_regs_struct r;
