@@ -311,6 +311,9 @@ ALLOWED_SKIPS = [
      "CPython 3.13-3.15's Py_FatalError, called in a greenlet reached through a C callback, faults at 0x10 "
      "in the interpreter after faulthandler's part, before it aborts (SIGSEGV, not SIGABRT): open in issue "
      "27; the host lane (3.11) runs that crash, every lane the six others"),
+    (r"^3\.14\+'s WeakSet has no pending removals$",
+     "WeakSet iterates a copy of its set on 3.14+ and removes at once: the hook's path for a registry with "
+     "removals pending runs on 3.11-3.13 only"),
     (r"^no CPython 3\.1[3-5] in a sid chroot here ",
      "the cross-version dump test runs 3.13-3.15 targets from the cached sid chroot (ci/sid-matrix.sh builds it); "
      "without it, or inside the chroot (where the whole dump module skips), it cannot run"),

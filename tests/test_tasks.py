@@ -545,6 +545,8 @@ def test_a_task_made_while_the_registry_has_removals_pending_is_added_by_weakset
     pending removals, which WeakSet.add() commits first: the hook leaves
     that registration to add() and still records the task."""
     registry, task_type = _registry_and_task_type()
+    if not hasattr(registry, "_pending_removals"):
+        pytest.skip("3.14+'s WeakSet has no pending removals")
 
     class Gone:
         pass

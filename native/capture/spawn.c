@@ -560,11 +560,13 @@ static record *record_task(PyObject *task, PyObject *current_tasks, const btc_re
 }
 
 /* May the task's record be the registry's entry for it (see task_added)?
- * Not while the registry is iterated: WeakSet.add() first commits the
- * removals pending then. */
+ * Not while the registry is iterated (3.11-3.13): WeakSet.add() first
+ * commits the removals pending then (pending None: 3.14+'s WeakSet, which
+ * iterates a copy, has none). */
 static bool entry_of_registry(PyObject *entries, PyObject *pending)
 {
-    return PySet_CheckExact(entries) && PyList_CheckExact(pending) && PyList_GET_SIZE(pending) == 0;
+    return PySet_CheckExact(entries) &&
+           (pending == Py_None || (PyList_CheckExact(pending) && PyList_GET_SIZE(pending) == 0));
 }
 
 /* The registry's `add` replaced: self is (original add, _current_tasks,
@@ -607,8 +609,8 @@ static PyMethodDef record_died_def = {"_spawn_record_died", on_record_died, METH
 
 /* _spawn_task_hook(add, current_tasks, task_types, weakset): the builtin to
  * install as the registry's `add` (see above); weakset: None, or the
- * registry's (entries, pending removals, callback) if it is a plain
- * weakref.WeakSet. */
+ * registry's (entries, pending removals or None, callback) if it is a
+ * plain weakref.WeakSet. */
 static PyObject *spawn_task_hook(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -616,7 +618,8 @@ static PyObject *spawn_task_hook(PyObject *self, PyObject *const *args, Py_ssize
     bool plain = weakset == Py_None;
     if (nargs != 4 || !PyCallable_Check(args[0]) || !PyDict_Check(args[1]) || !PyTuple_Check(args[2]) ||
         (!plain && !(PyTuple_Check(weakset) && PyTuple_GET_SIZE(weakset) == 3 &&
-                     PySet_CheckExact(PyTuple_GET_ITEM(weakset, 0)) && PyList_CheckExact(PyTuple_GET_ITEM(weakset, 1)) &&
+                     PySet_CheckExact(PyTuple_GET_ITEM(weakset, 0)) &&
+                     (PyTuple_GET_ITEM(weakset, 1) == Py_None || PyList_CheckExact(PyTuple_GET_ITEM(weakset, 1))) &&
                      PyCallable_Check(PyTuple_GET_ITEM(weakset, 2)))))
         return PyErr_Format(PyExc_TypeError, "_spawn_task_hook(add, current_tasks, task_types, weakset)");
     Py_XSETREF(task_types, Py_NewRef(args[2]));

@@ -35,8 +35,8 @@ raw_spawn_chain = globals()["_spawn_chain"]
 _spawn_creator = globals()["_spawn_creator"]
 # _spawn_task_hook(add, current_tasks, task_types, weakset): the tracking
 # add() of asyncio's task registry (native/capture/spawn.c, "asyncio tasks");
-# weakset: None, or a plain weakref.WeakSet registry's (data, _pending_removals,
-# _remove), whose entries the records become.
+# weakset: None, or a plain weakref.WeakSet registry's (data, _pending_removals
+# or None, _remove), whose entries the records become.
 _spawn_task_hook = globals()["_spawn_task_hook"]
 # _spawn_task_new(task_type, on, current_tasks): hook or restore the C Task's tp_new (3.14+).
 _spawn_task_new = globals()["_spawn_task_new"]
@@ -135,13 +135,14 @@ def _c_task_type():
 
 def _weakset_parts(registry) -> tuple | None:
     """A plain weakref.WeakSet's (data, _pending_removals, _remove): what its
-    add() uses, for the hook to add the task's record as its entry; None for
-    a registry of any other kind (its own add() is called)."""
+    add() uses, for the hook to add the task's record as its entry (3.14+'s
+    WeakSet has no pending removals: None); None for a registry of any other
+    kind (its own add() is called)."""
     if type(registry) is not weakref.WeakSet:
         return None
-    parts = tuple(vars(registry).get(name) for name in ("data", "_pending_removals", "_remove"))
-    kinds_ok = type(parts[0]) is set and type(parts[1]) is list and callable(parts[2])
-    return parts if kinds_ok else None
+    data, pending, remove = (vars(registry).get(name) for name in ("data", "_pending_removals", "_remove"))
+    kinds_ok = type(data) is set and (pending is None or type(pending) is list) and callable(remove)
+    return (data, pending, remove) if kinds_ok else None
 
 
 def _task_registries(tasks) -> list:
