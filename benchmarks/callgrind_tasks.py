@@ -2,9 +2,9 @@
 
 Time on a shared machine varies by 2x from one round to the next;
 instruction counts do not.  The workload is bench_asyncio.py's creation
-benchmark (`async def noop()` tasks made with asyncio.create_task()
---depth Python frames deep inside a task, run to completion, --batch per
-batch), in each mode:
+benchmark (its one_batch(): `async def noop()` tasks made with
+asyncio.create_task() --depth Python frames deep inside a task, run to
+completion, --batch per batch), in each mode:
 
   untracked    nothing on
   tracked      btcore.enable_spawn_tracking() (native + Python frames)
@@ -31,21 +31,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_asyncio import one_batch  # noqa: E402
+
 MODES = {"untracked": None, "tracked": {}, "python-only": {"native": False}}
-
-
-async def noop():
-    pass
-
-
-def _create(depth, batch):
-    if depth:
-        return _create(depth - 1, batch)
-    return [asyncio.create_task(noop()) for _ in range(batch)]
-
-
-async def _one_batch(depth, batch):
-    await _create(depth, batch)[-1]
 
 
 def child(mode, batches, batch, depth):
@@ -54,7 +43,7 @@ def child(mode, batches, batch, depth):
         btcore.enable_spawn_tracking(**MODES[mode])
     loop = asyncio.new_event_loop()
     for _ in range(batches + 1):   # one warm-up batch: tables built, sites interned
-        loop.run_until_complete(_one_batch(depth, batch))
+        loop.run_until_complete(one_batch(depth, batch))
     loop.close()
 
 
