@@ -62,7 +62,8 @@ def _create(depth, batch):
     return [asyncio.create_task(noop()) for _ in range(batch)]
 
 
-async def _one_batch(depth, batch):
+async def one_batch(depth, batch):
+    """One batch of the creation benchmark (benchmarks/callgrind_tasks.py counts its instructions)."""
     await _create(depth, batch)[-1]
 
 
@@ -80,7 +81,7 @@ def creation(rounds, batches, batch, depth):
             loop.set_debug(debug)
             t0 = time.thread_time_ns()
             for _ in range(batches):
-                loop.run_until_complete(_one_batch(depth, batch))
+                loop.run_until_complete(one_batch(depth, batch))
             runs[name].append((time.thread_time_ns() - t0) / batches)
             loop.set_debug(False)
             btcore.disable_spawn_tracking()

@@ -6,11 +6,13 @@ it) and the functions the program awaits through."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import sys
 import threading
 import time
+import weakref
 
 import greenlet
 import pytest
@@ -491,6 +493,82 @@ def test_disable_restores_the_registry():
     assert "add" in vars(registry)
     btcore.disable_spawn_tracking()
     assert "add" not in vars(registry)
+
+
+def _registry_and_task_type():
+    """asyncio's WeakSet registry, and a Task type that registers there
+    (3.14+: only the pure-Python Task does; C tasks are hooked at tp_new)."""
+    import asyncio.tasks as asyncio_tasks
+    registry = asyncio_tasks._all_tasks if hasattr(asyncio_tasks, "_all_tasks") else asyncio_tasks._scheduled_tasks
+    return registry, asyncio.tasks._PyTask if sys.version_info >= (3, 14) else asyncio.Task
+
+
+def _entries_of(registry, task) -> list:
+    return [ref for ref in registry.data if ref() is task]
+
+
+def test_a_tracked_tasks_record_is_its_registry_entry():
+    """The hook adds the task's record (a weak reference to it) to asyncio's
+    registry as its entry, instead of calling WeakSet.add(): all_tasks()
+    lists the task, and its death removes the entry and frees the record."""
+    from btcore.spawn import _counts
+    registry, task_type = _registry_and_task_type()
+
+    async def main():
+        made = task_type(asyncio.sleep(60), loop=asyncio.get_running_loop(), name="entry")
+        await asyncio.sleep(0)
+        entries = _entries_of(registry, made)
+        listed = made in asyncio.all_tasks() or made in getattr(asyncio.tasks, "_py_all_tasks", set)()
+        made_by_me = btcore.spawn_chain(made).links[0][2]() is asyncio.current_task()
+        made.cancel()
+        await asyncio.gather(made, return_exceptions=True)
+        return entries, listed, made_by_me, weakref.ref(made)
+
+    btcore.enable_spawn_tracking()
+    try:
+        asyncio.run(main())   # first: the main greenlet's record (asyncio.run's task's creator), kept
+        gc.collect()
+        before = len(registry.data), _counts()[0]
+        entries, listed, made_by_me, gone = asyncio.run(main())
+    finally:
+        btcore.disable_spawn_tracking()
+    assert [type(e).__name__ for e in entries] == ["_SpawnRecord"]   # the record itself, and only it
+    assert listed and made_by_me
+    del entries
+    gc.collect()
+    assert gone() is None
+    assert (len(registry.data), _counts()[0]) == before   # the entry went with the task, the record too
+
+
+def test_a_task_made_while_the_registry_has_removals_pending_is_added_by_weakset():
+    """While the registry is iterated, a dying task's entry waits in its
+    pending removals, which WeakSet.add() commits first: the hook leaves
+    that registration to add() and still records the task."""
+    registry, task_type = _registry_and_task_type()
+    if not hasattr(registry, "_pending_removals"):
+        pytest.skip("3.14+'s WeakSet has no pending removals")
+
+    class Gone:
+        pass
+
+    async def main():
+        gone = Gone()
+        entry = weakref.ref(gone)
+        hash(entry)   # as a set's entry's is
+        del gone
+        registry._pending_removals.append(entry)   # a dead entry, as _remove leaves one
+        made = task_type(asyncio.sleep(0), loop=asyncio.get_running_loop())
+        state = list(registry._pending_removals), [type(e).__name__ for e in _entries_of(registry, made)]
+        await made
+        return state, btcore.spawn_chain(made)
+
+    btcore.enable_spawn_tracking()
+    try:
+        (pending, entries), chain = asyncio.run(main())
+    finally:
+        btcore.disable_spawn_tracking()
+    assert pending == [] and entries == ["ReferenceType"]   # committed, then WeakSet's own entry
+    assert chain is not None
 
 
 # ---- the watchdog on an asyncio loop (child processes, as in test_watchdog.py) ----

@@ -65,6 +65,8 @@ typedef struct record {
     PyObject *name;             /* this greenlet's repr, taken when it first spawns; NULL before */
     PyObject *creator;          /* the spawner's record (a weakref to it), while this greenlet lives:
                                  * dropped at its death, so records never chain through it */
+    const void *bottom;         /* a task's: its coroutine's interpreter frame, where the sites of the
+                                 * tasks it creates end (see task_bottom); NULL: not known yet */
     struct record *prev, *next; /* the live list, which owns one reference */
 } record;
 
@@ -123,9 +125,12 @@ static void link_record(record *r)
     live_records++;
 }
 
+/* The callback of a record: self is NULL, or the callback of the registry
+ * (a weakref.WeakSet) that holds the record as its entry (see task_added),
+ * which is called first: its entry goes as a plain one's would. */
 static PyObject *on_record_died(PyObject *self, PyObject *ref)
 {
-    (void)self;
+    PyObject *result = self ? PyObject_CallOneArg(self, ref) : Py_NewRef(Py_None);
     record *r = (record *)ref;
     if (Py_IS_TYPE(ref, &record_type) && r->next) {
         r->prev->next = r->next;
@@ -135,7 +140,7 @@ static PyObject *on_record_died(PyObject *self, PyObject *ref)
         Py_CLEAR(r->creator);
         Py_DECREF(r);
     }
-    Py_RETURN_NONE;
+    return result;
 }
 
 /* g's record, borrowed (NULL if none): a weakref of our type in its list.
@@ -153,10 +158,11 @@ static record *record_of(PyObject *g)
 }
 
 /* A new record for g (a new reference) with no ancestry yet, in the live
- * list; NULL on failure. */
-static record *new_record(PyObject *g)
+ * list, died its callback (record_died, or one made by _spawn_task_hook);
+ * NULL on failure. */
+static record *new_record(PyObject *g, PyObject *died)
 {
-    PyObject *args = PyTuple_Pack(2, g, record_died);
+    PyObject *args = PyTuple_Pack(2, g, died);
     record *r = args ? (record *)_PyWeakref_RefType.tp_new(&record_type, args, NULL) : NULL;
     Py_XDECREF(args);
     if (r)
@@ -393,7 +399,7 @@ static record *spawner_record(PyObject *current)
 {
     record *r = record_of(current);
     if (!r) {
-        if (!(r = new_record(current)))
+        if (!(r = new_record(current, record_died)))
             return NULL;
         Py_DECREF(r);   /* the live list holds it */
     }
@@ -404,9 +410,13 @@ static record *spawner_record(PyObject *current)
 
 /* ---- the hook ---- */
 
-/* Record g as created by current (a greenlet or an asyncio task), from
- * the stack at regs. */
-static void track(PyObject *g, PyObject *current, const btc_regs *regs, const void *stop)
+static const void *task_bottom(PyObject *task);
+
+/* Record g as created by current, a greenlet or (by_task) a running
+ * asyncio task, whose bottom then ends the site; from the stack at regs,
+ * died the record's callback.  The record (a new reference: the live
+ * list holds another), or NULL if g is not tracked. */
+static record *track(PyObject *g, PyObject *current, bool by_task, const btc_regs *regs, PyObject *died)
 {
     btc_frame frames[BTC_SPAWN_SITE_FRAMES];
     PyObject *codes[BTC_SPAWN_SITE_FRAMES];
@@ -414,10 +424,14 @@ static void track(PyObject *g, PyObject *current, const btc_regs *regs, const vo
                          .max = capacity < BTC_SPAWN_SITE_FRAMES ? capacity : BTC_SPAWN_SITE_FRAMES};
     record *spawner = current ? spawner_record(current) : NULL;
     record *r = NULL;
-    if (spawner)
+    if (spawner) {
         Py_INCREF(spawner);
-    if (spawner && bounded_chain(spawner) && btc_capture_site(&c, site_want, regs, stop) == 0 &&
-        (r = new_record(g))) {
+        /* A task's coroutine, and its frame, are the same for the task's life. */
+        if (by_task && !spawner->bottom)
+            spawner->bottom = task_bottom(current);
+    }
+    if (spawner && bounded_chain(spawner) &&
+        btc_capture_site(&c, site_want, regs, by_task ? spawner->bottom : NULL) == 0 && (r = new_record(g, died))) {
         r->spawner = Py_NewRef(spawner->name);
         /* NULL on failure: an untracked greenlet, and then no parent (a
          * site-less record ends every chain, holding none). */
@@ -425,8 +439,8 @@ static void track(PyObject *g, PyObject *current, const btc_regs *regs, const vo
             r->parent = Py_NewRef((PyObject *)spawner);
         r->creator = Py_NewRef((PyObject *)spawner);
     }
-    Py_XDECREF(r);   /* the live list holds it */
     Py_XDECREF((PyObject *)spawner);
+    return r;
 }
 
 static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -441,7 +455,7 @@ static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *type_, *value, *tb;   /* a failure to record is not the caller's */
     PyErr_Fetch(&type_, &value, &tb);
     PyObject *current = btc_current_greenlet();
-    track(g, current, &regs, NULL);
+    Py_XDECREF(track(g, current, false, &regs, record_died));
     Py_XDECREF(current);
     PyErr_Clear();
     PyErr_Restore(type_, value, tb);
@@ -524,56 +538,104 @@ static const void *task_bottom(PyObject *task)
 }
 
 /* Record task as created by the running task (else the current greenlet),
- * from the stack at regs; current_tasks: asyncio's dict (NULL: not read). */
-static void record_task(PyObject *task, PyObject *current_tasks, const btc_regs *regs)
+ * from the stack at regs; current_tasks: asyncio's dict (NULL: not read);
+ * died: the record's callback.  The record (a new reference), or NULL if
+ * the task is not tracked. */
+static record *record_task(PyObject *task, PyObject *current_tasks, const btc_regs *regs, PyObject *died)
 {
     in_hook = true;
     PyObject *type_, *value, *tb;
     PyErr_Fetch(&type_, &value, &tb);
     PyObject *creator = running_task(task, current_tasks);
-    const void *bottom = creator ? task_bottom(creator) : NULL;
+    bool by_task = creator != NULL;
     if (!creator)
         creator = btc_current_greenlet();
-    if (creator && Py_TYPE(creator)->tp_weaklistoffset != 0)   /* weakly referenceable */
-        track(task, creator, regs, bottom);
+    record *r = creator && Py_TYPE(creator)->tp_weaklistoffset != 0   /* weakly referenceable */
+                    ? track(task, creator, by_task, regs, died) : NULL;
     Py_XDECREF(creator);
     PyErr_Clear();
     PyErr_Restore(type_, value, tb);
     in_hook = false;
+    return r;
 }
 
-/* The registry's `add` replaced: self is (original add, _current_tasks). */
+/* May the task's record be the registry's entry for it (see task_added)?
+ * Not while the registry is iterated (3.11-3.13): WeakSet.add() first
+ * commits the removals pending then (pending None: 3.14+'s WeakSet, which
+ * iterates a copy, has none). */
+static bool entry_of_registry(PyObject *entries, PyObject *pending)
+{
+    return PySet_CheckExact(entries) &&
+           (pending == Py_None || (PyList_CheckExact(pending) && PyList_GET_SIZE(pending) == 0));
+}
+
+/* The registry's `add` replaced: self is (original add, _current_tasks,
+ * entries, pending, died), the last three those of a weakref.WeakSet
+ * registry (its set of weak references, its pending removals, and a
+ * record callback that calls its own first) or None.  The record is then
+ * the registry's entry for the task, added as WeakSet.add() adds the
+ * weak reference it makes (equal to it: a weak reference compares and
+ * hashes as its referent), and the call of add(), Python code, is saved.
+ * Else, or for a task not tracked, the original add() registers it. */
 static PyObject *task_added(PyObject *self, PyObject *task)
 {
-    PyObject *result = PyObject_CallOneArg(PyTuple_GET_ITEM(self, 0), task);
-    if (!result || !enabled || in_hook || record_of(task))   /* registered again (3.12's eager tasks) */
-        return result;
+    PyObject *add = PyTuple_GET_ITEM(self, 0), *current_tasks = PyTuple_GET_ITEM(self, 1);
+    PyObject *entries = PyTuple_GET_ITEM(self, 2), *pending = PyTuple_GET_ITEM(self, 3);
+    if (!enabled || in_hook || record_of(task))   /* registered again (3.12's eager tasks) */
+        return PyObject_CallOneArg(add, task);
     btc_regs regs;
     btc_get_regs(&regs);
-    record_task(task, PyTuple_GET_ITEM(self, 1), &regs);
-    return result;
+    if (!entry_of_registry(entries, pending)) {
+        PyObject *result = PyObject_CallOneArg(add, task);
+        if (result)
+            Py_XDECREF(record_task(task, current_tasks, &regs, record_died));
+        return result;
+    }
+    record *r = record_task(task, current_tasks, &regs, PyTuple_GET_ITEM(self, 4));
+    /* (the record's work may have run Python code: a finalizer iterating the registry) */
+    if (!r || !entry_of_registry(entries, pending)) {
+        Py_XDECREF(r);
+        return PyObject_CallOneArg(add, task);
+    }
+    int added = PySet_Add(entries, (PyObject *)r);
+    Py_DECREF(r);
+    return added < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 static PyMethodDef task_added_def = {"_spawn_task_added", task_added, METH_O,
                                      "The task registry's add(), recording the task's creation (spawn tracking)."};
 
-/* _spawn_task_hook(add, current_tasks, task_types): the builtin to install
- * as the registry's `add` (see above). */
+static PyMethodDef record_died_def = {"_spawn_record_died", on_record_died, METH_O, NULL};
+
+/* _spawn_task_hook(add, current_tasks, task_types, weakset): the builtin to
+ * install as the registry's `add` (see above); weakset: None, or the
+ * registry's (entries, pending removals or None, callback) if it is a
+ * plain weakref.WeakSet. */
 static PyObject *spawn_task_hook(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 3 || !PyCallable_Check(args[0]) || !PyDict_Check(args[1]) || !PyTuple_Check(args[2]))
-        return PyErr_Format(PyExc_TypeError, "_spawn_task_hook(add, current_tasks, task_types)");
+    PyObject *weakset = nargs == 4 ? args[3] : NULL;
+    bool plain = weakset == Py_None;
+    if (nargs != 4 || !PyCallable_Check(args[0]) || !PyDict_Check(args[1]) || !PyTuple_Check(args[2]) ||
+        (!plain && !(PyTuple_Check(weakset) && PyTuple_GET_SIZE(weakset) == 3 &&
+                     PySet_CheckExact(PyTuple_GET_ITEM(weakset, 0)) &&
+                     (PyTuple_GET_ITEM(weakset, 1) == Py_None || PyList_CheckExact(PyTuple_GET_ITEM(weakset, 1))) &&
+                     PyCallable_Check(PyTuple_GET_ITEM(weakset, 2)))))
+        return PyErr_Format(PyExc_TypeError, "_spawn_task_hook(add, current_tasks, task_types, weakset)");
     Py_XSETREF(task_types, Py_NewRef(args[2]));
-    PyObject *state = PyTuple_Pack(2, args[0], args[1]);
+    PyObject *died = plain ? Py_NewRef(Py_None) : PyCFunction_New(&record_died_def, PyTuple_GET_ITEM(weakset, 2));
+    PyObject *state = !died ? NULL
+                      : plain ? PyTuple_Pack(5, args[0], args[1], Py_None, Py_None, Py_None)
+                              : PyTuple_Pack(5, args[0], args[1], PyTuple_GET_ITEM(weakset, 0), PyTuple_GET_ITEM(weakset, 1), died);
     PyObject *hook = state ? PyCFunction_New(&task_added_def, state) : NULL;
+    Py_XDECREF(died);
     Py_XDECREF(state);
     return hook;
 }
 
 static PyMethodDef spawn_task_hook_def = {
     "_spawn_task_hook", (PyCFunction)(void (*)(void))spawn_task_hook, METH_FASTCALL,
-    "_spawn_task_hook(add, current_tasks, task_types): the tracking add() of a task registry."};
+    "_spawn_task_hook(add, current_tasks, task_types, weakset): the tracking add() of a task registry."};
 
 /* 3.14+: the C Task registers in a C list, calling nothing hookable, so
  * the C Task type's tp_new is swapped, as greenlet's is (swap_new: its
@@ -594,7 +656,7 @@ static PyObject *tracked_task_new(PyTypeObject *type, PyObject *args, PyObject *
         return task;
     btc_regs regs;
     btc_get_regs(&regs);
-    record_task(task, task_current_tasks, &regs);
+    Py_XDECREF(record_task(task, task_current_tasks, &regs, record_died));
     return task;
 }
 
@@ -713,7 +775,6 @@ static PyMethodDef spawn_chain_def = {
     "_spawn_chain", (PyCFunction)(void (*)(void))spawn_chain, METH_FASTCALL,
     "_spawn_chain(g, limit): ((site, spawner repr, spawner record), ...) newest first and whether "
     "older generations were left out; None if g is untracked."};
-static PyMethodDef record_died_def = {"_spawn_record_died", on_record_died, METH_O, NULL};
 static PyMethodDef site_died_def = {"_spawn_site_died", on_site_died, METH_O, NULL};
 
 /* Remember greenlet's type and its original tp_new, once (a module

@@ -12,6 +12,7 @@ chain into a Backtrace, newest generation first; spawn_backtrace(g) does both.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import NamedTuple
 
 import greenlet
@@ -32,8 +33,10 @@ raw_spawn_chain = globals()["_spawn_chain"]
 # _spawn_creator(g): the greenlet that created g while tracking was on, or
 # None (untracked, or its creator is gone).
 _spawn_creator = globals()["_spawn_creator"]
-# _spawn_task_hook(add, current_tasks, task_types): the
-# tracking add() of asyncio's task registry (native/capture/spawn.c).
+# _spawn_task_hook(add, current_tasks, task_types, weakset): the tracking
+# add() of asyncio's task registry (native/capture/spawn.c, "asyncio tasks");
+# weakset: None, or a plain weakref.WeakSet registry's (data, _pending_removals
+# or None, _remove), whose entries the records become.
 _spawn_task_hook = globals()["_spawn_task_hook"]
 # _spawn_task_new(task_type, on, current_tasks): hook or restore the C Task's tp_new (3.14+).
 _spawn_task_new = globals()["_spawn_task_new"]
@@ -102,7 +105,7 @@ def _hook_tasks() -> None:
     bases = tuple({futures.Future, getattr(futures, "_PyFuture", futures.Future)})
     for registry in _task_registries(tasks):
         if not _hooked(registry) and isinstance(current_tasks, dict):
-            registry.add = _spawn_task_hook(registry.add, current_tasks, bases)
+            registry.add = _spawn_task_hook(registry.add, current_tasks, bases, _weakset_parts(registry))
     c_task = _c_task_type()
     if c_task is not None and isinstance(current_tasks, dict):
         _spawn_task_new(c_task, True, current_tasks)
@@ -128,6 +131,18 @@ def _c_task_type():
     except ImportError:
         return None
     return Task
+
+
+def _weakset_parts(registry) -> tuple | None:
+    """A plain weakref.WeakSet's (data, _pending_removals, _remove): what its
+    add() uses, for the hook to add the task's record as its entry (3.14+'s
+    WeakSet has no pending removals: None); None for a registry of any other
+    kind (its own add() is called)."""
+    if type(registry) is not weakref.WeakSet:
+        return None
+    data, pending, remove = (vars(registry).get(name) for name in ("data", "_pending_removals", "_remove"))
+    kinds_ok = type(data) is set and (pending is None or type(pending) is list) and callable(remove)
+    return (data, pending, remove) if kinds_ok else None
 
 
 def _task_registries(tasks) -> list:
