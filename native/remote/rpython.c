@@ -234,6 +234,38 @@ static bool is_head(const uintptr_t *heads, int nheads, uintptr_t at)
     return false;
 }
 
+/* Append to out (at *n, at most max) the objects of the list at head
+ * whose type is `wanted` or a subtype; false if out is full.  _gc_next
+ * holds a clean pointer outside a collection (bit 0 is only set while one
+ * runs); a list that does not come back to its head within the bound is
+ * garbage, and so is a misaligned link. */
+static bool walk_gc_list(btc_rmem *m, type_memo *memo, const uintptr_t *heads, int nheads, uintptr_t head,
+                         uintptr_t wanted, uintptr_t *out, int *n, int max, uint64_t *visited, int *broken)
+{
+    uintptr_t at;
+    if (!btc_rmem_word(m, head, &at)) {
+        (*broken)++;
+        return true;
+    }
+    loop_watch watch = {0, 0, 1};
+    for (at &= ~(uintptr_t)3; at != head && *visited < BTC_REMOTE_MAX_OBJECTS; (*visited)++) {
+        uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
+        /* a loop that misses the head, or a link into another list
+         * (whose objects that list gives): garbage, the list ends */
+        if ((at & 7) || loops(&watch, at) || is_head(heads, nheads, at) || btc_rmem_read(m, at, w, sizeof w) != 0) {
+            (*broken)++;
+            return true;
+        }
+        if (w[3] && is_subtype(m, memo, w[3], wanted)) {
+            if (*n >= max)
+                return false;   /* more than the caller has room for */
+            out[(*n)++] = at + GC_HEAD_SIZE;
+        }
+        at = w[0] & ~(uintptr_t)3;
+    }
+    return true;
+}
+
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
                             uintptr_t *out, int max, uint64_t *visited, int *broken)
 {
@@ -242,31 +274,51 @@ int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uin
     int n = 0;
     *visited = 0;
     *broken = 0;
-    for (int h = 0; h < nheads; h++) {
-        uintptr_t at;
-        if (!btc_rmem_word(m, heads[h], &at)) {
-            (*broken)++;
+    for (int h = 0; h < nheads; h++)
+        if (!walk_gc_list(m, &memo, heads, nheads, heads[h], wanted, out, &n, max, visited, broken))
+            return -1;
+    return n;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Is the object at `at` (one a walk found before) alive and of type
+ * `wanted` or a subtype?  Freeing an object leaves its reference count 0
+ * (neither pymalloc nor malloc write there: they reuse its first words)
+ * and untracking it clears _gc_next; memory reused by another object has
+ * that object's type. */
+static bool still_instance(btc_rmem *m, type_memo *memo, uintptr_t at, uintptr_t wanted)
+{
+    uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
+    return !(at & 7) && at >= GC_HEAD_SIZE && btc_rmem_read(m, at - GC_HEAD_SIZE, w, sizeof w) == 0 && w[0] &&
+           (uint32_t)w[2] && w[3] && is_subtype(m, memo, w[3], wanted);   /* 3.12+: the count is the low half */
+}
+
+int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, int nyoung, uintptr_t wanted,
+                        const uintptr_t *known, int nknown, uintptr_t *out, int max, uint64_t *visited, int *broken)
+{
+    static type_memo memo;
+    memset(&memo, 0, sizeof memo);
+    int n = 0;
+    *visited = 0;
+    *broken = 0;
+    for (int h = 0; h < nyoung && h < nheads; h++)
+        if (!walk_gc_list(m, &memo, heads, nheads, heads[h], wanted, out, &n, max, visited, broken))
+            return -1;
+    int young = n;
+    qsort(out, (size_t)young, sizeof *out, by_value);   /* to leave out the known ones found again */
+    btc_rmem_prefetch(m, known, nknown);
+    for (int i = 0; i < nknown; i++) {
+        if (bsearch(&known[i], out, (size_t)young, sizeof *out, by_value) ||
+            !still_instance(m, &memo, known[i], wanted))
             continue;
-        }
-        /* _gc_next holds a clean pointer outside a collection (bit 0 is
-         * only set while one runs); a list that does not come back to its
-         * head within the bound is garbage, and so is a misaligned link. */
-        loop_watch watch = {0, 0, 1};
-        for (at &= ~(uintptr_t)3; at != heads[h] && *visited < BTC_REMOTE_MAX_OBJECTS; (*visited)++) {
-            uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
-            /* a loop that misses the head, or a link into another list
-             * (whose objects that list gives): garbage, the list ends */
-            if ((at & 7) || loops(&watch, at) || is_head(heads, nheads, at) || btc_rmem_read(m, at, w, sizeof w) != 0) {
-                (*broken)++;
-                break;
-            }
-            if (w[3] && is_subtype(m, &memo, w[3], wanted)) {
-                if (n >= max)
-                    return -1;   /* more than the caller has room for */
-                out[n++] = at + GC_HEAD_SIZE;
-            }
-            at = w[0] & ~(uintptr_t)3;
-        }
+        if (n >= max)
+            return -1;
+        out[n++] = known[i];
     }
     return n;
 }

@@ -249,6 +249,16 @@ class GreenletCopy:
 
 
 @dataclass
+class KnownGreenlets:
+    """The greenlet objects a complete walk of an interpreter's gc lists found (alive or not by now), and
+    its old lists as they were then (Target.old_lists): while those stay the same, a new greenlet can only be
+    in the young lists, and a stop walks those alone and checks these."""
+    old_lists: bytes
+    addresses: object   # uintptr_t[]
+    n: int
+
+
+@dataclass
 class Snapshot:
     pid: int
     threads: list
@@ -285,6 +295,7 @@ class Target:
         self.modules = Modules(mappings, memory, notes)
         self.runtime, self.layout = self._interpreter()
         self.greenlet_type, self.greenlet_code, self.greenlet_offsets = self._greenlet()
+        self.known_greenlets = {}   # interpreter -> KnownGreenlets: what the last complete walk found
 
     def _interpreter(self) -> tuple:
         """(_PyRuntime's address, the layout table to read it with)."""
@@ -376,9 +387,20 @@ class Target:
                        self.layout.tstate_next, _MAX_THREAD_STATES)
 
     def gc_heads(self, interp: int) -> list:
+        """The gc lists' heads: the generations, youngest first, then the permanent one."""
         lay = self.layout
         heads = [interp + lay.interp_gc_generations + i * lay.gc_generation_size for i in range(lay.gc_ngenerations)]
         return heads + [interp + lay.interp_gc_permanent]
+
+    def old_lists(self, interp: int) -> bytes | None:
+        """The oldest generation's and the permanent one's `struct gc_generation` (list head, threshold,
+        count): an object enters those lists only through a collection of the generations before them
+        (which adds to the oldest's count, or resets it, and moves objects to its list's tail: a new tail
+        link) or gc.freeze()/unfreeze() (a new tail link of the one merged into).  Unchanged since a walk:
+        every object they hold was in them then."""
+        heads, size = self.gc_heads(interp), self.layout.gc_generation_size
+        parts = [self.memory.read(head, size) for head in heads[-2:]]
+        return None if None in parts else b"".join(parts)
 
     @functools.cached_property
     def map_ranges(self) -> tuple:
@@ -484,17 +506,60 @@ def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
     return t
 
 
-def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
-    heads = target.gc_heads(interp)
+def _find_greenlets(target: Target, interp: int, room: Room) -> tuple:
+    """(the greenlet objects of interp's gc lists in room's buffer, how many or -1: more than _MAX_GREENLETS,
+    lists found broken).  Where the old lists are as they were at the last complete walk, only the young lists
+    are walked and the greenlets that walk found are checked (the old lists are most of the gc's objects: 48 MB
+    of pages at 10,000 greenlets); else every list.  A walk made while the target is stopped is remembered."""
+    heads, memory = target.gc_heads(interp), target.memory
+    known, old_lists = target.known_greenlets.get(interp), target.old_lists(interp)
+    young = known is not None and old_lists is not None and known.old_lists == old_lists
     visited, broken = ffi.new("uint64_t *"), ffi.new("int *")
     most, n = max(1 << 12, room.size((interp, "found")) // 8), -1
     while n < 0 and most <= _MAX_GREENLETS:
         out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get((interp, "found"), most * 8)))
-        n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), target.greenlet_type,
-                                        out, most, visited, broken)
+        n = (lib.btc_remote_gc_known(memory.handle, heads, len(heads), target.layout.gc_ngenerations - 1,
+                                     target.greenlet_type, known.addresses, known.n, out, most, visited, broken)
+             if young else lib.btc_remote_gc_instances(memory.handle, heads, len(heads), target.greenlet_type,
+                                                       out, most, visited, broken))
         most *= 2
-    if broken[0] and not room.rehearsal:
-        target.notes.append(f"{broken[0]} of the interpreter's gc lists end before their head (a corrupt "
+    if not room.rehearsal:
+        _remember_greenlets(target, interp, old_lists, out, n if not broken[0] else -1)
+    return out, n, broken[0]
+
+
+def _remember_greenlets(target: Target, interp: int, old_lists: bytes | None, found, n: int) -> None:
+    """Keep what a complete walk found (n >= 0), else forget: the next walks every list."""
+    if n < 0 or old_lists is None:
+        target.known_greenlets.pop(interp, None)
+        return
+    addresses = ffi.new("uintptr_t[]", max(n, 1))
+    ffi.memmove(addresses, found, n * 8)
+    target.known_greenlets[interp] = KnownGreenlets(old_lists, addresses, n)
+
+
+def learn_greenlets(target: Target) -> None:
+    """Walk every gc list of every interpreter while the target runs, for the stop to walk the young ones
+    only (_find_greenlets).  What is walked while it runs is trusted only if its old lists were the same before
+    the walk and after it (each read afresh: the chunk cache forgotten) and no list was found broken: then no
+    object entered them meanwhile, and each object the old lists held all along was passed (objects only leave
+    them).  Leaves the chunk cache empty."""
+    memory = target.memory
+    for interp in list(target.interpreters()):
+        target.known_greenlets.pop(interp, None)   # a walk of every list
+        memory.forget()
+        before = target.old_lists(interp)
+        _find_greenlets(target, interp, Room())   # (not a rehearsal's room: it remembers what it found)
+        memory.forget()
+        if target.old_lists(interp) != before:
+            target.known_greenlets.pop(interp, None)
+    memory.forget()
+
+
+def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
+    out, n, broken = _find_greenlets(target, interp, room)
+    if broken and not room.rehearsal:
+        target.notes.append(f"{broken} of the interpreter's gc lists end before their head (a corrupt "
                             "target?): greenlets after the break are not listed")
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
@@ -594,6 +659,8 @@ def rehearse(target: Target, threads_only: bool):
     copies.  Lists walked while they change may lead anywhere: every read
     is bounded, and a chunk read for nothing costs a copy, not a wrong dump
     (the stop walks them all again)."""
+    if not threads_only and target.greenlet_type:
+        learn_greenlets(target)
     room = Room(rehearsal=True)
     gather(target, {tid: "not stopped (rehearsal)" for tid in _tids(target.pid)}, threads_only, room)
     chunks = target.memory.chunks()
