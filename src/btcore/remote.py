@@ -270,9 +270,10 @@ class Snapshot:
     stopped_for: float = 0.0    # seconds the target was stopped
     notes: list = field(default_factory=list)
     stopped_cpu: float = 0.0    # seconds of this thread's CPU time in that window (a loaded machine
-                                # stretches stopped_for, not this)
+                                # stretches stopped_for, not this; the reader's second thread is not counted)
     stopped_reads: int = 0      # syscalls that read its memory in that window
     types: bounds.Types = field(default_factory=bounds.Types)   # the target's type objects (bounds.Names)
+    gc_walked: int = 0          # objects of the gc lists walked in that window (the young lists', mostly)
 
 
 PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
@@ -296,6 +297,7 @@ class Target:
         self.runtime, self.layout = self._interpreter()
         self.greenlet_type, self.greenlet_code, self.greenlet_offsets = self._greenlet()
         self.known_greenlets = {}   # interpreter -> KnownGreenlets: what the last complete walk found
+        self.gc_chunks = None       # the chunks a rehearsal's complete walk read (Memory.chunks())
 
     def _interpreter(self) -> tuple:
         """(_PyRuntime's address, the layout table to read it with)."""
@@ -392,6 +394,12 @@ class Target:
         heads = [interp + lay.interp_gc_generations + i * lay.gc_generation_size for i in range(lay.gc_ngenerations)]
         return heads + [interp + lay.interp_gc_permanent]
 
+    def lists_moved(self) -> bool:
+        """Will the gathering walk every gc list (an interpreter's old lists changed since its last complete
+        walk, or none was kept)?"""
+        known = self.known_greenlets
+        return not known or any(k.old_lists != self.old_lists(interp) for interp, k in known.items())
+
     def old_lists(self, interp: int) -> bytes | None:
         """The oldest generation's and the permanent one's `struct gc_generation` (list head, threshold,
         count): an object enters those lists only through a collection of the generations before them
@@ -453,6 +461,7 @@ class Room:
     def __init__(self, rehearsal: bool = False):
         self.rehearsal = rehearsal
         self._buffers = {}
+        self.walked = 0   # objects of the gc lists the last gathering walked
 
     def size(self, key) -> int:
         return len(self._buffers.get(key, b""))
@@ -471,6 +480,7 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
     thread states, greenlets (raw: greenlet_copies() unpacks them).
     regs_of: tid -> registers (or an error text).  room: where to copy to."""
     room = room or Room()
+    room.walked = 0
     threads = [_copy_thread(target, tid, regs) for tid, regs in regs_of.items()]
     by_tid = {t.tid: t for t in threads}
     greenlets = []
@@ -523,6 +533,7 @@ def _find_greenlets(target: Target, interp: int, room: Room) -> tuple:
              if young else lib.btc_remote_gc_instances(memory.handle, heads, len(heads), target.greenlet_type,
                                                        out, most, visited, broken))
         most *= 2
+    room.walked += visited[0]
     if not room.rehearsal:
         _remember_greenlets(target, interp, old_lists, out, n if not broken[0] else -1)
     return out, n, broken[0]
@@ -545,13 +556,16 @@ def learn_greenlets(target: Target) -> None:
     object entered them meanwhile, and each object the old lists held all along was passed (objects only leave
     them).  Leaves the chunk cache empty."""
     memory = target.memory
-    for interp in list(target.interpreters()):
+    interps = list(target.interpreters())
+    memory.forget()
+    before = [target.old_lists(interp) for interp in interps]
+    for interp in interps:
         target.known_greenlets.pop(interp, None)   # a walk of every list
-        memory.forget()
-        before = target.old_lists(interp)
         _find_greenlets(target, interp, Room())   # (not a rehearsal's room: it remembers what it found)
-        memory.forget()
-        if target.old_lists(interp) != before:
+    target.gc_chunks = memory.chunks()
+    memory.forget()
+    for interp, old_lists in zip(interps, before):
+        if target.old_lists(interp) != old_lists:
             target.known_greenlets.pop(interp, None)
     memory.forget()
 
@@ -790,6 +804,8 @@ def stop_and_copy(target: Target, chunks, room: Room, threads_only: bool, timeou
         began, began_cpu, began_reads = time.perf_counter(), time.thread_time(), memory.syscalls()
         try:
             regs_of = stop_threads(pid, timeout, stopped)
+            if target.gc_chunks is not None and not threads_only and target.lists_moved():
+                memory.prefetch(target.gc_chunks)   # every list is walked: what the rehearsal's walk of them read
             memory.prefetch(chunks)
             threads, greenlets = gather(target, regs_of, threads_only, room)
         finally:
@@ -800,4 +816,4 @@ def stop_and_copy(target: Target, chunks, room: Room, threads_only: bool, timeou
         target.notes.append("the process exited during the dump: what was read before is shown")
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
                     target.greenlet_code, target.layout, stopped_for, target.notes, stopped_cpu, stopped_reads,
-                    target.types)
+                    target.types, room.walked)

@@ -1,0 +1,136 @@
+"""The stop finds greenlets without walking the old gc lists (btcore/remote.py's _find_greenlets,
+native/remote/rpython.c's btc_remote_gc_known): the young lists are walked and the greenlets an earlier
+complete walk found are checked, while the oldest generation's and the permanent one's heads and counts are
+as they were then.  A greenlet made between two stops and moved into an old list meanwhile (a collection,
+gc.freeze()) must still be listed; one freed since must not be."""
+import gc
+import os
+import subprocess
+import sys
+
+import greenlet
+import pytest
+
+from btcore import remote
+from btcore._native import ffi, lib
+
+WAIT = 60
+
+# Parks 200 greenlets, collects (so that the interpreter's objects lie in the oldest generation), then for each
+# line of its stdin makes one more parked greenlet, does what the line says and prints its address.
+TARGET = """
+import gc, sys, greenlet
+main = greenlet.getcurrent()
+parked = []
+
+def spawn():
+    g = greenlet.greenlet(main.switch)
+    g.switch()
+    parked.append(g)
+    return g
+
+for _ in range(200):
+    spawn()
+gc.collect()
+print("ready", flush=True)
+for line in sys.stdin:
+    g = spawn()
+    {"young": lambda: gc.collect(0), "oldest": gc.collect, "freeze": gc.freeze, "none": lambda: None}[line.strip()]()
+    print(hex(id(g)), flush=True)
+"""
+
+
+@pytest.fixture
+def target():
+    proc = subprocess.Popen([sys.executable, "-c", TARGET], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def objects_of_every_list(t) -> int:
+    """How many objects a complete walk of the target's gc lists passes (now, while it runs)."""
+    heads = t.gc_heads(next(t.interpreters()))
+    visited, broken = ffi.new("uint64_t *"), ffi.new("int *")
+    out = ffi.new("uintptr_t[]", 1 << 12)
+    t.memory.forget()
+    lib.btc_remote_gc_instances(t.memory.handle, heads, len(heads), t.greenlet_type, out, 1 << 12, visited, broken)
+    return visited[0]
+
+
+def next_stop(target, room):
+    """A later stop of the same target, as the outside profiler makes it."""
+    chunks = target.memory.chunks()
+    target.memory.forget()
+    return remote.stop_and_copy(target, chunks, room, False, 5.0)
+
+
+@pytest.mark.parametrize("move", ["none", "young", "oldest", "freeze"])
+def test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went(target, move):
+    # guards: a greenlet made after the last walk is in the young lists, or was moved out of them by a collection
+    # (gc.collect(0): to the middle generation, which the stop walks; gc.collect(): to the oldest, a new tail
+    # link) or by gc.freeze() (to the permanent generation): the stop sees the old lists changed and walks all.
+    t = remote.open_live(target.pid)
+    try:
+        chunks, room = remote.rehearse(t, False)
+        first = remote.stop_and_copy(t, chunks, room, False, 5.0)
+        assert len(first.greenlets) == 200   # (the main greenlet runs)
+        target.stdin.write(move + "\n")
+        target.stdin.flush()
+        made = int(target.stdout.readline(), 16)
+        second = next_stop(t, room)
+        listed = {g.address for g in second.greenlets}
+        assert made in listed and len(listed) == 201
+        assert not second.notes
+        # (walking every list, the stop reads the pages the rehearsal's walk of them read, together)
+        assert second.stopped_reads <= 16, second.stopped_reads
+        everything = objects_of_every_list(t)
+        if move in ("none", "young"):   # the old lists as they were: the young ones alone were walked
+            assert second.gc_walked < everything / 4, (second.gc_walked, everything)
+        else:
+            assert second.gc_walked > everything / 2, (second.gc_walked, everything)
+    finally:
+        t.memory.close()
+
+
+def test_the_first_stop_walks_the_young_lists_only(target):
+    # guards: the rehearsal's complete walk (made while the target runs, trusted since its old lists did not
+    # change meanwhile) spares the stop the old lists: it walks a fraction of the objects the gc holds.
+    t = remote.open_live(target.pid)
+    try:
+        chunks, room = remote.rehearse(t, False)
+        snap = remote.stop_and_copy(t, chunks, room, False, 5.0)
+        assert len(snap.greenlets) == 200
+        everything = objects_of_every_list(t)
+        assert 0 < snap.gc_walked < everything / 4, (snap.gc_walked, everything)
+    finally:
+        t.memory.close()
+
+
+class Slotted(greenlet.greenlet):
+    # a size of its own (pymalloc's 416-byte class): no other object of this test takes a freed one's block
+    __slots__ = tuple(f"s{i}" for i in range(40))
+
+
+def test_a_freed_greenlet_is_not_taken_for_a_live_one():
+    # guards: btc_remote_gc_known's check of a greenlet found before: freed, its block keeps its type and (in
+    # pymalloc's free list) a non-zero first word, but its reference count is 0.
+    memory = remote.Memory(lib.btc_rmem_open_pid(os.getpid()))
+    main = greenlet.getcurrent()
+    freed = [Slotted(main.switch) for _ in range(2)]
+    live = Slotted(main.switch)
+    addresses = [id(g) for g in freed]
+    known = ffi.new("uintptr_t[]", addresses + [id(live)])
+    out, visited, broken = ffi.new("uintptr_t[]", 16), ffi.new("uint64_t *"), ffi.new("int *")
+    heads = ffi.new("uintptr_t[]", [0])   # no young list: only the known ones are checked
+    del freed
+    gc.collect()
+    memory.forget()
+    n = lib.btc_remote_gc_known(memory.handle, heads, 0, 0, id(greenlet.greenlet), known, 3, out, 16, visited, broken)
+    assert list(out[0:n]) == [id(live)]
+    type_word = memory.word(addresses[0] + 8)   # the freed block still names its type (freed last: the list
+    # is freed from its end, and pymalloc links the first word of a freed block to the block freed before)
+    assert type_word == id(Slotted) or type_word is None
