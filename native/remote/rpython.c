@@ -448,11 +448,61 @@ static rview greenlet_view(btc_rmem *m, const btc_remote_greenlet *g, const uint
     return v;
 }
 
-void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size)
+/* The previous stop's greenlets, by address (bisection over an index). */
+typedef struct {
+    uintptr_t address;
+    int at;
+} by_address_entry;
+
+static int by_entry_address(const void *a, const void *b)
+{
+    uintptr_t x = ((const by_address_entry *)a)->address, y = ((const by_address_entry *)b)->address;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    const btc_remote_greenlet *gs;
+    const uint8_t *spill;
+    size_t spill_size;
+    by_address_entry *index;   /* NULL: nothing to reuse */
+    int n;
+} previous_stop;
+
+static previous_stop previous_of(const btc_remote_greenlet *prev, int nprev, const uint8_t *prev_spill,
+                                 size_t prev_spill_size)
+{
+    previous_stop p = {prev, prev_spill, prev_spill_size, NULL, 0};
+    if (!prev || !prev_spill || nprev <= 0 || !(p.index = malloc((size_t)nprev * sizeof *p.index)))
+        return p;
+    for (int i = 0; i < nprev; i++)
+        p.index[i] = (by_address_entry){prev[i].address, i};
+    qsort(p.index, (size_t)nprev, sizeof *p.index, by_entry_address);
+    p.n = nprev;
+    return p;
+}
+
+/* The previous stop's copy of g's saved stack, if g's state is the one it had then (same stack, same heap
+ * copy at the same address and size, same top frame): NULL otherwise. */
+static const uint8_t *unchanged_copy(const previous_stop *p, const btc_remote_greenlet *g)
+{
+    by_address_entry key = {g->address, 0}, *e = p->index ? bsearch(&key, p->index, (size_t)p->n, sizeof key,
+                                                                     by_entry_address) : NULL;
+    const btc_remote_greenlet *q = e ? &p->gs[e->at] : NULL;
+    if (!q || !q->copied || q->bad || q->type != g->type || q->start != g->start || q->stop != g->stop ||
+        q->copy != g->copy || q->saved != g->saved || q->frame != g->frame || q->spill_at > p->spill_size ||
+        (size_t)g->saved > p->spill_size - q->spill_at)
+        return NULL;
+    return p->spill + q->spill_at;
+}
+
+void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
+                                const btc_remote_greenlet *prev, int nprev, const uint8_t *prev_spill,
+                                size_t prev_spill_size)
 {
     uintptr_t *addr = malloc((n ? n : 1) * sizeof *addr);
     size_t *size = malloc((n ? n : 1) * sizeof *size);
     uint8_t **dest = malloc((n ? n : 1) * sizeof *dest), *ok = malloc(n ? n : 1);
+    previous_stop before = previous_of(prev, nprev, prev_spill, prev_spill_size);
     int nread = 0;
     size_t spilled = 0;
     for (int i = 0; i < n; i++) {   /* the heap copies: in batches */
@@ -461,9 +511,15 @@ void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uin
         g->copied = g->saved == 0 && !g->bad;
         if (!addr || !size || !dest || !ok || g->bad || g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
             continue;
-        addr[nread] = g->copy;
-        size[nread] = (size_t)g->saved;
-        dest[nread++] = spill + spilled;
+        const uint8_t *same = unchanged_copy(&before, g);
+        if (same) {
+            memcpy(spill + spilled, same, (size_t)g->saved);
+            g->copied = BTC_REMOTE_COPIED_BEFORE;
+        } else {
+            addr[nread] = g->copy;
+            size[nread] = (size_t)g->saved;
+            dest[nread++] = spill + spilled;
+        }
         spilled += (size_t)g->saved;
     }
     if (nread)
@@ -471,6 +527,7 @@ void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uin
     for (int i = 0, r = 0; i < n && r < nread; i++)
         if (!gs[i].copied && dest[r] == spill + gs[i].spill_at)
             gs[i].copied = ok[r++];
+    free(before.index);
     free(addr);
     free(size);
     free(dest);
@@ -507,6 +564,6 @@ int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *L, btc_remo
                                uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
                                const uintptr_t *lo, const uintptr_t *hi, int nmaps)
 {
-    btc_remote_greenlet_spills(m, gs, n, spill, spill_size);
+    btc_remote_greenlet_spills(m, gs, n, spill, spill_size, NULL, 0, NULL, 0);
     return btc_remote_greenlet_frames(m, L, gs, n, spill, frames, max_frames, lo, hi, nmaps);
 }

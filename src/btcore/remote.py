@@ -246,6 +246,7 @@ class GreenletCopy:
     pyframes: memoryview        # its Python frames: btc_remote_pyframe records, innermost first
     main: bool
     error: str | None = None    # why its state could not be used (a corrupt target)
+    reused: bool = False        # spill is the previous stop's copy: its state had not changed (Room.alternate)
 
 
 @dataclass
@@ -461,7 +462,47 @@ class Room:
     def __init__(self, rehearsal: bool = False):
         self.rehearsal = rehearsal
         self._buffers = {}
-        self.walked = 0   # objects of the gc lists the last gathering walked
+        self.walked = 0       # objects of the gc lists the last gathering walked
+        self.turn = None      # alternate(): which of the two sets of greenlet buffers the stop fills
+        self._previous = {}   # interpreter -> (states, count, heap copies, their size) of the previous stop
+        self.recopy = set()   # addresses of greenlets whose saved stack the next stop reads from the target
+
+    def alternate(self) -> None:
+        """Keep each stop's greenlets' states and heap copies for the next one (two sets of buffers, filled in
+        turn, the second sized as the first): a profiler's stop then takes an unchanged greenlet's saved stack
+        from the previous stop's copy (btc_remote_greenlet_spills), not from the target."""
+        if self.turn is not None:
+            return
+        self.turn = 0
+        for key in [key for key in self._buffers if key[-1] in _TURNED]:
+            buf = self._buffers.pop(key)
+            self._buffers[key + (0,)] = buf
+            self.get(key + (1,), len(buf))
+
+    def key(self, interp: int, what: str) -> tuple:
+        return (interp, what) if self.turn is None or what not in _TURNED else (interp, what, self.turn)
+
+    def next_stop(self) -> None:
+        if self.turn is not None and not self.rehearsal:
+            self.turn ^= 1
+
+    def keep(self, interp: int, states: bytearray, n: int, spill: bytearray, size: int) -> None:
+        if self.turn is not None and not self.rehearsal:
+            self._previous[interp] = states, n, spill, size
+
+    def previous(self, interp: int) -> tuple:
+        """The previous stop's (states, count, heap copies, size) as C arguments; none for a dump."""
+        kept = self._previous.get(interp)
+        if kept is None:
+            return ffi.NULL, 0, ffi.NULL, 0
+        states, n, spill, size = kept
+        c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
+        if self.recopy:   # their copy is stale: they ran and parked again with the same state
+            for i in range(n):
+                if c_states[i].address in self.recopy:
+                    c_states[i].copied = 0
+            self.recopy.clear()
+        return c_states, n, ffi.from_buffer(spill), size
 
     def size(self, key) -> int:
         return len(self._buffers.get(key, b""))
@@ -481,6 +522,7 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
     regs_of: tid -> registers (or an error text).  room: where to copy to."""
     room = room or Room()
     room.walked = 0
+    room.next_stop()
     threads = [_copy_thread(target, tid, regs) for tid, regs in regs_of.items()]
     by_tid = {t.tid: t for t in threads}
     greenlets = []
@@ -578,14 +620,15 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
         n = _MAX_GREENLETS
-    states = room.get((interp, "states"), max(n, 1) * _GREENLET.size)
+    states = room.get(room.key(interp, "states"), max(n, 1) * _GREENLET.size)
     offsets = ffi.new("size_t[3]", target.greenlet_offsets)
     c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
     spilled = lib.btc_remote_greenlet_fit(c_states, n, *target.map_ranges, bounds.SPILL_BUDGET)
-    spill = room.get((interp, "spill"), max(1, spilled))
+    spill = room.get(room.key(interp, "spill"), max(1, spilled))
     lib.btc_remote_greenlet_spills(target.memory.handle, c_states, n, ffi.from_buffer(spill),
-                                   0 if room.rehearsal else spilled)
+                                   0 if room.rehearsal else spilled, *room.previous(interp))
+    room.keep(interp, states, n, spill, spilled)
     copied = memoryview(states)[:n * _GREENLET.size], spill
     if room.rehearsal:   # the chunks of their frames: the stop reads them, the walk after it reads its copies
         _greenlet_frames(target, *copied)
@@ -608,6 +651,7 @@ def _greenlet_frames(target: Target, states: memoryview, spill) -> memoryview:
 
 _GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
 _MAX_PYFRAMES_ALL = 1 << 22   # Python frames of all greenlets
+_TURNED = ("states", "spill")   # a Room's buffers kept from one stop to the next (Room.alternate)
 
 
 def greenlet_copies(target: Target, copied: list) -> list:
@@ -626,7 +670,7 @@ def greenlet_copies(target: Target, copied: list) -> list:
             pyframes = frames[frames_at * size: (frames_at + nframes) * size]   # merged in C (process.py)
             out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
                                     spill[spill_at: spill_at + saved] if ok else None, pyframes,
-                                    stop == _MAIN_STACK_STOP, _BAD.get(bad)))
+                                    stop == _MAIN_STACK_STOP, _BAD.get(bad), ok == lib.BTC_REMOTE_COPIED_BEFORE))
     return out
 
 

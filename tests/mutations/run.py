@@ -126,25 +126,33 @@ MUTATIONS = [
     Mutation("src/btcore/remote.py",
              "    young = known is not None and old_lists is not None and known.old_lists == old_lists",
              "    young = known is not None",
-             "tests/test_remote_greenlet_lists.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
+             "tests/test_remote_stop.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
              "a stop walks the young gc lists only even after a collection or gc.freeze() moved a new greenlet out "
              "of them: that greenlet is missing from the dump"),
     Mutation("src/btcore/remote.py", "        parts = [self.memory.read(head, size) for head in heads[-2:]]",
              "        parts = [self.memory.read(head, size) for head in heads[-1:]]",
-             "tests/test_remote_greenlet_lists.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
+             "tests/test_remote_stop.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
              "a full collection (the oldest generation's new tail) goes unseen: a greenlet made just before it and "
              "moved into the oldest list is not listed"),
     Mutation("src/btcore/remote.py", "target.layout.gc_ngenerations - 1,", "1,",
-             "tests/test_remote_greenlet_lists.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
+             "tests/test_remote_stop.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
              "the stop walks the youngest list only: a greenlet a young collection moved to the middle generation is "
              "not listed"),
     Mutation("native/remote/rpython.c", "(uint32_t)w[2] && w[3]", "w[3]",
-             "tests/test_remote_greenlet_lists.py::test_a_freed_greenlet_is_not_taken_for_a_live_one",
+             "tests/test_remote_stop.py::test_a_freed_greenlet_is_not_taken_for_a_live_one",
              "a greenlet freed since the last walk (its block still naming its type) is checked as a live one"),
     Mutation("src/btcore/remote.py", "                memory.prefetch(target.gc_chunks)", "                pass",
-             "tests/test_remote_greenlet_lists.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
+             "tests/test_remote_stop.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
              "a stop that must walk every gc list (a collection since the last walk) reads their pages one syscall "
              "each: hundreds of syscalls in the window"),
+    Mutation("src/btcore/profile_remote.py", "                self._room.recopy.add(g.address)", "                pass",
+             "tests/test_remote_stop.py::test_a_profilers_stop_reuses_unchanged_copies_and_never_shows_a_stale_one",
+             "a greenlet that ran and parked again with the same state keeps the stale copy: left out of every "
+             "sample from then on"),
+    Mutation("native/remote/rpython.c", "            g->copied = BTC_REMOTE_COPIED_BEFORE;", "            g->copied = 1;",
+             "tests/test_remote_stop.py::test_a_profilers_stop_reuses_unchanged_copies_and_never_shows_a_stale_one",
+             "a saved stack taken from the previous sample's copy is not marked so: a greenlet that ran and parked "
+             "again with the same state is shown with its old stack under its new Python frames"),
     Mutation("src/btcore/bounds.py", "        if at > n:\n            return False", "        pass",
              "tests/test_hostile_dump.py::test_line_tables_whose_last_entry_runs_past_their_end_are_refused",
              "a line table whose last entry runs past its end reaches CPython's co_lines, which reads past it"),
@@ -163,9 +171,9 @@ MUTATIONS = [
              "tests/test_process_dump.py::test_the_stop_reads_the_target_in_a_few_syscalls",
              "the stop does not re-read the rehearsal's chunks in batches: it reads the gc lists chunk by chunk "
              "while the target is stopped"),
-    Mutation("native/remote/rmem.c", "        h->next = *hi;", "        h->next = *hi + 1;",
+    Mutation("native/remote/rmem.c", "        read(pid, job, lo, hi, &stats);", "        read(pid, job, lo, hi - 1, &stats);",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
-             "the two readers of a shared job leave the page between two slices unread"),
+             "the two readers of a shared job leave the last page of each slice unread"),
     Mutation("native/remote/rmem.c", "start += pages < tried ? pages + 1 : pages;", "start += pages + 1;",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
              "a prefetch call that read all it tried still skips the next page, as after a page it cannot read: "

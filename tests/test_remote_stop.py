@@ -1,8 +1,14 @@
-"""The stop finds greenlets without walking the old gc lists (btcore/remote.py's _find_greenlets,
+"""What a stop of another process reads, and what it no longer reads.
+
+Greenlets are found without walking the old gc lists (btcore/remote.py's _find_greenlets,
 native/remote/rpython.c's btc_remote_gc_known): the young lists are walked and the greenlets an earlier
 complete walk found are checked, while the oldest generation's and the permanent one's heads and counts are
 as they were then.  A greenlet made between two stops and moved into an old list meanwhile (a collection,
-gc.freeze()) must still be listed; one freed since must not be."""
+gc.freeze()) must still be listed; one freed since must not be.
+
+A profiler's stop takes an unchanged greenlet's saved stack from the previous stop's copy (Room.alternate,
+btc_remote_greenlet_spills); a greenlet that ran and parked again with the same state must not be shown with
+that copy."""
 import gc
 import os
 import subprocess
@@ -134,3 +140,72 @@ def test_a_freed_greenlet_is_not_taken_for_a_live_one():
     type_word = memory.word(addresses[0] + 8)   # the freed block still names its type (freed last: the list
     # is freed from its end, and pymalloc links the first word of a freed block to the block freed before)
     assert type_word == id(Slotted) or type_word is None
+
+
+# One greenlet parked at the first of two switches in one function: each line of stdin moves it to the other
+# (same function, same frame object, same depth: the same saved state, most likely the same heap copy address).
+SEESAW = """
+import sys, greenlet
+main = greenlet.getcurrent()
+
+def seesaw():
+    while True:
+        main.switch()   # first
+        main.switch()   # second
+
+g = greenlet.greenlet(seesaw)
+g.switch()
+print(hex(id(g)), flush=True)
+for line in sys.stdin:
+    g.switch()
+    print("moved", flush=True)
+"""
+
+
+def test_a_profilers_stop_reuses_unchanged_copies_and_never_shows_a_stale_one(tmp_path):
+    # guards: a sample takes an unchanged greenlet's saved stack from the previous sample's copy (reused, not
+    # read from the target); a greenlet that ran and parked again with the same state but other Python frames is
+    # left out of that sample with a note, and read from the target at the next: its stack is then the new one.
+    from btcore.profile_remote import STALE_COPY, ProcessProfiler
+    proc = subprocess.Popen([sys.executable, "-c", SEESAW], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        address = int(proc.stdout.readline(), 16)
+        profiler = ProcessProfiler(proc.pid, native=False)
+        try:
+            snaps = []
+            real_stop = profiler._stop
+            profiler._stop = lambda: snaps.append(real_stop()) or snaps[-1]
+
+            def mine():
+                return next(g for g in snaps[-1].greenlets if g.address == address)
+
+            profiler.sample()
+            assert not mine().reused   # the first sample has no previous copy
+            profiler.sample()
+            assert mine().reused       # nothing ran: the previous sample's copy
+            parked_at = {line for _, line in stacks_of(profiler, address)}
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "moved"
+            profiler.sample()
+            moved = mine()
+            if moved.reused:   # same state as before: left out of the sample, with the note
+                assert STALE_COPY in profiler.notes
+                profiler.sample()
+                assert not mine().reused
+            assert {line for _, line in stacks_of(profiler, address)} - parked_at, "the new place is never shown"
+        finally:
+            profiler.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def stacks_of(profiler, address):
+    """{(function, line)} of seesaw's frames in the profile's parked stacks so far."""
+    out = set()
+    for stack in profiler.profile.stacks("wall"):
+        for frame in stack:
+            if frame.startswith("seesaw ("):
+                out.add(("seesaw", frame.rsplit(":", 1)[-1].rstrip(")")))
+    return out
