@@ -59,6 +59,7 @@ typedef struct {
     pthread_mutex_t lock;   /* over the fields below */
     sem_t wake;             /* posted when a job is offered, or to quit */
     pthread_t thread;
+    pid_t owner;            /* the process that started it (a forked child has no helper) */
     bool running, quit;
     slice_reader *read;     /* the job on offer: items [next, n) not claimed yet, done of n read */
     void *job;
@@ -337,6 +338,7 @@ static void start_helper(btc_rmem *m)
         pthread_mutex_destroy(&h->lock);
         return;
     }
+    h->owner = getpid();
     h->running = btc_own_thread_start(&h->thread, helper_main, m) == 0;
     if (!h->running) {
         sem_destroy(&h->wake);
@@ -347,7 +349,7 @@ static void start_helper(btc_rmem *m)
 static void stop_helper(btc_rmem *m)
 {
     helper *h = &m->helper;
-    if (!h->running)
+    if (!h->running || h->owner != getpid())   /* a forked child: no thread to join (POSIX leaves it undefined) */
         return;
     pthread_mutex_lock(&h->lock);
     h->quit = true;
@@ -363,7 +365,8 @@ static void stop_helper(btc_rmem *m)
 static bool read_shared(btc_rmem *m, slice_reader *read, void *job, int n, size_t bytes)
 {
     helper *h = &m->helper;
-    if (!h->running || bytes < SPLIT_BYTES || n < 2 * MIN_SLICE) {
+    /* (a forked child has no helper, and its lock may have been held by the helper when it forked) */
+    if (!h->running || bytes < SPLIT_BYTES || n < 2 * MIN_SLICE || h->owner != getpid()) {
         read_stats alone = {0, false};
         read(m->pid, job, 0, n, &alone);
         m->syscalls += alone.syscalls;
