@@ -864,14 +864,18 @@ size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *
 /* Copy each greenlet's heap copy of its stack into spill (packed, in
  * order, at most spill_size bytes): what a dump's stop must read.  prev
  * (nprev states, their copies in prev_spill; NULL: none): the previous
- * stop's, as this call left them; a greenlet whose state is the one it had
- * then (stack, heap copy's address and size, top frame) gets that stop's
- * copy (copied = BTC_REMOTE_COPIED_BEFORE), not read again: a profiler's
- * samples (the caller checks its Python frames did not change either). */
+ * stop's, as these calls left them; a greenlet whose state is the one it
+ * had then (stack, heap copy's address and size, top frame) is not read
+ * again (copied = BTC_REMOTE_COPIED_BEFORE): btc_remote_greenlet_reuse()
+ * copies that stop's copy into its place once the target runs again (a
+ * local copy: nothing in the stop).  A profiler's samples (the caller
+ * checks the greenlet's Python frames did not change either). */
 #define BTC_REMOTE_COPIED_BEFORE 2
 void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
                                 const btc_remote_greenlet *prev, int nprev, const uint8_t *prev_spill,
                                 size_t prev_spill_size);
+void btc_remote_greenlet_reuse(btc_remote_greenlet *gs, int n, uint8_t *spill, const btc_remote_greenlet *prev,
+                               int nprev, const uint8_t *prev_spill, size_t prev_spill_size);
 /* Each greenlet's Python frames into frames (after spills(): a dump walks
  * them once the target runs again, from the chunks its stop read); returns
  * the frames written.  A greenlet's frames are read through its view of

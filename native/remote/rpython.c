@@ -511,10 +511,8 @@ void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uin
         g->copied = g->saved == 0 && !g->bad;
         if (!addr || !size || !dest || !ok || g->bad || g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
             continue;
-        const uint8_t *same = unchanged_copy(&before, g);
-        if (same) {
-            memcpy(spill + spilled, same, (size_t)g->saved);
-            g->copied = BTC_REMOTE_COPIED_BEFORE;
+        if (unchanged_copy(&before, g)) {
+            g->copied = BTC_REMOTE_COPIED_BEFORE;   /* copied by btc_remote_greenlet_reuse(), after the stop */
         } else {
             addr[nread] = g->copy;
             size[nread] = (size_t)g->saved;
@@ -532,6 +530,23 @@ void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uin
     free(size);
     free(dest);
     free(ok);
+}
+
+void btc_remote_greenlet_reuse(btc_remote_greenlet *gs, int n, uint8_t *spill, const btc_remote_greenlet *prev,
+                               int nprev, const uint8_t *prev_spill, size_t prev_spill_size)
+{
+    previous_stop before = previous_of(prev, nprev, prev_spill, prev_spill_size);
+    for (int i = 0; i < n; i++) {
+        btc_remote_greenlet *g = &gs[i];
+        if (g->copied != BTC_REMOTE_COPIED_BEFORE)
+            continue;
+        const uint8_t *same = unchanged_copy(&before, g);
+        if (same)
+            memcpy(spill + g->spill_at, same, (size_t)g->saved);
+        else
+            g->copied = 0;   /* (no previous state to take it from: not one spills() chose) */
+    }
+    free(before.index);
 }
 
 int btc_remote_greenlet_frames(btc_rmem *m, const btc_remote_layout *L, btc_remote_greenlet *gs, int n,

@@ -465,6 +465,7 @@ class Room:
         self.walked = 0       # objects of the gc lists the last gathering walked
         self.turn = None      # alternate(): which of the two sets of greenlet buffers the stop fills
         self._previous = {}   # interpreter -> (states, count, heap copies, their size) of the previous stop
+        self._pending = {}    # interpreter -> this stop's, and the previous one's as C arguments (finish())
         self.recopy = set()   # addresses of greenlets whose saved stack the next stop reads from the target
 
     def alternate(self) -> None:
@@ -484,11 +485,23 @@ class Room:
 
     def next_stop(self) -> None:
         if self.turn is not None and not self.rehearsal:
+            if self._pending:   # the last stop did not finish (an error): its copies are not the previous ones
+                self._pending.clear()
+                self._previous.clear()
             self.turn ^= 1
 
-    def keep(self, interp: int, states: bytearray, n: int, spill: bytearray, size: int) -> None:
+    def keep(self, interp: int, states: bytearray, n: int, spill: bytearray, size: int, previous: tuple) -> None:
         if self.turn is not None and not self.rehearsal:
-            self._previous[interp] = states, n, spill, size
+            self._pending[interp] = (states, n, spill, size), previous
+
+    def finish(self) -> None:
+        """Once the target runs again: the unchanged greenlets' saved stacks copied from the previous stop's
+        copies (btc_remote_greenlet_reuse), and this stop's kept for the next."""
+        for interp, (now, previous) in self._pending.items():
+            states, n, spill, _ = self._previous[interp] = now
+            lib.btc_remote_greenlet_reuse(ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states)), n,
+                                          ffi.from_buffer(spill), *previous)
+        self._pending.clear()
 
     def previous(self, interp: int) -> tuple:
         """The previous stop's (states, count, heap copies, size) as C arguments; none for a dump."""
@@ -626,9 +639,10 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
     spilled = lib.btc_remote_greenlet_fit(c_states, n, *target.map_ranges, bounds.SPILL_BUDGET)
     spill = room.get(room.key(interp, "spill"), max(1, spilled))
+    previous = room.previous(interp)
     lib.btc_remote_greenlet_spills(target.memory.handle, c_states, n, ffi.from_buffer(spill),
-                                   0 if room.rehearsal else spilled, *room.previous(interp))
-    room.keep(interp, states, n, spill, spilled)
+                                   0 if room.rehearsal else spilled, *previous)
+    room.keep(interp, states, n, spill, spilled, previous)
     copied = memoryview(states)[:n * _GREENLET.size], spill
     if room.rehearsal:   # the chunks of their frames: the stop reads them, the walk after it reads its copies
         _greenlet_frames(target, *copied)
@@ -856,6 +870,7 @@ def stop_and_copy(target: Target, chunks, room: Room, threads_only: bool, timeou
             resume_threads(stopped)
             stopped_for, stopped_cpu = time.perf_counter() - began, time.thread_time() - began_cpu
             stopped_reads = memory.syscalls() - began_reads
+    room.finish()
     if exited(pid):
         target.notes.append("the process exited during the dump: what was read before is shown")
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
