@@ -824,14 +824,15 @@ int btc_remote_stacks(btc_rmodules *s, const btc_remote_target *t, btc_remote_st
 #define BTC_REMOTE_MAX_OBJECTS 50000000
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
                             uintptr_t *out, int max, uint64_t *visited, int *broken);
-/* The same set, found without walking the old lists (the stop of a dump, a
- * profiler's sample): the objects of the first nyoung lists at heads, then
- * those of known (found by an earlier walk) that are still alive and of
- * that type, each once.  The caller makes sure no object entered the other
- * lists since known was walked (btcore/remote.py: the old lists' heads and
- * counts unchanged). */
-int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, int nyoung, uintptr_t wanted,
-                        const uintptr_t *known, int nknown, uintptr_t *out, int max, uint64_t *visited, int *broken);
+/* The same set, found without walking every list (the stop of a dump, a
+ * profiler's sample): the objects of the nwalk lists at walk (some of the
+ * heads), then those of known (found by an earlier walk) that are still
+ * alive and of that type, each once.  The caller makes sure no object
+ * entered the other lists since known was walked (btcore/remote.py: their
+ * heads and counts unchanged). */
+int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, const uintptr_t *walk, int nwalk,
+                        uintptr_t wanted, const uintptr_t *known, int nknown, uintptr_t *out, int max,
+                        uint64_t *visited, int *broken);
 
 /* The suspended greenlets among greenlet objects, with their saved state
  * (offsets: PyGreenlet.pimpl, StackState and the top frame in greenlet's C++

@@ -1,9 +1,8 @@
 """What a stop of another process reads, and what it no longer reads.
 
 Greenlets are found without walking the old gc lists (btcore/remote.py's _find_greenlets,
-native/remote/rpython.c's btc_remote_gc_known): the young lists are walked and the greenlets an earlier
-complete walk found are checked, while the oldest generation's and the permanent one's heads and counts are
-as they were then.  A greenlet made between two stops and moved into an old list meanwhile (a collection,
+native/remote/rpython.c's btc_remote_gc_known): the youngest list and those whose head or count changed are
+walked, and the greenlets an earlier complete walk found are checked.  A greenlet made between two stops and moved into an old list meanwhile (a collection,
 gc.freeze()) must still be listed; one freed since must not be.
 
 A profiler's stop takes an unchanged greenlet's saved stack from the previous stop's copy (Room.alternate,
@@ -76,9 +75,9 @@ def next_stop(target, room):
 
 @pytest.mark.parametrize("move", ["none", "young", "oldest", "freeze"])
 def test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went(target, move):
-    # guards: a greenlet made after the last walk is in the young lists, or was moved out of them by a collection
-    # (gc.collect(0): to the middle generation, which the stop walks; gc.collect(): to the oldest, a new tail
-    # link) or by gc.freeze() (to the permanent generation): the stop sees the old lists changed and walks all.
+    # guards: a greenlet made after the last walk is in the youngest list, or was moved out of it by a collection
+    # (gc.collect(0): to the middle generation; gc.collect(): to the oldest) or by gc.freeze() (to the permanent
+    # generation): the stop sees that list's tail link and count changed, and walks it.
     t = remote.open_live(target.pid)
     try:
         chunks, room = remote.rehearse(t, False)
@@ -94,7 +93,7 @@ def test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went(target, mo
         # (walking every list, the stop reads the pages the rehearsal's walk of them read, together)
         assert second.stopped_reads <= 16, second.stopped_reads
         everything = objects_of_every_list(t)
-        if move in ("none", "young"):   # the old lists as they were: the young ones alone were walked
+        if move in ("none", "young"):   # the oldest lists as they were: not walked
             assert second.gc_walked < everything / 4, (second.gc_walked, everything)
         else:
             assert second.gc_walked > everything / 2, (second.gc_walked, everything)
@@ -102,9 +101,9 @@ def test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went(target, mo
         t.memory.close()
 
 
-def test_the_first_stop_walks_the_young_lists_only(target):
-    # guards: the rehearsal's complete walk (made while the target runs, trusted since its old lists did not
-    # change meanwhile) spares the stop the old lists: it walks a fraction of the objects the gc holds.
+def test_the_first_stop_walks_the_young_list_only(target):
+    # guards: the rehearsal's complete walk (made while the target runs, trusted since the older lists did not
+    # change meanwhile) spares the stop the older lists: it walks a fraction of the objects the gc holds.
     t = remote.open_live(target.pid)
     try:
         chunks, room = remote.rehearse(t, False)
@@ -131,11 +130,12 @@ def test_a_freed_greenlet_is_not_taken_for_a_live_one():
     addresses = [id(g) for g in freed]
     known = ffi.new("uintptr_t[]", addresses + [id(live)])
     out, visited, broken = ffi.new("uintptr_t[]", 16), ffi.new("uint64_t *"), ffi.new("int *")
-    heads = ffi.new("uintptr_t[]", [0])   # no young list: only the known ones are checked
+    heads = ffi.new("uintptr_t[]", [0])   # no list walked: only the known ones are checked
     del freed
     gc.collect()
     memory.forget()
-    n = lib.btc_remote_gc_known(memory.handle, heads, 0, 0, id(greenlet.greenlet), known, 3, out, 16, visited, broken)
+    n = lib.btc_remote_gc_known(memory.handle, heads, 0, heads, 0, id(greenlet.greenlet), known, 3, out, 16, visited,
+                                broken)
     assert list(out[0:n]) == [id(live)]
     type_word = memory.word(addresses[0] + 8)   # the freed block still names its type (freed last: the list
     # is freed from its end, and pymalloc links the first word of a freed block to the block freed before)

@@ -298,16 +298,17 @@ static bool still_instance(btc_rmem *m, type_memo *memo, uintptr_t at, uintptr_t
            (uint32_t)w[2] && w[3] && is_subtype(m, memo, w[3], wanted);   /* 3.12+: the count is the low half */
 }
 
-int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, int nyoung, uintptr_t wanted,
-                        const uintptr_t *known, int nknown, uintptr_t *out, int max, uint64_t *visited, int *broken)
+int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, const uintptr_t *walk, int nwalk,
+                        uintptr_t wanted, const uintptr_t *known, int nknown, uintptr_t *out, int max,
+                        uint64_t *visited, int *broken)
 {
     static type_memo memo;
     memset(&memo, 0, sizeof memo);
     int n = 0;
     *visited = 0;
     *broken = 0;
-    for (int h = 0; h < nyoung && h < nheads; h++)
-        if (!walk_gc_list(m, &memo, heads, nheads, heads[h], wanted, out, &n, max, visited, broken))
+    for (int h = 0; h < nwalk; h++)
+        if (!walk_gc_list(m, &memo, heads, nheads, walk[h], wanted, out, &n, max, visited, broken))
             return -1;
     int young = n;
     qsort(out, (size_t)young, sizeof *out, by_value);   /* to leave out the known ones found again */

@@ -252,9 +252,9 @@ class GreenletCopy:
 @dataclass
 class KnownGreenlets:
     """The greenlet objects a complete walk of an interpreter's gc lists found (alive or not by now), and
-    its old lists as they were then (Target.old_lists): while those stay the same, a new greenlet can only be
-    in the young lists, and a stop walks those alone and checks these."""
-    old_lists: bytes
+    the lists but the youngest as they were then (Target.settled_lists): a new greenlet can only be in the
+    youngest list or in one of those that changed since, and a stop walks those alone and checks these."""
+    lists: list
     addresses: object   # uintptr_t[]
     n: int
 
@@ -396,20 +396,20 @@ class Target:
         return heads + [interp + lay.interp_gc_permanent]
 
     def lists_moved(self) -> bool:
-        """Will the gathering walk every gc list (an interpreter's old lists changed since its last complete
-        walk, or none was kept)?"""
+        """Will the gathering walk the oldest gc list or the permanent one (they changed since an
+        interpreter's last complete walk, or none was kept)?"""
         known = self.known_greenlets
-        return not known or any(k.old_lists != self.old_lists(interp) for interp, k in known.items())
+        return not known or any(k.lists[-2:] != (self.settled_lists(interp) or [])[-2:] for interp, k in known.items())
 
-    def old_lists(self, interp: int) -> bytes | None:
-        """The oldest generation's and the permanent one's `struct gc_generation` (list head, threshold,
-        count): an object enters those lists only through a collection of the generations before them
-        (which adds to the oldest's count, or resets it, and moves objects to its list's tail: a new tail
-        link) or gc.freeze()/unfreeze() (a new tail link of the one merged into).  Unchanged since a walk:
-        every object they hold was in them then."""
+    def settled_lists(self, interp: int) -> list | None:
+        """The `struct gc_generation` (list head, threshold, count) of each gc list but the youngest: an object
+        enters one of those only through a collection of the generations before it (which adds to its count,
+        or resets the oldest's, and moves objects to its tail: a new tail link) or gc.freeze()/unfreeze() (a
+        new tail link of the list merged into).  One unchanged since a walk holds no object it did not hold
+        then (objects only leave it otherwise: freed, untracked)."""
         heads, size = self.gc_heads(interp), self.layout.gc_generation_size
-        parts = [self.memory.read(head, size) for head in heads[-2:]]
-        return None if None in parts else b"".join(parts)
+        parts = [self.memory.read(head, size) for head in heads[1:]]
+        return None if None in parts else parts
 
     @functools.cached_property
     def map_ranges(self) -> tuple:
@@ -573,35 +573,37 @@ def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
 
 def _find_greenlets(target: Target, interp: int, room: Room) -> tuple:
     """(the greenlet objects of interp's gc lists in room's buffer, how many or -1: more than _MAX_GREENLETS,
-    lists found broken).  Where the old lists are as they were at the last complete walk, only the young lists
-    are walked and the greenlets that walk found are checked (the old lists are most of the gc's objects: 48 MB
-    of pages at 10,000 greenlets); else every list.  A walk made while the target is stopped is remembered."""
+    lists found broken).  The youngest list and those that changed since the last complete walk are walked and
+    the greenlets that walk found are checked (the older lists are most of the gc's objects: 48 MB of pages at
+    10,000 greenlets); with no walk kept, every list.  A walk made while the target is stopped is remembered."""
     heads, memory = target.gc_heads(interp), target.memory
-    known, old_lists = target.known_greenlets.get(interp), target.old_lists(interp)
-    young = known is not None and old_lists is not None and known.old_lists == old_lists
+    known, lists = target.known_greenlets.get(interp), target.settled_lists(interp)
+    walk = None if known is None or lists is None else \
+        [heads[0]] + [head for head, then, now in zip(heads[1:], known.lists, lists) if then != now]
     visited, broken = ffi.new("uint64_t *"), ffi.new("int *")
     most, n = max(1 << 12, room.size((interp, "found")) // 8), -1
     while n < 0 and most <= _MAX_GREENLETS:
         out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get((interp, "found"), most * 8)))
-        n = (lib.btc_remote_gc_known(memory.handle, heads, len(heads), target.layout.gc_ngenerations - 1,
-                                     target.greenlet_type, known.addresses, known.n, out, most, visited, broken)
-             if young else lib.btc_remote_gc_instances(memory.handle, heads, len(heads), target.greenlet_type,
-                                                       out, most, visited, broken))
+        n = (lib.btc_remote_gc_known(memory.handle, heads, len(heads), walk, len(walk), target.greenlet_type,
+                                     known.addresses, known.n, out, most, visited, broken)
+             if walk is not None and len(walk) < len(heads) else
+             lib.btc_remote_gc_instances(memory.handle, heads, len(heads), target.greenlet_type, out, most, visited,
+                                         broken))
         most *= 2
     room.walked += visited[0]
     if not room.rehearsal:
-        _remember_greenlets(target, interp, old_lists, out, n if not broken[0] else -1)
+        _remember_greenlets(target, interp, lists, out, n if not broken[0] else -1)
     return out, n, broken[0]
 
 
-def _remember_greenlets(target: Target, interp: int, old_lists: bytes | None, found, n: int) -> None:
+def _remember_greenlets(target: Target, interp: int, lists: list | None, found, n: int) -> None:
     """Keep what a complete walk found (n >= 0), else forget: the next walks every list."""
-    if n < 0 or old_lists is None:
+    if n < 0 or lists is None:
         target.known_greenlets.pop(interp, None)
         return
     addresses = ffi.new("uintptr_t[]", max(n, 1))
     ffi.memmove(addresses, found, n * 8)
-    target.known_greenlets[interp] = KnownGreenlets(old_lists, addresses, n)
+    target.known_greenlets[interp] = KnownGreenlets(lists, addresses, n)
 
 
 def learn_greenlets(target: Target) -> None:
@@ -613,14 +615,14 @@ def learn_greenlets(target: Target) -> None:
     memory = target.memory
     interps = list(target.interpreters())
     memory.forget()
-    before = [target.old_lists(interp) for interp in interps]
+    before = [target.settled_lists(interp) for interp in interps]
     for interp in interps:
         target.known_greenlets.pop(interp, None)   # a walk of every list
         _find_greenlets(target, interp, Room())   # (not a rehearsal's room: it remembers what it found)
     target.gc_chunks = memory.chunks()
     memory.forget()
-    for interp, old_lists in zip(interps, before):
-        if target.old_lists(interp) != old_lists:
+    for interp, lists in zip(interps, before):
+        if target.settled_lists(interp) != lists:
             target.known_greenlets.pop(interp, None)
     memory.forget()
 
