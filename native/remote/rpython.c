@@ -266,20 +266,6 @@ static bool walk_gc_list(btc_rmem *m, type_memo *memo, const uintptr_t *heads, i
     return true;
 }
 
-int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
-                            uintptr_t *out, int max, uint64_t *visited, int *broken)
-{
-    static type_memo memo;
-    memset(&memo, 0, sizeof memo);
-    int n = 0;
-    *visited = 0;
-    *broken = 0;
-    for (int h = 0; h < nheads; h++)
-        if (!walk_gc_list(m, &memo, heads, nheads, heads[h], wanted, out, &n, max, visited, broken))
-            return -1;
-    return n;
-}
-
 static int by_value(const void *a, const void *b)
 {
     uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
@@ -310,11 +296,13 @@ int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, const u
     for (int h = 0; h < nwalk; h++)
         if (!walk_gc_list(m, &memo, heads, nheads, walk[h], wanted, out, &n, max, visited, broken))
             return -1;
-    int young = n;
-    qsort(out, (size_t)young, sizeof *out, by_value);   /* to leave out the known ones found again */
+    if (nknown <= 0)
+        return n;   /* (in the lists' order) */
+    int walked = n;
+    qsort(out, (size_t)walked, sizeof *out, by_value);   /* to leave out the known ones found again */
     btc_rmem_prefetch(m, known, nknown);
     for (int i = 0; i < nknown; i++) {
-        if (bsearch(&known[i], out, (size_t)young, sizeof *out, by_value) ||
+        if (bsearch(&known[i], out, (size_t)walked, sizeof *out, by_value) ||
             !still_instance(m, &memo, known[i], wanted))
             continue;
         if (n >= max)
@@ -322,6 +310,12 @@ int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, const u
         out[n++] = known[i];
     }
     return n;
+}
+
+int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
+                            uintptr_t *out, int max, uint64_t *visited, int *broken)
+{
+    return btc_remote_gc_known(m, heads, nheads, heads, nheads, wanted, NULL, 0, out, max, visited, broken);
 }
 
 /* ---- greenlets' saved states (any CPython version: greenlet's layout) ---- */

@@ -578,17 +578,18 @@ def _find_greenlets(target: Target, interp: int, room: Room) -> tuple:
     10,000 greenlets); with no walk kept, every list.  A walk made while the target is stopped is remembered."""
     heads, memory = target.gc_heads(interp), target.memory
     known, lists = target.known_greenlets.get(interp), target.settled_lists(interp)
-    walk = None if known is None or lists is None else \
-        [heads[0]] + [head for head, then, now in zip(heads[1:], known.lists, lists) if then != now]
+    if known is None or lists is None:
+        walk, known_at, nknown = heads, ffi.NULL, 0
+    else:
+        walk, known_at, nknown = (
+        [heads[0]] + [head for head, then, now in zip(heads[1:], known.lists, lists) if then != now],
+        known.addresses, known.n)
     visited, broken = ffi.new("uint64_t *"), ffi.new("int *")
     most, n = max(1 << 12, room.size((interp, "found")) // 8), -1
     while n < 0 and most <= _MAX_GREENLETS:
         out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get((interp, "found"), most * 8)))
-        n = (lib.btc_remote_gc_known(memory.handle, heads, len(heads), walk, len(walk), target.greenlet_type,
-                                     known.addresses, known.n, out, most, visited, broken)
-             if walk is not None and len(walk) < len(heads) else
-             lib.btc_remote_gc_instances(memory.handle, heads, len(heads), target.greenlet_type, out, most, visited,
-                                         broken))
+        n = lib.btc_remote_gc_known(memory.handle, heads, len(heads), walk, len(walk), target.greenlet_type, known_at,
+                                    nknown, out, most, visited, broken)
         most *= 2
     room.walked += visited[0]
     if not room.rehearsal:
