@@ -827,6 +827,15 @@ int btc_remote_stacks(btc_rmodules *s, const btc_remote_target *t, btc_remote_st
 #define BTC_REMOTE_MAX_OBJECTS 50000000
 int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
                             uintptr_t *out, int max, uint64_t *visited, int *broken);
+/* The same set, found without walking every list (the stop of a dump, a
+ * profiler's sample): the objects of the nwalk lists at walk (some of the
+ * heads), then those of known (found by an earlier walk) that are still
+ * alive and of that type, each once.  The caller makes sure no object
+ * entered the other lists since known was walked (btcore/remote.py: their
+ * heads and counts unchanged). */
+int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, const uintptr_t *walk, int nwalk,
+                        uintptr_t wanted, const uintptr_t *known, int nknown, uintptr_t *out, int max,
+                        uint64_t *visited, int *broken);
 
 /* The suspended greenlets among greenlet objects, with their saved state
  * (offsets: PyGreenlet.pimpl, StackState and the top frame in greenlet's C++
@@ -840,7 +849,7 @@ typedef struct {
     uintptr_t frame;     /* the top frame object, 0 if none saved */
     size_t spill_at;     /* btc_remote_greenlet_spills(): where its heap copy went */
     int32_t frames_at, nframes;   /* btc_remote_greenlet_frames(): its Python frames */
-    int32_t copied;      /* its heap copy was read */
+    int32_t copied;      /* its heap copy was read (BTC_REMOTE_COPIED_BEFORE: taken from the previous stop's) */
     int32_t bad;         /* its state is garbage (BTC_REMOTE_BAD_*): nothing of it is read */
 } btc_remote_greenlet;
 #define BTC_REMOTE_BAD_UNREADABLE 1     /* greenlet's C++ object or its StackState */
@@ -857,8 +866,20 @@ int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, c
 size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *lo, const uintptr_t *hi, int nmaps,
                                size_t budget);
 /* Copy each greenlet's heap copy of its stack into spill (packed, in
- * order, at most spill_size bytes): what a dump's stop must read. */
-void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size);
+ * order, at most spill_size bytes): what a dump's stop must read.  prev
+ * (nprev states, their copies in prev_spill; NULL: none): the previous
+ * stop's, as these calls left them; a greenlet whose state is the one it
+ * had then (stack, heap copy's address and size, top frame) is not read
+ * again (copied = BTC_REMOTE_COPIED_BEFORE): btc_remote_greenlet_reuse()
+ * copies that stop's copy into its place once the target runs again (a
+ * local copy: nothing in the stop).  A profiler's samples (the caller
+ * checks the greenlet's Python frames did not change either). */
+#define BTC_REMOTE_COPIED_BEFORE 2
+void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
+                                const btc_remote_greenlet *prev, int nprev, const uint8_t *prev_spill,
+                                size_t prev_spill_size);
+void btc_remote_greenlet_reuse(btc_remote_greenlet *gs, int n, uint8_t *spill, const btc_remote_greenlet *prev,
+                               int nprev, const uint8_t *prev_spill, size_t prev_spill_size);
 /* Each greenlet's Python frames into frames (after spills(): a dump walks
  * them once the target runs again, from the chunks its stop read); returns
  * the frames written.  A greenlet's frames are read through its view of

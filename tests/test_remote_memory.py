@@ -1,13 +1,13 @@
 """Another process's memory (native/remote/rmem.c), read the way a dump's
 stop reads it: chunks prefetched in batches and many ranges in one call,
-large jobs split between two threads.  The oracle is /proc/PID/mem (the
+large jobs shared with a second thread, slice by slice.  The oracle is /proc/PID/mem (the
 kernel's other path into a process's memory, not process_vm_readv).
 Where process_vm_readv is refused (qemu-user has none) the same reads must
 come through /proc/PID/mem, with the same results.
 
 The target maps 6 MiB of random bytes and unmaps three holes in it: a batch
 of process_vm_readv stops at a hole, and the reads must go on after it, in
-both halves of a split job.
+every slice of a shared job.
 """
 import ctypes
 import os
@@ -20,7 +20,7 @@ import pytest
 from btcore._native import ffi, lib
 
 PAGE = 4096
-REGION = 4000 * PAGE   # each half of a split prefetch has a run of more than IOV_MAX readable pages
+REGION = 4000 * PAGE   # slices of IOV_MAX pages (a job is claimed in about 8 slices), across the holes
 HOLES = (300, 301, 2900)   # page numbers unmapped (300-301: two pages in a row)
 
 TARGET = f"""
@@ -82,7 +82,7 @@ def test_the_oracle_sees_the_holes(target):
 
 
 def test_prefetched_pages_equal_the_process_memory_around_holes(target, memory):
-    # guards: both halves of a split prefetch read every page, go on past a page they cannot read, and mark
+    # guards: the slices of a shared prefetch read every page, go on past a page they cannot read, and mark
     # each page valid exactly when it was read.
     pid, base, oracle = target
     pages = [base + p * PAGE for p in range(REGION // PAGE)]
@@ -100,15 +100,15 @@ def test_prefetched_pages_equal_the_process_memory_around_holes(target, memory):
 
 
 def test_many_ranges_read_at_once_equal_the_process_memory(target, memory):
-    # guards: a split read_many reads each range into its own place, and a range over a hole is not ok
-    # while the ranges after it (in both halves) still are.
+    # guards: a shared read_many reads each range into its own place, and a range over a hole is not ok
+    # while the ranges after it (in every slice) still are.
     pid, base, oracle = target
     rng = random.Random(2)
     ranges = []
     for _ in range(600):
         size = rng.randrange(1, 5 * PAGE)
         ranges.append((base + rng.randrange(0, REGION - size), size))
-    for page in HOLES:   # ranges over each hole, in both halves of the job
+    for page in HOLES:   # ranges over each hole, in both halves of the job (in different slices)
         for at in (rng.randrange(len(ranges) // 2), rng.randrange(len(ranges) // 2, len(ranges))):
             ranges.insert(at, (base + page * PAGE - 100, 300))
     assert sum(size for _, size in ranges) > 2 << 20   # large enough for two readers

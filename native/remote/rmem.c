@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +47,28 @@ typedef struct {
     int fd;
 } segment;
 
+typedef struct {
+    uint64_t syscalls;
+    bool refused;   /* process_vm_readv is not allowed here */
+} read_stats;
+
+/* Reads items [lo, hi) of a job (pages, ranges): rmem.c's "two readers". */
+typedef void slice_reader(int pid, void *job, int lo, int hi, read_stats *stats);
+
+typedef struct {
+    pthread_mutex_t lock;   /* over the fields below */
+    sem_t wake;             /* posted when a job is offered, or to quit */
+    pthread_t thread;
+    pid_t owner;            /* the process that started it (a forked child has no helper) */
+    bool running, quit;
+    slice_reader *read;     /* the job on offer: items [next, n) not claimed yet, done of n read */
+    void *job;
+    int n, next, done, slice;
+    read_stats stats;       /* of the slices read so far, by either thread */
+} helper;
+
 struct btc_rmem {
+    helper helper;       /* the second reader (two readers, below) */
     int pid;             /* 0: segments only */
     int mem_fd;          /* /proc/PID/mem, opened when process_vm_readv is refused */
     int last_errno;
@@ -60,12 +82,17 @@ struct btc_rmem {
     uint64_t syscalls;
 };
 
+static void start_helper(btc_rmem *m);
+static void stop_helper(btc_rmem *m);
+
 btc_rmem *btc_rmem_open_pid(int pid)
 {
     btc_rmem *m = calloc(1, sizeof *m);
     if (m) {
         m->pid = pid;
         m->mem_fd = -1;
+        if (pid)
+            start_helper(m);
     }
     return m;
 }
@@ -105,6 +132,7 @@ void btc_rmem_close(btc_rmem *m)
 {
     if (!m)
         return;
+    stop_helper(m);
     btc_rmem_forget(m);
     while (m->nspare)
         free(m->spare[--m->nspare]);
@@ -115,6 +143,7 @@ void btc_rmem_close(btc_rmem *m)
 }
 
 int btc_rmem_last_errno(btc_rmem *m) { return m->last_errno; }
+
 uint64_t btc_rmem_syscalls(btc_rmem *m) { return m->syscalls; }
 
 /* ---- filling one chunk ----
@@ -218,39 +247,28 @@ static chunk *chunk_for(btc_rmem *m, uintptr_t base)
  *
  * A dump's stop is mostly the kernel's work in process_vm_readv: pinning
  * each remote page, then copying it.  The target's threads are stopped, so
- * a core is idle: a large job is split in two halves and a second thread
- * reads one of them (the cache and the counters are touched only by the
- * caller, after the join).  A small job, or a machine with one CPU, stays
- * on the calling thread: starting a thread costs ~50 us.  A half stops at
- * once where process_vm_readv is refused (a seccomp filter, qemu-user):
- * the caller then reads what is left through /proc/PID/mem. */
+ * a core may be idle: a helper thread, started with the reader (outside
+ * any stop) and parked, is offered each large job, and it and the caller
+ * claim slices of it in turn until none is left.  The caller
+ * never waits for a helper that is not running yet (on a loaded machine
+ * it may wake late, or after the job: it then finds nothing to claim);
+ * it waits only for the slices the helper claimed.  (Before: the job was
+ * cut in two halves and a thread started for one of them in the stop; on
+ * a loaded 2-core machine, waiting for that thread to start and end took
+ * ~20 ms of a 1 ms job.)  A slice stops at once where process_vm_readv is
+ * refused (a seccomp filter, qemu-user): the caller then reads what is
+ * left through /proc/PID/mem.  The cache and the counters are touched by
+ * the caller only, after the job. */
 
 #define SPLIT_BYTES (1u << 20)
-
-typedef struct {
-    uint64_t syscalls;
-    bool refused;   /* process_vm_readv is not allowed here */
-} read_stats;
-
-typedef void half_reader(int pid, void *job, int lo, int hi, read_stats *stats);
-
-typedef struct {
-    half_reader *read;
-    int pid, lo, hi;
-    void *job;
-    read_stats stats;
-} half_job;
+#define IOV_BATCH 1024   /* IOV_MAX */
+#define SLICES 8      /* a job is claimed in about this many slices (of pages, or of ranges: greenlets' heap
+                        copies, ~4 KiB each), of 64 to IOV_BATCH items: one syscall reads a slice */
+#define MIN_SLICE 64
 
 static bool refused(ssize_t got)
 {
     return got < 0 && (errno == ENOSYS || errno == EPERM);
-}
-
-static void *read_half(void *arg)
-{
-    half_job *h = arg;
-    h->read(h->pid, h->job, h->lo, h->hi, &h->stats);
-    return NULL;
 }
 
 static bool second_cpu(void)
@@ -263,20 +281,120 @@ static bool second_cpu(void)
     return cpus > 1;
 }
 
-/* read(pid, job, lo, hi, &stats) over [0, n), split at split when bytes
- * (the job's size) make it worth a second thread; true if it was refused. */
-static bool read_in_halves(btc_rmem *m, half_reader *read, void *job, int n, int split, size_t bytes)
+/* Claim the next slice [*lo, *hi) of the job on offer; false if none is left. */
+static bool claim(helper *h, slice_reader **read, void **job, int *lo, int *hi)
 {
-    half_job upper = {read, m->pid, split, n, job, {0, false}};
-    read_stats lower = {0, false};
-    pthread_t thread;
-    bool two = bytes >= SPLIT_BYTES && split > 0 && split < n && second_cpu() &&
-               btc_own_thread_start(&thread, read_half, &upper) == 0;
-    read(m->pid, job, 0, two ? split : n, &lower);
-    if (two)
-        pthread_join(thread, NULL);
-    m->syscalls += lower.syscalls + upper.stats.syscalls;
-    return lower.refused || upper.stats.refused;
+    pthread_mutex_lock(&h->lock);
+    bool some = h->next < h->n;
+    if (some) {
+        *read = h->read;
+        *job = h->job;
+        *lo = h->next;
+        *hi = h->n - h->next > h->slice ? h->next + h->slice : h->n;
+        h->next = *hi;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return some;
+}
+
+static void read_slices(helper *h, int pid)
+{
+    slice_reader *read;
+    void *job;
+    int lo, hi;
+    while (claim(h, &read, &job, &lo, &hi)) {
+        read_stats stats = {0, false};
+        read(pid, job, lo, hi, &stats);
+        pthread_mutex_lock(&h->lock);
+        h->done += hi - lo;
+        h->stats.syscalls += stats.syscalls;
+        h->stats.refused |= stats.refused;
+        pthread_mutex_unlock(&h->lock);
+    }
+}
+
+static void *helper_main(void *arg)
+{
+    btc_rmem *m = arg;
+    helper *h = &m->helper;
+    for (;;) {
+        while (sem_wait(&h->wake) != 0 && errno == EINTR)
+            ;
+        pthread_mutex_lock(&h->lock);
+        bool quit = h->quit;
+        pthread_mutex_unlock(&h->lock);
+        if (quit)
+            return NULL;
+        read_slices(h, m->pid);
+    }
+}
+
+static void start_helper(btc_rmem *m)
+{
+    helper *h = &m->helper;
+    if (!second_cpu() || pthread_mutex_init(&h->lock, NULL) != 0)
+        return;
+    if (sem_init(&h->wake, 0, 0) != 0) {
+        pthread_mutex_destroy(&h->lock);
+        return;
+    }
+    h->owner = getpid();
+    h->running = btc_own_thread_start(&h->thread, helper_main, m) == 0;
+    if (!h->running) {
+        sem_destroy(&h->wake);
+        pthread_mutex_destroy(&h->lock);
+    }
+}
+
+static void stop_helper(btc_rmem *m)
+{
+    helper *h = &m->helper;
+    if (!h->running || h->owner != getpid())   /* a forked child: no thread to join (POSIX leaves it undefined) */
+        return;
+    pthread_mutex_lock(&h->lock);
+    h->quit = true;
+    pthread_mutex_unlock(&h->lock);
+    sem_post(&h->wake);
+    pthread_join(h->thread, NULL);
+    sem_destroy(&h->wake);
+    pthread_mutex_destroy(&h->lock);
+}
+
+/* read(pid, job, lo, hi, &stats) over [0, n), shared with the helper when
+ * bytes (the job's size) make it worth it; true if it was refused. */
+static bool read_shared(btc_rmem *m, slice_reader *read, void *job, int n, size_t bytes)
+{
+    helper *h = &m->helper;
+    /* (a forked child has no helper, and its lock may have been held by the helper when it forked) */
+    if (!h->running || bytes < SPLIT_BYTES || n < 2 * MIN_SLICE || h->owner != getpid()) {
+        read_stats alone = {0, false};
+        read(m->pid, job, 0, n, &alone);
+        m->syscalls += alone.syscalls;
+        return alone.refused;
+    }
+    pthread_mutex_lock(&h->lock);
+    h->read = read;
+    h->job = job;
+    h->n = n;
+    h->next = h->done = 0;
+    h->slice = n / SLICES < MIN_SLICE ? MIN_SLICE : n / SLICES > IOV_BATCH ? IOV_BATCH : n / SLICES;
+    h->stats = (read_stats){0, false};
+    pthread_mutex_unlock(&h->lock);
+    sem_post(&h->wake);
+    read_slices(h, m->pid);
+    for (;;) {   /* the slices the helper claimed */
+        pthread_mutex_lock(&h->lock);
+        bool all = h->done == n;
+        read_stats stats = h->stats;
+        if (all)
+            h->n = h->next = 0;   /* nothing on offer: a late wake finds nothing */
+        pthread_mutex_unlock(&h->lock);
+        if (all) {
+            m->syscalls += stats.syscalls;
+            return stats.refused;
+        }
+        sched_yield();
+    }
 }
 
 /* ---- prefetching: many chunks in one syscall ----
@@ -289,8 +407,6 @@ static bool read_in_halves(btc_rmem *m, half_reader *read, void *job, int n, int
  * time here (2 048 pages: 6.6 ms against 2.3 ms).  process_vm_readv stops
  * at the first page it cannot read: that page stays invalid and the reads
  * go on after it. */
-
-#define IOV_BATCH 1024   /* IOV_MAX */
 
 typedef struct {
     uintptr_t addr;
@@ -355,7 +471,7 @@ void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n)
             page[npages++] = (page_entry){base + p * PAGE, data + p * PAGE, c, false};
     }
     qsort(page, npages, sizeof *page, by_address);
-    bool refused = read_in_halves(m, read_page_range, page, npages, npages / 2, (size_t)npages * PAGE);
+    bool refused = read_shared(m, read_page_range, page, npages, (size_t)npages * PAGE);
     for (int j = 0; j < npages; j++)   /* a chunk's pages may lie in both halves */
         if (page[j].read || (refused && read_page_live(m, page[j].addr, page[j].data)))
             page[j].owner->valid |= 1u << ((page[j].addr & (CHUNK_SIZE - 1)) / PAGE);
@@ -455,14 +571,11 @@ void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, 
 {
     memset(ok, 0, (size_t)n);
     if (m->pid && m->mem_fd < 0) {   /* else (segments, /proc/PID/mem) one range at a time, below */
-        size_t bytes = 0, half = 0;
-        int split = 0;
+        size_t bytes = 0;
         for (int i = 0; i < n; i++)
             bytes += size[i];
-        for (; split < n && half < bytes / 2; split++)
-            half += size[split];
         range_job job = {addr, size, dest, ok};
-        read_in_halves(m, read_range_span, &job, n, split, bytes);
+        read_shared(m, read_range_span, &job, n, bytes);
     }
     for (int i = 0; i < n; i++)
         if (!ok[i])

@@ -234,41 +234,88 @@ static bool is_head(const uintptr_t *heads, int nheads, uintptr_t at)
     return false;
 }
 
-int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
-                            uintptr_t *out, int max, uint64_t *visited, int *broken)
+/* Append to out (at *n, at most max) the objects of the list at head
+ * whose type is `wanted` or a subtype; false if out is full.  _gc_next
+ * holds a clean pointer outside a collection (bit 0 is only set while one
+ * runs); a list that does not come back to its head within the bound is
+ * garbage, and so is a misaligned link. */
+static bool walk_gc_list(btc_rmem *m, type_memo *memo, const uintptr_t *heads, int nheads, uintptr_t head,
+                         uintptr_t wanted, uintptr_t *out, int *n, int max, uint64_t *visited, int *broken)
+{
+    uintptr_t at;
+    if (!btc_rmem_word(m, head, &at)) {
+        (*broken)++;
+        return true;
+    }
+    loop_watch watch = {0, 0, 1};
+    for (at &= ~(uintptr_t)3; at != head && *visited < BTC_REMOTE_MAX_OBJECTS; (*visited)++) {
+        uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
+        /* a loop that misses the head, or a link into another list
+         * (whose objects that list gives): garbage, the list ends */
+        if ((at & 7) || loops(&watch, at) || is_head(heads, nheads, at) || btc_rmem_read(m, at, w, sizeof w) != 0) {
+            (*broken)++;
+            return true;
+        }
+        if (w[3] && is_subtype(m, memo, w[3], wanted)) {
+            if (*n >= max)
+                return false;   /* more than the caller has room for */
+            out[(*n)++] = at + GC_HEAD_SIZE;
+        }
+        at = w[0] & ~(uintptr_t)3;
+    }
+    return true;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Is the object at `at` (one a walk found before) alive and of type
+ * `wanted` or a subtype?  Freeing an object leaves its reference count 0
+ * (neither pymalloc nor malloc write there: they reuse its first words)
+ * and untracking it clears _gc_next; memory reused by another object has
+ * that object's type. */
+static bool still_instance(btc_rmem *m, type_memo *memo, uintptr_t at, uintptr_t wanted)
+{
+    uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
+    return !(at & 7) && at >= GC_HEAD_SIZE && btc_rmem_read(m, at - GC_HEAD_SIZE, w, sizeof w) == 0 && w[0] &&
+           (uint32_t)w[2] && w[3] && is_subtype(m, memo, w[3], wanted);   /* 3.12+: the count is the low half */
+}
+
+int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, const uintptr_t *walk, int nwalk,
+                        uintptr_t wanted, const uintptr_t *known, int nknown, uintptr_t *out, int max,
+                        uint64_t *visited, int *broken)
 {
     static type_memo memo;
     memset(&memo, 0, sizeof memo);
     int n = 0;
     *visited = 0;
     *broken = 0;
-    for (int h = 0; h < nheads; h++) {
-        uintptr_t at;
-        if (!btc_rmem_word(m, heads[h], &at)) {
-            (*broken)++;
+    for (int h = 0; h < nwalk; h++)
+        if (!walk_gc_list(m, &memo, heads, nheads, walk[h], wanted, out, &n, max, visited, broken))
+            return -1;
+    if (nknown <= 0)
+        return n;   /* (in the lists' order) */
+    int walked = n;
+    qsort(out, (size_t)walked, sizeof *out, by_value);   /* to leave out the known ones found again */
+    btc_rmem_prefetch(m, known, nknown);
+    for (int i = 0; i < nknown; i++) {
+        if (bsearch(&known[i], out, (size_t)walked, sizeof *out, by_value) ||
+            !still_instance(m, &memo, known[i], wanted))
             continue;
-        }
-        /* _gc_next holds a clean pointer outside a collection (bit 0 is
-         * only set while one runs); a list that does not come back to its
-         * head within the bound is garbage, and so is a misaligned link. */
-        loop_watch watch = {0, 0, 1};
-        for (at &= ~(uintptr_t)3; at != heads[h] && *visited < BTC_REMOTE_MAX_OBJECTS; (*visited)++) {
-            uintptr_t w[4];   /* _gc_next, _gc_prev, ob_refcnt, ob_type */
-            /* a loop that misses the head, or a link into another list
-             * (whose objects that list gives): garbage, the list ends */
-            if ((at & 7) || loops(&watch, at) || is_head(heads, nheads, at) || btc_rmem_read(m, at, w, sizeof w) != 0) {
-                (*broken)++;
-                break;
-            }
-            if (w[3] && is_subtype(m, &memo, w[3], wanted)) {
-                if (n >= max)
-                    return -1;   /* more than the caller has room for */
-                out[n++] = at + GC_HEAD_SIZE;
-            }
-            at = w[0] & ~(uintptr_t)3;
-        }
+        if (n >= max)
+            return -1;
+        out[n++] = known[i];
     }
     return n;
+}
+
+int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uintptr_t wanted,
+                            uintptr_t *out, int max, uint64_t *visited, int *broken)
+{
+    return btc_remote_gc_known(m, heads, nheads, heads, nheads, wanted, NULL, 0, out, max, visited, broken);
 }
 
 /* ---- greenlets' saved states (any CPython version: greenlet's layout) ---- */
@@ -396,11 +443,61 @@ static rview greenlet_view(btc_rmem *m, const btc_remote_greenlet *g, const uint
     return v;
 }
 
-void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size)
+/* The previous stop's greenlets, by address (bisection over an index). */
+typedef struct {
+    uintptr_t address;
+    int at;
+} by_address_entry;
+
+static int by_entry_address(const void *a, const void *b)
+{
+    uintptr_t x = ((const by_address_entry *)a)->address, y = ((const by_address_entry *)b)->address;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    const btc_remote_greenlet *gs;
+    const uint8_t *spill;
+    size_t spill_size;
+    by_address_entry *index;   /* NULL: nothing to reuse */
+    int n;
+} previous_stop;
+
+static previous_stop previous_of(const btc_remote_greenlet *prev, int nprev, const uint8_t *prev_spill,
+                                 size_t prev_spill_size)
+{
+    previous_stop p = {prev, prev_spill, prev_spill_size, NULL, 0};
+    if (!prev || !prev_spill || nprev <= 0 || !(p.index = malloc((size_t)nprev * sizeof *p.index)))
+        return p;
+    for (int i = 0; i < nprev; i++)
+        p.index[i] = (by_address_entry){prev[i].address, i};
+    qsort(p.index, (size_t)nprev, sizeof *p.index, by_entry_address);
+    p.n = nprev;
+    return p;
+}
+
+/* The previous stop's copy of g's saved stack, if g's state is the one it had then (same stack, same heap
+ * copy at the same address and size, same top frame): NULL otherwise. */
+static const uint8_t *unchanged_copy(const previous_stop *p, const btc_remote_greenlet *g)
+{
+    by_address_entry key = {g->address, 0}, *e = p->index ? bsearch(&key, p->index, (size_t)p->n, sizeof key,
+                                                                     by_entry_address) : NULL;
+    const btc_remote_greenlet *q = e ? &p->gs[e->at] : NULL;
+    if (!q || !q->copied || q->bad || q->type != g->type || q->start != g->start || q->stop != g->stop ||
+        q->copy != g->copy || q->saved != g->saved || q->frame != g->frame || q->spill_at > p->spill_size ||
+        (size_t)g->saved > p->spill_size - q->spill_at)
+        return NULL;
+    return p->spill + q->spill_at;
+}
+
+void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uint8_t *spill, size_t spill_size,
+                                const btc_remote_greenlet *prev, int nprev, const uint8_t *prev_spill,
+                                size_t prev_spill_size)
 {
     uintptr_t *addr = malloc((n ? n : 1) * sizeof *addr);
     size_t *size = malloc((n ? n : 1) * sizeof *size);
     uint8_t **dest = malloc((n ? n : 1) * sizeof *dest), *ok = malloc(n ? n : 1);
+    previous_stop before = previous_of(prev, nprev, prev_spill, prev_spill_size);
     int nread = 0;
     size_t spilled = 0;
     for (int i = 0; i < n; i++) {   /* the heap copies: in batches */
@@ -409,9 +506,13 @@ void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uin
         g->copied = g->saved == 0 && !g->bad;
         if (!addr || !size || !dest || !ok || g->bad || g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
             continue;
-        addr[nread] = g->copy;
-        size[nread] = (size_t)g->saved;
-        dest[nread++] = spill + spilled;
+        if (unchanged_copy(&before, g)) {
+            g->copied = BTC_REMOTE_COPIED_BEFORE;   /* copied by btc_remote_greenlet_reuse(), after the stop */
+        } else {
+            addr[nread] = g->copy;
+            size[nread] = (size_t)g->saved;
+            dest[nread++] = spill + spilled;
+        }
         spilled += (size_t)g->saved;
     }
     if (nread)
@@ -419,10 +520,28 @@ void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uin
     for (int i = 0, r = 0; i < n && r < nread; i++)
         if (!gs[i].copied && dest[r] == spill + gs[i].spill_at)
             gs[i].copied = ok[r++];
+    free(before.index);
     free(addr);
     free(size);
     free(dest);
     free(ok);
+}
+
+void btc_remote_greenlet_reuse(btc_remote_greenlet *gs, int n, uint8_t *spill, const btc_remote_greenlet *prev,
+                               int nprev, const uint8_t *prev_spill, size_t prev_spill_size)
+{
+    previous_stop before = previous_of(prev, nprev, prev_spill, prev_spill_size);
+    for (int i = 0; i < n; i++) {
+        btc_remote_greenlet *g = &gs[i];
+        if (g->copied != BTC_REMOTE_COPIED_BEFORE)
+            continue;
+        const uint8_t *same = unchanged_copy(&before, g);
+        if (same)
+            memcpy(spill + g->spill_at, same, (size_t)g->saved);
+        else
+            g->copied = 0;   /* (no previous state to take it from: not one spills() chose) */
+    }
+    free(before.index);
 }
 
 int btc_remote_greenlet_frames(btc_rmem *m, const btc_remote_layout *L, btc_remote_greenlet *gs, int n,
@@ -455,6 +574,6 @@ int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *L, btc_remo
                                uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
                                const uintptr_t *lo, const uintptr_t *hi, int nmaps)
 {
-    btc_remote_greenlet_spills(m, gs, n, spill, spill_size);
+    btc_remote_greenlet_spills(m, gs, n, spill, spill_size, NULL, 0, NULL, 0);
     return btc_remote_greenlet_frames(m, L, gs, n, spill, frames, max_frames, lo, hi, nmaps);
 }

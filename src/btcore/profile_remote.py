@@ -49,6 +49,8 @@ MAX_STOPS = 1 << 14          # stop times kept for the figures
 JITTER = 0.5                 # each interval between samples is the period times 1 +- this, at random
 _PYFRAME_SIZE = ffi.sizeof("btc_remote_pyframe")
 ENDED_DURATION, ENDED_EXITED, ENDED_INTERRUPTED = "duration", "exited", "interrupted"
+STALE_COPY = ("a parked greenlet ran and parked again with the same saved state between two samples: it was left "
+              "out of a sample, and its stack read whole at the next")
 
 
 class TargetExited(DumpError):
@@ -71,6 +73,7 @@ class ProcessProfiler:
         self.target = open_live(pid)
         try:
             self._chunks, self._room = rehearse(self.target, False)
+            self._room.alternate()   # an unchanged greenlet's saved stack is copied from the previous sample's
             self._walker = None
             self._native = native
             self.profile = Profile(rate, max_stacks, frames_of=self._frames_of)
@@ -145,15 +148,23 @@ class ProcessProfiler:
     def _walk(self, snap) -> tuple:
         """([RemoteBacktrace] of snap's threads, [(GreenletCopy, RemoteBacktrace)] of its greenlets).  A
         greenlet whose saved state and Python frames are those of the previous sample has not run since
-        (or ran and parked again at the very same place): its previous stack is reused, not walked again."""
+        (or ran and parked again at the very same place): its previous stack is reused, not walked again.
+        One whose state is the same but whose Python frames differ ran and parked again with the same state:
+        the stop took its saved stack from the previous sample's copy (g.reused), which may not be its stack
+        now, so it is left out of this sample (a note) and its stack read from the target at the next."""
         previous, self._previous = self._previous, {}
         keys = [(g.address, g.start, g.stop, g.saved, g.spill is None, bytes(g.pyframes)) for g in snap.greenlets]
-        walked = [g for g, key in zip(snap.greenlets, keys) if key not in previous]
+        walked = [g for g, key in zip(snap.greenlets, keys) if key not in previous and not g.reused]
         backtraces = self._walker.walk(dataclasses.replace(snap, greenlets=walked))
         fresh = iter(backtraces[len(snap.threads):])
         parked = []
         for g, key in zip(snap.greenlets, keys):
-            bt = previous.get(key) or next(fresh)
+            bt = previous.get(key)
+            if bt is None and g.reused:
+                self._room.recopy.add(g.address)
+                self._note(STALE_COPY)
+                continue
+            bt = bt or next(fresh)
             self._previous[key] = bt
             parked.append((g, bt))
         return backtraces[:len(snap.threads)], parked
@@ -180,9 +191,12 @@ class ProcessProfiler:
     def _keep_notes(self, noted: int) -> None:
         """The notes this stop added, kept once each; the target's list stays its first notes."""
         for note in self.target.notes[noted:]:
-            if note not in self.notes and len(self.notes) < MAX_NOTES:
-                self.notes.append(note)
+            self._note(note)
         del self.target.notes[noted:]
+
+    def _note(self, note: str) -> None:
+        if note not in self.notes and len(self.notes) < MAX_NOTES:
+            self.notes.append(note)
 
     def _count(self, bt, group: str, state: str, weight: int) -> None:
         if bt._raw and self.profile.add(bt, group, None, state, weight):

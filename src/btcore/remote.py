@@ -246,6 +246,17 @@ class GreenletCopy:
     pyframes: memoryview        # its Python frames: btc_remote_pyframe records, innermost first
     main: bool
     error: str | None = None    # why its state could not be used (a corrupt target)
+    reused: bool = False        # spill is the previous stop's copy: its state had not changed (Room.alternate)
+
+
+@dataclass
+class KnownGreenlets:
+    """The greenlet objects a complete walk of an interpreter's gc lists found (alive or not by now), and
+    the lists but the youngest as they were then (Target.settled_lists): a new greenlet can only be in the
+    youngest list or in one of those that changed since, and a stop walks those alone and checks these."""
+    lists: list
+    addresses: object   # uintptr_t[]
+    n: int
 
 
 @dataclass
@@ -260,9 +271,10 @@ class Snapshot:
     stopped_for: float = 0.0    # seconds the target was stopped
     notes: list = field(default_factory=list)
     stopped_cpu: float = 0.0    # seconds of this thread's CPU time in that window (a loaded machine
-                                # stretches stopped_for, not this)
+                                # stretches stopped_for, not this; the reader's second thread is not counted)
     stopped_reads: int = 0      # syscalls that read its memory in that window
     types: bounds.Types = field(default_factory=bounds.Types)   # the target's type objects (bounds.Names)
+    gc_walked: int = 0          # objects of the gc lists walked in that window (the young lists', mostly)
 
 
 PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
@@ -285,6 +297,8 @@ class Target:
         self.modules = Modules(mappings, memory, notes)
         self.runtime, self.layout = self._interpreter()
         self.greenlet_type, self.greenlet_code, self.greenlet_offsets = self._greenlet()
+        self.known_greenlets = {}   # interpreter -> KnownGreenlets: what the last complete walk found
+        self.gc_chunks = None       # the chunks a rehearsal's complete walk read (Memory.chunks())
 
     def _interpreter(self) -> tuple:
         """(_PyRuntime's address, the layout table to read it with)."""
@@ -376,9 +390,26 @@ class Target:
                        self.layout.tstate_next, _MAX_THREAD_STATES)
 
     def gc_heads(self, interp: int) -> list:
+        """The gc lists' heads: the generations, youngest first, then the permanent one."""
         lay = self.layout
         heads = [interp + lay.interp_gc_generations + i * lay.gc_generation_size for i in range(lay.gc_ngenerations)]
         return heads + [interp + lay.interp_gc_permanent]
+
+    def lists_moved(self) -> bool:
+        """Will the gathering walk the oldest gc list or the permanent one (they changed since an
+        interpreter's last complete walk, or none was kept)?"""
+        known = self.known_greenlets
+        return not known or any(k.lists[-2:] != (self.settled_lists(interp) or [])[-2:] for interp, k in known.items())
+
+    def settled_lists(self, interp: int) -> list | None:
+        """The `struct gc_generation` (list head, threshold, count) of each gc list but the youngest: an object
+        enters one of those only through a collection of the generations before it (which adds to its count,
+        or resets the oldest's, and moves objects to its tail: a new tail link) or gc.freeze()/unfreeze() (a
+        new tail link of the list merged into).  One unchanged since a walk holds no object it did not hold
+        then (objects only leave it otherwise: freed, untracked)."""
+        heads, size = self.gc_heads(interp), self.layout.gc_generation_size
+        parts = [self.memory.read(head, size) for head in heads[1:]]
+        return None if None in parts else parts
 
     @functools.cached_property
     def map_ranges(self) -> tuple:
@@ -431,6 +462,60 @@ class Room:
     def __init__(self, rehearsal: bool = False):
         self.rehearsal = rehearsal
         self._buffers = {}
+        self.walked = 0       # objects of the gc lists the last gathering walked
+        self.turn = None      # alternate(): which of the two sets of greenlet buffers the stop fills
+        self._previous = {}   # interpreter -> (states, count, heap copies, their size) of the previous stop
+        self._pending = {}    # interpreter -> this stop's, and the previous one's as C arguments (finish())
+        self.recopy = set()   # addresses of greenlets whose saved stack the next stop reads from the target
+
+    def alternate(self) -> None:
+        """Keep each stop's greenlets' states and heap copies for the next one (two sets of buffers, filled in
+        turn, the second sized as the first): a profiler's stop then takes an unchanged greenlet's saved stack
+        from the previous stop's copy (btc_remote_greenlet_spills), not from the target."""
+        if self.turn is not None:
+            return
+        self.turn = 0
+        for key in [key for key in self._buffers if key[-1] in _TURNED]:
+            buf = self._buffers.pop(key)
+            self._buffers[key + (0,)] = buf
+            self.get(key + (1,), len(buf))
+
+    def key(self, interp: int, what: str) -> tuple:
+        return (interp, what) if self.turn is None or what not in _TURNED else (interp, what, self.turn)
+
+    def next_stop(self) -> None:
+        if self.turn is not None and not self.rehearsal:
+            if self._pending:   # the last stop did not finish (an error): its copies are not the previous ones
+                self._pending.clear()
+                self._previous.clear()
+            self.turn ^= 1
+
+    def keep(self, interp: int, states: bytearray, n: int, spill: bytearray, size: int, previous: tuple) -> None:
+        if self.turn is not None and not self.rehearsal:
+            self._pending[interp] = (states, n, spill, size), previous
+
+    def finish(self) -> None:
+        """Once the target runs again: the unchanged greenlets' saved stacks copied from the previous stop's
+        copies (btc_remote_greenlet_reuse), and this stop's kept for the next."""
+        for interp, (now, previous) in self._pending.items():
+            states, n, spill, _ = self._previous[interp] = now
+            lib.btc_remote_greenlet_reuse(ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states)), n,
+                                          ffi.from_buffer(spill), *previous)
+        self._pending.clear()
+
+    def previous(self, interp: int) -> tuple:
+        """The previous stop's (states, count, heap copies, size) as C arguments; none for a dump."""
+        kept = self._previous.get(interp)
+        if kept is None:
+            return ffi.NULL, 0, ffi.NULL, 0
+        states, n, spill, size = kept
+        c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
+        if self.recopy:   # their copy is stale: they ran and parked again with the same state
+            for i in range(n):
+                if c_states[i].address in self.recopy:
+                    c_states[i].copied = 0
+            self.recopy.clear()
+        return c_states, n, ffi.from_buffer(spill), size
 
     def size(self, key) -> int:
         return len(self._buffers.get(key, b""))
@@ -449,6 +534,8 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
     thread states, greenlets (raw: greenlet_copies() unpacks them).
     regs_of: tid -> registers (or an error text).  room: where to copy to."""
     room = room or Room()
+    room.walked = 0
+    room.next_stop()
     threads = [_copy_thread(target, tid, regs) for tid, regs in regs_of.items()]
     by_tid = {t.tid: t for t in threads}
     greenlets = []
@@ -484,29 +571,81 @@ def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
     return t
 
 
-def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
-    heads = target.gc_heads(interp)
+def _find_greenlets(target: Target, interp: int, room: Room) -> tuple:
+    """(the greenlet objects of interp's gc lists in room's buffer, how many or -1: more than _MAX_GREENLETS,
+    lists found broken).  The youngest list and those that changed since the last complete walk are walked and
+    the greenlets that walk found are checked (the older lists are most of the gc's objects: 48 MB of pages at
+    10,000 greenlets); with no walk kept, every list.  A walk made while the target is stopped is remembered."""
+    heads, memory = target.gc_heads(interp), target.memory
+    known, lists = target.known_greenlets.get(interp), target.settled_lists(interp)
+    if known is None or lists is None:
+        walk, known_at, nknown = heads, ffi.NULL, 0
+    else:
+        walk, known_at, nknown = (
+        [heads[0]] + [head for head, then, now in zip(heads[1:], known.lists, lists) if then != now],
+        known.addresses, known.n)
     visited, broken = ffi.new("uint64_t *"), ffi.new("int *")
     most, n = max(1 << 12, room.size((interp, "found")) // 8), -1
     while n < 0 and most <= _MAX_GREENLETS:
         out = ffi.cast("uintptr_t *", ffi.from_buffer(room.get((interp, "found"), most * 8)))
-        n = lib.btc_remote_gc_instances(target.memory.handle, heads, len(heads), target.greenlet_type,
-                                        out, most, visited, broken)
+        n = lib.btc_remote_gc_known(memory.handle, heads, len(heads), walk, len(walk), target.greenlet_type, known_at,
+                                    nknown, out, most, visited, broken)
         most *= 2
-    if broken[0] and not room.rehearsal:
-        target.notes.append(f"{broken[0]} of the interpreter's gc lists end before their head (a corrupt "
+    room.walked += visited[0]
+    if not room.rehearsal:
+        _remember_greenlets(target, interp, lists, out, n if not broken[0] else -1)
+    return out, n, broken[0]
+
+
+def _remember_greenlets(target: Target, interp: int, lists: list | None, found, n: int) -> None:
+    """Keep what a complete walk found (n >= 0), else forget: the next walks every list."""
+    if n < 0 or lists is None:
+        target.known_greenlets.pop(interp, None)
+        return
+    addresses = ffi.new("uintptr_t[]", max(n, 1))
+    ffi.memmove(addresses, found, n * 8)
+    target.known_greenlets[interp] = KnownGreenlets(lists, addresses, n)
+
+
+def learn_greenlets(target: Target) -> None:
+    """Walk every gc list of every interpreter while the target runs, for the stop to walk the young ones
+    only (_find_greenlets).  What is walked while it runs is trusted only if its old lists were the same before
+    the walk and after it (each read afresh: the chunk cache forgotten) and no list was found broken: then no
+    object entered them meanwhile, and each object the old lists held all along was passed (objects only leave
+    them).  Leaves the chunk cache empty."""
+    memory = target.memory
+    interps = list(target.interpreters())
+    memory.forget()
+    before = [target.settled_lists(interp) for interp in interps]
+    for interp in interps:
+        target.known_greenlets.pop(interp, None)   # a walk of every list
+        _find_greenlets(target, interp, Room())   # (not a rehearsal's room: it remembers what it found)
+    target.gc_chunks = memory.chunks()
+    memory.forget()
+    for interp, lists in zip(interps, before):
+        if target.settled_lists(interp) != lists:
+            target.known_greenlets.pop(interp, None)
+    memory.forget()
+
+
+def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
+    out, n, broken = _find_greenlets(target, interp, room)
+    if broken and not room.rehearsal:
+        target.notes.append(f"{broken} of the interpreter's gc lists end before their head (a corrupt "
                             "target?): greenlets after the break are not listed")
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
         n = _MAX_GREENLETS
-    states = room.get((interp, "states"), max(n, 1) * _GREENLET.size)
+    states = room.get(room.key(interp, "states"), max(n, 1) * _GREENLET.size)
     offsets = ffi.new("size_t[3]", target.greenlet_offsets)
     c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
     spilled = lib.btc_remote_greenlet_fit(c_states, n, *target.map_ranges, bounds.SPILL_BUDGET)
-    spill = room.get((interp, "spill"), max(1, spilled))
+    spill = room.get(room.key(interp, "spill"), max(1, spilled))
+    previous = room.previous(interp)
     lib.btc_remote_greenlet_spills(target.memory.handle, c_states, n, ffi.from_buffer(spill),
-                                   0 if room.rehearsal else spilled)
+                                   0 if room.rehearsal else spilled, *previous)
+    room.keep(interp, states, n, spill, spilled, previous)
     copied = memoryview(states)[:n * _GREENLET.size], spill
     if room.rehearsal:   # the chunks of their frames: the stop reads them, the walk after it reads its copies
         _greenlet_frames(target, *copied)
@@ -529,6 +668,7 @@ def _greenlet_frames(target: Target, states: memoryview, spill) -> memoryview:
 
 _GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
 _MAX_PYFRAMES_ALL = 1 << 22   # Python frames of all greenlets
+_TURNED = ("states", "spill")   # a Room's buffers kept from one stop to the next (Room.alternate)
 
 
 def greenlet_copies(target: Target, copied: list) -> list:
@@ -547,7 +687,7 @@ def greenlet_copies(target: Target, copied: list) -> list:
             pyframes = frames[frames_at * size: (frames_at + nframes) * size]   # merged in C (process.py)
             out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
                                     spill[spill_at: spill_at + saved] if ok else None, pyframes,
-                                    stop == _MAIN_STACK_STOP, _BAD.get(bad)))
+                                    stop == _MAIN_STACK_STOP, _BAD.get(bad), ok == lib.BTC_REMOTE_COPIED_BEFORE))
     return out
 
 
@@ -594,6 +734,8 @@ def rehearse(target: Target, threads_only: bool):
     copies.  Lists walked while they change may lead anywhere: every read
     is bounded, and a chunk read for nothing costs a copy, not a wrong dump
     (the stop walks them all again)."""
+    if not threads_only and target.greenlet_type:
+        learn_greenlets(target)
     room = Room(rehearsal=True)
     gather(target, {tid: "not stopped (rehearsal)" for tid in _tids(target.pid)}, threads_only, room)
     chunks = target.memory.chunks()
@@ -723,14 +865,17 @@ def stop_and_copy(target: Target, chunks, room: Room, threads_only: bool, timeou
         began, began_cpu, began_reads = time.perf_counter(), time.thread_time(), memory.syscalls()
         try:
             regs_of = stop_threads(pid, timeout, stopped)
+            if target.gc_chunks is not None and not threads_only and target.lists_moved():
+                memory.prefetch(target.gc_chunks)   # every list is walked: what the rehearsal's walk of them read
             memory.prefetch(chunks)
             threads, greenlets = gather(target, regs_of, threads_only, room)
         finally:
             resume_threads(stopped)
             stopped_for, stopped_cpu = time.perf_counter() - began, time.thread_time() - began_cpu
             stopped_reads = memory.syscalls() - began_reads
+    room.finish()
     if exited(pid):
         target.notes.append("the process exited during the dump: what was read before is shown")
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
                     target.greenlet_code, target.layout, stopped_for, target.notes, stopped_cpu, stopped_reads,
-                    target.types)
+                    target.types, room.walked)

@@ -123,6 +123,32 @@ MUTATIONS = [
     Mutation("native/remote/rpython.c", "end < g->start || end > hi[last] ||", "end < g->start ||",
              "tests/test_hostile_dump.py::test_saved_stacks_are_copied_only_on_one_stack_and_within_the_budget",
              "a corrupt greenlet's saved stack is copied at whatever size it claims, off any stack of the target"),
+    Mutation("src/btcore/remote.py",
+             "        [heads[0]] + [head for head, then, now in zip(heads[1:], known.lists, lists) if then != now]",
+             "        [heads[0]]",
+             "tests/test_remote_stop.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
+             "a stop walks the youngest gc list only, even after a collection or gc.freeze() moved a new greenlet "
+             "out of it: that greenlet is missing from the dump"),
+    Mutation("src/btcore/remote.py", "        parts = [self.memory.read(head, size) for head in heads[1:]]",
+             "        parts = [self.memory.read(head, size) for head in heads[1:-1]]",
+             "tests/test_remote_stop.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
+             "gc.freeze() (a new tail of the permanent generation) goes unseen: a greenlet made just before it is "
+             "not listed"),
+    Mutation("native/remote/rpython.c", "(uint32_t)w[2] && w[3]", "w[3]",
+             "tests/test_remote_stop.py::test_a_freed_greenlet_is_not_taken_for_a_live_one",
+             "a greenlet freed since the last walk (its block still naming its type) is checked as a live one"),
+    Mutation("src/btcore/remote.py", "                memory.prefetch(target.gc_chunks)", "                pass",
+             "tests/test_remote_stop.py::test_a_greenlet_made_between_two_stops_is_listed_wherever_it_went",
+             "a stop that must walk every gc list (a collection since the last walk) reads their pages one syscall "
+             "each: hundreds of syscalls in the window"),
+    Mutation("src/btcore/profile_remote.py", "                self._room.recopy.add(g.address)", "                pass",
+             "tests/test_remote_stop.py::test_a_profilers_stop_reuses_unchanged_copies_and_never_shows_a_stale_one",
+             "a greenlet that ran and parked again with the same state keeps the stale copy: left out of every "
+             "sample from then on"),
+    Mutation("native/remote/rpython.c", "            g->copied = BTC_REMOTE_COPIED_BEFORE;", "            g->copied = 1;",
+             "tests/test_remote_stop.py::test_a_profilers_stop_reuses_unchanged_copies_and_never_shows_a_stale_one",
+             "a saved stack taken from the previous sample's copy is not marked so: a greenlet that ran and parked "
+             "again with the same state is shown with its old stack under its new Python frames"),
     Mutation("src/btcore/bounds.py", "        if at > n:\n            return False", "        pass",
              "tests/test_hostile_dump.py::test_line_tables_whose_last_entry_runs_past_their_end_are_refused",
              "a line table whose last entry runs past its end reaches CPython's co_lines, which reads past it"),
@@ -141,10 +167,9 @@ MUTATIONS = [
              "tests/test_process_dump.py::test_the_stop_reads_the_target_in_a_few_syscalls",
              "the stop does not re-read the rehearsal's chunks in batches: it reads the gc lists chunk by chunk "
              "while the target is stopped"),
-    Mutation("native/remote/rmem.c", "read(m->pid, job, 0, two ? split : n, &lower);",
-             "read(m->pid, job, 0, two ? split - 1 : n, &lower);",
+    Mutation("native/remote/rmem.c", "        read(pid, job, lo, hi, &stats);", "        read(pid, job, lo, hi - 1, &stats);",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
-             "the two readers of a split job leave the page between their halves unread"),
+             "the two readers of a shared job leave the last page of each slice unread"),
     Mutation("native/remote/rmem.c", "start += pages < tried ? pages + 1 : pages;", "start += pages + 1;",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
              "a prefetch call that read all it tried still skips the next page, as after a page it cannot read: "
