@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE = "_btfix_crashmx"
 
 pytestmark = [
-    pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan handles fatal signals itself"),
+    pytest.mark.skipif(conftest.UNDER_ASAN, reason="the matrix's oracle reads core files, which ASan turns off"),
     pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE),
     pytest.mark.skipif(shutil.which("gdb") is None, reason="the core-file oracle is gdb, which is not installed"),
 ]

@@ -61,13 +61,11 @@ def test_guide_example_runs(source, tmp_path):
             pytest.skip(f"{server} is not installed")   # (not imported here: Locust monkey-patches on import)
     if any(name in source for name in INTERPRETER_STATIC_FUNCTIONS) and not conftest.INTERPRETER_HAS_SYMTAB:
         pytest.skip("stripped interpreter: the example names its static C functions")
-    if "enable_crash_report" in source and conftest.UNDER_ASAN:
-        pytest.skip("ASan handles fatal signals itself")
     if "enable_crash_report" in source and conftest.UNDER_QEMU:
         pytest.skip(conftest.QEMU_NO_OWN_READS)
     if "dump_process(" in source and not conftest.DUMPS_OTHER_PROCESSES:
         pytest.skip(conftest.NO_DUMP_HERE)
-    proc = subprocess.run([sys.executable, "-P", "-c", source], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run([sys.executable, "-P", "-c", source], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=TIMEOUT, env={**os.environ, **conftest.ASAN_CRASH_CHILD_ENV})
     assert proc.returncode == 0, (
         f"exit code {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
