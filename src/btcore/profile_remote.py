@@ -27,7 +27,6 @@ thread's ("thread TID").
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import os
 import random
@@ -91,14 +90,10 @@ class ProcessProfiler:
     def _frames_of(self, addr, lasti, kind, flags, ref) -> tuple:
         return self._walker.names.frames(addr, lasti, kind, flags)
 
-    def record(self, duration: float | None = None, on_progress=None, progress_every: float = 30.0,
-               interrupted=None) -> str:
+    def record(self, duration: float | None = None, on_progress=None, progress_every: float = 30.0) -> str:
         """Sample until duration seconds have passed (ENDED_DURATION; None: until
         interrupted, KeyboardInterrupt propagates) or the target exits
-        (ENDED_EXITED).  on_progress(self) every progress_every seconds.
-        interrupted: a callable, true once the caller was interrupted
-        (ENDED_INTERRUPTED): checked between samples, should the
-        KeyboardInterrupt itself have been lost on its way up."""
+        (ENDED_EXITED).  on_progress(self) every progress_every seconds."""
         deadline = time.monotonic()
         end = deadline + duration if duration is not None else float("inf")
         if self._last is None:
@@ -107,8 +102,6 @@ class ProcessProfiler:
         cpu = time.process_time()
         try:
             while deadline < end:
-                if interrupted is not None and interrupted():
-                    return ENDED_INTERRUPTED
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 try:
                     self.sample()
@@ -316,9 +309,7 @@ def profile_command_outside(pid: int, settings: dict) -> int:
           file=sys.stderr, flush=True)
     try:
         try:
-            with _ctrl_c_noted() as interrupted:
-                ended = profiler.record(settings["duration"], on_progress=lambda p: _progress(p, output),
-                                        interrupted=interrupted)
+            ended = profiler.record(settings["duration"], on_progress=lambda p: _progress(p, output))
         except KeyboardInterrupt:
             ended = ENDED_INTERRUPTED
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C does not cut the file short
@@ -331,27 +322,6 @@ def profile_command_outside(pid: int, settings: dict) -> int:
         profiler.close()
     _report(profiler, output, fmt, ended)
     return 0 if profiler.profile.ticks else 1
-
-
-@contextlib.contextmanager
-def _ctrl_c_noted():
-    """Ctrl-C noted as well as raised: yields a callable, true once it came.
-    (Once, on a loaded CI machine, a Ctrl-C raised no KeyboardInterrupt out of
-    record(), and the recording went on: the note ends it at the next sample.)"""
-    came = []
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:   # (started with Ctrl-C ignored: it stays so)
-        yield lambda: False
-        return
-
-    def on_sigint(signum, frame):
-        came.append(signum)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield lambda: bool(came)
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _progress(profiler: ProcessProfiler, output: str) -> None:
