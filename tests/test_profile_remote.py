@@ -224,8 +224,11 @@ def test_progress_calls_and_bounded_stacks(tmp_path):
 # ---- the command ----
 
 def cli(*args):
+    # (SIGINT back to its default in the child: a shell's background job, CI's say, starts with it ignored,
+    # and Python then keeps it ignored: the Ctrl-C test's signal would be lost)
     return subprocess.Popen([sys.executable, "-m", "btcore", "profile", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_cli_a_target_that_exits_mid_recording_writes_what_was_recorded(tmp_path):
