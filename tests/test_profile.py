@@ -506,9 +506,11 @@ PROGRAM = textwrap.dedent('''
 def _cli(tmp_path, *args, seconds="0.5", **popen):
     script = tmp_path / "app.py"
     script.write_text(PROGRAM)
+    # (SIGINT back to its default: a shell's background job, CI's say, starts with it ignored, and Python
+    # keeps it so: the Ctrl-C test would then pass whatever the CLI does with it)
     return subprocess.Popen([sys.executable, "-m", "btcore", "profile", *args, "--", sys.executable, str(script),
                              seconds], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            **popen)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)
 
 
 def test_cli_profiles_a_monkey_patched_program(tmp_path):

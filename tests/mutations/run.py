@@ -170,10 +170,6 @@ MUTATIONS = [
     Mutation("native/remote/rmem.c", "        read(pid, job, lo, hi, &stats);", "        read(pid, job, lo, hi - 1, &stats);",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
              "the two readers of a shared job leave the last page of each slice unread"),
-    Mutation("native/remote/rmem.c", "start += pages < tried ? pages + 1 : pages;", "start += pages + 1;",
-             "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
-             "a prefetch call that read all it tried still skips the next page, as after a page it cannot read: "
-             "gc lists end early and greenlets go missing from the dump"),
     Mutation("src/btcore/remote.py", "        if callable(handler):   # SIG_DFL", "        if False:   # SIG_DFL",
              "tests/test_process_dump.py::test_ctrl_c_in_the_stopped_window_still_resumes_the_target",
              "Ctrl-C between two detaches raises there: threads of the target stay stopped"),
