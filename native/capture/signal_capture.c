@@ -126,10 +126,25 @@ static const void *frame_at(btc_read_check *self, const void *frame)
     return at;
 }
 
+/* Does process_vm_readv on ourselves work?  (qemu-user does not emulate it:
+ * there the innermost frame's code object is read in place, as before it was
+ * copied.)  Asked once, from wherever first: a syscall, fine in a handler. */
+static bool own_reads_work(void)
+{
+    static _Atomic int known;   /* 0: not asked yet; 1: yes; 2: no */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (!k) {
+        uintptr_t word = 1, copy = 0;
+        k = btc_read_own(&copy, (uintptr_t)&word, sizeof word) && copy == 1 ? 1 : 2;
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k == 1;
+}
+
 static const void *code_at(btc_read_check *self, const void *code)
 {
     chain_limits *l = (chain_limits *)self;
-    bool copy = l->copied || l->codes++ == 0;
+    bool copy = l->copied || (l->codes++ == 0 && own_reads_work());
     const void *at = NULL;
     if ((uintptr_t)code & 7)
         at = NULL;
