@@ -40,8 +40,10 @@
 #      selected version exists in sid.  Never treat this as a pass.
 #
 # Layout inside the chroot:
-#   /opt/btcore-venv-3.X   fresh venv per run (pip's wheel cache in /root/.cache/pip
-#                          is kept, so wheels built from source are built only once)
+#   /opt/btcore-venv-3.X   a link to this run's fresh venv /opt/btcore-venv-3.X.<ns>,
+#                          switched once it is installed (pip's wheel cache in
+#                          /root/.cache/pip is kept, so wheels built from source
+#                          are built only once)
 #   /opt/btcore-src        fresh copy of the checkout per version
 #
 # Caching: the chroot is built in "$BTCORE_SID_ROOT.tmp" and renamed to
@@ -186,7 +188,25 @@ T_MATRIX0=$(now)
 # checkout, with the venv first on PATH; output goes to the version's log.
 run_step() {
     log "python$1: $2: $3"
-    run_in_venv "$SID_ROOT" "/opt/btcore-venv-$1" "$LOGDIR/python$1.log" "$3"
+    run_in_venv "$SID_ROOT" "$VENV" "$LOGDIR/python$1.log" "$3"
+}
+
+# Put venv $2 (installed) in place as /opt/btcore-venv-$1, atomically: the
+# host's lanes that run meanwhile (.ci/run: README suite, ASan) start gevent
+# targets from that path and must never see a venv being rebuilt (stop 34:
+# the ASan lane's 3.15 targets found it emptied, without gevent).  The venv
+# it replaces stays, for a target started from it just now; older ones go.
+publish_venv() {
+    in_chroot "$SID_ROOT" sh -c '
+        link=/opt/btcore-venv-$1; new=$2
+        old=$(readlink -f "$link" || true)
+        if [ -d "$link" ] && [ ! -L "$link" ]; then     # a real directory (before venvs were published)
+            old=$link.$(date +%s%N); mv -T "$link" "$old"
+        fi
+        ln -sfn "${new#/opt/}" "$link.next" && mv -T "$link.next" "$link"   # relative: the host reads it too
+        for d in "$link".*; do
+            [ "$d" = "$new" ] || [ "$d" = "$old" ] || rm -rf "$d"
+        done' sh "$1" "$2"
 }
 
 for v in $VERSIONS; do
@@ -203,9 +223,9 @@ for v in $VERSIONS; do
     exact=$(in_chroot "$SID_ROOT" "python$v" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo '?')
     timings=""
     t=$(now)
-    # 1. fresh venv
-    if ! in_chroot "$SID_ROOT" sh -c "rm -rf /opt/btcore-venv-$v && python$v -m venv /opt/btcore-venv-$v" \
-            >>"$LOGDIR/python$v.log" 2>&1; then
+    # 1. fresh venv, beside the one in use (publish_venv puts it in place once installed)
+    VENV=/opt/btcore-venv-$v.$(date +%s%N)
+    if ! in_chroot "$SID_ROOT" "python$v" -m venv "$VENV" >>"$LOGDIR/python$v.log" 2>&1; then
         RESULT[$v]="FAIL ($exact) at venv creation; log: $LOGDIR/python$v.log"; ANY_FAIL=1; continue
     fi
     # 2. fresh copy of the checkout
@@ -221,6 +241,9 @@ for v in $VERSIONS; do
         if [ $rc -ne 0 ]; then
             [ $rc -eq 124 ] && failed="$step timed out after ${STEP_TIMEOUT}s" || failed="$step (exit $rc)"
             break
+        fi
+        if [ $step = install ] && ! publish_venv "$v" "$VENV" >>"$LOGDIR/python$v.log" 2>&1; then
+            failed="putting $VENV in place"; break
         fi
     done
     counts=$(pytest_counts "$LOGDIR/python$v.log")
