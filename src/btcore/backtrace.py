@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import inspect
-import struct
 import sys
 import weakref
 
@@ -11,6 +10,7 @@ from .fold import fold
 from .frame import Frame
 from .errors import BacktraceError
 from .greenlets import CURRENT, NOTHING, describe, target_of
+from .records import FRAME
 from . import resolve
 from .resolve import resolve_native, resolve_python
 
@@ -18,24 +18,8 @@ DEFAULT_CAPACITY = lib.BTC_DEFAULT_CAPACITY
 MAX_CAPACITY = lib.BTC_MAX_CAPACITY
 JOIN_MARKER = "  ==== appended backtrace boundary ===="
 
-_STRUCT_CODES = {(1, False): "B", (2, False): "H", (4, False): "I", (8, False): "Q",
-                 (1, True): "b", (2, True): "h", (4, True): "i", (8, True): "q"}
-
-
-def _record_struct(ctype):
-    """The struct format of one native record, read from cffi's declared
-    layout of it (fields in order, padding where the compiler put some), so
-    the Python side has no second hand-written copy of btcore_api.h."""
-    fmt, at = "=", 0
-    for _, field in ctype.fields:
-        size = ffi.sizeof(field.type)
-        fmt += "x" * (field.offset - at) + _STRUCT_CODES[size, field.type.cname.startswith("int")]
-        at = field.offset + size
-    return struct.Struct(fmt + "x" * (ffi.sizeof(ctype) - at))
-
-
 # One btc_frame record (native/btcore_api.h): addr, lasti, kind, flags, reserved.
-RECORD = _record_struct(ffi.typeof("btc_frame"))
+RECORD = FRAME
 _KIND_AT, _FLAGS_AT = ffi.offsetof("btc_frame", "kind"), ffi.offsetof("btc_frame", "flags")
 
 KIND_NATIVE = lib.BTC_KIND_NATIVE

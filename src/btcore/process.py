@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from . import bounds, codec, dump, remote_names, remote_tasks
 from ._native import ffi, lib
 from .backtrace import KIND_NATIVE, RECORD, Backtrace
+from .elf_symbols import symbol_value
 from .frame import NATIVE, PYTHON, Frame
 from .introspect import place_in_tree
+from .records import PYFRAME
+from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
+                     greenlet_copies, snapshot_live, vdso_file)
 from .resolve import F_EXACT, file_symbol, native_frames
 from .schema import RemoteGreenlet
 from .threads import fallback_name
-from .remote import (PYFRAME, DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
-                     greenlet_copies, snapshot_live, symbol_value, vdso_file)
 
 __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "Walker", "dump_process", "process_stacks"]
 

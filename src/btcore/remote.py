@@ -14,16 +14,17 @@ import functools
 import os
 import shutil
 import signal
-import struct
 import tempfile
 import time
 from dataclasses import dataclass, field
 
 import greenlet
 
-from . import bounds, debug_offsets, greenlet_offsets
+from . import bounds, debug_offsets, greenlet_offsets, remote_tasks
 from ._native import ffi, lib
 from .codec import file_build_id
+from .elf_symbols import symbol_value
+from .records import GREENLET, PYFRAME
 from .threads import is_main_thread
 
 _MAX_STACK_COPY = bounds.MAX_READ   # bytes of a thread's stack copied, from its sp up
@@ -204,21 +205,6 @@ class Modules:
         return next((m for m in self.list if predicate(os.path.basename(m.path))), None)
 
 
-@functools.lru_cache(maxsize=8)
-def _elf(path: str, mtime: float):
-    """The file's btc_elf (native/symbols/elf.c: sections and symbol tables,
-    read once), kept open while cached; None if it is not a readable ELF file."""
-    e = lib.btc_elf_open(path.encode())
-    return None if e == ffi.NULL else ffi.gc(e, lib.btc_elf_close)
-
-
-def symbol_value(path: str, name: str) -> int | None:
-    """A defined symbol's module-relative value (.dynsym, then .symtab) in the ELF file at path."""
-    e = _elf(path, os.stat(path).st_mtime)
-    value = ffi.new("uint64_t *")
-    return value[0] if e is not None and lib.btc_elf_symbol_value(e, name.encode(), value) == 0 else None
-
-
 # ---- what is copied while the target is stopped ----
 
 @dataclass
@@ -277,7 +263,6 @@ class Snapshot:
     gc_walked: int = 0          # objects of the gc lists walked in that window (the young lists', mostly)
 
 
-PYFRAME = struct.Struct("<QiB3x")   # btc_remote_pyframe
 _pyframe_buffer = ffi.new("btc_remote_pyframe[]", _MAX_PYFRAMES)   # reused: the dump runs on one thread
 
 
@@ -551,7 +536,6 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
         if not threads_only and target.greenlet_type:
             greenlets.append(_copy_greenlets(target, interp, room))
     if not threads_only:
-        from . import remote_tasks   # (it builds on this module)
         remote_tasks.gather(target, threads, room)
     return threads, greenlets
 
@@ -636,7 +620,7 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     if n < 0:
         target.notes.append(f"more than {_MAX_GREENLETS} greenlets: the rest are not listed")
         n = _MAX_GREENLETS
-    states = room.get(room.key(interp, "states"), max(n, 1) * _GREENLET.size)
+    states = room.get(room.key(interp, "states"), max(n, 1) * GREENLET.size)
     offsets = ffi.new("size_t[3]", target.greenlet_offsets)
     c_states = ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states))
     n = lib.btc_remote_greenlet_states(target.memory.handle, out, n, offsets, c_states)
@@ -646,7 +630,7 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
     lib.btc_remote_greenlet_spills(target.memory.handle, c_states, n, ffi.from_buffer(spill),
                                    0 if room.rehearsal else spilled, *previous)
     room.keep(interp, states, n, spill, spilled, previous)
-    copied = memoryview(states)[:n * _GREENLET.size], spill
+    copied = memoryview(states)[:n * GREENLET.size], spill
     if room.rehearsal:   # the chunks of their frames: the stop reads them, the walk after it reads its copies
         _greenlet_frames(target, *copied)
     return copied
@@ -655,7 +639,7 @@ def _copy_greenlets(target: Target, interp: int, room: Room) -> list:
 def _greenlet_frames(target: Target, states: memoryview, spill) -> memoryview:
     """The Python frames of the greenlets (btc_remote_pyframe records; each state says which are its own),
     walked from the chunks the stop read: a frame the stop did not read is read now."""
-    n = len(states) // _GREENLET.size
+    n = len(states) // GREENLET.size
     most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
     frames = bytearray(most * PYFRAME.size)
     nframes = lib.btc_remote_greenlet_frames(target.memory.handle, target.layout,
@@ -666,7 +650,6 @@ def _greenlet_frames(target: Target, states: memoryview, spill) -> memoryview:
     return memoryview(frames)[:nframes * PYFRAME.size]
 
 
-_GREENLET = struct.Struct("<QQQQQqQQiiii")   # btc_remote_greenlet
 _MAX_PYFRAMES_ALL = 1 << 22   # Python frames of all greenlets
 _TURNED = ("states", "spill")   # a Room's buffers kept from one stop to the next (Room.alternate)
 
@@ -680,7 +663,7 @@ def greenlet_copies(target: Target, copied: list) -> list:
         frames = _greenlet_frames(target, states, spill)
         spill = memoryview(spill)   # each greenlet's part: a view, not a copy
         size = PYFRAME.size
-        for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, bad in _GREENLET.iter_unpack(states):
+        for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, bad in GREENLET.iter_unpack(states):
             if g in seen:   # a corrupt gc list may lead through objects twice
                 continue
             seen.add(g)

@@ -35,7 +35,8 @@ import greenlet
 from . import bounds, greenlet_offsets
 from ._native import ffi, lib
 from .codec import file_build_id
-from .remote import PYFRAME, symbol_value
+from .elf_symbols import symbol_value
+from .records import LABEL, PYFRAME
 
 MAX_NAME = 200          # characters of a name as shown (an absurd one is cut, with "...")
 MAX_DICT_ENTRIES = 256  # entries of an instance dict looked through
@@ -111,7 +112,7 @@ class Labels:
                 ffi.new("uintptr_t[]", [g.address for g in greenlets]), len(greenlets), out) < 0:
             return [RemoteLabel(shown(_plain(g.address, g.main, g.type_name))) for g in greenlets]
         shared, labels = {}, []   # greenlets parked alike have the same record: they share all but the address
-        for g, record in zip(greenlets, _LABEL.iter_unpack(ffi.buffer(out, _LABEL.size * len(greenlets)))):
+        for g, record in zip(greenlets, LABEL.iter_unpack(ffi.buffer(out, LABEL.size * len(greenlets)))):
             key = (record, g.main, g.type_name, None if g.main or record[_GEVENT] else _outer_codes(g.pyframes))
             part = shared.get(key)
             if part is None:
@@ -363,7 +364,6 @@ def _outer_codes(pyframes) -> tuple:
     return outer, PYFRAME.unpack_from(pyframes, end - 2 * size)[0] if end >= 2 * size else 0
 
 
-_LABEL = struct.Struct("<5Qq3i4x")   # btc_remote_label
 _GEVENT = 7                          # its field `gevent`
 
 

@@ -40,7 +40,8 @@ from . import asyncio_debug, bounds
 from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, append_labelled
 from .introspect import CAPACITY, NOT_STARTED, RUNNING, SUSPENDED
-from .remote import PYFRAME, symbol_value
+from .elf_symbols import symbol_value
+from .records import PYFRAME, TASK
 from .remote_names import shown
 from .schema import RemoteGreenlet
 
@@ -51,10 +52,7 @@ _TASK_NAME = "_asyncio.Task"
 _FUTURE_NAME = "_asyncio.Future"
 _STATES = {lib.BTC_REMOTE_TASK_NOT_STARTED: NOT_STARTED, lib.BTC_REMOTE_TASK_SUSPENDED: SUSPENDED,
            lib.BTC_REMOTE_TASK_RUNNING: RUNNING}
-_TASK_SIZE = ffi.sizeof("btc_remote_task")
 _AWAITERS = lib.BTC_REMOTE_TASK_AWAITERS
-_TASK = struct.Struct(f"<6Q{_AWAITERS}Q4i")   # btc_remote_task
-assert _TASK.size == _TASK_SIZE
 _SYMBOLS = {"coro_type": "PyCoro_Type", "gen_type": "PyGen_Type", "cfunction_type": "PyCFunction_Type",
             "function_type": "PyFunction_Type", "tuple_type": "PyTuple_Type", "list_type": "PyList_Type",
             "cell_type": "PyCell_Type", "set_type": "PySet_Type", "weakref_type": "_PyWeakref_RefType"}
@@ -210,7 +208,7 @@ def gather(target, threads, room) -> None:
         return
     addresses = reader.addresses(target, threads, room)
     n = len(addresses)
-    records = room.get(("tasks", "records"), max(1, n) * _TASK_SIZE)
+    records = room.get(("tasks", "records"), max(1, n) * TASK.size)
     most = min(bounds.MAX_FRAMES * 256, 16 * n + CAPACITY)
     frames = room.get(("tasks", "frames"), most * PYFRAME.size)
     c_records = ffi.cast("btc_remote_task *", ffi.from_buffer(records))
@@ -268,7 +266,7 @@ def stacks(snap, space, shown: list) -> list:
         return []
     names = _Names(snap)
     found, order, shared = {}, [], {}
-    for r in map(_Record.of, _TASK.iter_unpack(memoryview(copied.tasks)[:copied.kept * _TASK_SIZE])):
+    for r in map(_Record.of, TASK.iter_unpack(memoryview(copied.tasks)[:copied.kept * TASK.size])):
         if r.address not in found:   # a list read twice over (a corrupt target) gives it once
             found[r.address] = _entry(r, names, copied.frames, space, RemoteBacktrace, shared)
             order.append(r)
