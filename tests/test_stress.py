@@ -224,13 +224,17 @@ SIGNAL_SAFE_SCRIPT = r"""
     main = threading.get_ident()
     assert lib.btc_test_signal_stress_start(signal.SIGALRM) == 0   # registers this thread, prebuilds
     stop = threading.Event()
-    sampled = []
+    sampled, unanswered, wrong = [], [], []
 
     def sampler():   # the capture signal too, from another thread, nesting with the timer's
         while not stop.is_set():
             text = _sample_text(main)
-            assert text is not None and ('  File "' in text or "(partial" in text), text
-            sampled.append(1)
+            if text is None:   # no answer within its second (documented; a loaded machine): counted
+                unanswered.append(1)
+            elif '  File "' in text or "(partial" in text:
+                sampled.append(1)
+            else:
+                wrong.append(text)
 
     t = threading.Thread(target=sampler)
     t.start()
@@ -238,7 +242,8 @@ SIGNAL_SAFE_SCRIPT = r"""
     loads = switches = 0
     deadline = time.monotonic() + seconds
     try:
-        while time.monotonic() < deadline:
+        # until the sampler has had an answer too (a starved thread gets a minute more)
+        while time.monotonic() < deadline or (not sampled and time.monotonic() < deadline + 60):
             junk = [bytearray(4096) for _ in range(64)]   # malloc, under the handler
             lib2 = ctypes.CDLL(library)                    # the loader and the module list, under the handler
             assert lib2.fixture_add(2, 3) == 5
@@ -256,14 +261,15 @@ SIGNAL_SAFE_SCRIPT = r"""
     lib.btc_test_signal_stress_stop(counts, last_invalid)
     complete, partial, invalid = counts[0:3]
     print("signal-safe capture: %d samples at 1 kHz in %.0f s: %d complete, %d partial (per reason bit %s), "
-          "%d invalid; %d complete with Python frames; %d samples through the capture signal; "
+          "%d invalid; %d complete with Python frames; %d samples through the capture signal (%d unanswered); "
           "%d load/unload cycles, %d switches"
           % (complete + partial + invalid, seconds, complete, partial, list(counts[3:11]), invalid, counts[11],
-             len(sampled), loads, switches))
+             len(sampled), len(unanswered), loads, switches))
     if invalid:
         buf = ffi.new("char[]", 1 << 16)
         lib.btc_sigsample_format(last_invalid, buf, len(buf))
         print("last invalid sample (partial=%d):\n%s" % (last_invalid.partial, ffi.string(buf).decode()))
+    assert not wrong, wrong[0]
     assert invalid == 0 and counts[11] > 0 and sampled
 """
 
