@@ -746,7 +746,9 @@ typedef struct {
     uint32_t interp_tasks_head, thread_tasks_head;   /* 3.14+: the task lists' heads (0: none) */
     uintptr_t task_types[BTC_REMOTE_TASK_TYPES], future_types[BTC_REMOTE_TASK_TYPES];
     uintptr_t coro_type, gen_type, cfunction_type, function_type, tuple_type, list_type, cell_type, set_type,
-              weakref_type;
+              weakref_type, method_type;
+    uintptr_t partial_type;        /* functools.partial (a heap type; 0: not found) */
+    uint32_t method_self, partial_args;   /* PyMethodObject.im_self, partialobject.args */
 } btc_remote_tasklayout;
 int btc_remote_task_layout_of(uint64_t version_hex, btc_remote_tasklayout *out);
 /* The tasks linked in the list whose head (an llist_node) is at `head`
@@ -766,6 +768,8 @@ typedef struct {
     int32_t frames_at, nframes;    /* its await chain in frames, innermost first (running: its thread's
                                       frames from its coroutine's own outwards) */
     int32_t truncated;             /* outer frames left out (per_task), or no room left in frames */
+    uintptr_t holder;              /* the object a done-callback of it is a method of (not a task; 0: none) */
+    uintptr_t self;                /* a suspended task: the first local (self) of its innermost coroutine */
 } btc_remote_task;
 /* Of the objects at tasks (each checked: a task type's instance, pending,
  * its coroutine not ended), the pending tasks with their state, awaiters

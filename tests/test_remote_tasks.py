@@ -8,6 +8,7 @@ version's own objects (each sid lane runs it on its version)."""
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -53,7 +54,9 @@ def hostile(tmp_path_factory):
 
 
 def dump(pid, *args) -> str:
-    done = subprocess.run([sys.executable, "-m", "btcore", "dump", str(pid), *args], capture_output=True,
+    """`python -m btcore dump PID args` (pid None: the args name a core file)."""
+    where = [] if pid is None else [str(pid)]
+    done = subprocess.run([sys.executable, "-m", "btcore", "dump", *where, *args], capture_output=True,
                           text=True, timeout=WAIT, cwd="/")
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -86,9 +89,14 @@ def test_outside_tasks_equal_dump_all_inside(target):
     outside = json.loads(dump(proc.pid, "--format", "json"))
     expected = parked_tasks(inside)
     assert {"sleeper (leaf)", "locked (locked)", "queued (reads_queue)", "gatherer (gathers)",
-            "chain-top (chain)", "chain-0 (chain)"} <= set(expected)
+            "chain-top (chain)", "chain-0 (chain)", "grouper (grouped)", "member-0 (leaf)", "waiter (waits_for)"} <= set(expected)
+    assert expected["member-0 (leaf)"][2:] == expected["member-1 (leaf)"][2:] == ("grouper (grouped)",
+                                                                                  ("grouper (grouped)",))
+    waited = [entry for entry in expected.values() if entry[3] == ("waiter (waits_for)",)]
+    assert len(waited) == (1 if sys.version_info < (3, 12) else 0)   # 3.12+'s wait_for awaits the coroutine itself
     assert parked_tasks(outside) == expected
-    assert len(expected) == 5 + 2 + 3 + 8   # the five parked, gather's two, the chain's three, extra
+    # the seven parked, gather's two, the group's two, the chain's three, extra, wait_for's (3.11)
+    assert len(expected) == 7 + 2 + 2 + 3 + 8 + len(waited)
 
 
 @pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
@@ -101,6 +109,24 @@ def test_outside_text_groups_and_draws_tasks_as_inside(target):
     tree = text[text.index("=== thread "):]
     assert "chain-top (chain)  suspended" in tree and "`- chain-0 (chain)  suspended" in tree
     assert "unknown thread" not in text   # every loop's thread found (3.11: by its frames' self)
+
+
+@pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
+@pytest.mark.skipif(conftest.UNDER_ASAN, reason="gcore writes ASan's reserved shadow and heap: a 71 GB core")
+def test_tasks_of_a_core_file_equal_the_live_ones(target, tmp_path):
+    # guards: a core file of an asyncio program (gdb's gcore) lists its tasks, their states, await chains and
+    # who awaits whom as dump_all() did inside the living process, and draws the same tree.
+    if not shutil.which("gcore"):
+        pytest.skip("gcore (gdb) is not installed")
+    proc, inside = target
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}   # no ASan in gdb (ci/asan.sh)
+    subprocess.run(["gcore", "-o", str(tmp_path / "core"), str(proc.pid)], check=True, capture_output=True,
+                   timeout=WAIT, env=env)
+    core = str(tmp_path / f"core.{proc.pid}")
+    assert parked_tasks(json.loads(dump(None, "--core", core, "--format", "json"))) == parked_tasks(inside)
+    text = dump(None, "--core", core)
+    assert " tasks in 1 thread," in text.splitlines()[0] and "  awaited by chain-1 (chain):" in text
+    assert "`- chain-0 (chain)  suspended" in text[text.index("=== thread "):]
 
 
 @pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
@@ -166,6 +192,7 @@ def awaited_by_the_table(lay, coro) -> int:
 @pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
 def test_the_task_layout_is_this_versions():
     import asyncio
+    import functools
     lay = layout()
     state = lambda coro: ctypes.c_int8.from_address(id(coro) + lay.gen_frame_state).value  # noqa: E731
     seen = {}
@@ -201,6 +228,9 @@ def test_the_task_layout_is_this_versions():
         assert word(wakeup + 8) == id(type(task._callbacks[0][0])) and word(wakeup + 24) == id(waiter)
         task.add_done_callback(print)
         assert word(word(id(task) + lay.fut_callbacks) + 8) == id(list)
+        method, partial = fut.set_result, functools.partial(print, fut)   # a bound method, a partial's arguments
+        assert word(id(method) + lay.method_self) == id(fut) and word(id(partial) + lay.partial_args) == id(partial.args)
+        assert word(id(coro) + lay.gen_iframe + lay.frame_localsplus) & ~3 == id(fut)   # the first local
         if lay.thread_running_loop and sys.version_info < (3, 14):
             ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p
             assert word(ctypes.pythonapi.PyThreadState_Get() + lay.thread_running_loop) == id(loop)

@@ -21,7 +21,7 @@
 #define MAX_TYPE_DEPTH 32
 #define MAX_AWAIT_CHAIN 4096   /* coroutines followed from a task */
 #define MAX_CALLBACKS 64       /* done-callbacks of a future looked through */
-#define MAX_CLOSURE 16         /* cells of a callback's closure looked through */
+#define MAX_CLOSURE 16         /* cells of a callback's closure, or a partial's arguments, looked through */
 #define MAX_FUTURE_DEPTH 4     /* futures followed from a task to the task awaiting it (gather: 1) */
 #define MAX_STACK_INDEX (1 << 20)
 #define NEVER INT32_MIN        /* a frame state a version does not have */
@@ -56,7 +56,7 @@
      .gen_iframe = iframe, .frame_created = created, .frame_suspended = suspended, .frame_yield_from = yield_from,  \
      .frame_executing = executing, .frame_stacktop = stacktop, .frame_stackpointer = stackpointer,                  \
      .frame_localsplus = localsplus, .yield_from_depth = depth, .resume_opcode = resume, .resume_quick = quick,     \
-     .thread_running_loop = running_loop}
+     .thread_running_loop = running_loop, .method_self = 24, .partial_args = 24}
 static const btc_remote_tasklayout families[] = {
     FAMILY(0x030B0000, 88, 136, 144, 40, 75, 80, -2, -1, NEVER, 0, 64, -1, 72, 1, 151, 150, 0),
     FAMILY(0x030D0000, 96, 120, 128, 32, 67, 72, -3, -2, -1, 0, 64, -1, 72, 1, 0, 0, 312),
@@ -149,6 +149,7 @@ int btc_remote_set_tasks(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t 
 typedef struct {
     uintptr_t *found;   /* BTC_REMOTE_TASK_AWAITERS of them, 0-ended */
     int n;
+    uintptr_t *holder;  /* the task's own callbacks: the first object one is a method of (not a task) */
 } awaiters;
 
 static void add_awaiter(awaiters *a, uintptr_t task)
@@ -162,29 +163,54 @@ static void add_awaiter(awaiters *a, uintptr_t task)
 
 static void awaiters_of(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t fut, awaiters *a, int depth);
 
-/* A done-callback's awaiter: the task a wakeup is bound to (`await task`),
- * else through the futures a function's closure holds (gather's
- * _done_callback holds the future its caller awaits). */
+/* A future a done-callback holds leads to the tasks awaiting it. */
+static void through_future(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t held, awaiters *a, int depth)
+{
+    if (depth < MAX_FUTURE_DEPTH && derives(m, type_of(m, held), T->future_types))
+        awaiters_of(m, T, held, a, depth + 1);
+}
+
+/* The items of a tuple object (at most MAX_CLOSURE), 0s past its end; false if it is no tuple. */
+static bool tuple_items(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t tuple, uintptr_t *items)
+{
+    uintptr_t size;
+    memset(items, 0, MAX_CLOSURE * sizeof *items);
+    if (type_of(m, tuple) != T->tuple_type || !btc_rmem_word(m, tuple + VAR_SIZE, &size))
+        return false;
+    size = size < MAX_CLOSURE ? size : MAX_CLOSURE;
+    return btc_rmem_read(m, tuple + ITEMS, items, size * sizeof *items) == 0;
+}
+
+/* A done-callback's awaiter: the task a wakeup is bound to (`await task`;
+ * a pure-Python task's is a bound method), else through the futures it
+ * holds: in a function's closure (gather's _done_callback, shield's), in a
+ * partial's arguments (3.11's wait_for: partial(_release_waiter, waiter)).
+ * A method of another object (a TaskGroup's _on_task_done) is noted as the
+ * holder: the task suspended in a method of that object awaits this one
+ * (btcore/remote_tasks.py pairs them). */
 static void awaiter_of_callback(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t callback, awaiters *a,
                                 int depth)
 {
-    uintptr_t type = type_of(m, callback), held, closure, size;
+    uintptr_t type = type_of(m, callback), held, items[MAX_CLOSURE];
     if (!type)
         return;
-    if (type == T->cfunction_type) {
-        if (btc_rmem_word(m, callback + CFUNC_SELF, &held) && derives(m, type_of(m, held), T->task_types))
+    if (type == T->cfunction_type || (T->method_type && type == T->method_type)) {
+        uint32_t self_at = type == T->cfunction_type ? CFUNC_SELF : T->method_self;
+        if (!btc_rmem_word(m, callback + self_at, &held))
+            return;
+        if (derives(m, type_of(m, held), T->task_types))
             add_awaiter(a, held);
-        return;
-    }
-    if (type != T->function_type || depth >= MAX_FUTURE_DEPTH ||
-        !btc_rmem_word(m, callback + FUNC_CLOSURE, &closure) || type_of(m, closure) != T->tuple_type ||
-        !btc_rmem_word(m, closure + VAR_SIZE, &size))
-        return;
-    for (uintptr_t i = 0; i < size && i < MAX_CLOSURE; i++) {
-        uintptr_t cell, value;
-        if (btc_rmem_word(m, closure + ITEMS + 8 * i, &cell) && type_of(m, cell) == T->cell_type &&
-            btc_rmem_word(m, cell + CELL_REF, &value) && derives(m, type_of(m, value), T->future_types))
-            awaiters_of(m, T, value, a, depth + 1);
+        else if (type == T->method_type && depth == 0 && a->holder && !*a->holder && held && !(held & 7))
+            *a->holder = held;
+    } else if (type == T->function_type) {
+        if (btc_rmem_word(m, callback + FUNC_CLOSURE, &held) && tuple_items(m, T, held, items))
+            for (int i = 0; i < MAX_CLOSURE && items[i]; i++)
+                if (type_of(m, items[i]) == T->cell_type && btc_rmem_word(m, items[i] + CELL_REF, &held))
+                    through_future(m, T, held, a, depth);
+    } else if (T->partial_type && type == T->partial_type) {
+        if (btc_rmem_word(m, callback + T->partial_args, &held) && tuple_items(m, T, held, items))
+            for (int i = 0; i < MAX_CLOSURE && items[i]; i++)
+                through_future(m, T, items[i], a, depth);
     }
 }
 
@@ -251,9 +277,11 @@ static uintptr_t awaited(btc_rmem *m, const btc_remote_layout *L, const btc_remo
 
 /* A suspended task's await chain: its coroutine's frame, then the frame of
  * each coroutine (or generator) it awaits, down to the innermost; written
- * innermost first, the innermost `room` of them (ring: scratch of room). */
+ * innermost first, the innermost `room` of them (ring: scratch of room).
+ * *innermost: the innermost coroutine read. */
 static int await_chain(btc_rmem *m, const btc_remote_layout *L, const btc_remote_tasklayout *T, uintptr_t coro,
-                       btc_remote_pyframe *out, int room, btc_remote_pyframe *ring, int32_t *truncated)
+                       btc_remote_pyframe *out, int room, btc_remote_pyframe *ring, int32_t *truncated,
+                       uintptr_t *innermost)
 {
     uint64_t k = 0;
     bool looped = false;
@@ -262,6 +290,7 @@ static int await_chain(btc_rmem *m, const btc_remote_layout *L, const btc_remote
         if (btc_remote_frame_chain(m, L, c + T->gen_iframe, &ring[k % (uint64_t)room], 1) < 1)
             break;
         k++;
+        *innermost = c;
         c = awaited(m, L, T, c);
         if (!is_coroutine(m, T, c))
             break;
@@ -283,6 +312,15 @@ static int await_chain(btc_rmem *m, const btc_remote_layout *L, const btc_remote
 }
 
 /* ---- the tasks ---- */
+
+/* The first local of coroutine coro's frame (a method's self), 0 if none or unreadable. */
+static uintptr_t first_local(btc_rmem *m, const btc_remote_layout *L, const btc_remote_tasklayout *T, uintptr_t coro)
+{
+    uintptr_t self;
+    if (!coro || !btc_rmem_word(m, coro + T->gen_iframe + T->frame_localsplus, &self))
+        return 0;
+    return self & ~(uintptr_t)L->executable_tag_bits;   /* 3.14+: a _PyStackRef */
+}
 
 /* Fill o for the object at task; false if it is no pending task with a live coroutine. */
 static bool read_task(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t task, btc_remote_task *o)
@@ -326,7 +364,7 @@ int btc_remote_tasks(btc_rmem *m, const btc_remote_layout *L, const btc_remote_t
         btc_remote_task *o = &out[kept];
         if (!read_task(m, T, tasks[i], o))
             continue;
-        awaiters a = {o->awaiters, 0};
+        awaiters a = {o->awaiters, 0, &o->holder};
         awaiters_of(m, T, o->address, &a, 0);
         int room = max_frames - used < per_task ? max_frames - used : per_task;
         o->frames_at = used;
@@ -334,8 +372,11 @@ int btc_remote_tasks(btc_rmem *m, const btc_remote_layout *L, const btc_remote_t
             o->truncated = 1;   /* frames is full */
         else if (o->coro && o->state == BTC_REMOTE_TASK_RUNNING)
             o->nframes = btc_remote_frame_chain(m, L, o->coro + T->gen_iframe, frames + used, room);
-        else if (o->coro)
-            o->nframes = await_chain(m, L, T, o->coro, frames + used, room, ring, &o->truncated);
+        else if (o->coro) {
+            uintptr_t innermost = 0;
+            o->nframes = await_chain(m, L, T, o->coro, frames + used, room, ring, &o->truncated, &innermost);
+            o->self = first_local(m, L, T, innermost);
+        }
         used += o->nframes;
         kept++;
     }

@@ -55,7 +55,9 @@ _STATES = {lib.BTC_REMOTE_TASK_NOT_STARTED: NOT_STARTED, lib.BTC_REMOTE_TASK_SUS
 _AWAITERS = lib.BTC_REMOTE_TASK_AWAITERS
 _SYMBOLS = {"coro_type": "PyCoro_Type", "gen_type": "PyGen_Type", "cfunction_type": "PyCFunction_Type",
             "function_type": "PyFunction_Type", "tuple_type": "PyTuple_Type", "list_type": "PyList_Type",
-            "cell_type": "PyCell_Type", "set_type": "PySet_Type", "weakref_type": "_PyWeakref_RefType"}
+            "cell_type": "PyCell_Type", "set_type": "PySet_Type", "weakref_type": "_PyWeakref_RefType",
+            "method_type": "PyMethod_Type"}
+_PARTIAL_NAME = "functools.partial"   # a heap type on every version: found by name
 
 
 class _Reader:
@@ -84,11 +86,13 @@ class _Reader:
             setattr(lay, field, interpreter.bias + value if value else 0)
         if lay.version_hex >> 16 == 0x030B:   # static types, named by their symbols
             tasks, futures = (_static_type(target, asyncio_files, name) for name in ("TaskType", "FutureType"))
+            partials = _heap_types(target, interpreter, (_PARTIAL_NAME,))[0] if tasks and futures else []
         else:
-            tasks, futures = _heap_types(target, interpreter, (_TASK_NAME, _FUTURE_NAME))
+            tasks, futures, partials = _heap_types(target, interpreter, (_TASK_NAME, _FUTURE_NAME, _PARTIAL_NAME))
         if not tasks or not futures or not all(getattr(lay, field) for field in _SYMBOLS):
             return False
         lay.task_types[0:len(tasks)], lay.future_types[0:len(futures)] = tasks, futures
+        lay.partial_type = partials[0] if len(partials) == 1 else 0   # (two: not a type btcore knows)
         return True
 
     @staticmethod
@@ -123,10 +127,10 @@ def _static_type(target, files, symbol) -> list:
 
 
 def _heap_types(target, interpreter, names) -> tuple:
-    """([types named names[0]], [types named names[1]]) among the heap types of the target's interpreters."""
+    """([types named names[0]], [types named names[1]], ...) among the heap types of the target's interpreters."""
     type_type = symbol_value(interpreter.path, "PyType_Type")
     if not type_type:
-        return [], []
+        return tuple([] for _ in names)
     type_type += interpreter.bias
     found = {name: [] for name in names}
     for interp in target.interpreters():
@@ -275,8 +279,9 @@ def stacks(snap, space, shown: list) -> list:
     for r in order:
         if found[r.address].state == RUNNING:
             _run_by_its_thread(found[r.address], snap, threads, loops, r.loop)
+    in_method_of = {r.self: r.address for r in order if r.self and found[r.address].state == SUSPENDED}
     for r in order:
-        _place(found[r.address], r, found, loops)
+        _place(found[r.address], r, found, loops, in_method_of.get(r.holder))
     out, frames_of = [], {}
     for info in found.values():
         if info.state == SUSPENDED:
@@ -357,6 +362,8 @@ class _Record(NamedTuple):
     frames_at: int
     nframes: int
     truncated: int
+    holder: int   # an object a done-callback of it is a method of
+    self: int     # suspended: the first local of its innermost coroutine
 
     @classmethod
     def of(cls, fields: tuple):
@@ -405,10 +412,15 @@ def _run_by_its_thread(info: RemoteTaskInfo, snap, threads: dict, loops: dict, l
     info.python_only = True   # its frames from the interpreter only
 
 
-def _place(info: RemoteTaskInfo, r, found: dict, loops: dict) -> None:
-    """Its thread (its loop's), its awaiters and where the tree draws it."""
+def _place(info: RemoteTaskInfo, r, found: dict, loops: dict, holder_task: int | None) -> None:
+    """Its thread (its loop's), its awaiters and where the tree draws it.
+    holder_task: the task suspended in a method of the object one of r's
+    done-callbacks is a method of (a TaskGroup's parent task, in __aexit__),
+    which awaits it too."""
     info.tid = loops.get(r.loop)
     awaiting = r.awaiters
+    if holder_task is not None and holder_task != r.address and holder_task not in awaiting:
+        awaiting += (holder_task,)
     info.awaited_by = [found[a].task if a in found else RemoteGreenlet(a, "task") for a in awaiting]
     info.under = next((found[a].task for a in awaiting if a in found), None)
 
