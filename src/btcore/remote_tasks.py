@@ -13,13 +13,17 @@ Found while the target is stopped (gather(), from remote.gather()):
   instead, before the stop, the gc lists' sets are looked through for
   (weak references to) tasks, and the stop reads only those tables.
 Task types: 3.11's static TaskType and FutureType by their symbols, 3.13+'s
-heap types by name among the gc lists' types (before the stop too).
+heap types (and functools.partial on every version) by name among the gc
+lists' types (before the stop too).
 The task, its coroutine chain (what the interpreter resumes: the awaited
 object on each suspended frame's stack) and its awaiters (the wakeup bound
-to the awaiting task among its done-callbacks; through gather's closure)
-are read in C (native/remote/rtasks.c), type-checked and bounded; names
-and the chains of awaiters are put together after the target runs again,
-while its memory is still open (stacks(), then infos()).
+to the awaiting task among its done-callbacks; through the futures gather's
+closure or 3.11 wait_for's partial holds) are read in C
+(native/remote/rtasks.c), type-checked and bounded.  A TaskGroup member's
+awaiter is the task suspended in a method of the group its callback is bound
+to (paired here, _place()).  Names and the chains of awaiters are put
+together after the target runs again, while its memory is still open
+(stacks(), then infos()).
 
 A task's thread: the one running its loop (3.13+: the thread state's
 running loop; 3.11: the thread with a frame whose first local is the loop,
@@ -27,8 +31,7 @@ run_forever()'s self; every version: the thread whose frames end with a
 running task's coroutine chain).  A running task's stack is that thread's
 (merged native + Python); a suspended one's is its await chain, then its
 awaiter's, headed "awaited by <task>:".  Not read from outside:
-pure-Python tasks (asyncio.tasks._PyTask), TaskGroup and wait_for edges
-(an instance dict, a partial), creation sites.
+pure-Python tasks (asyncio.tasks._PyTask), creation sites.
 """
 from __future__ import annotations
 
