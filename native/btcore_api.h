@@ -747,7 +747,6 @@ typedef struct {
     uintptr_t task_types[BTC_REMOTE_TASK_TYPES], future_types[BTC_REMOTE_TASK_TYPES];
     uintptr_t coro_type, gen_type, cfunction_type, function_type, tuple_type, list_type, cell_type, set_type,
               weakref_type, method_type;
-    uintptr_t partial_type;        /* functools.partial (a heap type; 0: not found) */
     uint32_t method_self, partial_args;   /* PyMethodObject.im_self, partialobject.args */
 } btc_remote_tasklayout;
 int btc_remote_task_layout_of(uint64_t version_hex, btc_remote_tasklayout *out);

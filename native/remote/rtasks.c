@@ -170,6 +170,18 @@ static void through_future(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_
         awaiters_of(m, T, held, a, depth + 1);
 }
 
+/* Is type functools.partial?  A heap type on every version, without a
+ * symbol: known by its name (a callback of a type not known otherwise is
+ * rare, so no gc list is searched for it). */
+static bool is_partial(btc_rmem *m, uintptr_t type)
+{
+    static const char name[] = "functools.partial";
+    char text[sizeof name];
+    uintptr_t at;
+    return btc_rmem_word(m, type + offsetof(PyTypeObject, tp_name), &at) &&
+           btc_rmem_read(m, at, text, sizeof text) == 0 && memcmp(text, name, sizeof name) == 0;
+}
+
 /* The items of a tuple object (at most MAX_CLOSURE), 0s past its end; false if it is no tuple. */
 static bool tuple_items(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t tuple, uintptr_t *items)
 {
@@ -207,7 +219,7 @@ static void awaiter_of_callback(btc_rmem *m, const btc_remote_tasklayout *T, uin
             for (int i = 0; i < MAX_CLOSURE && items[i]; i++)
                 if (type_of(m, items[i]) == T->cell_type && btc_rmem_word(m, items[i] + CELL_REF, &held))
                     through_future(m, T, held, a, depth);
-    } else if (T->partial_type && type == T->partial_type) {
+    } else if (is_partial(m, type)) {
         if (btc_rmem_word(m, callback + T->partial_args, &held) && tuple_items(m, T, held, items))
             for (int i = 0; i < MAX_CLOSURE && items[i]; i++)
                 through_future(m, T, items[i], a, depth);

@@ -13,8 +13,7 @@ Found while the target is stopped (gather(), from remote.gather()):
   instead, before the stop, the gc lists' sets are looked through for
   (weak references to) tasks, and the stop reads only those tables.
 Task types: 3.11's static TaskType and FutureType by their symbols, 3.13+'s
-heap types (and functools.partial on every version) by name among the gc
-lists' types (before the stop too).
+heap types by name among the gc lists' types (before the stop too).
 The task, its coroutine chain (what the interpreter resumes: the awaited
 object on each suspended frame's stack) and its awaiters (the wakeup bound
 to the awaiting task among its done-callbacks; through the futures gather's
@@ -60,7 +59,6 @@ _SYMBOLS = {"coro_type": "PyCoro_Type", "gen_type": "PyGen_Type", "cfunction_typ
             "function_type": "PyFunction_Type", "tuple_type": "PyTuple_Type", "list_type": "PyList_Type",
             "cell_type": "PyCell_Type", "set_type": "PySet_Type", "weakref_type": "_PyWeakref_RefType",
             "method_type": "PyMethod_Type"}
-_PARTIAL_NAME = "functools.partial"   # a heap type on every version: found by name
 
 
 class _Reader:
@@ -89,13 +87,11 @@ class _Reader:
             setattr(lay, field, interpreter.bias + value if value else 0)
         if lay.version_hex >> 16 == 0x030B:   # static types, named by their symbols
             tasks, futures = (_static_type(target, asyncio_files, name) for name in ("TaskType", "FutureType"))
-            partials = _heap_types(target, interpreter, (_PARTIAL_NAME,))[0] if tasks and futures else []
         else:
-            tasks, futures, partials = _heap_types(target, interpreter, (_TASK_NAME, _FUTURE_NAME, _PARTIAL_NAME))
+            tasks, futures = _heap_types(target, interpreter, (_TASK_NAME, _FUTURE_NAME))
         if not tasks or not futures or not all(getattr(lay, field) for field in _SYMBOLS):
             return False
         lay.task_types[0:len(tasks)], lay.future_types[0:len(futures)] = tasks, futures
-        lay.partial_type = partials[0] if len(partials) == 1 else 0   # (two: not a type btcore knows)
         return True
 
     @staticmethod
