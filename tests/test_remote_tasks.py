@@ -94,9 +94,10 @@ def test_outside_tasks_equal_dump_all_inside(target):
                                                                                   ("grouper (grouped)",))
     waited = [entry for entry in expected.values() if entry[3] == ("waiter (waits_for)",)]
     assert len(waited) == (1 if sys.version_info < (3, 12) else 0)   # 3.12+'s wait_for awaits the coroutine itself
+    assert expected["watched (leaf)"][3] == ()   # a method of an object, not a TaskGroup's, is no await
     assert parked_tasks(outside) == expected
-    # the seven parked, gather's two, the group's two, the chain's three, extra, wait_for's (3.11)
-    assert len(expected) == 7 + 2 + 2 + 3 + 8 + len(waited)
+    # the nine parked, gather's two, the group's two, the chain's three, extra, wait_for's (3.11)
+    assert len(expected) == 9 + 2 + 2 + 3 + 8 + len(waited)
 
 
 @pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
@@ -104,7 +105,7 @@ def test_outside_text_groups_and_draws_tasks_as_inside(target):
     proc, _ = target
     text = dump(proc.pid)
     assert " tasks in 1 thread," in text.splitlines()[0]
-    assert "=== stack 1: 9 tasks, suspended ===" in text   # the sleeper and the eight extra ones
+    assert "=== stack 1: 10 tasks, suspended ===" in text   # the sleeper, the watched one and the eight extra ones
     assert "  awaited by chain-1 (chain):" in text
     tree = text[text.index("=== thread "):]
     assert "chain-top (chain)  suspended" in tree and "`- chain-0 (chain)  suspended" in tree

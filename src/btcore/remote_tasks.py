@@ -20,7 +20,9 @@ to the awaiting task among its done-callbacks; through the futures gather's
 closure or 3.11 wait_for's partial holds) are read in C
 (native/remote/rtasks.c), type-checked and bounded.  A TaskGroup member's
 awaiter is the task suspended in a method of the group its callback is bound
-to (paired here, _place()).  Names and the chains of awaiters are put
+to (paired here, _place(); an object of another type is no evidence: a task
+may wait in a method of an object whose method is another task's callback
+for reasons of its own).  Names and the chains of awaiters are put
 together after the target runs again, while its memory is still open
 (stacks(), then infos()).
 
@@ -280,7 +282,8 @@ def stacks(snap, space, shown: list) -> list:
             _run_by_its_thread(found[r.address], snap, threads, loops, r.loop)
     in_method_of = {r.self: r.address for r in order if r.self and found[r.address].state == SUSPENDED}
     for r in order:
-        _place(found[r.address], r, found, loops, in_method_of.get(r.holder))
+        _place(found[r.address], r, found, loops,
+               in_method_of.get(r.holder) if r.holder in in_method_of and names.is_task_group(r.holder) else None)
     out, frames_of = [], {}
     for info in found.values():
         if info.state == SUSPENDED:
@@ -315,7 +318,17 @@ class _Names:
         interpreter = snap.modules.at(snap.types.code) if snap.types.code else None
         value = symbol_value(interpreter.path, "PyLong_Type") if interpreter else None
         self._int_type = interpreter.bias + value if value else 0
-        self._types, self._shown = {}, {}
+        self._types, self._shown, self._groups = {}, {}, {}
+        objects = ffi.new("btc_remote_objlayout *")
+        self._objects = objects if lib.btc_remote_pyobjects(snap.layout.version_hex, objects) == 0 else None
+
+    def is_task_group(self, obj: int) -> bool:
+        """Is obj an asyncio TaskGroup (its type, or a base, named so)?"""
+        tp = self._memory.word(obj + 8) if obj else None
+        if tp not in self._groups:
+            self._groups[tp] = bool(tp and self._objects is not None and lib.btc_remote_type_inherits(
+                self._memory.handle, self._layout, self._objects, tp, b"TaskGroup"))
+        return self._groups[tp]
 
     def string(self, obj: int) -> str | None:
         """A str object's text as a dump shows it (remembered: tasks share their coroutines' names)."""
@@ -413,9 +426,9 @@ def _run_by_its_thread(info: RemoteTaskInfo, snap, threads: dict, loops: dict, l
 
 def _place(info: RemoteTaskInfo, r, found: dict, loops: dict, holder_task: int | None) -> None:
     """Its thread (its loop's), its awaiters and where the tree draws it.
-    holder_task: the task suspended in a method of the object one of r's
-    done-callbacks is a method of (a TaskGroup's parent task, in __aexit__),
-    which awaits it too."""
+    holder_task: the task suspended in a method of the TaskGroup one of r's
+    done-callbacks is a method of (its parent task, in __aexit__), which
+    awaits it too."""
     info.tid = loops.get(r.loop)
     awaiting = r.awaiters
     if holder_task is not None and holder_task != r.address and holder_task not in awaiting:

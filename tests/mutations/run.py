@@ -958,6 +958,11 @@ MUTATIONS = [
     Mutation("native/remote/rtasks.c", "            *a->holder = held;", "            (void)held;",
              "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
              "a TaskGroup's members lose their awaiter from outside: the group's method is not noted"),
+    Mutation("src/btcore/remote_tasks.py", "in_method_of.get(r.holder) if r.holder in in_method_of and names.is_task_group(r.holder) else None",
+             "in_method_of.get(r.holder)",
+             "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
+             "a task waiting in a method of any object is taken for the awaiter of the tasks whose callback is "
+             "another method of it (a TaskGroup's rule applied to every object): edges dump_all() does not draw"),
     Mutation("src/btcore/remote_tasks.py", "        awaiting += (holder_task,)", "        pass",
              "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
              "a TaskGroup's members are not paired with the task suspended in the group's __aexit__"),
