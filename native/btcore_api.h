@@ -349,6 +349,10 @@ void btc_elf_close(btc_elf *e);
 /* The value of the defined symbol (any type) named `name`, .dynsym first,
  * then .symtab: 0 and *value, or -1 if there is none. */
 int btc_elf_symbol_value(btc_elf *e, const char *name, uint64_t *value);
+/* The first bytes (at most max) of section `name`, stored plain: how many
+ * were copied to out, or -1 if there is no such section, it is compressed,
+ * or it cannot be read. */
+int btc_elf_section_head(btc_elf *e, const char *name, uint8_t *out, int max);
 /* The GNU build-id of the file open as fd, from its PT_NOTE segments (what
  * the loader maps): its full length (its first max bytes copied to out), 0
  * if it has none, -1 if fd is not a 64-bit little-endian ELF file. */

@@ -9,6 +9,7 @@ import ctypes
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -254,3 +255,7 @@ def test_the_asyncio_debug_section_agrees_with_the_table():
     files = [getattr(_asyncio, "__file__", None) or sys.executable]   # 3.15: built into the interpreter
     offsets = next(o for o in map(asyncio_debug.offsets, files) if o)
     assert (offsets["task_coro"], offsets["task_name"]) == (lay.task_coro, lay.task_name)
+    from elftools.elf.elffile import ELFFile   # an independent reader of the section
+    with open(next(f for f in files if asyncio_debug.offsets(f)), "rb") as f:
+        data = ELFFile(f).get_section_by_name(asyncio_debug.SECTION).data()
+    assert list(offsets.values()) == list(struct.unpack_from(f"={len(offsets)}Q", data))

@@ -514,6 +514,17 @@ bool btc_elf_read_section_part(btc_elf *e, const char *name, const btc_zindex *i
     return ok;
 }
 
+int btc_elf_section_head(btc_elf *e, const char *name, uint8_t *out, int max)
+{
+    btc_bytes b;
+    if (max < 0 || !btc_elf_read_section_part(e, name, NULL, 0, (uint64_t)max, &b))
+        return -1;   /* absent, unreadable, or compressed (read whole only) */
+    int n = (int)b.size;   /* at most max */
+    memcpy(out, b.data, b.size);
+    btc_bytes_free(&b);
+    return n;
+}
+
 /* ---- symbols ---- */
 
 static bool is_function(const btc_elf *e, const Elf64_Sym *s)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from . import bounds, codec, dump, remote_names, remote_tasks
 from ._native import ffi, lib
 from .backtrace import KIND_NATIVE, RECORD, Backtrace
-from .elf_symbols import symbol_value
+from .elf_files import symbol_value
 from .frame import NATIVE, PYTHON, Frame
 from .introspect import place_in_tree
 from .records import PYFRAME

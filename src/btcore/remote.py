@@ -23,7 +23,7 @@ import greenlet
 from . import bounds, debug_offsets, greenlet_offsets, remote_tasks
 from ._native import ffi, lib
 from .codec import file_build_id
-from .elf_symbols import symbol_value
+from .elf_files import symbol_value
 from .records import GREENLET, PYFRAME
 from .threads import is_main_thread
 

@@ -35,7 +35,7 @@ import greenlet
 from . import bounds, greenlet_offsets
 from ._native import ffi, lib
 from .codec import file_build_id
-from .elf_symbols import symbol_value
+from .elf_files import symbol_value
 from .records import LABEL, PYFRAME
 
 MAX_NAME = 200          # characters of a name as shown (an absurd one is cut, with "...")

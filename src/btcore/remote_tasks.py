@@ -44,7 +44,7 @@ from . import asyncio_debug, bounds
 from ._native import ffi, lib
 from .backtrace import KIND_PYTHON, RECORD, append_labelled
 from .introspect import CAPACITY, NOT_STARTED, RUNNING, SUSPENDED
-from .elf_symbols import symbol_value
+from .elf_files import symbol_value
 from .records import PYFRAME, TASK
 from .remote_names import shown
 from .schema import RemoteGreenlet
