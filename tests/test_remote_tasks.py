@@ -248,6 +248,26 @@ def test_the_task_layout_is_this_versions():
         assert (lay.resume_opcode, lay.resume_quick) == (dis.opmap["RESUME"], dis._all_opmap["RESUME_QUICK"])
 
 
+def test_an_asyncio_debug_section_is_read_without_pyelftools(tmp_path):
+    # guards: the offsets of a .AsyncioDebug section (compiled here, as _asynciomodule.c declares it) are read by
+    # btcore's own ELF reader, in an install without pyelftools (a test extra only), as pyelftools reads them.
+    src, so = tmp_path / "debug.c", tmp_path / "debug.so"
+    values = [8 * i + 3 for i in range(len(asyncio_debug.FIELDS))]
+    src.write_text('__attribute__((used, section(".AsyncioDebug"))) const unsigned long long offsets[] = {'
+                   + ", ".join(map(str, values)) + "};\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    script = ("import sys; sys.modules['elftools'] = None\n"   # (an import of it fails)
+              "from btcore import asyncio_debug\n"
+              f"print(list(asyncio_debug.offsets({str(so)!r}).values()), asyncio_debug.offsets({sys.executable!r}))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT, cwd="/")
+    assert done.returncode == 0, done.stderr
+    from elftools.elf.elffile import ELFFile
+    with open(so, "rb") as f:
+        oracle = list(struct.unpack(f"={len(values)}Q", ELFFile(f).get_section_by_name(".AsyncioDebug").data()))
+    here = "None" if sys.version_info < (3, 14) else ""   # the interpreter's own section is 3.14's
+    assert done.stdout.startswith(f"{oracle} {here}") and oracle == values
+
+
 @pytest.mark.skipif(sys.version_info < (3, 14), reason=".AsyncioDebug is 3.14+'s")
 def test_the_asyncio_debug_section_agrees_with_the_table():
     import _asyncio
