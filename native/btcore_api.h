@@ -570,6 +570,10 @@ void btc_unwatch_thread(void);
  * state's context_ver, which every switch into a greenlet increments
  * (contextvars' Context.run too).  No GIL needed. */
 uint64_t btc_switch_count(void);
+/* The switch count of the thread of this interpreter whose ident
+ * (threading.get_ident()) is ident; -1 if there is none, or the GIL is not
+ * held (it walks the thread states). */
+int64_t btc_thread_switch_count(uint64_t ident);
 /* Start the watchdog thread (C, never takes the GIL): a watched thread
  * whose greenlets have not switched for threshold_s is sampled and
  * reported to fd (dup'ed), again after 2x, 4x, ... while stuck (repeat),

@@ -253,8 +253,8 @@ def test_pprof_decoded_from_the_spec_holds_the_same_times(split):
     check_pprof_times(split, doc)
     burning = [names for names, (cpu, _), labels in doc["samples"] if labels["greenlet"] == "Greenlet (burn)" and cpu]
     # (none shows the hub: a thread that switched between the read of its running greenlet and the
-    # capture of its frames is labelled again after the capture; seen once, 1 of 267 samples, on a
-    # loaded 3.13 lane)
+    # capture of its frames, once or away and back, is sampled again; seen on a loaded 3.13 lane, 1 of
+    # 267 samples, and under qemu)
     assert burning and all("burn" in names for names in burning), burning
     assert any(ODD in names for names, _, _ in doc["samples"])
     ungrouped = decode_pprof(profile_formats.pprof(split, group_by=None))
@@ -522,7 +522,8 @@ def test_cli_profiles_a_monkey_patched_program(tmp_path):
     assert f"wrote {out} (collapsed)" in stderr
     stacks = profile_formats.read_collapsed(out.read_text(encoding="utf-8"))
     groups = _by_group(stacks, 1)
-    assert groups[("Greenlet (burn)",)] > 0 and ("Greenlet (waits_forever)",) not in groups
+    # (waits_forever runs once, up to its wait, at start-up: a sample may catch that, seen once on the 3.15 lane)
+    assert groups.get(("Greenlet (waits_forever)",), 0) < 0.05 * groups[("Greenlet (burn)",)], groups
 
 
 def test_cli_ctrl_c_writes_what_was_recorded(tmp_path):
@@ -658,6 +659,67 @@ def test_a_thread_that_switches_between_the_state_read_and_the_capture_is_not_mi
         mislabelled = [k for k in stacks if "first_runner" in k[0] and any("second_runner" in f for f in k)]
         assert not mislabelled, stacks
         assert any("second_runner" in k[0] for k in stacks), stacks   # counted, under the right name
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_a_thread_that_switches_away_and_back_during_the_capture_is_not_mislabelled(monkeypatch):
+    """As above, but the thread switches back before the sampler looks
+    again: the greenlet read as running runs again, while the frames
+    captured are the other one's (seen under qemu: the hub's stack labelled
+    as the burning greenlet).  The thread's switch count tells."""
+    import threading
+
+    import greenlet
+
+    from btcore import profile as profile_module
+
+    started, go, away, go_back, back, stop = (threading.Event() for _ in range(6))
+    made = {}
+
+    def first_runner():   # running when the sampler reads the states
+        started.set()
+        go.wait(30)
+        made["second"].switch()
+        back.set()
+        stop.wait(30)
+
+    def second_runner():   # running when the first capture is taken
+        away.set()
+        go_back.wait(30)
+        made["first"].switch()
+
+    def target():   # a thread's greenlets are made in it
+        made["second"], made["first"] = greenlet.greenlet(second_runner), greenlet.greenlet(first_runner)
+        made["first"].switch()
+
+    real_capture = profile_module.python_frames_of_thread
+    calls = []
+
+    def capture_between_two_switches(ident):
+        calls.append(ident)
+        if len(calls) > 1:
+            return real_capture(ident)
+        go.set()
+        assert away.wait(10)
+        bt = real_capture(ident)   # second_runner's frames
+        go_back.set()
+        assert back.wait(10)       # first_runner runs again
+        return bt
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(10)
+        sampler = profile_module.Profiler(100, 1000, threads_only=False, duration=None)
+        monkeypatch.setattr(profile_module, "python_frames_of_thread", capture_between_two_switches)
+        sampler.sample(time.monotonic())
+        assert back.is_set() and len(calls) > 1   # the thread switched twice; the sample was taken again
+        stacks = sampler.profile.stacks(mode="cpu")
+        mislabelled = [k for k in stacks if "first_runner" in k[0] and any("second_runner" in f for f in k)]
+        assert not mislabelled, stacks
+        assert any("first_runner" in k[0] and any("first_runner" in f for f in k[1:]) for k in stacks), stacks
     finally:
         stop.set()
         thread.join(10)

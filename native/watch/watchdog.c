@@ -149,6 +149,16 @@ uint64_t btc_switch_count(void)
     return ts ? ts->context_ver : 0;
 }
 
+int64_t btc_thread_switch_count(uint64_t ident)
+{
+    if (!PyGILState_Check())
+        return -1;
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(PyInterpreterState_Get()); ts; ts = PyThreadState_Next(ts))
+        if ((uint64_t)ts->thread_id == ident)
+            return (int64_t)ts->context_ver;
+    return -1;
+}
+
 /* The watched thread's switch count; false when it is not watched (any more). */
 static bool read_progress(int slot, uint64_t *out)
 {

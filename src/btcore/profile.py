@@ -32,6 +32,7 @@ import weakref
 
 import greenlet
 
+from ._native import lib
 from .backtrace import KIND_NATIVE, KIND_PYTHON, RECORD, collect
 from .errors import BacktraceError
 from .fold import is_plumbing
@@ -458,6 +459,7 @@ class Profiler:
         frames = sys._current_frames()
         me = current_ident()
         running = {ident: None for ident in frames if ident != me}
+        switches = {ident: lib.btc_thread_switch_count(ident) for ident in running}   # before the states are read
         parked = []
         if not self.threads_only:
             self._greenlets.refresh(time.monotonic(), current)
@@ -475,13 +477,10 @@ class Profiler:
         previous, self._previous = self._previous, {}
         for ident, found in running.items():
             bt = python_frames_of_thread(ident)
+            if found and lib.btc_thread_switch_count(ident) != switches[ident]:
+                found, bt, frames[ident] = self._unswitched_sample(ident, current)
             if bt is None:
                 continue
-            if found and state_of(found[1], current) != RUNNING:
-                # The sampler lost the GIL between reading the states and this
-                # capture, and the thread switched: bt is another greenlet's.
-                found = self._running_greenlet_of(ident, current)
-                frames[ident] = sys._current_frames().get(ident)   # what names it
             name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
             before = previous.get(ident)
             early = before is not None and 0 < waited < self._forced_switch
@@ -490,6 +489,21 @@ class Profiler:
             self.profile.add(bt, name, site, RUNNING_STATE, weight - waited if early else weight)
             self._previous[ident] = (bt, name, site)
         return parked
+
+    def _unswitched_sample(self, ident, current) -> tuple:
+        """(key and greenlet running in thread ident or None, its frames, the
+        thread's frame) read with no switch of the thread between them.  The
+        sampler may lose the GIL between any two of its steps: a greenlet
+        read as running, then the hub's frames captured, then that greenlet
+        running again was the hub's stack under the greenlet's name (seen
+        under qemu).  After 3 tries: the thread's own label (None)."""
+        for _ in range(3):
+            before = lib.btc_thread_switch_count(ident)
+            found = self._running_greenlet_of(ident, current)
+            frame, bt = sys._current_frames().get(ident), python_frames_of_thread(ident)
+            if lib.btc_thread_switch_count(ident) == before:
+                return found, bt, frame
+        return None, python_frames_of_thread(ident), sys._current_frames().get(ident)
 
     def _running_greenlet_of(self, ident, current):
         """(key, greenlet) of the known greenlet running in thread ident now, or None."""

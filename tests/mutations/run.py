@@ -758,7 +758,7 @@ MUTATIONS = [
     Mutation('src/btcore/profile.py', '        weight = int((now - self._last) * 1e6)', '        weight = 1',
              'tests/test_profile.py::test_samples_weigh_the_time_they_stand_for',
              'every sample counts 1 instead of the time it stands for: a greenlet that computes delays the ticks in its run and is under-counted'),
-    Mutation('src/btcore/profile.py', '            if found and state_of(found[1], current) != RUNNING:', '            if False:',
+    Mutation('src/btcore/profile.py', '            if found and lib.btc_thread_switch_count(ident) != switches[ident]:', '            if False:',
              'tests/test_profile.py::test_a_thread_that_switches_between_the_state_read_and_the_capture_is_not_mislabelled',
              "a thread that switched greenlets while the sampler waited for the GIL has the new greenlet's stack counted under the old one's name"),
     Mutation('src/btcore/profile.py', '        elif len(self._counts) < self.max_stacks:', '        elif True:',
