@@ -536,9 +536,12 @@ def test_cli_ctrl_c_writes_what_was_recorded(tmp_path):
     assert f"wrote {out} (pprof)" in stderr, stderr
     doc = decode_pprof(out.read_bytes())
     waiting = [names for names, (cpu, wall), labels in doc["samples"] if labels["greenlet"] == "Greenlet (waits_forever)"]
-    assert waiting and all(labels_state == "parked" for labels_state in
-                           (labels["state"] for _, _, labels in doc["samples"]
-                            if labels["greenlet"] == "Greenlet (waits_forever)"))
+    wall_by_state = {}
+    for _, (_, wall), labels in doc["samples"]:
+        if labels["greenlet"] == "Greenlet (waits_forever)":
+            wall_by_state[labels["state"]] = wall_by_state.get(labels["state"], 0) + wall
+    # parked, but for its one start-up run up to its wait, which a sample may catch (seen under qemu)
+    assert wall_by_state.get("parked", 0) > 0.9 * sum(wall_by_state.values()), wall_by_state
     assert any("waits_forever" in names for names in waiting)
 
 
