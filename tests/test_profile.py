@@ -650,18 +650,29 @@ def test_a_thread_that_switches_between_the_state_read_and_the_capture_is_not_mi
         assert switched.wait(10)
         return real_capture(ident)
 
+    stacks = _one_sample(monkeypatch, target, started, stop, capture_after_a_switch)
+    assert switched.is_set()
+    mislabelled = [k for k in stacks if "first_runner" in k[0] and any("second_runner" in f for f in k)]
+    assert not mislabelled, stacks
+    assert any("second_runner" in k[0] for k in stacks), stacks   # counted, under the right name
+
+
+def _one_sample(monkeypatch, target, started, stop, capture) -> dict:
+    """The cpu stacks of one sample of a profiler, taken while target runs
+    in a thread (once it set started), with python_frames_of_thread
+    replaced by capture; stop is set and the thread joined at the end."""
+    import threading
+
+    from btcore import profile as profile_module
+
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     try:
         assert started.wait(10)
         sampler = profile_module.Profiler(100, 1000, threads_only=False, duration=None)
-        monkeypatch.setattr(profile_module, "python_frames_of_thread", capture_after_a_switch)
+        monkeypatch.setattr(profile_module, "python_frames_of_thread", capture)
         sampler.sample(time.monotonic())
-        assert switched.is_set()
-        stacks = sampler.profile.stacks(mode="cpu")
-        mislabelled = [k for k in stacks if "first_runner" in k[0] and any("second_runner" in f for f in k)]
-        assert not mislabelled, stacks
-        assert any("second_runner" in k[0] for k in stacks), stacks   # counted, under the right name
+        return sampler.profile.stacks(mode="cpu")
     finally:
         stop.set()
         thread.join(10)
@@ -711,18 +722,8 @@ def test_a_thread_that_switches_away_and_back_during_the_capture_is_not_mislabel
         assert back.wait(10)       # first_runner runs again
         return bt
 
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    try:
-        assert started.wait(10)
-        sampler = profile_module.Profiler(100, 1000, threads_only=False, duration=None)
-        monkeypatch.setattr(profile_module, "python_frames_of_thread", capture_between_two_switches)
-        sampler.sample(time.monotonic())
-        assert back.is_set() and len(calls) > 1   # the thread switched twice; the sample was taken again
-        stacks = sampler.profile.stacks(mode="cpu")
-        mislabelled = [k for k in stacks if "first_runner" in k[0] and any("second_runner" in f for f in k)]
-        assert not mislabelled, stacks
-        assert any("first_runner" in k[0] and any("first_runner" in f for f in k[1:]) for k in stacks), stacks
-    finally:
-        stop.set()
-        thread.join(10)
+    stacks = _one_sample(monkeypatch, target, started, stop, capture_between_two_switches)
+    assert back.is_set() and len(calls) > 1   # the thread switched twice; the sample was taken again
+    mislabelled = [k for k in stacks if "first_runner" in k[0] and any("second_runner" in f for f in k)]
+    assert not mislabelled, stacks
+    assert any("first_runner" in k[0] and any("first_runner" in f for f in k[1:]) for k in stacks), stacks
