@@ -68,9 +68,14 @@ def run_child(body, so, *, seconds=STUCK_SECONDS, args=(), env=None):
 
 
 WATCHED = r"""
+    def stuck_then_returned():
+        globals()[sys.argv[3]]()
+        # (one write: a report cannot cut the line; before this greenlet ends, whose switch back the watchdog
+        # reports, under qemu once before a RETURNED written after it)
+        os.write(2, b"RETURNED\n")
+
     with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as dog:
-        greenlet.greenlet(globals()[sys.argv[3]]).switch()
-        os.write(2, b"RETURNED\n")   # one write: a report cannot cut the line
+        greenlet.greenlet(stuck_then_returned).switch()
         time.sleep(0.5)   # the watchdog's next tick sees the switch back
     print("REPORTS", dog.reports, file=sys.stderr)
 """
