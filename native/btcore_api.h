@@ -964,6 +964,8 @@ int btc_remote_greenlet_labels(btc_rmem *m, const btc_remote_layout *lay, const 
 #define BTC_REMOTE_ENTRIES_AT_ONCE 256
 int btc_remote_dict_entries(btc_rmem *m, const btc_remote_objlayout *obj, uintptr_t keys, uintptr_t values, int most,
                             uintptr_t *out_keys, uintptr_t *out_values);
+/* Is type tp named name (its tp_name, read whole)? */
+int btc_remote_type_named(btc_rmem *m, const btc_remote_layout *lay, uintptr_t tp, const char *name);
 /* Is type tp, or a base on its tp_base chain (at most 32 deep), named name (tp_name)? */
 int btc_remote_type_inherits(btc_rmem *m, const btc_remote_layout *lay, const btc_remote_objlayout *obj, uintptr_t tp,
                              const char *name);

@@ -71,7 +71,7 @@ typedef struct {
 enum { FIELD_OTHER = 1, FIELD_NAME, FIELD_RUN };
 
 /* tp_name of tp equals name (a name read whole within MAX_TYPE_NAME bytes)? */
-static bool tp_name_is(btc_rmem *m, const btc_remote_layout *lay, uintptr_t tp, const char *name)
+int btc_remote_type_named(btc_rmem *m, const btc_remote_layout *lay, uintptr_t tp, const char *name)
 {
     uintptr_t at;
     char raw[MAX_TYPE_NAME];
@@ -85,7 +85,7 @@ static bool inherits(btc_rmem *m, const btc_remote_layout *lay, const btc_remote
                      const char *name)
 {
     for (int depth = 0; depth < MAX_TYPE_DEPTH && tp; depth++) {
-        if (tp_name_is(m, lay, tp, name))
+        if (btc_remote_type_named(m, lay, tp, name))
             return true;
         if (!word(m, tp + obj->type_base, &tp))
             return false;

@@ -150,6 +150,7 @@ typedef struct {
     uintptr_t *found;   /* BTC_REMOTE_TASK_AWAITERS of them, 0-ended */
     int n;
     uintptr_t *holder;  /* the task's own callbacks: the first object one is a method of (not a task) */
+    const btc_remote_layout *L;
 } awaiters;
 
 static void add_awaiter(awaiters *a, uintptr_t task)
@@ -168,18 +169,6 @@ static void through_future(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_
 {
     if (depth < MAX_FUTURE_DEPTH && derives(m, type_of(m, held), T->future_types))
         awaiters_of(m, T, held, a, depth + 1);
-}
-
-/* Is type functools.partial?  A heap type on every version, without a
- * symbol: known by its name (a callback of a type not known otherwise is
- * rare, so no gc list is searched for it). */
-static bool is_partial(btc_rmem *m, uintptr_t type)
-{
-    static const char name[] = "functools.partial";
-    char text[sizeof name];
-    uintptr_t at;
-    return btc_rmem_word(m, type + offsetof(PyTypeObject, tp_name), &at) &&
-           btc_rmem_read(m, at, text, sizeof text) == 0 && memcmp(text, name, sizeof name) == 0;
 }
 
 /* The items of a tuple object (at most MAX_CLOSURE), 0s past its end; false if it is no tuple. */
@@ -219,7 +208,9 @@ static void awaiter_of_callback(btc_rmem *m, const btc_remote_tasklayout *T, uin
             for (int i = 0; i < MAX_CLOSURE && items[i]; i++)
                 if (type_of(m, items[i]) == T->cell_type && btc_rmem_word(m, items[i] + CELL_REF, &held))
                     through_future(m, T, held, a, depth);
-    } else if (is_partial(m, type)) {
+    } else if (btc_remote_type_named(m, a->L, type, "functools.partial")) {
+        /* a heap type on every version, without a symbol: known by its name (a callback of a type not
+         * known otherwise is rare, so no gc list is searched for it) */
         if (btc_rmem_word(m, callback + T->partial_args, &held) && tuple_items(m, T, held, items))
             for (int i = 0; i < MAX_CLOSURE && items[i]; i++)
                 through_future(m, T, items[i], a, depth);
@@ -376,7 +367,7 @@ int btc_remote_tasks(btc_rmem *m, const btc_remote_layout *L, const btc_remote_t
         btc_remote_task *o = &out[kept];
         if (!read_task(m, T, tasks[i], o))
             continue;
-        awaiters a = {o->awaiters, 0, &o->holder};
+        awaiters a = {o->awaiters, 0, &o->holder, L};
         awaiters_of(m, T, o->address, &a, 0);
         int room = max_frames - used < per_task ? max_frames - used : per_task;
         o->frames_at = used;
