@@ -123,13 +123,19 @@ int btc_spawn_generations(void);
 /* Live records (one per tracked greenlet, and per spawner that was not
  * tracked itself) and interned sites, for tests and benchmarks. */
 void btc_spawn_counts(int64_t *records, int64_t *sites);
-/* Exception notes (spawn_notes.c): note != 0 (id of a callable
- * note(exception, greenlet)) replaces greenlet_type's switch and throw
- * methods by ones that call note when the call raises because the greenlet
- * it was made on died with that exception; note == 0 puts greenlet's own
- * methods back.  Returns 0, or -1 if greenlet's methods are not as expected
- * (then greenlet's own methods are in place). */
-int btc_spawn_notes(uintptr_t greenlet_type, uintptr_t note);
+/* Exception notes (spawn_notes.c).  Install the builtin
+ * _note_if_kept(exception, greenlet) into namespace (spawn_notes.py's
+ * globals, where NOTE_HEADER and the kept texts _rendered are read): it adds
+ * the greenlet's kept chain note, returning None, or returns the key the
+ * text is to be kept under once rendered.  Returns 0, or -1. */
+int btc_spawn_notes_install(uintptr_t namespace);
+/* render != 0 (id of a callable render(exception, greenlet, key))
+ * replaces greenlet_type's switch and throw methods by ones that note an
+ * exception when the call raises because the greenlet it was made on died
+ * with it: with the kept text, else through render; render == 0 puts
+ * greenlet's own methods back.  Returns 0, or -1 if greenlet's methods are
+ * not as expected (then greenlet's own methods are in place). */
+int btc_spawn_notes(uintptr_t greenlet_type, uintptr_t render);
 /* A type's tp_new slot, for tests: creation restored exactly. */
 uintptr_t btc_type_new_slot(uintptr_t type);
 /* ---- OS threads (threads.c) ---- */

@@ -152,9 +152,9 @@ def test_off_switch_and_restore():
 
 
 def test_a_failing_note_leaves_the_exception_alone(tracking, monkeypatch):
-    def broken(g):
+    def broken(chain):
         raise RuntimeError("note failed")
-    monkeypatch.setattr(spawn_notes, "_text", broken)
+    monkeypatch.setattr(spawn_notes, "_render", broken)
     g = greenlet.greenlet(lambda: {}["missing"])
     with pytest.raises(KeyError) as info:
         g.switch()
@@ -284,6 +284,32 @@ def test_pytest_shows_the_note(tmp_path):
     assert out.returncode == 1, out.stdout
     assert "ZeroDivisionError" in out.stdout and NOTE_HEADER in out.stdout, out.stdout
     assert "in test_child_fails" in out.stdout.split(NOTE_HEADER)[1]
+
+
+def test_a_kept_text_is_added_without_rendering(tracking, monkeypatch):
+    """A chain failing again gets its kept text, added by the C switch: the
+    render function is not called, and the note is the first one's."""
+    notes, renders = [], []
+    for round in range(2):   # one creating stack: one site, one chain
+        if round:
+            monkeypatch.setattr(spawn_notes, "_render", lambda chain: renders.append(chain) or "not kept")
+        with pytest.raises(ZeroDivisionError) as info:
+            greenlet.greenlet(lambda: 1 / 0).switch()
+        notes.append(chain_notes(info.value))
+    assert len(notes[0]) == 1 and notes[1] == notes[0]
+    assert renders == []
+
+
+def test_note_if_kept_refuses_what_is_no_tracked_failure(tracking):
+    """The C fast path given no exception, an untracked object or the wrong
+    arguments adds nothing and raises nothing but a clear TypeError."""
+    g = greenlet.greenlet(lambda: None)
+    assert spawn_notes._note_if_kept(42, g) is None
+    exc = ValueError("x")
+    assert spawn_notes._note_if_kept(exc, object()) is None
+    assert getattr(exc, "__notes__", None) is None
+    with pytest.raises(TypeError):
+        spawn_notes._note_if_kept(exc)
 
 
 def test_kept_texts_bounded(tracking):

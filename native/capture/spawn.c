@@ -42,6 +42,7 @@
 #include "capture/greenlet_context.h"
 #include "capture/cpython/pyframes.h"   /* and btc_asyncio_running_task() */
 #include "capture/signal_capture.h"
+#include "capture/spawn.h"
 #include "capture/spawn_crash.h"
 
 /* ---- state ---- */
@@ -717,12 +718,41 @@ static PyObject *link_of(PyObject *n)
     return link;
 }
 
+/* Walks the chain from node n, newest generation first, calling add(node,
+ * out) on at most max nodes (and 4 * GENERATIONS: a chain is shorter, but
+ * the walk does not rely on it).  Returns whether older generations exist
+ * that were not walked (beyond max, or dropped by bounded_chain): 1 or 0;
+ * -1 if add failed.  The node walked is held: an allocation in add may let
+ * another thread cut the chain under the walk, which then ends where the
+ * chain now does. */
+static int walk_chain(PyObject *n, Py_ssize_t max, int (*add)(PyObject *node, PyObject *out), PyObject *out)
+{
+    if (max > GENERATIONS * 4)
+        max = GENERATIONS * 4;
+    Py_XINCREF(n);
+    for (Py_ssize_t walked = 0; is_node(n) && walked < max; walked++) {
+        if (add(n, out) < 0) {
+            Py_DECREF(n);
+            return -1;
+        }
+        Py_SETREF(n, Py_XNewRef(NODE_PARENT(n)));   /* may be NULL: the end */
+    }
+    int cut = is_node(n) || n == Py_Ellipsis;
+    Py_XDECREF(n);
+    return cut;
+}
+
+static int add_link(PyObject *node, PyObject *links)
+{
+    PyObject *link = link_of(node);
+    int rc = link ? PyList_Append(links, link) : -1;
+    Py_XDECREF(link);
+    return rc;
+}
+
 /* _spawn_chain(g, limit): (links, cut) for g, newest generation first, at
- * most limit links (and 4 * GENERATIONS: a chain is shorter, but the walk
- * does not rely on it); cut: older generations exist but are not in links
- * (beyond limit, or dropped by bounded_chain).  None if g is untracked.
- * The node walked is held: an allocation may let another thread cut the
- * chain under the walk, which then ends where the chain now does. */
+ * most limit links; cut: older generations exist but are not in links.
+ * None if g is untracked. */
 static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -736,23 +766,37 @@ static PyObject *spawn_chain(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyObject *n = (PyObject *)record_of(args[0]);
     if (!is_node(n))
         Py_RETURN_NONE;
-    Py_ssize_t max = limit < GENERATIONS * 4 ? limit : GENERATIONS * 4;
     PyObject *links = PyList_New(0);
-    Py_INCREF(n);
-    while (links && is_node(n) && PyList_GET_SIZE(links) < max) {
-        PyObject *link = link_of(n);
-        if (!link || PyList_Append(links, link) < 0)
-            Py_CLEAR(links);
-        Py_XDECREF(link);
-        Py_SETREF(n, Py_XNewRef(NODE_PARENT(n)));   /* may be NULL: the end */
-    }
-    bool cut = is_node(n) || n == Py_Ellipsis;
-    Py_XDECREF(n);
-    PyObject *tuple = links ? PyList_AsTuple(links) : NULL;
+    int cut = links ? walk_chain(n, limit, add_link, links) : -1;
+    PyObject *tuple = cut >= 0 ? PyList_AsTuple(links) : NULL;
     Py_XDECREF(links);
     PyObject *result = tuple ? PyTuple_Pack(2, tuple, cut ? Py_True : Py_False) : NULL;
     Py_XDECREF(tuple);
     return result;
+}
+
+static int add_key_items(PyObject *node, PyObject *key)
+{
+    return PyList_Append(key, NODE_SITE(node)) < 0 || PyList_Append(key, NODE_SPAWNER(node)) < 0 ? -1 : 0;
+}
+
+PyObject *btc_spawn_chain_key(PyObject *g)
+{
+    PyObject *n = trackable(g) ? (PyObject *)record_of(g) : NULL;
+    if (!is_node(n))
+        Py_RETURN_NONE;
+    PyObject *key = PyList_New(1);   /* [cut, site, spawner, ...] */
+    if (!key)
+        return NULL;
+    PyList_SET_ITEM(key, 0, Py_NewRef(Py_None));
+    int cut = walk_chain(n, GENERATIONS, add_key_items, key);
+    PyObject *tuple = NULL;
+    if (cut >= 0) {
+        PyList_SetItem(key, 0, Py_NewRef(cut ? Py_True : Py_False));
+        tuple = PyList_AsTuple(key);
+    }
+    Py_DECREF(key);
+    return tuple;
 }
 
 /* _spawn_creator(g): the greenlet that created g while tracking was on, or
