@@ -8,6 +8,10 @@
    interleaved rounds (benchmarks/timing.py's rule: each round gives its
    own ratio; median and min-max printed).  Target (issue 28): throughput
    and p99 latency within 2% (ratios 0.98 / 1.02).
+   Then the same on the real deployment of issue 24 (the issue's setup):
+   gunicorn + Flask, one gevent worker (tests/fixtures/deployment.py), the
+   client on /io (a patched-socket round trip in a Flask view), the worker
+   plain or with btcore.start_profiler(100) started in post_worker_init.
 2. The sampler's own time per tick (Profile.busy / ticks, the time it holds
    the GIL, mostly; and its CPU time, Profile.busy_cpu) at 10, 100 and
    1,000 parked greenlets, in this process, after a warm-up profile.
@@ -17,7 +21,7 @@
    greenlets are not in its profile at all.
 
 Runs against the installed btcore (pip install .), from any directory.
-Usage: python benchmarks/bench_profile.py [--rounds N] [--seconds S] [--connections C]
+Usage: python benchmarks/bench_profile.py [--rounds N] [--seconds S] [--connections C] [--only PART]
 Prints a table; exits 0 whatever the result (a report, not a test).
 """
 import argparse
@@ -67,8 +71,8 @@ finally:
 CLIENT = '''
 import gevent.monkey; gevent.monkey.patch_all()
 import json, socket, sys, time, gevent
-port, seconds, connections = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-request = b"GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
+port, seconds, connections, path = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+request = b"GET " + path.encode() + b" HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
 latencies, end = [], time.monotonic() + seconds
 
 def one():
@@ -114,34 +118,67 @@ def run_round(kind, seconds, connections, folder):
     pid = None
     try:
         port, pid = _address(server)
-        subprocess.run([sys.executable, "-c", CLIENT, str(port), "0.5", str(connections)], capture_output=True,
-                       timeout=60)   # warm-up
-        out = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(seconds), str(connections)],
-                             capture_output=True, text=True, timeout=120, check=True)
+        out = client_load(port, seconds, connections, "/")
     finally:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)   # the server itself (under py-spy, its child)
         else:
             server.kill()
         _, err = server.communicate(timeout=60)
-    result = json.loads(out.stdout)
     if kind == "btcore":
-        result.update(json.loads(err.strip().splitlines()[-1]))
+        out.update(json.loads(err.strip().splitlines()[-1]))
+    return out
+
+
+def client_load(port, seconds, connections, path) -> dict:
+    """{"rps", "p99"} of CLIENT's keep-alive connections on path for
+    `seconds`, after half a second of warm-up."""
+    subprocess.run([sys.executable, "-c", CLIENT, str(port), "0.5", str(connections), path], capture_output=True,
+                   timeout=60)
+    out = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(seconds), str(connections), path],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def gunicorn_round(kind, seconds, connections, folder):
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "fixtures"))
+    import deployment
+    with deployment.Gunicorn(tempfile.mkdtemp(dir=folder), profile_rate=100 if kind == "btcore" else None) as target:
+        result = client_load(target.port, seconds, connections, "/io")
+        result.update(json.loads(target.get_ok("/profiler")))
     return result
 
 
 def server_cost(args):
     kinds = ["plain", "btcore"] + (["py-spy"] if shutil.which("py-spy") else [])
-    results = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory() as folder:
         with open(os.path.join(folder, "server.py"), "w") as f:
             f.write(SERVER)
-        for r in range(args.rounds):
-            for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-                results[kind].append(run_round(kind, args.seconds, args.connections, folder))
-    base = results["plain"]
-    print(f"1. gevent pywsgi server, {args.connections} keep-alive connections, {args.seconds} s x {args.rounds} "
-          f"interleaved rounds (ratio to plain; median (min-max))")
+        results = interleaved(kinds, args.rounds, lambda kind: run_round(kind, args.seconds, args.connections, folder))
+    report(f"1. gevent pywsgi server, {args.connections} keep-alive connections, {args.seconds} s x {args.rounds} "
+           "interleaved rounds (ratio to plain; median (min-max))", results)
+
+
+def gunicorn_cost(args):
+    with tempfile.TemporaryDirectory() as folder:
+        results = interleaved(["plain", "btcore"], args.rounds,
+                              lambda kind: gunicorn_round(kind, args.seconds, args.connections, folder))
+    report(f"1b. gunicorn + Flask, one gevent worker, GET /io, {args.connections} keep-alive connections, "
+           f"{args.seconds} s x {args.rounds} interleaved rounds (ratio to plain; median (min-max))", results)
+
+
+def interleaved(kinds, rounds, run) -> dict:
+    """{kind: [run(kind) of each round]}, the order reversed every other round."""
+    results = {kind: [] for kind in kinds}
+    for r in range(rounds):
+        for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+            results[kind].append(run(kind))
+    return results
+
+
+def report(title, results) -> None:
+    kinds, base = list(results), results["plain"]
+    print(title)
     print(f"   plain: {statistics.median(r['rps'] for r in base):.0f} req/s, "
           f"p99 {statistics.median(r['p99'] for r in base) * 1e3:.2f} ms")
     for kind in kinds[1:]:
@@ -153,7 +190,8 @@ def server_cost(args):
     cpu_tick = statistics.median(r["cpu"] / max(1, r["ticks"]) for r in ticks)
     print(f"   btcore's sampler in the server: {per_tick * 1e6:.0f} us per tick wall-clock (the program paused), "
           f"{cpu_tick * 1e6:.0f} us of its CPU ({cpu_tick * 100 * 100:.2f}% of one core at 100 Hz), "
-          f"{statistics.median(r['stacks'] for r in ticks):.0f} distinct stacks")
+          f"{statistics.median(r['stacks'] for r in ticks):.0f} distinct stacks, "
+          f"{statistics.median(r['ticks'] for r in ticks):.0f} ticks")
 
 
 def tick_cost():
@@ -253,10 +291,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=20)
+    parser.add_argument("--only", choices=("pywsgi", "gunicorn", "ticks", "split"), action="append",
+                        help="run only these parts (repeatable); default: all")
     args = parser.parse_args()
-    server_cost(args)
-    tick_cost()
-    peers_on_the_split()
+    parts = {"pywsgi": server_cost, "gunicorn": gunicorn_cost, "ticks": lambda _: tick_cost(),
+             "split": lambda _: peers_on_the_split()}
+    for name, part in parts.items():
+        if not args.only or name in args.only:
+            part(args)
     return 0
 
 

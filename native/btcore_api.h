@@ -94,6 +94,10 @@ int btc_asyncio_install(uintptr_t namespace);
 
 /* ---- spawn tracking (spawn.c) ---- */
 
+/* Install the builtin _greenlets_among(objects) into namespace
+ * (introspect.py's globals): the objects of a list that are greenlet_type's
+ * instances (greenlet_objects.c).  Returns 0, or -1. */
+int btc_install_greenlets_among(uintptr_t namespace, uintptr_t greenlet_type);
 /* Remember greenlet's type (id(greenlet.greenlet)) and its original tp_new,
  * and put the builtins _spawn_chain(g, limit), _spawn_creator(g) and _spawn_task_hook(...) (asyncio
  * tasks) into the module namespace dict at `namespace`.  Once, before the others.  Returns 0 or -1. */

@@ -107,30 +107,23 @@ class GreenletInfo(Entry):
         return f"<GreenletInfo {self.name} {self.state} thread={self.thread_name}>"
 
 
-def live_greenlets() -> list:
-    """Every greenlet object the gc knows about (dead ones included).
+if lib.btc_install_greenlets_among(id(globals()), id(greenlet.greenlet)) != 0:
+    raise ImportError("btcore: cannot install the greenlet filter")
+# _greenlets_among(objects) (installed above, native/capture/greenlet_objects.c):
+# the greenlets of a list, by a C type check per object (a few ns; no code of
+# the object runs, as isinstance() would ask a proxy for its __class__).
+_greenlets_among = globals()["_greenlets_among"]
+
+
+def live_greenlets(generation: int | None = None) -> list:
+    """Every greenlet object the gc knows about (dead ones included), or
+    those of one gc generation (the profiler's scan of new greenlets).
 
     The single source of greenlets: a live-greenlet registry, when one
     exists, replaces this gc scan here.  The scan holds the GIL: no thread
     creates or frees greenlets while it runs.
     """
-    # type(obj) in a set of greenlet's classes, not isinstance(obj):
-    # isinstance also asks a non-matching object for its __class__, which runs
-    # (and may raise in) code of any proxy object in the heap; and a set look-up
-    # per object, not issubclass(): ~0.1 s of a snapshot at 150 000 objects.
-    kinds = _greenlet_classes()
-    return [obj for obj in gc.get_objects() if type(obj) in kinds]
-
-
-def _greenlet_classes() -> frozenset:
-    """greenlet.greenlet and every subclass of it that exists now."""
-    found, todo = set(), [greenlet.greenlet]
-    while todo:
-        kind = todo.pop()
-        if kind not in found:
-            found.add(kind)
-            todo.extend(type.__subclasses__(kind))
-    return frozenset(found)
+    return _greenlets_among(gc.get_objects() if generation is None else gc.get_objects(generation))
 
 
 def root_of(g):
