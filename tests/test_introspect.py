@@ -644,3 +644,31 @@ def test_the_web_views_snapshot_pauses_let_the_loops_timers_run():
         assert gevent.spawn(viewer).get(timeout=TIMEOUT) is True
     finally:
         timer.kill()
+
+
+def test_live_greenlets_finds_subclasses_and_runs_no_object_code():
+    """live_greenlets()'s filter (a C type check) takes every greenlet, of
+    greenlet's own class and of subclasses (gevent's Greenlet, a class made
+    here), and only them; an object whose __class__ raises is not asked
+    (isinstance() would ask it).  Oracle: the objects this test made."""
+    import gc
+    from btcore import introspect
+
+    class Mine(greenlet.greenlet):
+        pass
+
+    class Liar:
+        @property
+        def __class__(self):
+            raise AssertionError("the filter ran the object's code")
+
+    made = [greenlet.greenlet(lambda: None), Mine(lambda: None), gevent.Greenlet(lambda: None)]
+    liar = Liar()
+    found = introspect.live_greenlets()
+    assert all(any(g is f for f in found) for g in made)
+    assert all(isinstance(f, greenlet.greenlet) for f in found) and not any(f is liar for f in found)
+    assert introspect._greenlets_among([1, liar, made[1], "x", made[2]]) == [made[1], made[2]]
+    young = introspect.live_greenlets(0)
+    assert all(isinstance(f, greenlet.greenlet) for f in young) and len(young) <= len(gc.get_objects(0))
+    with pytest.raises(TypeError, match="takes a list"):
+        introspect._greenlets_among((made[0],))
