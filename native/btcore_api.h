@@ -35,6 +35,7 @@ typedef struct {
 #define BTC_WANT_OWN_THREAD 8   /* the target greenlet belongs to the calling thread */
 #define BTC_WANT_HIDE_CALLER 16 /* drop the innermost Python frame (btcore's API function) */
 #define BTC_WANT_FROM_HOOK   32 /* called from the spawn hook: drop only btcore's own native frames */
+#define BTC_WANT_THREAD      64 /* target is another thread's ident: its Python frames only */
 
 /* Errors of btc_collect() (see btc_last_error() for the reason in words). */
 #define BTC_E_UNSUPPORTED   -1   /* this interpreter/greenlet build is not one we can read */
@@ -49,7 +50,9 @@ typedef struct {
  * Backtrace keeps what it names valid), _capacity and truncated.
  * target: 0 for the calling thread (in a greenlet: down to its bottom), or
  * a greenlet of any thread (suspended: its own stack; not started or dead:
- * nothing).  limit: at most that many frames (<= capacity).
+ * nothing), or with BTC_WANT_THREAD the threading ident of another thread
+ * (the Python frames it runs: its native frames are not readable from
+ * here).  limit: at most that many frames (<= capacity).
  * Returns 0 or a negative BTC_E_* code.  Runs with the GIL held. */
 int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want);
 

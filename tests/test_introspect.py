@@ -672,3 +672,36 @@ def test_live_greenlets_finds_subclasses_and_runs_no_object_code():
     assert all(isinstance(f, greenlet.greenlet) for f in young) and len(young) <= len(gc.get_objects(0))
     with pytest.raises(TypeError, match="takes a list"):
         introspect._greenlets_among((made[0],))
+
+
+def test_python_frames_of_another_thread_are_cpythons_chain():
+    """python_frames_of_thread() (the capture's C walk of another thread's
+    state) gives the code object and instruction offset of every frame of
+    the thread, innermost first, as the interpreter's own frame chain
+    (sys._current_frames(), f_back) has them; None for an ident no thread has."""
+    from btcore import introspect
+    from btcore.backtrace import RECORD
+
+    release, parked = threading.Event(), threading.Event()
+
+    def deep(n):
+        if n:
+            return deep(n - 1)
+        parked.set()
+        release.wait()
+
+    thread = threading.Thread(target=deep, args=(20,))
+    thread.start()
+    try:
+        assert parked.wait(TIMEOUT)
+        frame, chain = sys._current_frames()[thread.ident], []
+        bt = introspect.python_frames_of_thread(thread.ident)   # blocked in release.wait(): its frames stand still
+        while frame is not None:
+            chain.append((frame.f_code, frame.f_lasti))
+            frame = frame.f_back
+        ours = list(zip(bt._refs, [lasti for _, lasti, _, _, _ in RECORD.iter_unpack(bt._raw)]))
+        assert len(chain) >= 21 and ours == chain
+        assert introspect.python_frames_of_thread(max(sys._current_frames()) + 1) is None
+    finally:
+        release.set()
+        thread.join(TIMEOUT)

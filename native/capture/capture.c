@@ -380,6 +380,22 @@ static int collect_greenlet(sink *s, int want, PyObject *g)
     return rc;
 }
 
+/* The Python frames that another thread of this interpreter runs (ident:
+ * its threading ident): it waits for the GIL this thread holds, or runs C
+ * code without it, and its frame chain stands still either way.  No native
+ * frames: its registers are its own. */
+static int collect_thread_python(sink *s, uint64_t ident)
+{
+    PyThreadState *ts = btc_thread_state_of(ident);
+    if (!ts)
+        return btc_fail(BTC_E_UNSUPPORTED, "no thread of this interpreter has that ident");
+    btc_pycursor py;
+    btc_py_cursor_thread(&py, ts);
+    py_source src = {.live = &py};
+    python_only(s, &src);
+    return 0;
+}
+
 /* ---- the Backtrace object the capture fills ---- */
 
 /* Offsets of btcore.Backtrace's slots, checked once by btc_bind_backtrace(). */
@@ -490,6 +506,8 @@ static int dispatch(sink *s, uintptr_t target, int want)
 {
     if (!btc_py_supported())
         return BTC_E_UNSUPPORTED;
+    if (want & BTC_WANT_THREAD)
+        return collect_thread_python(s, target);
     if (target != 0)
         return collect_greenlet(s, want, (PyObject *)target);
     return collect_current(s, want);

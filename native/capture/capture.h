@@ -13,6 +13,11 @@
  * header. */
 void btc_backtrace_remember_target(PyObject *bt, PyObject *target);
 
+/* This interpreter's thread state whose thread_id (threading's ident) is
+ * ident, or NULL (none, or the GIL is not held: the list is the GIL's).
+ * threads.c. */
+PyThreadState *btc_thread_state_of(uint64_t ident);
+
 /* ---- spawn sites (for spawn.c) ---- */
 
 /* A raw capture into the caller's buffer (max entries). */

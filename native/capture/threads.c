@@ -13,11 +13,21 @@
 #include <Python.h>
 #include <pthread.h>
 
-#include "capture/context.h"
+#include "capture/capture.h"
 
 uint64_t btc_os_thread_self(void)
 {
     return (uint64_t)pthread_self();
+}
+
+PyThreadState *btc_thread_state_of(uint64_t ident)
+{
+    if (!PyGILState_Check())
+        return NULL;
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(PyInterpreterState_Get()); ts; ts = PyThreadState_Next(ts))
+        if ((uint64_t)ts->thread_id == ident)
+            return ts;
+    return NULL;
 }
 
 int btc_os_threads(btc_os_thread *out, int max)

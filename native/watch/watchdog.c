@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "capture/capture.h"
 #include "capture/signal_capture.h"
 #include "common/errors.h"
 #include "common/own_thread.h"
@@ -151,12 +152,8 @@ uint64_t btc_switch_count(void)
 
 int64_t btc_thread_switch_count(uint64_t ident)
 {
-    if (!PyGILState_Check())
-        return -1;
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(PyInterpreterState_Get()); ts; ts = PyThreadState_Next(ts))
-        if ((uint64_t)ts->thread_id == ident)
-            return (int64_t)ts->context_ver;
-    return -1;
+    PyThreadState *ts = btc_thread_state_of(ident);
+    return ts ? (int64_t)ts->context_ver : -1;
 }
 
 /* The watched thread's switch count; false when it is not watched (any more). */

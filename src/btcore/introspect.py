@@ -33,6 +33,7 @@ CAPACITY = 128           # raw frames kept per greenlet (16 bytes each)
 GONE = "<gone>"          # the greenlet ended while the snapshot looked at it
 PAUSE_EVERY = 500        # greenlets between two pauses of snapshot(pause=): ~5-10 ms of capture and naming
 _WANT_SUSPENDED = lib.BTC_WANT_PYTHON | lib.BTC_WANT_NATIVE | lib.BTC_WANT_OWN_THREAD
+_WANT_THREAD = lib.BTC_WANT_PYTHON | lib.BTC_WANT_THREAD
 
 _base_bool = greenlet.greenlet.__bool__              # greenlet's own "active", not a subclass's
 base_dead = greenlet.greenlet.dead.__get__          # gevent.Greenlet overrides `dead`
@@ -296,15 +297,13 @@ def is_hub(g) -> bool:
 
 
 def python_frames_of_thread(ident) -> Backtrace | None:
-    """The Python frames a thread is running, from the interpreter (no native frames)."""
-    frame = sys._current_frames().get(ident)
-    if frame is None:
-        return None
-    frames = []
-    while frame is not None and len(frames) < CAPACITY:
-        frames.append(frame)
-        frame = frame.f_back
-    return python_backtrace(frames, frame is not None)
+    """The Python frames a thread of this interpreter runs, walked in C from
+    its thread state (no native frames: its registers are its own); None if
+    no thread has that ident.  ~1 us where sys._current_frames() and an
+    f_back walk in Python took ~6 us for a 20-frame stack (the profiler does
+    this for every thread at every tick)."""
+    bt = Backtrace(CAPACITY)
+    return bt if lib.btc_collect(ident, id(bt), CAPACITY, CAPACITY, _WANT_THREAD) == 0 else None
 
 
 def python_backtrace(frames, truncated: bool) -> Backtrace:
