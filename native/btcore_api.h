@@ -124,6 +124,13 @@ int btc_spawn_enabled(void);
 /* The capacity given to the last btc_spawn_enable() (BTC_SPAWN_DEFAULT_CAPACITY
  * before any). */
 int btc_spawn_capacity(void);
+/* Watch greenlet creation (on) or stop (off): while watched, greenlet's
+ * tp_new hook (the one spawn tracking uses) keeps a weak reference to each
+ * greenlet made, for the builtin _spawn_take_created() (installed with the
+ * others by btc_spawn_install): the profiler's way to find new greenlets
+ * without scanning the gc's young generation at every tick.  Returns 0, or
+ * -1 (not installed, no memory). */
+int btc_spawn_watch_creation(int on);
 /* The most generations a chain is read to (older ones are dropped, and a
  * live greenlet keeps at most twice as many records alive). */
 int btc_spawn_generations(void);

@@ -23,6 +23,7 @@ import gevent.lock  # noqa: E402
 import gevent.socket  # noqa: E402
 
 import btcore  # noqa: E402
+import greenlet  # noqa: E402
 from btcore import profile_formats  # noqa: E402
 from test_html import driver  # noqa: E402,F401  (headless Chromium, installed with apt-get when missing)
 
@@ -324,23 +325,50 @@ def _alternate():
         _second()
 
 
-def test_a_greenlet_made_while_sampling_is_found_after_a_collection_moved_it():
+def test_a_greenlet_made_while_sampling_is_found_without_a_heap_scan(monkeypatch):
+    """A greenlet made after the first tick's heap scan is found through
+    greenlet's creation hook, even once a collection moved it out of the
+    young generation before any tick ran: no heap scan is made for it."""
     import gc
+    from btcore import profile as profile_module
     profiler = btcore.start_profiler(100)
+    scans = []
     try:
         while profiler.profile.ticks < 2:   # the first tick's full scan is done
             gevent.sleep(0.01)
-        profiler._greenlets.next_full_scan = float("inf")   # no other: only the gc callback can find it
+        monkeypatch.setattr(profile_module, "live_greenlets", lambda *a: scans.append(a) or [])
         late = gevent.spawn(on_sleep)
-        gc.collect()   # moves it out of generation 0 before any tick could see it there (the GIL is held)
+        gc.collect()   # out of generation 0 before any tick could see it there (the GIL is held)
         gevent.sleep(0.3)
     finally:
         profile = btcore.stop_profiler()
         late.kill()
     groups = _by_group(profile.stacks("wall"), 2)
-    # found with no full scan after its start, and moved out of generation 0 before any tick's
-    # scan of it: from the gc callback (how soon depends on when the ticks ran: not asserted)
     assert groups.get(("Greenlet (on_sleep)", "parked"), 0) > 0, groups
+    assert scans == []
+
+
+def test_creations_beyond_what_the_hook_keeps_make_a_heap_scan():
+    """The creation watch keeps at most 10,000 greenlets between two takes;
+    past that it says some were lost (the profiler then scans the heap), and
+    a watch turned off keeps nothing and says so.  Oracle: the greenlets made
+    here."""
+    from btcore._native import lib
+    from btcore.spawn import take_created
+    assert lib.btc_spawn_watch_creation(1) == 0
+    try:
+        take_created()
+        made = [greenlet.greenlet(on_sleep) for _ in range(3)]
+        refs, lost = take_created()
+        assert [ref() for ref in refs] == made and not lost
+        made = [greenlet.greenlet(on_sleep) for _ in range(10_001)]
+        refs, lost = take_created()
+        assert len(refs) == 10_000 and lost
+        assert take_created() == ([], False)
+    finally:
+        assert lib.btc_spawn_watch_creation(0) == 0
+    greenlet.greenlet(on_sleep)
+    assert take_created() == ((), True)
 
 
 def test_a_greenlet_parking_in_turn_at_two_places_shows_both():

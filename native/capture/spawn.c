@@ -53,6 +53,13 @@ static bool enabled;
 static int capacity = BTC_SPAWN_DEFAULT_CAPACITY;   /* frames of a whole chain's Backtrace */
 static int site_want = BTC_WANT_PYTHON | BTC_WANT_NATIVE;
 static __thread bool in_hook;   /* greenlets created by the hook's own work are not tracked */
+/* Creations watched (the profiler, btc_spawn_watch_creation): a weak
+ * reference to every greenlet made since the watcher last took the list,
+ * at most CREATED_MAX (beyond, `lost`: the watcher scans the heap instead);
+ * NULL: not watched. */
+#define CREATED_MAX 10000
+static PyObject *created;
+static bool created_lost;
 
 /* ---- records: one per tracked greenlet ---- */
 
@@ -444,9 +451,29 @@ static record *track(PyObject *g, PyObject *current, bool by_task, const btc_reg
     return r;
 }
 
+/* Note g in `created` (its list is the watcher's to take; a failure is
+ * counted as lost, never the caller's). */
+static void note_created(PyObject *g)
+{
+    if (PyList_GET_SIZE(created) >= CREATED_MAX) {
+        created_lost = true;
+        return;
+    }
+    PyObject *type_, *value, *tb;
+    PyErr_Fetch(&type_, &value, &tb);
+    PyObject *ref = PyWeakref_NewRef(g, NULL);
+    if (!ref || PyList_Append(created, ref) < 0)
+        created_lost = true;
+    Py_XDECREF(ref);
+    PyErr_Clear();
+    PyErr_Restore(type_, value, tb);
+}
+
 static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *g = original_new(type, args, kwds);
+    if (g && created)
+        note_created(g);
     if (!g || !enabled || in_hook)
         return g;
     /* The walk starts here: the frames of the work below are not unwound. */
@@ -812,6 +839,29 @@ static PyObject *spawn_creator(PyObject *self, PyObject *g)
     return Py_NewRef(creator ? creator : Py_None);
 }
 
+/* _spawn_take_created(): (weak references to the greenlets made since the
+ * last call, lost), and a new empty list for the next ones; lost: some were
+ * not kept (more than CREATED_MAX, or no memory), or creations are not
+ * watched: the caller must scan the heap for them. */
+static PyObject *spawn_take_created(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    PyObject *fresh = created ? PyList_New(0) : NULL;
+    if (!fresh) {
+        PyErr_Clear();
+        return Py_BuildValue("(()O)", Py_True);
+    }
+    PyObject *taken = created;
+    created = fresh;
+    PyObject *result = Py_BuildValue("(NO)", taken, created_lost ? Py_True : Py_False);
+    created_lost = false;
+    return result;
+}
+
+static PyMethodDef spawn_take_created_def = {
+    "_spawn_take_created", spawn_take_created, METH_NOARGS,
+    "_spawn_take_created(): (weak references to the greenlets made since the last call, lost)."};
 static PyMethodDef spawn_creator_def = {
     "_spawn_creator", spawn_creator, METH_O,
     "_spawn_creator(g): the greenlet that created g while tracking was on, or None."};
@@ -842,21 +892,28 @@ static bool remember_greenlet_type(PyTypeObject *type)
 int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *ns = (PyObject *)namespace, *fn = NULL, *creator = NULL, *hook = NULL, *task_new = NULL;
-    int rc = -1;
-    if (PyDict_Check(ns) && remember_greenlet_type((PyTypeObject *)greenlet) &&
-        (fn = PyCFunction_New(&spawn_chain_def, NULL)) && (creator = PyCFunction_New(&spawn_creator_def, NULL)) &&
-        (hook = PyCFunction_New(&spawn_task_hook_def, NULL)) && (task_new = PyCFunction_New(&spawn_task_new_def, NULL)))
-        rc = PyDict_SetItemString(ns, "_spawn_chain", fn) | PyDict_SetItemString(ns, "_spawn_creator", creator) |
-             PyDict_SetItemString(ns, "_spawn_task_hook", hook) | PyDict_SetItemString(ns, "_spawn_task_new", task_new);
-    Py_XDECREF(fn);
-    Py_XDECREF(creator);
-    Py_XDECREF(hook);
-    Py_XDECREF(task_new);
+    PyObject *ns = (PyObject *)namespace;
+    static PyMethodDef *const builtins[] = {&spawn_chain_def, &spawn_creator_def, &spawn_task_hook_def,
+                                            &spawn_task_new_def, &spawn_take_created_def};
+    int rc = PyDict_Check(ns) && remember_greenlet_type((PyTypeObject *)greenlet) ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < sizeof builtins / sizeof *builtins; i++) {
+        PyObject *fn = PyCFunction_New(builtins[i], NULL);
+        rc = fn ? PyDict_SetItemString(ns, builtins[i]->ml_name, fn) : -1;
+        Py_XDECREF(fn);
+    }
     if (rc < 0)
         PyErr_Clear();
     PyGILState_Release(gil);
     return rc;
+}
+
+/* greenlet's tp_new is hooked while spawn tracking or a creation watch needs it. */
+static void update_hook(void)
+{
+    if (enabled || created)
+        swap_new(greenlet_type, original_new, tracked_new);
+    else
+        swap_new(greenlet_type, tracked_new, original_new);
 }
 
 int btc_spawn_enable(int frames, int native)
@@ -866,8 +923,8 @@ int btc_spawn_enable(int frames, int native)
     PyGILState_STATE gil = PyGILState_Ensure();
     capacity = frames;
     site_want = BTC_WANT_PYTHON | (native ? BTC_WANT_NATIVE : 0);
-    swap_new(greenlet_type, original_new, tracked_new);
     enabled = true;
+    update_hook();
     PyGILState_Release(gil);
     return 0;
 }
@@ -878,8 +935,26 @@ void btc_spawn_disable(void)
         return;
     PyGILState_STATE gil = PyGILState_Ensure();
     enabled = false;
-    swap_new(greenlet_type, tracked_new, original_new);
+    update_hook();
     PyGILState_Release(gil);
+}
+
+int btc_spawn_watch_creation(int on)
+{
+    if (!greenlet_type)
+        return -1;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = 0;
+    if (on && !created && !(created = PyList_New(0))) {
+        PyErr_Clear();
+        rc = -1;
+    } else if (!on) {
+        Py_CLEAR(created);
+    }
+    created_lost = false;
+    update_hook();
+    PyGILState_Release(gil);
+    return rc;
 }
 
 int btc_spawn_enabled(void) { return enabled; }

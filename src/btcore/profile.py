@@ -23,7 +23,6 @@ Two views of the same samples:
 from __future__ import annotations
 
 import atexit
-import gc
 import os
 import re
 import sys
@@ -40,6 +39,7 @@ from .introspect import (RUNNING, SUSPENDED, base_frame, collect_suspended, even
                          live_greenlets, name_of, read_optional, plain_name_of, python_frames_of_thread, root_of,
                          state_of, thread_of_roots, threads_of_greenlets, outermost_function)
 from .resolve import resolve_native, resolve_python
+from .spawn import spawn_chain, take_created
 from .threads import MAX_THREADS, current_ident
 
 RUNNING_STATE = "running"
@@ -53,7 +53,6 @@ CAPACITY = 128               # raw frames kept per sampled stack
 SLICE = 64                   # greenlets captured per hold of the GIL
 PROGRESS_EVERY = 30.0        # seconds between progress calls (python -m btcore profile's line)
 MAIN_EVERY = 10              # ticks a parked main greenlet's stack may be reused (see parked_stack)
-SCAN_SHARE = 0.005           # the full gc scan for new greenlets may take this share of the time
 _GREENLET_N = re.compile(r"^(\S+?)-\d+\b")   # gevent's "Greenlet-12": one group per function
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
@@ -227,43 +226,32 @@ def frame_name(frame) -> str:
 
 class _Greenlets:
     """The greenlets the sampler knows, by weak reference, with their group
-    names.  A new greenlet is an object of the gc's youngest generation: it
-    is found by scanning generation 0 every tick (at most ~700 objects, the
-    gc's threshold), and, when a collection is about to move the young
-    generations into older ones, generations 0 and 1 from a gc callback
-    (~7,000 objects at most, once per 10 collections of generation 0).  The
-    whole heap is scanned at start and then at most SCAN_SHARE of the time
-    (~40-70 ns per object in a server's heap: gc.get_objects() touches every
-    object; the filter is introspect.live_greenlets()'s C type check, ~2 ns):
-    greenlets created before the profiler started."""
+    names.  The whole heap is scanned once, at the first tick (the greenlets
+    made before the profiler started: ~40-70 ns per object in a server's
+    heap, gc.get_objects() touching every object; the filter is
+    introspect.live_greenlets()'s C type check, ~2 ns).  Later ones come from
+    greenlet's creation hook (spawn.take_created(): a weak reference per
+    greenlet made, kept while the profiler watches): a tick's cost no longer
+    grows with what the program allocates.  The young-generation scan at every
+    tick this replaced cost 35-110 us a tick in a loaded gunicorn worker.  When
+    the hook kept too few (more than 10,000 creations between two ticks), the
+    heap is scanned again."""
 
     def __init__(self):
         self.known = {}            # id -> (weakref, name group, spawn site)
         self.thread_of_root = {}   # id(root) -> thread ident
-        self.next_full_scan = 0.0
-        self.pending = []          # greenlets found by the gc callback, taken by the next tick
+        self.scanned = False       # the heap's greenlets were found (the first tick)
         self.stacks = {}           # id -> (stamp, Backtrace) of a parked greenlet: see parked_stack()
 
-    def on_gc(self, phase, info) -> None:
-        # Runs in whichever thread collects, before the collection: no lock, no
-        # switch, and it must not fail whatever the interpreter's state.
-        try:
-            if phase == "start" and info.get("generation", 0) >= 1:
-                self.pending += live_greenlets(0) + live_greenlets(1)
-        except Exception:
-            pass
-
     def refresh(self, now: float, sampler_current) -> None:
-        found, self.pending = self.pending, []
-        if now >= self.next_full_scan:
-            started = time.perf_counter()
-            found += live_greenlets()
+        created, lost = take_created()
+        if lost or not self.scanned:
+            found = live_greenlets()
+            self.scanned = True
             self.known = {i: v for i, v in self.known.items() if v[0]() is not None}
             self.stacks = {i: v for i, v in self.stacks.items() if i in self.known}
-            cost = time.perf_counter() - started
-            self.next_full_scan = now + max(1.0, cost / SCAN_SHARE)
         else:
-            found += live_greenlets(0)
+            found = [g for g in (ref() for ref in created) if g is not None]
         mine = root_of(sampler_current)
         new_roots = False
         for g in found:
@@ -344,8 +332,7 @@ def _state_is_started(g) -> bool:
 
 def _spawn_site(g):
     """The interned site where g was created, if spawn tracking recorded it."""
-    spawn = sys.modules.get("btcore.spawn")
-    chain = read_optional(spawn.spawn_chain, g) if spawn is not None else None
+    chain = read_optional(spawn_chain, g)
     return chain.links[0][0] if chain is not None and chain.links else None
 
 
@@ -381,8 +368,8 @@ class Profiler:
         # from _thread at each import); taken from the sampler, a real thread, the duration's
         # write failed with gevent's "cannot release un-acquired lock" (3.13, and 3.11 under ASan).
         from . import profile_formats, threads  # noqa: F401
-        if not self.threads_only:
-            gc.callbacks.append(self._greenlets.on_gc)
+        if not self.threads_only and lib.btc_spawn_watch_creation(1) != 0:   # before the first tick's heap scan
+            raise RuntimeError("btcore profiler: cannot watch greenlet creation (out of memory?)")
         _original("_thread", "start_new_thread")(self._run, ())
 
     def _run(self) -> None:
@@ -394,13 +381,13 @@ class Profiler:
         except BaseException as e:   # the sampler must end quietly; stop() reports it
             self.error = e
         finally:
-            self.forget_gc()
+            self.stop_watching()
             self._done.release()
 
-    def forget_gc(self) -> None:
-        """Remove the gc callback (sampling has ended)."""
-        if self._greenlets.on_gc in gc.callbacks:
-            gc.callbacks.remove(self._greenlets.on_gc)
+    def stop_watching(self) -> None:
+        """Stop watching greenlet creation (sampling has ended)."""
+        if not self.threads_only:
+            lib.btc_spawn_watch_creation(0)
 
     def _loop(self) -> bool:
         """Sample until stopped (False) or until the duration ends (True)."""
@@ -641,7 +628,7 @@ def _forget_in_child() -> None:
     # The sampler thread does not exist in a fork child: its profiler is gone.
     global _profiler
     if _profiler is not None:
-        _profiler.forget_gc()
+        _profiler.stop_watching()
     _profiler = None
 
 

@@ -33,6 +33,10 @@ raw_spawn_chain = globals()["_spawn_chain"]
 # _spawn_creator(g): the greenlet that created g while tracking was on, or
 # None (untracked, or its creator is gone).
 _spawn_creator = globals()["_spawn_creator"]
+# take_created() (installed above as _spawn_take_created): (weak references to
+# the greenlets made since the last call, lost) while lib.btc_spawn_watch_creation(1)
+# is in force (the profiler); lost: some were not kept, scan the heap.
+take_created = globals()["_spawn_take_created"]
 # _spawn_task_hook(add, current_tasks, task_types, weakset): the tracking
 # add() of asyncio's task registry (native/capture/spawn.c, "asyncio tasks");
 # weakset: None, or a plain weakref.WeakSet registry's (data, _pending_removals
