@@ -56,6 +56,14 @@ typedef struct {
  * Returns 0 or a negative BTC_E_* code.  Runs with the GIL held. */
 int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, int want);
 
+/* A stamp of the suspended greenlet at address target, telling whether it
+ * moved since an earlier stamp: a 64-bit hash of its Python frames (code
+ * object and instruction of each, as collect(g, native=False) reads them)
+ * and of where its native stack stopped (its saved sp and the size of its
+ * saved stack part), computed without allocating.  0 when it cannot be
+ * read (then capture it).  The profiler's test for reusing a capture. */
+uint64_t btc_greenlet_stamp(uintptr_t target);
+
 /* Tell the capture where btcore.Backtrace's slots are (checked, once). */
 int btc_bind_backtrace(uintptr_t backtrace_type);
 

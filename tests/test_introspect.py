@@ -702,6 +702,7 @@ def test_python_frames_of_another_thread_are_cpythons_chain():
         ours = list(zip(bt._refs, [lasti for _, lasti, _, _, _ in RECORD.iter_unpack(bt._raw)]))
         assert len(chain) >= 21 and ours == chain
         assert introspect.python_frames_of_thread(max(sys._current_frames()) + 1) is None
+        assert introspect.python_frames_of_thread(None) is None   # a thread not identified
     finally:
         release.set()
         thread.join(TIMEOUT)

@@ -755,3 +755,28 @@ def test_a_thread_that_switches_away_and_back_during_the_capture_is_not_mislabel
     mislabelled = [k for k in stacks if "first_runner" in k[0] and any("second_runner" in f for f in k)]
     assert not mislabelled, stacks
     assert any("first_runner" in k[0] and any("first_runner" in f for f in k[1:]) for k in stacks), stacks
+
+
+def test_a_parked_greenlet_s_stamp_changes_exactly_when_it_moves():
+    """btc_greenlet_stamp (the profiler's test for reusing a capture) is the
+    same while a greenlet stays parked, and changes when it parks again at
+    another line of the same function (same code object, another
+    instruction).  Oracle: the greenlet's own frame (gr_frame.f_lineno)."""
+    from btcore._native import lib
+    from btcore.introspect import collect_suspended
+    main = greenlet.getcurrent()
+
+    def body():
+        main.switch()
+        main.switch()
+
+    g = greenlet.greenlet(body)
+    g.switch()
+    collect_suspended(g)   # greenlet's layout is learned by a capture
+    first_line, first = g.gr_frame.f_lineno, lib.btc_greenlet_stamp(id(g))
+    assert first != 0 and lib.btc_greenlet_stamp(id(g)) == first
+    g.switch()
+    assert g.gr_frame.f_lineno == first_line + 1 and g.gr_frame.f_code is body.__code__
+    assert lib.btc_greenlet_stamp(id(g)) not in (0, first)
+    g.switch()
+    assert g.dead

@@ -351,9 +351,11 @@ static int collect_current(sink *s, int want)
 
 /* A greenlet other than the calling thread's current one.  Its state is
  * checked here, under the GIL: checks made in Python before this call may be
- * stale, since the GIL can change hands between bytecodes. */
-static int collect_greenlet(sink *s, int want, PyObject *g)
+ * stale, since the GIL can change hands between bytecodes.  ctx: where its
+ * context goes (zeroed when it has no stack). */
+static int collect_greenlet(sink *s, int want, PyObject *g, btc_context *ctx)
 {
+    *ctx = (btc_context){0};
     int active = btc_greenlet_active(g);   /* started and not dead, as greenlet itself says */
     if (active < 0)
         return BTC_E_UNSUPPORTED;
@@ -368,13 +370,12 @@ static int collect_greenlet(sink *s, int want, PyObject *g)
     int rc = 0;
     if (frame == Py_None && !(want & BTC_WANT_OWN_THREAD))
         rc = btc_fail(BTC_E_RUNNING, "cannot collect a greenlet that is running in another thread");
-    btc_context ctx;
     if (rc == 0)
-        rc = btc_greenlet_context(g, &ctx);
+        rc = btc_greenlet_context(g, ctx);
     if (rc == 0) {
         btc_pycursor py;
-        btc_py_cursor_greenlet(&py, frame, &ctx.mem);   /* None: no Python frames */
-        rc = capture(&ctx, &py, s, want, false, true);
+        btc_py_cursor_greenlet(&py, frame, &ctx->mem);   /* None: no Python frames */
+        rc = capture(ctx, &py, s, want, false, true);
     }
     Py_DECREF(frame);
     return rc;
@@ -508,8 +509,9 @@ static int dispatch(sink *s, uintptr_t target, int want)
         return BTC_E_UNSUPPORTED;
     if (want & BTC_WANT_THREAD)
         return collect_thread_python(s, target);
+    btc_context ctx;
     if (target != 0)
-        return collect_greenlet(s, want, (PyObject *)target);
+        return collect_greenlet(s, want, (PyObject *)target, &ctx);
     return collect_current(s, want);
 }
 
@@ -565,6 +567,34 @@ int btc_collect(uintptr_t target, uintptr_t backtrace, int capacity, int limit, 
         free(s.codes);
     PyGILState_Release(gil);
     return rc;
+}
+
+/* ---- stamps: has a parked greenlet moved since it was last captured? ---- */
+
+static uint64_t fnv1a(uint64_t h, uint64_t word)
+{
+    for (int i = 0; i < 8; i++, word >>= 8)
+        h = (h ^ (word & 0xff)) * 0x100000001b3ULL;
+    return h;
+}
+
+uint64_t btc_greenlet_stamp(uintptr_t target)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    btc_frame frames[STACK_FRAMES];
+    sink s = {.out = frames, .max = STACK_FRAMES};   /* no codes: nothing is kept */
+    btc_context ctx;
+    uint64_t h = 0;
+    if (btc_py_supported() && collect_greenlet(&s, BTC_WANT_PYTHON, (PyObject *)target, &ctx) == 0) {
+        h = 0xcbf29ce484222325ULL;
+        for (int i = 0; i < s.n; i++)
+            h = fnv1a(fnv1a(h, s.out[i].addr), (uint64_t)(uint32_t)s.out[i].lasti);
+        h = fnv1a(fnv1a(fnv1a(h, (uint64_t)s.n << 1 | s.truncated), ctx.regs.sp), ctx.mem.spill_hi - ctx.mem.spill_lo);
+        h |= 1;
+    }
+    PyErr_Clear();
+    PyGILState_Release(gil);
+    return h;
 }
 
 /* ---- spawn sites (spawn.c): raw frames of the creating stack ---- */

@@ -301,7 +301,10 @@ def python_frames_of_thread(ident) -> Backtrace | None:
     its thread state (no native frames: its registers are its own); None if
     no thread has that ident.  ~1 us where sys._current_frames() and an
     f_back walk in Python took ~6 us for a 20-frame stack (the profiler does
-    this for every thread at every tick)."""
+    this for every thread at every tick).  ident None (a thread that could
+    not be identified) gives None too."""
+    if type(ident) is not int or not 0 <= ident < 1 << 64:
+        return None
     bt = Backtrace(CAPACITY)
     return bt if lib.btc_collect(ident, id(bt), CAPACITY, CAPACITY, _WANT_THREAD) == 0 else None
 

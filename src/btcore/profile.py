@@ -57,7 +57,6 @@ _GREENLET_N = re.compile(r"^(\S+?)-\d+\b")   # gevent's "Greenlet-12": one group
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 _profiler = None             # the running Profiler, if any
-_base_stack_saved = greenlet.greenlet._stack_saved.__get__
 _base_parent = greenlet.greenlet.parent.__get__
 
 
@@ -280,24 +279,24 @@ class _Greenlets:
     def parked_stack(self, key: int, g, tick: int):
         """g's stack (g is parked): the one captured at an earlier tick when
         its stamp is unchanged, else a new capture (~2-10 us).  The stamp
-        (~0.5 us): its Python frames alone (code and instruction of each,
-        btcore's interpreter-frame walk, no unwinding) and the size of its
-        saved stack.  Frame object ids would not do: a greenlet that parks
-        in turn at two places through gevent.sleep() gets a new frame at
-        the same address each time.  A thread's main greenlet is another
-        thread's for the sampler, and any capture of it reads
-        /proc/self/maps for its stack's end (~0.1-0.2 ms): it is stamped by
-        its innermost frame and offset only, and captured again at least
-        every MAIN_EVERY ticks."""
+        (lib.btc_greenlet_stamp, ~0.3 us): a hash of its Python frames (code
+        and instruction of each, btcore's interpreter-frame walk, no
+        unwinding) and of where its native stack stopped (saved sp and saved
+        size).  Frame object ids would not do: a greenlet that parks in turn
+        at two places through gevent.sleep() gets a new frame at the same
+        address each time.  A thread's main greenlet is another thread's for
+        the sampler, and any capture of it reads /proc/self/maps for its
+        stack's end (~0.1-0.2 ms): it is stamped by its innermost frame and
+        offset only, and captured again at least every MAIN_EVERY ticks."""
         frame = base_frame(g)
         if frame is None:   # parked in C with no Python frame: nothing to stamp
             return collect_suspended(g)
         if _base_parent(g) is None:
             stamp = (id(frame), frame.f_lasti, tick // MAIN_EVERY)
         else:
-            stamp = (collect(g, native=False, capacity=CAPACITY)._raw, _base_stack_saved(g))
+            stamp = lib.btc_greenlet_stamp(id(g)) or None   # 0: unreadable, captured (and refused) below
         known = self.stacks.get(key)
-        if known is not None and known[0] == stamp:
+        if known is not None and stamp is not None and known[0] == stamp:
             return known[1]
         bt = collect_suspended(g)
         self.stacks[key] = (stamp, bt)
