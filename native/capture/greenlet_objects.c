@@ -11,6 +11,7 @@
 #include <Python.h>
 
 #include "btcore_api.h"
+#include "common/builtins.h"
 
 static PyTypeObject *greenlet_type;
 
@@ -35,16 +36,9 @@ static PyMethodDef greenlets_among_def = {"_greenlets_among", greenlets_among, M
 int btc_install_greenlets_among(uintptr_t namespace, uintptr_t greenlet)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *ns = (PyObject *)namespace, *fn = NULL;
-    int rc = -1;
-    if (PyDict_Check(ns) && PyType_Check((PyObject *)greenlet) &&
-        (fn = PyCFunction_New(&greenlets_among_def, NULL)) && PyDict_SetItemString(ns, "_greenlets_among", fn) == 0) {
+    int rc = PyType_Check((PyObject *)greenlet) ? btc_put_builtin((PyObject *)namespace, &greenlets_among_def) : -1;
+    if (rc == 0)
         Py_XSETREF(greenlet_type, (PyTypeObject *)Py_NewRef((PyObject *)greenlet));
-        rc = 0;
-    }
-    Py_XDECREF(fn);
-    if (rc < 0)
-        PyErr_Clear();
     PyGILState_Release(gil);
     return rc;
 }

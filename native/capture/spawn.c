@@ -44,6 +44,7 @@
 #include "capture/signal_capture.h"
 #include "capture/spawn.h"
 #include "capture/spawn_crash.h"
+#include "common/builtins.h"
 
 /* ---- state ---- */
 
@@ -896,11 +897,8 @@ int btc_spawn_install(uintptr_t namespace, uintptr_t greenlet)
     static PyMethodDef *const builtins[] = {&spawn_chain_def, &spawn_creator_def, &spawn_task_hook_def,
                                             &spawn_task_new_def, &spawn_take_created_def};
     int rc = PyDict_Check(ns) && remember_greenlet_type((PyTypeObject *)greenlet) ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < sizeof builtins / sizeof *builtins; i++) {
-        PyObject *fn = PyCFunction_New(builtins[i], NULL);
-        rc = fn ? PyDict_SetItemString(ns, builtins[i]->ml_name, fn) : -1;
-        Py_XDECREF(fn);
-    }
+    for (size_t i = 0; rc == 0 && i < sizeof builtins / sizeof *builtins; i++)
+        rc = btc_put_builtin(ns, builtins[i]);
     if (rc < 0)
         PyErr_Clear();
     PyGILState_Release(gil);

@@ -32,6 +32,7 @@
 
 #include "btcore_api.h"
 #include "capture/spawn.h"
+#include "common/builtins.h"
 
 static PyTypeObject *type;               /* greenlet.greenlet */
 static PyObject *orig_switch, *orig_throw; /* its method descriptors, restored when off */
@@ -148,20 +149,14 @@ static PyMethodDef note_if_kept_def = {
 int btc_spawn_notes_install(uintptr_t namespace)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *ns = (PyObject *)namespace, *fn = NULL;
-    int rc = -1;
     if (!add_note_name)
         add_note_name = PyUnicode_InternFromString("add_note");
     if (!notes_name)
         notes_name = PyUnicode_InternFromString("__notes__");
-    if (PyDict_Check(ns) && add_note_name && notes_name && (fn = PyCFunction_New(&note_if_kept_def, NULL)) &&
-        PyDict_SetItemString(ns, "_note_if_kept", fn) == 0) {
-        Py_XSETREF(notes_module, Py_NewRef(ns));   /* a reloaded module's globals replace the old ones */
-        rc = 0;
-    }
-    Py_XDECREF(fn);
-    if (rc < 0)
-        PyErr_Clear();
+    int rc = add_note_name && notes_name ? btc_put_builtin((PyObject *)namespace, &note_if_kept_def) : -1;
+    if (rc == 0)
+        Py_XSETREF(notes_module, Py_NewRef((PyObject *)namespace));   /* a reloaded module's globals replace the old ones */
+    PyErr_Clear();
     PyGILState_Release(gil);
     return rc;
 }

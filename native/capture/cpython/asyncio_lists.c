@@ -21,6 +21,7 @@
  * on 3.14+ (asyncio.tasks._current_tasks only holds pure-Python tasks
  * there): btc_asyncio_running_task() reads them for spawn tracking. */
 #include "pyframes.h"
+#include "common/builtins.h"
 
 #if BTC_PY_FAMILY == 314
 
@@ -99,15 +100,7 @@ int btc_asyncio_install(uintptr_t namespace)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *ns = (PyObject *)namespace;
-    PyObject *lists = PyCFunction_New(&task_lists_def, NULL), *offsets = PyCFunction_New(&layout_def, NULL);
-    int rc = PyDict_Check(ns) && lists && offsets
-                 ? PyDict_SetItemString(ns, "_asyncio_task_lists", lists) |
-                       PyDict_SetItemString(ns, "_asyncio_layout", offsets)
-                 : -1;
-    Py_XDECREF(lists);
-    Py_XDECREF(offsets);
-    if (rc < 0)
-        PyErr_Clear();
+    int rc = btc_put_builtin(ns, &task_lists_def) == 0 && btc_put_builtin(ns, &layout_def) == 0 ? 0 : -1;
     PyGILState_Release(gil);
     return rc;
 }
