@@ -615,7 +615,9 @@ def test_watchdog_reports_a_loop_stuck_in_one_callback(stuck_so, function, inner
         body = LOOP_WATCHED.replace("globals()[sys.argv[3]]()", "time.sleep(seconds)")
     else:
         body = LOOP_WATCHED
-    err = run_child(body, stuck_so, seconds=1.0, args=[function])
+    # stuck 1 s, the report due after 0.2 s: under ASan on a slow machine the report took longer than the
+    # rest of the second (ci16), so the loop stays stuck 3 s there
+    err = run_child(body, stuck_so, seconds=3.0 if conftest.UNDER_ASAN else 1.0, args=[function])
     lines = err.splitlines()
     report = first_report(err)
     assert lines.index(report[0]) < lines.index("RETURNED"), err   # written while stuck

@@ -63,6 +63,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -364,13 +365,19 @@ int btc_crash_enable(int fd)
     /* This thread's alternate stack (a C stack overflow leaves no room on
      * the thread's own); kept for the thread's life.  One already there
      * (faulthandler's: a few pages) is replaced if smaller: the walk needs
-     * more, and a handler on it runs on ours as well. */
+     * more, and a handler on it runs on ours as well.  A mapping of its
+     * own, not malloc's: a runtime that set up the thread's first alternate
+     * stack may unmap whatever is current when the thread ends (ASan does:
+     * munmap of a malloc'd block, not page-aligned, failed its CHECK and
+     * aborted the exiting thread, ci16). */
     stack_t current;
     if (sigaltstack(NULL, &current) == 0 &&
         ((current.ss_flags & SS_DISABLE) || current.ss_size < ALT_STACK_BYTES)) {   /* faulthandler's is smaller */
-        stack_t alt = {.ss_sp = malloc(ALT_STACK_BYTES), .ss_size = ALT_STACK_BYTES, .ss_flags = 0};
-        if (!alt.ss_sp || sigaltstack(&alt, NULL) != 0) {
-            free(alt.ss_sp);
+        void *sp = mmap(NULL, ALT_STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        stack_t alt = {.ss_sp = sp, .ss_size = ALT_STACK_BYTES, .ss_flags = 0};
+        if (sp == MAP_FAILED || sigaltstack(&alt, NULL) != 0) {
+            if (sp != MAP_FAILED)
+                munmap(sp, ALT_STACK_BYTES);
             return -1;
         }
     }
