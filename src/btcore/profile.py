@@ -279,7 +279,7 @@ class _Greenlets:
     def parked_stack(self, key: int, g, tick: int):
         """g's stack (g is parked): the one captured at an earlier tick when
         its stamp is unchanged, else a new capture (~2-10 us).  The stamp
-        (lib.btc_greenlet_stamp, ~0.3 us): a hash of its Python frames (code
+        (lib.btc_greenlet_stamp, ~1.1 us): a hash of its Python frames (code
         and instruction of each, btcore's interpreter-frame walk, no
         unwinding) and of where its native stack stopped (saved sp and saved
         size).  Frame object ids would not do: a greenlet that parks in turn
