@@ -105,10 +105,11 @@ int btc_asyncio_install(uintptr_t namespace);
 
 /* ---- spawn tracking (spawn.c) ---- */
 
-/* Install the builtin _greenlets_among(objects) into namespace
- * (introspect.py's globals): the objects of a list that are greenlet_type's
- * instances (greenlet_objects.c).  Returns 0, or -1. */
-int btc_install_greenlets_among(uintptr_t namespace, uintptr_t greenlet_type);
+/* Install the builtins _greenlets_among(objects) (the objects of a list
+ * that are greenlet_type's instances) and _known_states(known, current,
+ * phases, phase) (the profiler's greenlets by state) into namespace
+ * (introspect.py's globals; greenlet_objects.c).  Returns 0, or -1. */
+int btc_install_greenlet_objects(uintptr_t namespace, uintptr_t greenlet_type);
 /* Remember greenlet's type (id(greenlet.greenlet)) and its original tp_new,
  * and put the builtins _spawn_chain(g, limit), _spawn_creator(g) and _spawn_task_hook(...) (asyncio
  * tasks) into the module namespace dict at `namespace`.  Once, before the others.  Returns 0 or -1. */

@@ -674,6 +674,74 @@ def test_live_greenlets_finds_subclasses_and_runs_no_object_code():
         introspect._greenlets_among((made[0],))
 
 
+def test_known_states_sorts_the_profilers_greenlets_as_they_are():
+    """_known_states() (the profiler's state read at every tick, in C), read
+    from a greenlet that is not its thread's main one (the sampler's case):
+    the greenlets made here in each state land in the phase turns
+    (suspended, each in the phase of its address; parked without Python
+    frames too, in Cython here, in C in a thread whose main greenlet runs),
+    running (the reader; a greenlet running in another thread) or gone (ended; collected), a not-started one in none;
+    gevent's Greenlet, whose __bool__ and dead are its own, is read by
+    greenlet's rule.  Bad arguments raise TypeError.  Oracle: the states
+    this test made."""
+    import weakref
+    from btcore import introspect
+    parked = [greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch()) for _ in range(16)]
+    for g in parked:
+        g.switch()
+    sleeper, in_cython = gevent.spawn(gevent.sleep, 30), gevent.spawn(gevent.event.Event().wait)
+    gevent.sleep(0)
+    assert in_cython.gr_frame is None   # parked, no Python frame: the rule's frameless case
+    fresh, ended, collected = (greenlet.greenlet(lambda: None) for _ in range(3))
+    ended.switch()
+    ready, release, there = threading.Semaphore(0), threading.Event(), {}
+
+    def a_child_runs():
+        def child():
+            there["running"] = greenlet.getcurrent()
+            ready.release()
+            release.wait()
+        greenlet.greenlet(child).switch()
+
+    def the_main_greenlet_runs():
+        there["frameless"] = greenlet.greenlet(greenlet.getcurrent().switch)   # runs C: parks with no frame
+        there["frameless"].switch()
+        ready.release()
+        release.wait()
+
+    def read(known, phases):
+        return [introspect.known_states(known, greenlet.getcurrent(), phases, phase) for phase in range(phases)]
+
+    threads = [threading.Thread(target=a_child_runs), threading.Thread(target=the_main_greenlet_runs)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert ready.acquire(timeout=10) and ready.acquire(timeout=10)
+        child, frameless, here = there["running"], there["frameless"], greenlet.getcurrent()
+        its_main = child.parent
+        assert frameless.gr_frame is None and frameless and not frameless.dead
+        reader = greenlet.greenlet(read)
+        every = parked + [sleeper, in_cython, fresh, ended, collected, child, its_main, frameless, here, reader]
+        known = {id(g): (weakref.ref(g), None, None) for g in every}
+        del collected, every
+        suspended = {id(g) for g in parked + [sleeper, in_cython, its_main, frameless, here]}
+        turns = reader.switch(known, 4)
+        for phase, (turn, running, gone) in enumerate(turns):
+            assert all(key == id(g) and (key >> 4) % 4 == phase for key, g in turn)
+            assert {key for key, _ in running} == {id(reader), id(child)} and all(key == id(g) for key, g in running)
+            assert set(gone) == set(known) - suspended - {id(fresh), id(reader), id(child)} and id(ended) in gone
+        assert sorted(key for turn, _, _ in turns for key, _ in turn) == sorted(suspended)
+        for bad in [([], here, 1, 0), (known, here, 0, 0), (known, here, 2, 2), (known, 1, 1, 0), (known, here, 1),
+                    ({1: (weakref.ref(threads[0]), None)}, here, 1, 0), ({1: 2}, here, 1, 0)]:
+            with pytest.raises(TypeError):
+                introspect.known_states(*bad)
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+        gevent.killall([sleeper, in_cython])
+
+
 def test_python_frames_of_another_thread_are_cpythons_chain():
     """python_frames_of_thread() (the capture's C walk of another thread's
     state) gives the code object and instruction offset of every frame of

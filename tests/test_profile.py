@@ -371,6 +371,36 @@ def test_creations_beyond_what_the_hook_keeps_make_a_heap_scan():
     assert take_created() == ((), True)
 
 
+def test_parked_greenlets_are_looked_at_in_turns_and_get_all_the_time_sampled(monkeypatch):
+    """A tick looks at 1/phases of the parked greenlets (at 100 Hz: a fifth,
+    each looked at PARKED_RATE = 20 times a second), each look weighing the
+    time since its phase's previous look, and the sampler's end looks at
+    every phase: a greenlet parked all along gets exactly the time sampled.
+    Oracles: the looks counted here, Profile.sampled."""
+    from btcore import profile as profile_module
+    looks = {}
+    look = profile_module._Greenlets.parked_stack
+
+    def counted(self, key, g, tick):
+        looks[key] = looks.get(key, 0) + 1
+        return look(self, key, g, tick)
+
+    monkeypatch.setattr(profile_module._Greenlets, "parked_stack", counted)
+    sleepers = [gevent.spawn(on_sleep) for _ in range(20)]
+    gevent.sleep(0)
+    profiler = btcore.start_profiler(100)
+    try:
+        while profiler.profile.ticks < 20:
+            gevent.sleep(0.05)
+    finally:
+        profile = btcore.stop_profiler()
+        gevent.killall(sleepers)
+    groups = _by_group(profile.stacks("wall"), 2)
+    assert groups[("Greenlet (on_sleep)", "parked")] == len(sleepers) * profile.sampled, (groups, profile.sampled)
+    seen = [looks.get(id(g), 0) for g in sleepers]
+    assert all(1 <= n <= profile.ticks // 5 + 2 for n in seen), (seen, profile.ticks)
+
+
 def test_a_greenlet_parking_in_turn_at_two_places_shows_both():
     g = gevent.spawn(_alternate)
     gevent.sleep(0.01)

@@ -1,6 +1,7 @@
 /* Which of a list of objects are greenlets: the filter of introspect.py's
  * gc scans (live_greenlets(): the whole heap, for a snapshot; the profiler:
- * the gc's young generation, at every tick).
+ * the gc's young generation, at every tick).  And the state of each greenlet
+ * the profiler knows, read at every tick (_known_states()).
  *
  * In C because the profiler runs it at every tick: a busy gunicorn worker's
  * young generation holds ~1,000 objects, and Python's filter
@@ -12,6 +13,7 @@
 
 #include "btcore_api.h"
 #include "common/builtins.h"
+#include "common/referent.h"
 
 static PyTypeObject *greenlet_type;
 
@@ -33,10 +35,165 @@ static PyObject *greenlets_among(PyObject *self, PyObject *objects)
 static PyMethodDef greenlets_among_def = {"_greenlets_among", greenlets_among, METH_O,
                                           "_greenlets_among(objects): the greenlets of the list, in order."};
 
-int btc_install_greenlets_among(uintptr_t namespace, uintptr_t greenlet)
+/* ---- the states of the profiler's greenlets ----
+ *
+ * introspect.state_of()'s rule, with greenlet's base type's own accessors
+ * (a subclass may override __bool__ and `dead`: gevent does), called as C
+ * functions: the profiler reads every known greenlet's state at every tick,
+ * ~0.5-1 us each through Python (~1 ms a tick at 1,000 greenlets). */
+
+static getter base_dead, base_frame, base_parent;
+static inquiry base_bool;
+
+enum state { GONE, RUNNING, SUSPENDED, NOT_STARTED, DEAD, ERROR };
+
+/* A greenlet attribute through the base type's getter: 1 true / not None, 0, -1 error. */
+static int truth_of(getter get, PyObject *g)
+{
+    PyObject *v = get(g, NULL);
+    int truth = v == NULL ? -1 : v != Py_None && v != Py_False;
+    Py_XDECREF(v);
+    return truth;
+}
+
+/* The root of g's parent chain (a borrowed reference: the chain holds it while g does), or NULL. */
+static PyObject *root_of(PyObject *g)
+{
+    for (int guard = 0; guard < 1 << 16; guard++) {
+        PyObject *parent = base_parent(g, NULL);
+        if (parent == NULL)
+            return NULL;
+        Py_DECREF(parent);   /* g holds its parent */
+        if (parent == Py_None)
+            return g;
+        g = parent;
+    }
+    PyErr_SetString(PyExc_RuntimeError, "a greenlet's parent chain does not end");
+    return NULL;
+}
+
+static enum state state_of(PyObject *g, PyObject *current, PyObject *current_root)
+{
+    if (g == current)
+        return RUNNING;
+    int dead = truth_of(base_dead, g), active = dead ? 0 : base_bool(g), framed = active > 0 ? truth_of(base_frame, g) : 0;
+    if (dead < 0 || active < 0 || framed < 0)
+        return ERROR;
+    if (dead)
+        return DEAD;
+    if (!active)
+        return NOT_STARTED;
+    if (framed)
+        return SUSPENDED;
+    PyObject *root = root_of(g);
+    if (root == NULL)
+        return ERROR;
+    if (root == current_root)
+        return SUSPENDED;
+    if (g == root)
+        return RUNNING;
+    int root_framed = truth_of(base_frame, root);   /* its thread's main greenlet runs (no frame): g is suspended */
+    return root_framed < 0 ? ERROR : root_framed ? RUNNING : SUSPENDED;
+}
+
+/* Append (key, g) to list: 0, or -1 (an error set). */
+static int append_pair(PyObject *list, PyObject *key, PyObject *g)
+{
+    PyObject *pair = PyTuple_Pack(2, key, g);
+    int rc = pair ? PyList_Append(list, pair) : -1;
+    Py_XDECREF(pair);
+    return rc;
+}
+
+/* Sort one entry of known (key -> (weakref, ...)) into turn, running or gone. */
+static int sort_entry(PyObject *key, PyObject *entry, PyObject *current, PyObject *current_root, long phases,
+                      long phase, PyObject **lists)
+{
+    PyObject *ref = PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) ? PyTuple_GET_ITEM(entry, 0) : NULL;
+    if (ref == NULL || !PyWeakref_CheckRef(ref) || !PyLong_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "_known_states(): known maps an int to (weakref, ...)");
+        return -1;
+    }
+    PyObject *g = btc_referent(ref);
+    if (g == NULL)
+        return PyList_Append(lists[2], key);
+    if (!PyObject_TypeCheck(g, greenlet_type))
+        return PyErr_Format(PyExc_TypeError, "_known_states(): not a greenlet: %s", Py_TYPE(g)->tp_name), -1;
+    Py_INCREF(g);   /* its getters may run code that drops the last other reference */
+    enum state state = state_of(g, current, current_root);
+    int rc = 0;
+    if (state == ERROR)
+        rc = -1;
+    else if (state == SUSPENDED && ((uintptr_t)g >> 4) % (uintptr_t)phases == (uintptr_t)phase)   /* 16-byte aligned */
+        rc = append_pair(lists[0], key, g);
+    else if (state == RUNNING)
+        rc = append_pair(lists[1], key, g);
+    else if (state == DEAD)
+        rc = PyList_Append(lists[2], key);
+    Py_DECREF(g);
+    return rc;
+}
+
+/* _known_states(known, current, phases, phase): (turn, running, gone) of the
+ * profiler's known greenlets (a dict: key -> (weakref, ...)), read from
+ * current, the calling thread's greenlet: turn, [(key, g)] of the suspended
+ * ones whose address puts them in phase (id >> 4 modulo phases); running,
+ * [(key, g)] of those running (in some thread); gone, the keys of the dead
+ * and of those no longer alive.  Not started: in none. */
+static PyObject *known_states(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    long phases = nargs == 4 ? PyLong_AsLong(args[2]) : 0, phase = nargs == 4 ? PyLong_AsLong(args[3]) : 0;
+    if (nargs != 4 || !PyDict_Check(args[0]) || !PyObject_TypeCheck(args[1], greenlet_type) || phases < 1 ||
+        phase < 0 || phase >= phases) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "_known_states(known: dict, current: greenlet, phases >= 1, 0 <= phase < phases)");
+        return NULL;
+    }
+    PyObject *known = PyDict_Copy(args[0]);   /* a getter may run code that changes the dict */
+    PyObject *current_root = known ? root_of(args[1]) : NULL;
+    PyObject *lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
+    PyObject *key, *entry, *out = NULL;
+    Py_ssize_t at = 0;
+    int ok = current_root && lists[0] && lists[1] && lists[2];
+    while (ok && PyDict_Next(known, &at, &key, &entry))
+        ok = sort_entry(key, entry, args[1], current_root, phases, phase, lists) == 0;
+    if (ok)
+        out = PyTuple_Pack(3, lists[0], lists[1], lists[2]);
+    Py_XDECREF(known);
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(lists[i]);
+    return out;
+}
+
+static PyMethodDef known_states_def = {"_known_states", (PyCFunction)(void (*)(void))known_states, METH_FASTCALL,
+                                       "_known_states(known, current, phases, phase): (turn, running, gone)."};
+
+/* The base type's getter of attribute name, or NULL. */
+static getter getter_of(PyTypeObject *type, const char *name)
+{
+    for (PyGetSetDef *def = type->tp_getset; def && def->name; def++)
+        if (strcmp(def->name, name) == 0)
+            return def->get;
+    return NULL;
+}
+
+static int learn_accessors(PyTypeObject *type)
+{
+    base_dead = getter_of(type, "dead");
+    base_frame = getter_of(type, "gr_frame");
+    base_parent = getter_of(type, "parent");
+    base_bool = type->tp_as_number ? type->tp_as_number->nb_bool : NULL;
+    return base_dead && base_frame && base_parent && base_bool ? 0 : -1;
+}
+
+int btc_install_greenlet_objects(uintptr_t namespace, uintptr_t greenlet)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    int rc = PyType_Check((PyObject *)greenlet) ? btc_put_builtin((PyObject *)namespace, &greenlets_among_def) : -1;
+    PyObject *ns = (PyObject *)namespace;
+    int rc = PyType_Check((PyObject *)greenlet) && learn_accessors((PyTypeObject *)greenlet) == 0 &&
+                     btc_put_builtin(ns, &greenlets_among_def) == 0 && btc_put_builtin(ns, &known_states_def) == 0
+                 ? 0 : -1;
     if (rc == 0)
         Py_XSETREF(greenlet_type, (PyTypeObject *)Py_NewRef((PyObject *)greenlet));
     PyGILState_Release(gil);

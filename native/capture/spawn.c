@@ -45,6 +45,7 @@
 #include "capture/spawn.h"
 #include "capture/spawn_crash.h"
 #include "common/builtins.h"
+#include "common/referent.h"
 
 /* ---- state ---- */
 
@@ -229,21 +230,10 @@ static Py_hash_t hash_site(const btc_raw_capture *c)
     return (Py_hash_t)((h ^ (h >> 32)) & (uint64_t)PY_SSIZE_T_MAX);
 }
 
-/* What weak reference `ref` (a site_ref or a record) refers to, borrowed,
- * or NULL if it is gone or dying and its callback has not run yet.  Read
- * from the object, not with PyWeakref_GetObject (gone in 3.15) or
- * PyWeakref_GetRef (3.13+, a new reference we would only drop): a live
- * referent stays alive while we use it, no Python code runs. */
-static PyObject *referent(void *ref)
-{
-    PyObject *object = ((PyWeakReference *)ref)->wr_object;
-    return object != Py_None && Py_REFCNT(object) > 0 ? object : NULL;
-}
-
 /* Does interned site `ref` hold exactly the frames of c? */
 static bool same_site(site_ref *ref, const btc_raw_capture *c, PyObject **site)
 {
-    *site = referent(ref);
+    *site = btc_referent(ref);
     return *site && btc_backtrace_holds(*site, c);
 }
 
@@ -836,7 +826,7 @@ static PyObject *spawn_creator(PyObject *self, PyObject *g)
         return PyErr_Format(PyExc_TypeError, "_spawn_creator() needs a greenlet or an asyncio task, not %s",
                             Py_TYPE(g)->tp_name);
     record *r = record_of(g);
-    PyObject *creator = r && r->creator ? referent(r->creator) : NULL;
+    PyObject *creator = r && r->creator ? btc_referent(r->creator) : NULL;
     return Py_NewRef(creator ? creator : Py_None);
 }
 

@@ -108,12 +108,18 @@ class GreenletInfo(Entry):
         return f"<GreenletInfo {self.name} {self.state} thread={self.thread_name}>"
 
 
-if lib.btc_install_greenlets_among(id(globals()), id(greenlet.greenlet)) != 0:
+if lib.btc_install_greenlet_objects(id(globals()), id(greenlet.greenlet)) != 0:
     raise ImportError("btcore: cannot install the greenlet filter")
-# _greenlets_among(objects) (installed above, native/capture/greenlet_objects.c):
-# the greenlets of a list, by a C type check per object (a few ns; no code of
-# the object runs, as isinstance() would ask a proxy for its __class__).
+# Installed above (native/capture/greenlet_objects.c):
+# _greenlets_among(objects): the greenlets of a list, by a C type check per
+# object (a few ns; no code of the object runs, as isinstance() would ask a
+# proxy for its __class__).
+# _known_states(known, current, phases, phase): the profiler's greenlets
+# (known: key -> (weakref, ...)) by state_of()'s rule, in C: (turn: [(key, g)]
+# suspended in phase (id >> 4 modulo phases), running: [(key, g)], gone: the
+# keys of the dead and the collected).
 _greenlets_among = globals()["_greenlets_among"]
+known_states = globals()["_known_states"]
 
 
 def live_greenlets(generation: int | None = None) -> list:
