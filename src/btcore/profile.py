@@ -4,7 +4,7 @@ A sampler thread (a real OS thread, also in a monkey-patched process) wakes
 `rate` times a second and, holding the GIL, records for every thread the
 stack it is running (its running greenlet: Python frames, from the
 interpreter) and, for the parked greenlets whose turn it is (each is looked
-at PARKED_RATE times a second: see Profiler._parked_now), their merged
+at PARKED_RATE times a second: see Profiler._parked), their merged
 native + Python stack (btcore.collect()).  A sample is the raw record of a stack: no name is
 looked up while sampling.  Equal samples are counted once: the profile maps
 (raw stack, greenlet group, state) to a count, bounded by max_stacks (new
@@ -53,7 +53,7 @@ MAX_RATE = 1000
 DEFAULT_MAX_STACKS = 4096
 CAPACITY = 128               # raw frames kept per sampled stack
 SLICE = 64                   # greenlets captured per hold of the GIL
-PARKED_RATE = 20             # looks per second at each parked greenlet, at most (see Profiler._parked_now)
+PARKED_RATE = 20             # looks per second at each parked greenlet, at most (see Profiler._parked)
 PROGRESS_EVERY = 30.0        # seconds between progress calls (python -m btcore profile's line)
 MAIN_EVERY = 10              # ticks a parked main greenlet's stack may be reused (see parked_stack)
 _GREENLET_N = re.compile(r"^(\S+?)-\d+\b")   # gevent's "Greenlet-12": one group per function
@@ -244,14 +244,17 @@ class _Greenlets:
         self.thread_of_root = {}   # id(root) -> thread ident
         self.scanned = False       # the heap's greenlets were found (the first tick)
         self.stacks = {}           # id -> (stamp, Backtrace) of a parked greenlet: see parked_stack()
+        self.counted = {}          # id -> Profile.sampled up to which its time is counted: see Profiler._parked()
 
-    def refresh(self, sampler_current) -> None:
+    def refresh(self, sampler_current, since: int) -> None:
+        """Learn the greenlets made since the last refresh; their time is counted from since (Profile.sampled)."""
         created, lost = take_created()
         if lost or not self.scanned:
             found = live_greenlets()
             self.scanned = True
             self.known = {i: v for i, v in self.known.items() if v[0]() is not None}
             self.stacks = {i: v for i, v in self.stacks.items() if i in self.known}
+            self.counted = {i: v for i, v in self.counted.items() if i in self.known}
         else:
             found = [g for g in (ref() for ref in created) if g is not None]
         mine = root_of(sampler_current)
@@ -261,6 +264,7 @@ class _Greenlets:
             if (entry is None or entry[0]() is not g) and root_of(g) is not mine:
                 self.known[id(g)] = (weakref.ref(g), None, None)
                 self.stacks.pop(id(g), None)
+                self.counted[id(g)] = since
                 new_roots = new_roots or id(root_of(g)) not in self.thread_of_root
         if new_roots:
             self._map_threads(sampler_current)
@@ -278,6 +282,12 @@ class _Greenlets:
     def forget(self, key: int) -> None:
         self.known.pop(key, None)
         self.stacks.pop(key, None)
+        self.counted.pop(key, None)
+
+    def last_parked(self, key: int):
+        """The Backtrace g had when last captured parked, or None."""
+        known = self.stacks.get(key)
+        return known[1] if known is not None else None
 
     def parked_stack(self, key: int, g, tick: int):
         """g's stack (g is parked): the one captured at an earlier tick when
@@ -293,7 +303,9 @@ class _Greenlets:
         offset only, and captured again at least every MAIN_EVERY ticks."""
         frame = base_frame(g)
         if frame is None:   # parked in C with no Python frame: nothing to stamp
-            return collect_suspended(g)
+            bt = collect_suspended(g)
+            self.stacks[key] = (None, bt)
+            return bt
         if _base_parent(g) is None:
             stamp = (id(frame), frame.f_lasti, tick // MAIN_EVERY)
         else:
@@ -350,11 +362,10 @@ class Profiler:
         self.on_duration_end = self.on_progress = None
         self._interval = 1.0 / rate
         self._greenlets = _Greenlets()
-        # Parked greenlets are looked at in turns: phase p's at ticks p, p + phases, ...; each look weighs the
-        # time since its phase's previous one (profile.sampled then): see _parked_now().
+        # Parked greenlets are looked at in turns: phase p's at ticks p, p + phases, ...: see _parked().
         self._phases = -(-rate // PARKED_RATE)   # ceil: at most PARKED_RATE looks a second at each
-        self._phase_seen = [0] * self._phases
-        self._previous = {}   # thread ident -> (stack, name, site) it ran at the previous tick
+        # thread ident -> ((stack, name, site), greenlet key or None) it ran at the previous tick
+        self._previous = {}
         self._thread_labels = {}
         # A wait for the GIL this long (us) was ended by a forced switch (see _running_threads).
         self._forced_switch = int(sys.getswitchinterval() * 0.8 * 1e6)
@@ -423,7 +434,7 @@ class Profiler:
         self.profile.ticks += 1
         self.profile.sampled += weight
         parked = self._running_threads(current, weight, max(0, waited))
-        self._parked_now((self.profile.ticks - 1) % self._phases, current, parked)
+        self._parked(current, parked)
         self._last = time.monotonic()
         self.profile.busy += self._last - now
         self.profile.busy_cpu += time.thread_time() - cpu
@@ -454,7 +465,7 @@ class Profiler:
         switches = {ident: lib.btc_thread_switch_count(ident) for ident in running}   # before the states are read
         parked = []
         if not self.threads_only:
-            self._greenlets.refresh(current)
+            self._greenlets.refresh(current, self.profile.sampled - weight)
             parked = self._parked_states(current, running, (self.profile.ticks - 1) % self._phases)
         previous, self._previous = self._previous, {}
         for ident, found in running.items():
@@ -467,10 +478,33 @@ class Profiler:
             before = previous.get(ident)
             early = before is not None and 0 < waited < self._forced_switch
             if early:
-                self.profile.add(*before, RUNNING_STATE, waited)
-            self.profile.add(bt, name, site, RUNNING_STATE, weight - waited if early else weight)
-            self._previous[ident] = (bt, name, site)
+                self.profile.add(*before[0], RUNNING_STATE, waited)
+                self._counted_more(before[1], waited)
+            ran = weight - waited if early else weight
+            if found:
+                self._unlooked_parked(found[0], name, site, self.profile.sampled - ran)
+            self.profile.add(bt, name, site, RUNNING_STATE, ran)
+            self._previous[ident] = ((bt, name, site), found[0] if found else None)
         return parked
+
+    def _counted_more(self, key, us: int) -> None:
+        """us more of greenlet key's time was counted (as running)."""
+        if key in self._greenlets.counted:
+            self._greenlets.counted[key] += us
+
+    def _unlooked_parked(self, key: int, name: str, site, upto: int) -> None:
+        """Greenlet key is recorded running at this tick: its time not counted
+        yet, up to upto (Profile.sampled where this tick's running part
+        begins), it spent parked where no look saw it (its phase's turn had
+        not come): counted at the stack it was last seen parked at, if any
+        (none: a greenlet never seen parked; that time is lost, at most
+        1/PARKED_RATE s).  Then its time is counted up to now."""
+        counted = self._greenlets.counted
+        pending = upto - counted.get(key, upto)
+        bt = self._greenlets.last_parked(key) if pending > 0 else None
+        if bt is not None:
+            self.profile.add(bt, name, site, PARKED_STATE, pending)
+        counted[key] = self.profile.sampled
 
     def _parked_states(self, current, running: dict, phase: int) -> list:
         """The known greenlets parked in phase, [(key, greenlet)]; each thread
@@ -511,42 +545,42 @@ class Profiler:
                 return key, g
         return None
 
-    def _parked_now(self, phase: int, current, parked: list) -> None:
-        """Record the stacks of the parked greenlets [(key, greenlet)] of
-        phase (see _parked_states()).  A tick looks at 1/phases of
-        them (each is looked at PARKED_RATE times a second), so that a tick's
-        cost is the running stacks' plus a fraction of the parked ones':
-        in a loaded gunicorn worker most parked greenlets have moved since
-        the previous tick, and their captures were most of a tick.  Each
-        look weighs the time since its phase's previous look, so each
-        greenlet's time still adds up to the time sampled: a greenlet parked
-        all along gets all of it (the sampler's end looks at every phase:
-        _parked_rest()); one made or ended between two looks is counted
-        from its phase's previous look or up to it (at most
-        1/PARKED_RATE s too much or too little)."""
-        weight = self.profile.sampled - self._phase_seen[phase]
-        self._phase_seen[phase] = self.profile.sampled
-        if weight > 0:
-            self._parked(current, weight, parked)
-
     def _parked_rest(self) -> None:
-        """At the sampler's end: the parked greenlets of every phase get the time since their phase's last look."""
+        """At the sampler's end: the parked greenlets of every phase get their time not counted yet."""
         if not self.threads_only and self.profile.ticks:
             current = greenlet.getcurrent()
             for phase in range(self._phases):
-                self._parked_now(phase, current, self._parked_states(current, {}, phase))
+                self._parked(current, self._parked_states(current, {}, phase))
 
-    def _parked(self, current, weight: int, parked: list) -> None:
+    def _parked(self, current, parked: list) -> None:
+        """Record the stacks of the parked greenlets [(key, greenlet)] of
+        this tick's phase (see _parked_states()).  A tick looks at 1/phases
+        of them (each is looked at PARKED_RATE times a second at most), so
+        that a tick's cost is the running stacks' plus a fraction of the
+        parked ones': in a loaded gunicorn worker most parked greenlets have
+        moved since the previous tick, and their captures were most of a
+        tick.  A look weighs the greenlet's time not counted yet (since it
+        was made, last looked at or last seen running: _Greenlets.counted),
+        so each greenlet's time adds up to the time sampled, running or
+        parked, as when every greenlet was looked at every tick: the
+        sampler's end looks at every phase (_parked_rest()); a greenlet
+        seen running first gives the time it spent parked unseen to the
+        stack it was last seen parked at (_unlooked_parked())."""
+        counted, now = self._greenlets.counted, self.profile.sampled
         for n, (key, g) in enumerate(parked):
             if n and n % SLICE == 0:
                 self._sleep(0)   # let the program run between slices: it is paused while the sampler holds the GIL
             if n >= SLICE and state_of(g, current) != SUSPENDED:   # it may have run during a slice's pause
+                continue
+            weight = now - counted.get(key, now)
+            if weight <= 0:
                 continue
             try:
                 bt = self._greenlets.parked_stack(key, g, self.profile.ticks)
             except (BacktraceError, RuntimeError):   # it changed under the sample: skipped
                 continue
             self.profile.add(bt, *self._greenlets.labels(key, g), PARKED_STATE, weight)
+            counted[key] = now
 
     def _finish(self) -> Profile:
         if not self.profile.duration:
