@@ -35,12 +35,24 @@ static PyObject *greenlets_among(PyObject *self, PyObject *objects)
 static PyMethodDef greenlets_among_def = {"_greenlets_among", greenlets_among, METH_O,
                                           "_greenlets_among(objects): the greenlets of the list, in order."};
 
-/* ---- the states of the profiler's greenlets ----
+/* ---- greenlet states: the one copy of the rule ----
  *
- * introspect.state_of()'s rule, with greenlet's base type's own accessors
- * (a subclass may override __bool__ and `dead`: gevent does), called as C
- * functions: the profiler reads every known greenlet's state at every tick,
- * ~0.5-1 us each through Python (~1 ms a tick at 1,000 greenlets). */
+ * RUNNING, SUSPENDED, NOT_STARTED or DEAD, from greenlet's own state only:
+ * introspect.state_of is _state_of below, and the profiler reads every
+ * known greenlet's state at every tick through _known_states (~0.5-1 us a
+ * greenlet through Python: ~1 ms a tick at 1,000 greenlets).
+ *
+ * Subclasses may override __bool__ and `dead` (gevent does), so the base
+ * type's own accessors are called, as C functions.  greenlet 3.x: active =
+ * has a stack; dead = started and no longer active; greenlet's own rule
+ * calls a greenlet "running in some thread" when it is active without a
+ * saved Python frame.  That rule is wrong for a greenlet suspended in code
+ * that has no Python frames (gevent.spawn(event.wait) parks in Cython), so:
+ * in the calling thread only the current greenlet runs; in another thread,
+ * one greenlet runs at a time, and a thread started from Python always has
+ * frames in its main greenlet, so a frameless main greenlet is the one
+ * running there (two frameless greenlets in one such thread cannot be told
+ * apart: g is taken as the one running). */
 
 static getter base_dead, base_frame, base_parent;
 static inquiry base_bool;
@@ -169,6 +181,24 @@ static PyObject *known_states(PyObject *self, PyObject *const *args, Py_ssize_t 
 static PyMethodDef known_states_def = {"_known_states", (PyCFunction)(void (*)(void))known_states, METH_FASTCALL,
                                        "_known_states(known, current, phases, phase): (turn, running, gone)."};
 
+/* introspect's state names (RUNNING, SUSPENDED, NOT_STARTED, DEAD), indexed by enum state. */
+static PyObject *state_names[ERROR];
+
+/* _state_of(g, current): g's state name, read from current, the calling thread's greenlet. */
+static PyObject *state_of_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2 || !PyObject_TypeCheck(args[0], greenlet_type) || !PyObject_TypeCheck(args[1], greenlet_type))
+        return PyErr_Format(PyExc_TypeError, "_state_of(g: greenlet, current: greenlet)");
+    PyObject *g = Py_NewRef(args[0]), *current_root = root_of(args[1]);   /* g: as in sort_entry */
+    enum state state = current_root ? state_of(g, args[1], current_root) : ERROR;
+    Py_DECREF(g);
+    return state == ERROR ? NULL : Py_NewRef(state_names[state]);
+}
+
+static PyMethodDef state_of_def = {"_state_of", (PyCFunction)(void (*)(void))state_of_one, METH_FASTCALL,
+                                   "_state_of(g, current): RUNNING, SUSPENDED, NOT_STARTED or DEAD."};
+
 /* The base type's getter of attribute name, or NULL. */
 static getter getter_of(PyTypeObject *type, const char *name)
 {
@@ -176,6 +206,20 @@ static getter getter_of(PyTypeObject *type, const char *name)
         if (strcmp(def->name, name) == 0)
             return def->get;
     return NULL;
+}
+
+/* The state names, from namespace's constants: introspect.py is their one source. */
+static int learn_state_names(PyObject *ns)
+{
+    static const char *const names[ERROR] = {[RUNNING] = "RUNNING", [SUSPENDED] = "SUSPENDED",
+                                             [NOT_STARTED] = "NOT_STARTED", [DEAD] = "DEAD"};
+    for (int i = RUNNING; i < ERROR; i++) {
+        PyObject *name = PyDict_GetItemString(ns, names[i]);
+        if (name == NULL || !PyUnicode_Check(name))
+            return -1;
+        Py_XSETREF(state_names[i], Py_NewRef(name));
+    }
+    return 0;
 }
 
 static int learn_accessors(PyTypeObject *type)
@@ -191,8 +235,9 @@ int btc_install_greenlet_objects(uintptr_t namespace, uintptr_t greenlet)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *ns = (PyObject *)namespace;
-    int rc = PyType_Check((PyObject *)greenlet) && learn_accessors((PyTypeObject *)greenlet) == 0 &&
-                     btc_put_builtin(ns, &greenlets_among_def) == 0 && btc_put_builtin(ns, &known_states_def) == 0
+    int rc = PyDict_Check(ns) && PyType_Check((PyObject *)greenlet) && learn_accessors((PyTypeObject *)greenlet) == 0 &&
+                     learn_state_names(ns) == 0 && btc_put_builtin(ns, &greenlets_among_def) == 0 &&
+                     btc_put_builtin(ns, &known_states_def) == 0 && btc_put_builtin(ns, &state_of_def) == 0
                  ? 0 : -1;
     if (rc == 0)
         Py_XSETREF(greenlet_type, (PyTypeObject *)Py_NewRef((PyObject *)greenlet));

@@ -115,11 +115,15 @@ if lib.btc_install_greenlet_objects(id(globals()), id(greenlet.greenlet)) != 0:
 # object (a few ns; no code of the object runs, as isinstance() would ask a
 # proxy for its __class__).
 # _known_states(known, current, phases, phase): the profiler's greenlets
-# (known: key -> (weakref, ...)) by state_of()'s rule, in C: (turn: [(key, g)]
+# (known: key -> (weakref, ...)) by state_of()'s rule: (turn: [(key, g)]
 # suspended in phase (id >> 4 modulo phases), running: [(key, g)], gone: the
 # keys of the dead and the collected).
+# _state_of(g, current): RUNNING, SUSPENDED, NOT_STARTED or DEAD, from
+# greenlet's own state only, read from current (the calling thread's
+# greenlet); the rule and why it is so: greenlet_objects.c.
 _greenlets_among = globals()["_greenlets_among"]
 known_states = globals()["_known_states"]
+state_of = globals()["_state_of"]
 
 
 def live_greenlets(generation: int | None = None) -> list:
@@ -138,38 +142,6 @@ def root_of(g):
     while parent is not None:
         g, parent = parent, _base_parent(parent)
     return g
-
-
-def state_of(g, current) -> str:
-    """RUNNING, SUSPENDED, NOT_STARTED or DEAD, from greenlet's own state only.
-
-    Subclasses may override __bool__ and `dead` (gevent does), so the base
-    type's slots are read.  greenlet 3.x: active = has a stack; dead =
-    started and no longer active; greenlet's own rule calls a greenlet
-    "running in some thread" when it is active without a saved Python frame.
-    That rule is wrong for a greenlet suspended in code that has no Python
-    frames (gevent.spawn(event.wait) parks in Cython), so: in the calling
-    thread only the current greenlet runs; in another thread, one greenlet
-    runs at a time, and a thread started from Python always has frames in
-    its main greenlet, so a frameless main greenlet is the one running there.
-    """
-    if g is current:
-        return RUNNING
-    if base_dead(g):
-        return DEAD
-    if not _base_bool(g):
-        return NOT_STARTED
-    if base_frame(g) is not None:
-        return SUSPENDED
-    root = root_of(g)
-    if root is root_of(current):
-        return SUSPENDED
-    if g is root:
-        return RUNNING
-    # Its thread's main greenlet runs (no saved frame): g is suspended.
-    # Otherwise g is taken as the one running there (two frameless
-    # greenlets in one such thread cannot be told apart).
-    return SUSPENDED if base_frame(root) is None else RUNNING
 
 
 def _spawner_of(g):
