@@ -174,6 +174,11 @@ typedef struct {
 /* The interpreter's threads (GIL held), at most max: how many were written,
  * or -1 if the calling thread has no thread state. */
 int btc_os_threads(btc_os_thread *out, int max);
+/* The CPU time, in ns, the thread of this interpreter whose ident is ident
+ * has used (the kernel's per-thread clock: any instruction it ran since an
+ * earlier read shows); -1 if there is no such thread or the GIL is not
+ * held.  The profiler reuses an idle thread's last stack with it. */
+int64_t btc_thread_cpu_ns(uint64_t ident);
 /* An address inside the stack of the thread whose main greenlet is g (its
  * id): the stack pointer g was last suspended at; 0 if there is none (not a
  * main greenlet, never suspended, dead, greenlet's layout not learned, not
@@ -263,6 +268,9 @@ uintptr_t btc_test_eval_call_address(uintptr_t frame);
 /* Test-only: btc_mem_read() through the stack view [lo, hi) (no spill):
  * 1 and *out set if the aligned 8-byte word at addr may be read, else 0. */
 int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out);
+/* Test-only: btc_main_stack_end(): the end of the main thread's stack if
+ * addr lies in it, else 0. */
+uintptr_t btc_test_main_stack_end(uintptr_t addr);
 
 /* Test-only: btc_unwind() from the exact pc ip and stack pointer sp (fp,
  * aux zero) through the stack view [lo, hi); writes the frames' pcs (at most

@@ -6,6 +6,7 @@
 #include <Python.h>   /* first (signal_capture.h needs it): it sets the feature macros */
 #include <string.h>
 
+#include "capture/context.h"
 #include "capture/cpython/pyframes.h"
 #include "capture/modules.h"
 #include "capture/unwind.h"
@@ -20,6 +21,12 @@ int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out
 {
     btc_memview view = {.lo = lo, .hi = hi};
     return btc_mem_read(&view, addr, out) ? 1 : 0;
+}
+
+uintptr_t btc_test_main_stack_end(uintptr_t addr)
+{
+    uintptr_t hi;
+    return btc_main_stack_end(addr, &hi) ? hi : 0;
 }
 
 int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uintptr_t *pcs, int max)

@@ -6,6 +6,11 @@ product must fail; tests/mutations/run.py checks that they do):
   addresses and addresses below lo are refused;
 * the walker refuses a frame whose CFA lies past the view's end, even when
   the return address itself would be readable;
+* the main thread's stack end is learnt once and given for addresses in
+  that stack only (the kernel's [stack] mapping is the oracle);
+* a thread's CPU clock is the kernel's for that thread (glibc's
+  pthread_getcpuclockid() is the oracle), stays put while the thread
+  sleeps and is refused for a thread that is not the interpreter's;
 * the shared frame cache stays within its bound;
 * a cached Python entry keeps its code object alive (its key holds the code
   object's address) until the cache drops the entry.
@@ -14,6 +19,8 @@ import gc
 import platform
 import subprocess
 import sys
+import threading
+import time
 import weakref
 
 import pytest
@@ -48,6 +55,70 @@ def test_stack_view_reads_exactly_lo_to_hi(view):
     assert read(lo, hi, hi - WORD + 4) is None      # misaligned, straddling hi
     assert read(lo, hi, lo + 4) is None             # misaligned inside
     assert read(lo, hi, lo - WORD) is None          # below lo
+
+
+def _stack_mapping():
+    """[lo, hi) of the kernel's [stack] mapping (the main thread's stack)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.rstrip().endswith("[stack]"):
+                lo, hi = line.split()[0].split("-")
+                return int(lo, 16), int(hi, 16)
+    pytest.skip("no [stack] mapping listed")
+
+
+def test_main_stack_end_is_the_stack_mappings_end_for_its_addresses_only():
+    """Guards btc_main_stack_end: another thread's main greenlet is captured
+    up to the end the kernel gives the main thread's stack, read once."""
+    lo, hi = _stack_mapping()
+    assert lib.btc_test_main_stack_end(hi - WORD) == hi
+    assert lib.btc_test_main_stack_end(hi - 64 * 1024) == hi
+    assert lib.btc_test_main_stack_end(hi) == 0                     # one past its end
+    assert lib.btc_test_main_stack_end(id(object())) == 0          # the heap, below the stack
+    found = []
+    thread = threading.Thread(target=lambda: found.append(lib.btc_test_main_stack_end(
+        int(ffi.cast("uintptr_t", ffi.new("char[8]"))))))   # heap again, from a thread: the cache holds
+    thread.start()
+    thread.join()
+    assert found == [0]
+    assert lib.btc_test_main_stack_end(hi - WORD) == hi
+
+
+def test_thread_cpu_clock_is_the_kernels_and_stands_still_while_the_thread_sleeps():
+    """Guards btc_thread_cpu_ns, on which the profiler reuses an idle
+    thread's last stack: equal to glibc's clock of that thread while it
+    sleeps, moving when it runs, -1 for an ident that is no thread's."""
+    go, went, done = threading.Event(), threading.Event(), threading.Event()
+
+    def worker():
+        go.wait()
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        went.set()
+        done.wait()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        time.sleep(0.05)   # parked in go.wait()
+        clock = time.pthread_getcpuclockid(thread.ident)
+        asleep = lib.btc_thread_cpu_ns(thread.ident)
+        assert asleep == time.clock_gettime_ns(clock) > 0
+        time.sleep(0.02)
+        assert lib.btc_thread_cpu_ns(thread.ident) == asleep
+        go.set()
+        went.wait()
+        time.sleep(0.02)   # parked in done.wait()
+        after = lib.btc_thread_cpu_ns(thread.ident)
+        assert after == time.clock_gettime_ns(clock)
+        assert after - asleep >= 40_000_000   # its 50 ms of CPU
+        assert lib.btc_thread_cpu_ns(threading.get_ident()) > 0
+        assert lib.btc_thread_cpu_ns(12345) == -1
+    finally:
+        go.set()
+        done.set()
+        thread.join()
 
 
 # A function whose CFI says: CFA = sp + 16, return address at CFA - 16 (at

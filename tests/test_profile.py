@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -451,6 +452,53 @@ def test_threads_only_records_running_stacks_only():
     sleeper.kill()
     states = {stack[1] for stack in p.profile.stacks("wall")}
     assert states == {"running"}, states
+
+
+def _wait_in_first(event):
+    event.wait()
+
+
+def _wait_in_second(event):
+    event.wait()
+
+
+def test_an_idle_threads_stack_is_reused_until_it_runs_again(monkeypatch):
+    """A thread that ran nothing since the last tick (its CPU clock stands
+    still) keeps the stack recorded then, without a new capture; once it
+    runs, its new stack is captured: a real thread parks in one function,
+    then in another, and each gets the time it spent there."""
+    from btcore import profile as profile_module
+    captures = []
+    real = profile_module.python_frames_of_thread
+    monkeypatch.setattr(profile_module, "python_frames_of_thread",
+                        lambda ident: captures.append(ident) or real(ident))
+    first, second = threading.Event(), threading.Event()
+
+    def waiter():
+        _wait_in_first(first)
+        _wait_in_second(second)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        time.sleep(0.05)
+        with btcore.profiling(rate=100, threads_only=True) as p:
+            time.sleep(0.4)
+            first.set()
+            time.sleep(0.4)
+    finally:
+        first.set()
+        second.set()
+        thread.join()
+    waited = {}
+    for stack, us in p.profile.stacks("wall", group_by=None).items():
+        for function in ("_wait_in_first", "_wait_in_second"):
+            if any(frame.startswith(f"{function} (") for frame in stack):
+                waited[function] = waited.get(function, 0) + us
+    assert waited.keys() == {"_wait_in_first", "_wait_in_second"}, p.profile.stacks("wall", group_by=None)
+    assert 0.5 <= waited["_wait_in_first"] / waited["_wait_in_second"] <= 2, waited
+    assert p.profile.ticks >= 20
+    assert captures.count(thread.ident) <= p.profile.ticks // 4, (captures.count(thread.ident), p.profile.ticks)
 
 
 @pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: no browser under emulation (the arm64 lane leaves test_html out for the same reason)")

@@ -80,6 +80,28 @@ bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi)
     return find_mapping(addr, lo, hi, &readable);
 }
 
+/* The process's main-thread stack, [main_lo, main_hi): its mapping, learnt
+ * once.  The mapping only grows down (main_lo is where it began when
+ * learnt) and is never unmapped, a fork child's included.  hi is stored
+ * last and read first: a reader that sees it sees lo (a signal handler
+ * may read between the two stores). */
+extern void *__libc_stack_end __attribute__((weak));   /* glibc's: an address in that stack */
+static uintptr_t main_lo, main_hi;
+
+bool btc_main_stack_end(uintptr_t addr, uintptr_t *hi)
+{
+    uintptr_t known_hi = __atomic_load_n(&main_hi, __ATOMIC_ACQUIRE), lo, found_hi;
+    if (!known_hi && &__libc_stack_end && __libc_stack_end &&
+        btc_mapping_bounds((uintptr_t)__libc_stack_end, &lo, &found_hi)) {
+        main_lo = lo;
+        __atomic_store_n(&main_hi, known_hi = found_hi, __ATOMIC_RELEASE);
+    }
+    if (!known_hi || addr < main_lo || addr >= known_hi)
+        return false;
+    *hi = known_hi;
+    return true;
+}
+
 bool btc_mapping_readable(uintptr_t addr, uintptr_t *lo, uintptr_t *hi)
 {
     bool readable;

@@ -64,5 +64,8 @@ bool btc_mapping_bounds(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
 /* The same, only if that mapping is readable; plain read() of
  * /proc/self/maps, so usable where no memory may be allocated. */
 bool btc_mapping_readable(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
+/* The end of the process's main-thread stack, if addr lies in it (learnt
+ * once from /proc/self/maps: that stack never moves).  Async-signal-safe. */
+bool btc_main_stack_end(uintptr_t addr, uintptr_t *hi);
 
 #endif

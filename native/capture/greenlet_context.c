@@ -244,7 +244,11 @@ static bool main_stack_end(uintptr_t start, uintptr_t *hi)
     uintptr_t lo;
     if (btc_thread_stack(&lo, hi) && start >= lo && start < *hi)
         return true;
-    return btc_mapping_bounds(start, &lo, hi);   /* another thread's main greenlet */
+    /* Another thread's main greenlet: the main thread's (its stack's end
+     * learnt once), else that thread's stack mapping, read each time
+     * (/proc/self/maps: ~0.1-0.4 ms; a thread's stack may be unmapped and
+     * another mapped where it was, so nothing else is kept). */
+    return btc_main_stack_end(start, hi) || btc_mapping_bounds(start, &lo, hi);
 }
 
 /* A register slp_switch stored at sp + slot; slot -1: its CFI describes

@@ -11,7 +11,9 @@
  * interpreter's: a thread removes its state, with the GIL, before it ends).
  */
 #include <Python.h>
+#include <limits.h>
 #include <pthread.h>
+#include <time.h>
 
 #include "capture/capture.h"
 
@@ -28,6 +30,20 @@ PyThreadState *btc_thread_state_of(uint64_t ident)
         if ((uint64_t)ts->thread_id == ident)
             return ts;
     return NULL;
+}
+
+int64_t btc_thread_cpu_ns(uint64_t ident)
+{
+    PyThreadState *ts = btc_thread_state_of(ident);
+    if (!ts || ts->native_thread_id == 0 || ts->native_thread_id > INT_MAX)
+        return -1;
+    /* The kernel's CPU clock of one thread (MAKE_THREAD_CPUCLOCK(tid,
+     * CPUCLOCK_SCHED) of linux/posix-timers.h: ~tid << 3 | PERTHREAD 4 |
+     * SCHED 2), refused for a thread outside this process: a tid reused
+     * since reads another of its threads, whose count differs. */
+    clockid_t clock = (clockid_t)(~(unsigned)ts->native_thread_id << 3 | 6u);
+    struct timespec t;
+    return clock_gettime(clock, &t) == 0 ? (int64_t)t.tv_sec * 1000000000 + t.tv_nsec : -1;
 }
 
 int btc_os_threads(btc_os_thread *out, int max)

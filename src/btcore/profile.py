@@ -469,23 +469,37 @@ class Profiler:
             parked = self._parked_states(current, running, (self.profile.ticks - 1) % self._phases)
         previous, self._previous = self._previous, {}
         for ident, found in running.items():
-            bt = python_frames_of_thread(ident)
-            if found and lib.btc_thread_switch_count(ident) != switches[ident]:
-                found, bt, frames[ident] = self._unswitched_sample(ident, current)
-            if bt is None:
-                continue
-            name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
             before = previous.get(ident)
+            cpu = lib.btc_thread_cpu_ns(ident)   # read before its stack: a thread that runs in between is read again
+            if before is not None and cpu >= 0 and cpu == before[2] and before[1] == (found[0] if found else None):
+                sample, key = before[0], before[1]   # it ran no instruction since: the same stack
+            else:
+                sample, key = self._thread_sample(ident, found, frames, current, switches[ident])
+                if sample is None:
+                    continue
             early = before is not None and 0 < waited < self._forced_switch
             if early:
                 self.profile.add(*before[0], RUNNING_STATE, waited)
                 self._counted_more(before[1], waited)
             ran = weight - waited if early else weight
-            if found:
-                self._unlooked_parked(found[0], name, site, self.profile.sampled - ran)
-            self.profile.add(bt, name, site, RUNNING_STATE, ran)
-            self._previous[ident] = ((bt, name, site), found[0] if found else None)
+            if key is not None:
+                self._unlooked_parked(key, sample[1], sample[2], self.profile.sampled - ran)
+            self.profile.add(*sample, RUNNING_STATE, ran)
+            self._previous[ident] = (sample, key, cpu)
         return parked
+
+    def _thread_sample(self, ident, found, frames: dict, current, switches: int) -> tuple:
+        """((stack, name, site), key of the known greenlet it runs or None)
+        of thread ident now, or (None, None) if it has gone.  found: the
+        known greenlet read as running there, (key, greenlet) or None;
+        switches: the thread's switch count before the states were read."""
+        bt = python_frames_of_thread(ident)
+        if found and lib.btc_thread_switch_count(ident) != switches:
+            found, bt, frames[ident] = self._unswitched_sample(ident, current)
+        if bt is None:
+            return None, None
+        name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
+        return (bt, name, site), found[0] if found else None
 
     def _counted_more(self, key, us: int) -> None:
         """us more of greenlet key's time was counted (as running)."""
