@@ -12,6 +12,10 @@
    gunicorn + Flask, one gevent worker (tests/fixtures/deployment.py), the
    client on /io (a patched-socket round trip in a Flask view), the worker
    plain or with btcore.start_profiler(100) started in post_worker_init.
+   Also the worker's CPU time per request (its process_time() across the
+   load, over the requests answered): the client shares the 2 cores, so
+   throughput moves +-5% from round to round while CPU per request shows
+   what the sampler's ticks add to each request.
 2. The sampler's own time per tick (Profile.busy / ticks, the time it holds
    the GIL, mostly; and its CPU time, Profile.busy_cpu) at 10, 100 and
    1,000 parked greenlets, in this process, after a warm-up profile.
@@ -94,7 +98,7 @@ def one():
 started = time.monotonic()
 gevent.joinall([gevent.spawn(one) for _ in range(connections)])
 latencies.sort()
-print(json.dumps({"rps": len(latencies) / (time.monotonic() - started),
+print(json.dumps({"rps": len(latencies) / (time.monotonic() - started), "requests": len(latencies),
                   "p99": latencies[int(len(latencies) * 0.99)]}))
 '''
 
@@ -144,8 +148,10 @@ def gunicorn_round(kind, seconds, connections, folder):
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "fixtures"))
     import deployment
     with deployment.Gunicorn(tempfile.mkdtemp(dir=folder), profile_rate=100 if kind == "btcore" else None) as target:
+        before = json.loads(target.get_ok("/profiler"))["process_cpu"]
         result = client_load(target.port, seconds, connections, "/io")
         result.update(json.loads(target.get_ok("/profiler")))
+    result["cpu_per_request"] = (result["process_cpu"] - before) / result["requests"]
     return result
 
 
@@ -185,6 +191,11 @@ def report(title, results) -> None:
         rps = spread([r["rps"] / b["rps"] for r, b in zip(results[kind], base)])
         p99 = spread([r["p99"] / b["p99"] for r, b in zip(results[kind], base)])
         print(f"   {kind:7s} at 100 Hz: throughput x{rps.text(3)}, p99 x{p99.text(3)}   (target: >= 0.98, <= 1.02)")
+        if "cpu_per_request" in base[0]:
+            cpu = spread([r["cpu_per_request"] / b["cpu_per_request"] for r, b in zip(results[kind], base)])
+            print(f"   {'':7s}            the worker's CPU per request x{cpu.text(3)} (plain: "
+                  f"{statistics.median(r['cpu_per_request'] for r in base) * 1e6:.0f} us; the cost without "
+                  "the load generator's noise, which shares the 2 cores)")
     ticks = results["btcore"]
     per_tick = statistics.median(r["busy"] / max(1, r["ticks"]) for r in ticks)
     cpu_tick = statistics.median(r["cpu"] / max(1, r["ticks"]) for r in ticks)
