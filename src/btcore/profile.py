@@ -104,16 +104,21 @@ class Profile:
     def add(self, bt, name: str, site, state: str, weight: int) -> bool:
         """Count weight (microseconds) for stack bt (a Backtrace, raw) of group
         name in state; True when it made a new key."""
-        key = (bytes(bt._raw), name, site, state)
+        return self.count((bytes(bt._raw), name, site, state), bt._refs, weight)
+
+    def count(self, key: tuple, refs: tuple, weight: int) -> bool:
+        """add() of a key made before: (raw bytes, name group, spawn site or
+        None, state), refs its Backtrace's; a stack counted again and again
+        keeps its key (its bytes' hash is kept with them)."""
         entry = self._counts.get(key)
         if entry is not None:
             entry[0] += weight
         elif len(self._counts) < self.max_stacks:
             # The code objects keep the Python records' ids valid until resolved.
-            self._counts[key] = [weight, bt._refs]
+            self._counts[key] = [weight, refs]
             return True
         else:
-            self._other[state] = self._other.get(state, 0) + weight
+            self._other[key[3]] = self._other.get(key[3], 0) + weight
         return False
 
     @property
@@ -260,12 +265,15 @@ class _Greenlets:
         mine = root_of(sampler_current)
         new_roots = False
         for g in found:
-            entry = self.known.get(id(g))
-            if (entry is None or entry[0]() is not g) and root_of(g) is not mine:
-                self.known[id(g)] = (weakref.ref(g), None, None)
-                self.stacks.pop(id(g), None)
-                self.counted[id(g)] = since
-                new_roots = new_roots or id(root_of(g)) not in self.thread_of_root
+            key, entry = id(g), self.known.get(id(g))
+            if entry is not None and entry[0]() is g:
+                continue
+            root = root_of(g)
+            if root is not mine:
+                self.known[key] = (weakref.ref(g), None, None)
+                self.stacks.pop(key, None)
+                self.counted[key] = since
+                new_roots = new_roots or id(root) not in self.thread_of_root
         if new_roots:
             self._map_threads(sampler_current)
 
@@ -462,7 +470,9 @@ class Profiler:
         frames = sys._current_frames()
         me = current_ident()
         running = {ident: None for ident in frames if ident != me}
-        switches = {ident: lib.btc_thread_switch_count(ident) for ident in running}   # before the states are read
+        # Before the states are read; threads running no known greenlet (found None below) need none.
+        greenlet_threads = set(self._greenlets.thread_of_root.values())
+        switches = {ident: lib.btc_thread_switch_count(ident) for ident in running if ident in greenlet_threads}
         parked = []
         if not self.threads_only:
             self._greenlets.refresh(current, self.profile.sampled - weight)
@@ -474,32 +484,35 @@ class Profiler:
             if before is not None and cpu >= 0 and cpu == before[2] and before[1] == (found[0] if found else None):
                 sample, key = before[0], before[1]   # it ran no instruction since: the same stack
             else:
-                sample, key = self._thread_sample(ident, found, frames, current, switches[ident])
+                sample, key = self._thread_sample(ident, found, frames, current, switches.get(ident))
                 if sample is None:
                     continue
             early = before is not None and 0 < waited < self._forced_switch
             if early:
-                self.profile.add(*before[0], RUNNING_STATE, waited)
+                self.profile.count(*before[0], waited)
                 self._counted_more(before[1], waited)
             ran = weight - waited if early else weight
+            stack, refs = sample
             if key is not None:
-                self._unlooked_parked(key, sample[1], sample[2], self.profile.sampled - ran)
-            self.profile.add(*sample, RUNNING_STATE, ran)
+                self._unlooked_parked(key, stack[1], stack[2], self.profile.sampled - ran)
+            self.profile.count(stack, refs, ran)
             self._previous[ident] = (sample, key, cpu)
         return parked
 
-    def _thread_sample(self, ident, found, frames: dict, current, switches: int) -> tuple:
-        """((stack, name, site), key of the known greenlet it runs or None)
-        of thread ident now, or (None, None) if it has gone.  found: the
-        known greenlet read as running there, (key, greenlet) or None;
-        switches: the thread's switch count before the states were read."""
+    def _thread_sample(self, ident, found, frames: dict, current, switches) -> tuple:
+        """(((raw, name, site, RUNNING_STATE), code refs): the Profile key of
+        its running stack, key of the known greenlet it runs or None) of
+        thread ident now, or (None, None) if it has gone.  found: the known
+        greenlet read as running there, (key, greenlet) or None; switches:
+        the thread's switch count before the states were read (None when it
+        runs no known greenlet)."""
         bt = python_frames_of_thread(ident)
         if found and lib.btc_thread_switch_count(ident) != switches:
             found, bt, frames[ident] = self._unswitched_sample(ident, current)
         if bt is None:
             return None, None
         name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
-        return (bt, name, site), found[0] if found else None
+        return ((bytes(bt._raw), name, site, RUNNING_STATE), bt._refs), found[0] if found else None
 
     def _counted_more(self, key, us: int) -> None:
         """us more of greenlet key's time was counted (as running)."""

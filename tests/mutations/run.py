@@ -810,7 +810,7 @@ MUTATIONS = [
              '        if False:\n            self.profile.add(bt, name, site, PARKED_STATE, pending)',
              'tests/test_profile.py::test_wall_clock_time_of_each_waiting_greenlet_is_where_it_waits',
              'a greenlet seen running loses the time it spent parked since its last look'),
-    Mutation('src/btcore/profile.py', '                self._unlooked_parked(key, sample[1], sample[2], self.profile.sampled - ran)', '                pass',
+    Mutation('src/btcore/profile.py', '                self._unlooked_parked(key, stack[1], stack[2], self.profile.sampled - ran)', '                pass',
              'tests/test_profile.py::test_wall_clock_time_of_each_waiting_greenlet_is_where_it_waits',
              'a greenlet seen running is not marked counted: its next parked look counts its running time again'),
     Mutation('src/btcore/profile.py', ' and cpu == before[2] and before[1] ==', ' and before[1] ==',
