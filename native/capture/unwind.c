@@ -6,8 +6,6 @@
 #include "capture/modules.h"
 #include "capture/unwind.h"
 
-#define BTC_HOT static inline __attribute__((always_inline))
-
 BTC_HOT uintptr_t reg_value(const btc_regs *r, unsigned dwarf_reg, bool *ok)
 {
     switch (dwarf_reg) {

@@ -20,5 +20,8 @@
 #define BTC_UNUSED __attribute__((unused))
 #define BTC_LIKELY(x) __builtin_expect(!!(x), 1)
 #define BTC_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* A per-frame step of a walk, inlined into its caller whatever the
+ * compiler's estimate (its constant arguments then fold away). */
+#define BTC_HOT static inline __attribute__((always_inline))
 
 #endif

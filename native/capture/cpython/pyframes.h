@@ -72,12 +72,12 @@ typedef struct {
 
 /* Where to read frame `frame` and code object `code` of cursor c's chain
  * from (see btc_read_check; without one: in place). */
-static inline const void *btc_py_frame_at(btc_pycursor *c, const void *frame)
+static inline const void *btc_py_frame_at(const btc_pycursor *c, const void *frame)
 {
     return c->check ? c->check->frame(c->check, frame) : frame;
 }
 
-static inline const void *btc_py_code_at(btc_pycursor *c, const void *code)
+static inline const void *btc_py_code_at(const btc_pycursor *c, const void *code)
 {
     return c->check ? c->check->code(c->check, code) : code;
 }
