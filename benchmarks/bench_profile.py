@@ -134,11 +134,14 @@ def run_round(kind, seconds, connections, folder):
     return out
 
 
-def client_load(port, seconds, connections, path) -> dict:
-    """{"rps", "p99"} of CLIENT's keep-alive connections on path for
-    `seconds`, after half a second of warm-up."""
+def client_load(port, seconds, connections, path, warmed=None) -> dict:
+    """{"rps", "requests", "p99"} of CLIENT's keep-alive connections on path
+    for `seconds`, after half a second of warm-up (then warmed() is called,
+    if given)."""
     subprocess.run([sys.executable, "-c", CLIENT, str(port), "0.5", str(connections), path], capture_output=True,
                    timeout=60)
+    if warmed is not None:
+        warmed()
     out = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(seconds), str(connections), path],
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
@@ -148,10 +151,11 @@ def gunicorn_round(kind, seconds, connections, folder):
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "fixtures"))
     import deployment
     with deployment.Gunicorn(tempfile.mkdtemp(dir=folder), profile_rate=100 if kind == "btcore" else None) as target:
-        before = json.loads(target.get_ok("/profiler"))["process_cpu"]
-        result = client_load(target.port, seconds, connections, "/io")
+        before = {}   # the worker's CPU when the measured load starts (the warm-up's is not counted)
+        result = client_load(target.port, seconds, connections, "/io",
+                             lambda: before.update(json.loads(target.get_ok("/profiler"))))
         result.update(json.loads(target.get_ok("/profiler")))
-    result["cpu_per_request"] = (result["process_cpu"] - before) / result["requests"]
+    result["cpu_per_request"] = (result["process_cpu"] - before["process_cpu"]) / result["requests"]
     return result
 
 
