@@ -133,7 +133,9 @@ int btc_remote_set_tasks(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t 
             return n;
         for (uintptr_t i = 0; i < count; i++) {
             uintptr_t key = entries[2 * i], type = key ? type_of(m, key) : 0, task = key;
-            if (!type || (type == T->weakref_type && !btc_rmem_word(m, key + WEAKREF_OBJECT, &task)) ||
+            /* a WeakSet's entries: weak references, or spawn tracking's records (a subclass, spawn.c) */
+            bool ref = type && derives(m, type, (uintptr_t[]){T->weakref_type, 0});
+            if (!type || (ref && !btc_rmem_word(m, key + WEAKREF_OBJECT, &task)) ||
                 !derives(m, type_of(m, task), T->task_types))
                 continue;   /* an empty slot, a dummy, a dead reference, not a task */
             if (n >= max)
