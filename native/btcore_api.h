@@ -143,6 +143,23 @@ int btc_spawn_watch_creation(int on);
 /* The most generations a chain is read to (older ones are dropped, and a
  * live greenlet keeps at most twice as many records alive). */
 int btc_spawn_generations(void);
+/* What a dump from outside (remote/rspawn.c) needs to read this process's
+ * spawn records: where the live list is, the target's own type objects the
+ * records, nodes and sites are checked against, and every field offset.
+ * spawn.c fills the global btc_spawn_exported (found by that symbol in the
+ * target's btcore module) at each btc_spawn_enable(); the reader copies the
+ * target's and trusts nothing in it but the magic, which names this layout
+ * (another btcore's records: not read). */
+#define BTC_SPAWN_EXPORT_MAGIC 0x62746373706e0001ULL   /* "btcspn", layout 1 */
+typedef struct {
+    uint64_t magic;
+    uintptr_t live;             /* the live list's head (a record, never a greenlet's) */
+    uintptr_t record_type, tuple_type, bytearray_type, backtrace_type, true_object, ellipsis;
+    uint32_t record_size, record_object, record_site, record_spawner, record_parent, record_next;
+    uint32_t object_type, var_size, tuple_items, bytearray_start, backtrace_raw, backtrace_truncated;
+    uint32_t generations;       /* links a chain is read to (btc_spawn_generations()) */
+    uint32_t capacity;          /* frames of a whole chain's Backtrace (btc_spawn_capacity()) */
+} btc_spawn_export;
 /* Live records (one per tracked greenlet, and per spawner that was not
  * tracked itself) and interned sites, for tests and benchmarks. */
 void btc_spawn_counts(int64_t *records, int64_t *sites);
@@ -995,6 +1012,38 @@ typedef struct {
 int btc_remote_greenlet_labels(btc_rmem *m, const btc_remote_layout *lay, const btc_remote_objlayout *obj,
                                const btc_remote_label_spec *spec, const uintptr_t *greenlets, int n,
                                btc_remote_label *out);
+/* The spawn chains a target's btcore recorded (remote/rspawn.c): its live
+ * records walked from x (the target's btc_spawn_exported, copied), each
+ * record's chain followed as spawn_chain() follows it, each site read once
+ * (sites are interned: many chains share them).  Every object is checked
+ * against the target's types before its fields are used; the walks are
+ * bounded and stop at a loop. */
+typedef struct {
+    uintptr_t object;        /* the greenlet or task of the record */
+    int32_t first, n;        /* its links in links[], newest generation first */
+    int32_t cut;             /* older generations exist and are not in links */
+} btc_remote_chain;
+typedef struct {
+    int32_t site;            /* its site in sites[] */
+    uintptr_t spawner;       /* the spawner's repr: a str of the target (unchecked) */
+    uintptr_t creator;       /* the spawner, where its record says (unchecked; 0: not known) */
+} btc_remote_link;
+typedef struct {
+    uintptr_t address;       /* the site: a btcore.Backtrace of the target */
+    int32_t first, n;        /* its records in frames[] */
+    int32_t truncated;       /* it holds only its innermost frames, or this copy does */
+    int32_t read;            /* it was read (else n is 0) */
+} btc_remote_site;
+typedef struct {
+    btc_remote_chain *chains;
+    btc_remote_link *links;
+    btc_remote_site *sites;
+    btc_frame *frames;
+    int32_t max_chains, max_links, max_sites, max_frames;
+    int32_t nchains, nlinks, nsites, nframes;   /* written */
+    int32_t more;            /* the live list held more records than max_chains */
+} btc_remote_spawn_out;
+int btc_remote_spawn_chains(btc_rmem *m, const btc_spawn_export *x, btc_remote_spawn_out *out);
 /* The (key, value) entries of a dict's keys object (values: its split
  * values array, or 0), at most most: how many, or -1 (unreadable, more
  * than most, or not a keys object's shape). */

@@ -19,6 +19,7 @@ ci/fuzz.py runs check() coverage-guided (its "remote" target);
 tests/test_hostile_dump.py runs COUNT seeded mutations in a child process.
 """
 import argparse
+import contextlib
 import os
 import random
 import struct
@@ -37,6 +38,12 @@ LAY = ffi.new("btc_remote_layout *")   # the one layout table (native/remote/pyl
 lib.btc_remote_layout_of(0x030B07F0, LAY)
 # The same image walked as a 3.14 target's frames are walked: no entry flag, shims (owner 3 and up), tagged
 # code references, the links greenlet saves in a frame object (here wherever its spare storage would be).
+# Spawn tracking's records (native/remote/rspawn.c): their types, and the layout the target's export describes
+RECORD_TYPE, TUPLE_TYPE, BYTEARRAY_TYPE, BACKTRACE_TYPE = BASE + 0x340, BASE + 0x360, BASE + 0x380, BASE + 0x3a0
+TRUE, ELLIPSIS = BASE + 0x3c0, BASE + 0x3e0
+SPAWN = {"record_size": 56, "record_object": 16, "record_site": 24, "record_spawner": 32, "record_parent": 40,
+         "record_next": 48, "object_type": 8, "var_size": 16, "tuple_items": 24, "bytearray_start": 24,
+         "backtrace_raw": 16, "backtrace_truncated": 24, "generations": 8, "capacity": 64}
 LAY_SHIMS = ffi.new("btc_remote_layout *", LAY[0])
 LAY_SHIMS.frame_is_entry, LAY_SHIMS.shim_owner, LAY_SHIMS.executable_tag_bits = -1, 3, 3
 LAY_SHIMS.frame_object_data, LAY_SHIMS.code_type = 32, CODE_TYPE
@@ -54,6 +61,12 @@ def _sample_code():
 class _Image:
     def __init__(self):
         self.data, self.at = bytearray(SIZE), 0x400
+
+    @classmethod
+    def of(cls, image: bytes):
+        img = cls()
+        img.data[:] = image
+        return img
 
     def new(self, size):
         at, self.at = self.at, (self.at + size + 15) & ~15
@@ -124,7 +137,44 @@ def seed(greenlets=3, depth=2) -> bytes:
         prev = gc_head
     img.put(prev, heads[0])
     img.put(heads[0] + 8, prev)
+    _spawn_records(img, [gc + 16 for gc in _gc_list(img, heads[0])])
     return bytes(img.data)
+
+
+def _gc_list(img, head) -> list:
+    out, at = [], _W.unpack_from(img.data, head - BASE)[0]
+    while at != head:
+        out.append(at)
+        at = _W.unpack_from(img.data, at - BASE)[0]
+    return out
+
+
+def _spawn_records(img, greenlets) -> None:
+    """A live list at SPAWN_HEAD of one record per greenlet: two sites (one truncated), each chain two
+    generations deep (a record, then a tuple copy ending in Ellipsis), as spawn.c keeps them."""
+    sites = []
+    for i, frames in enumerate((3, 2)):
+        raw = img.new(32 + 16 * frames)
+        img.put(raw + 8, BYTEARRAY_TYPE, 16 * frames, raw + 32)
+        for k in range(frames):
+            img.put(raw + 32 + 16 * k, 0x400000 + k, 0)
+        bt = img.new(32)
+        img.put(bt + 8, BACKTRACE_TYPE, raw, TRUE if i else 0)
+        sites.append(bt)
+    spawner = _string(img, "<Greenlet spawner>")
+    older = img.new(48)
+    img.put(older + 8, TUPLE_TYPE, 3, sites[1], spawner, ELLIPSIS)
+    head = SPAWN_HEAD
+    img.put(head + SPAWN["record_next"], head)
+    prev = head
+    for i, g in enumerate(greenlets):
+        r = img.new(SPAWN["record_size"])
+        img.put(r + 8, RECORD_TYPE, g, sites[i % 2], spawner, older, head)
+        img.put(prev + SPAWN["record_next"], r)
+        prev = r
+
+
+SPAWN_HEAD = BASE + 0x80   # the live list's head: a record-sized span between the gc heads and the types
 
 
 def mutate(rng: random.Random, image: bytes) -> bytes:
@@ -151,6 +201,13 @@ def check(image: bytes) -> None:
     """Walk the image as a dump walks a target; assert every result is within its bound."""
     if len(image) < 8:
         return
+    with _memory(image) as memory:
+        _walk(memory)
+
+
+@contextlib.contextmanager
+def _memory(image: bytes):
+    """The image as a target's memory (a core file's segment at BASE)."""
     fd = os.memfd_create("btcore-fuzz-remote")
     keep = os.fdopen(fd, "wb")
     keep.write(image)
@@ -158,9 +215,21 @@ def check(image: bytes) -> None:
     memory = Memory(lib.btc_rmem_open_segments(), [keep])
     try:
         lib.btc_rmem_add_segment(memory.handle, BASE, len(image), fd, 0)
-        _walk(memory)
+        yield memory
     finally:
         memory.close()
+
+
+def read_spawn(image: bytes) -> tuple:
+    """(chains [(object, [(site, spawner)], cut)], sites [(first pcs, truncated, read)]) the image's
+    spawn records give (for a test of the seed's)."""
+    with _memory(image) as memory:
+        out, _ = _spawn_chains(memory)
+        chains = [(c.object, [(link.site, link.spawner) for link in out.links[c.first:c.first + c.n]], bool(c.cut))
+                  for c in out.chains[0:out.nchains]]
+        sites = [([f.addr for f in out.frames[s.first:s.first + s.n]], bool(s.truncated), bool(s.read))
+                 for s in out.sites[0:out.nsites]]
+    return chains, sites
 
 
 def _walk(memory: Memory) -> None:
@@ -195,6 +264,27 @@ def _walk(memory: Memory) -> None:
             assert all(code for code, _ in chain[:-1]), "a cut marker inside a chain"
             _name(names, chain)
     assert names.left > -(bounds.MAX_LINETABLE + 2 * 4 * bounds.MAX_STRING)
+    _spawn_chains(memory)
+
+
+def _spawn_chains(memory: Memory) -> None:
+    """The records of the image read as a dump reads a target's: within the room given, every index in
+    bounds, each chain at most the generations the export says."""
+    x = ffi.new("btc_spawn_export *", dict(SPAWN, magic=lib.BTC_SPAWN_EXPORT_MAGIC, live=SPAWN_HEAD,
+                                             record_type=RECORD_TYPE, tuple_type=TUPLE_TYPE,
+                                             bytearray_type=BYTEARRAY_TYPE, backtrace_type=BACKTRACE_TYPE,
+                                             true_object=TRUE, ellipsis=ELLIPSIS))
+    room = {"chains": 8, "links": 12, "sites": 2, "frames": 8}
+    types = {"chains": "btc_remote_chain", "links": "btc_remote_link", "sites": "btc_remote_site", "frames": "btc_frame"}
+    keep = {part: ffi.new(f"{types[part]}[]", n) for part, n in room.items()}
+    out = ffi.new("btc_remote_spawn_out *", {**keep, **{"max_" + part: n for part, n in room.items()}})
+    assert lib.btc_remote_spawn_chains(memory.handle, x, out) in (0, -1)
+    assert 0 <= out.nchains <= 8 and 0 <= out.nlinks <= 12 and 0 <= out.nsites <= 2 and 0 <= out.nframes <= 8
+    for c in out.chains[0:out.nchains]:
+        assert 0 <= c.n <= SPAWN["generations"] and 0 <= c.first and c.first + c.n <= out.nlinks
+    assert all(0 <= link.site < out.nsites for link in out.links[0:out.nlinks])
+    assert all(0 <= s.first and s.first + s.n <= out.nframes for s in out.sites[0:out.nsites])
+    return out, keep
 
 
 def _name(names: bounds.Names, chain: list) -> None:

@@ -344,6 +344,22 @@ def test_garbage_target_images_through_the_remote_readers():
     assert "3000 images" in done.stdout
 
 
+def test_spawn_records_are_read_as_spawn_c_keeps_them():
+    # guards: native/remote/rspawn.c over a hand-built image of spawn.c's records (tests/fuzz_remote.py's seed:
+    # a record per greenlet, two sites, each chain a record then a tuple copy ending in Ellipsis): every chain's
+    # object, links and cut, each site read once with its frames and its truncation.
+    sys.path.insert(0, HERE)
+    import fuzz_remote
+    image = fuzz_remote.seed()
+    chains, sites = fuzz_remote.read_spawn(image)
+    greenlets = [gc + 16 for gc in fuzz_remote._gc_list(fuzz_remote._Image.of(image), fuzz_remote.BASE)]
+    assert [c[0] for c in chains] == greenlets and len(greenlets) == 3
+    assert sites == [([0x400000, 0x400001, 0x400002], False, True), ([0x400000, 0x400001], True, True)]
+    spawner = {link[1] for c in chains for link in c[1]}
+    assert len(spawner) == 1 and all(c[2] for c in chains)   # cut: older generations were dropped
+    assert [[site for site, _ in c[1]] for c in chains] == [[0, 1], [1, 1], [0, 1]]
+
+
 def test_code_objects_are_read_within_their_bounds_and_the_dumps_budget():
     # guards: bounds.Names over this process's own memory: a code object is read only when its type is the code
     # type, a name past MAX_STRING is refused with a note, and once the dump's name budget is spent codes are

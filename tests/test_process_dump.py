@@ -8,6 +8,7 @@ btcore.collect(g) sees of every suspended greenlet, in-process: the oracle
 the outside view is compared with, frame by frame (native frames by module
 and offset, Python frames by function and line).
 """
+import difflib
 import json
 import os
 import signal
@@ -204,7 +205,9 @@ def test_outside_text_equals_dump_all_inside(target, inside_text):
     inside = suspended_groups(inside_text)
     assert len(inside) >= 5 and sum(count for count, _ in inside) >= 7, inside_text
     assert any("... " in body and "interpreter frame" in body for _, body in inside), "nothing folded inside"
-    assert outside == inside
+    assert outside == inside, "\n".join(difflib.unified_diff(
+        [f"{n} {line}" for n, body in inside for line in body.split("\n")],
+        [f"{n} {line}" for n, body in outside for line in body.split("\n")], "inside", "outside", lineterm=""))
 
 
 def test_outside_html_is_write_htmls_page(target):

@@ -101,6 +101,32 @@ def test_outside_tasks_equal_dump_all_inside(target):
     assert len(expected) == 9 + 2 + 2 + 3 + 8 + len(waited)
 
 
+def spawn_sites(doc) -> dict:
+    """{the names of a stack's members: its spawn sites as (count, creators, Python frames (function, line))}
+    for every stack of a dump's JSON with spawn sites but the main task's (it moved on after the inside view)."""
+    members = {}
+    for g in doc["greenlets"]:
+        members.setdefault(g["stack"], []).append(g["name"])
+    return {tuple(sorted(members[s["id"]])): [(site["count"], sorted((c["name"], c["count"]) for c in site["spawners"]),
+                                               [(f["function"], f["line"]) for f in site["frames"]
+                                                if f["kind"] == "python"]) for site in s["spawn_sites"]]
+            for s in doc["stacks"] if s["id"] in members and s["spawn_sites"]
+            and not any(n.endswith(" (main)") for n in members[s["id"]])}
+
+
+@pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
+def test_outside_spawn_sites_of_tasks_equal_dump_all_inside(target):
+    # guards: spawn chains read from outside (native/remote/rspawn.c, btcore/remote_spawn.py): every group's
+    # spawn sites, their counts, creators and frames over the generations, as dump_all() gave them inside.
+    proc, inside = target
+    expected = spawn_sites(inside)
+    chained = [sites for sites in expected.values() if sites and any(f == "chain" for _, _, frames in sites
+                                                                       for f, _ in frames)]
+    assert chained, "no task spawned by a task inside"
+    assert all(sites for names, sites in expected.items() if any("(leaf)" in n for n in names)), expected
+    assert spawn_sites(json.loads(dump(proc.pid, "--format", "json"))) == expected
+
+
 @pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
 def test_outside_text_groups_and_draws_tasks_as_inside(target):
     proc, _ = target

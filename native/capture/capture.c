@@ -637,6 +637,14 @@ bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c)
            (truncated == Py_True) == c->truncated && memcmp(PyByteArray_AS_STRING(raw), c->frames, size) == 0;
 }
 
+bool btc_backtrace_slots(uintptr_t *type, uint32_t *raw, uint32_t *truncated)
+{
+    *type = (uintptr_t)bt_slots.type;
+    *raw = (uint32_t)bt_slots.raw;
+    *truncated = (uint32_t)bt_slots.truncated;
+    return bt_slots.type != NULL;
+}
+
 bool btc_backtrace_raw_own(uintptr_t bt, uintptr_t *bytes, size_t *size, bool *truncated)
 {
     uintptr_t type, raw, flag;

@@ -60,6 +60,9 @@ bool btc_backtrace_holds(PyObject *bt, const btc_raw_capture *c);
  * address and size) and its truncated flag, read with btc_read_own (a
  * crashed process's heap is not trusted); false if bt is not one. */
 bool btc_backtrace_raw_own(uintptr_t bt, uintptr_t *bytes, size_t *size, bool *truncated);
+/* btcore.Backtrace's type and the offsets of its _raw and truncated slots
+ * (for btc_spawn_exported); false before btc_bind_backtrace(). */
+bool btc_backtrace_slots(uintptr_t *type, uint32_t *raw, uint32_t *truncated);
 
 /* ---- another process's stacks (native/remote/rstacks.c) ---- */
 

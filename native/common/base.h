@@ -18,6 +18,9 @@
 #include "btcore_api.h"
 
 #define BTC_UNUSED __attribute__((unused))
+/* A global read only from another process, found by its name in the symbol
+ * table: kept, and kept under that name, through link-time optimisation. */
+#define BTC_FOUND_BY_NAME __attribute__((used, externally_visible))
 #define BTC_LIKELY(x) __builtin_expect(!!(x), 1)
 #define BTC_UNLIKELY(x) __builtin_expect(!!(x), 0)
 /* A per-frame step of a walk, inlined into its caller whatever the

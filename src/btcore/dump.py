@@ -119,6 +119,8 @@ def _creator_name(ref, spawner: str) -> str:
     creator = ref() if ref is not None else None
     if isinstance(creator, greenlet.greenlet) and not base_dead(creator):
         return name_of(creator)
+    if type(creator) is schema.RemoteGreenlet:   # one of another process's dump (process.py)
+        return creator.name or _shortened(spawner)
     if creator is not None and _pending_task(creator):   # an asyncio task (btcore.tasks)
         return f"{creator.get_name()} ({getattr(creator.get_coro(), '__qualname__', '?')})"
     return _shortened(spawner)

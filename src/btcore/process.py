@@ -13,11 +13,12 @@ import functools
 import json
 import os
 import platform
+import re
 import struct
 import sys
 from dataclasses import dataclass, field
 
-from . import bounds, codec, dump, remote_names, remote_tasks
+from . import bounds, codec, dump, remote_names, remote_spawn, remote_tasks
 from ._native import ffi, lib
 from .backtrace import KIND_NATIVE, RECORD, Backtrace
 from .elf_files import symbol_value
@@ -28,6 +29,7 @@ from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, 
                      greenlet_copies, snapshot_live, vdso_file)
 from .resolve import F_EXACT, file_symbol, native_frames
 from .schema import RemoteGreenlet
+from .spawn import SpawnChain, join_chain
 from .threads import fallback_name
 
 __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "Walker", "dump_process", "process_stacks"]
@@ -58,6 +60,8 @@ class ProcessStack:
     parent: int | None = None       # greenlet: its parent's address, if known
     spawned_by: int | None = None   # greenlet: its live spawner's address, if known
     thread_name: str | None = None  # its thread's name as `threading` knew it (remote_names.py), if it did
+    spawn: tuple | None = None      # greenlet, task: (its SpawnChain, the chain capacity) where the target's
+                                    # btcore tracked spawns (remote_spawn.py); the links' creators by address
 
 
 # ---- walking and merging the copies: collect()'s merge, in C ----
@@ -185,6 +189,12 @@ class RemoteBacktrace(Backtrace):
                      for w in (self._space.python(addr, lasti)[1],) if w), None)
 
 
+def _remote_backtrace(space, raw: bytes, capacity: int, truncated: bool, refs: tuple) -> RemoteBacktrace:
+    bt = _new(RemoteBacktrace)
+    bt._raw, bt._capacity, bt.truncated, bt._space, bt._refs = bytearray(raw), capacity, bool(truncated), space, refs
+    return bt
+
+
 class _Shared:
     """What identical stacks share: their records, references, frames and error."""
 
@@ -268,11 +278,8 @@ class _Merger:
         return bt, shared
 
     def _unnamed(self, raw: bytes, truncated: bool, refs: tuple | None = None) -> RemoteBacktrace:
-        bt = _new(RemoteBacktrace)
-        bt._raw, bt._capacity, bt.truncated, bt._space = bytearray(raw), _CAPACITY, bool(truncated), self.names
-        bt._refs = refs if refs is not None else tuple(addr for addr, _, kind, _, _ in RECORD.iter_unpack(raw)
-                                                       if kind != KIND_NATIVE)
-        return bt
+        return _remote_backtrace(self.names, raw, _CAPACITY, truncated, refs if refs is not None else tuple(
+            addr for addr, _, kind, _, _ in RECORD.iter_unpack(raw) if kind != KIND_NATIVE))
 
     def forget_buffers(self) -> None:
         """Let go of the copies the last merge read (the merger serves another snapshot next)."""
@@ -357,7 +364,11 @@ def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
     for stack, note, st, (bt, shared, cut) in zip(shown, notes, stacks, merger.merge(stacks, len(shown))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
         stack.error = _noted(*note, _UNWALKED if st.unwalked else None, cut, shared.wrong)
-    return shown + remote_tasks.stacks(snap, merger.names, shown)
+    shown += remote_tasks.stacks(snap, merger.names, shown)
+    spawned = remote_spawn.chains(snap, merger)
+    for stack in shown if spawned else ():
+        stack.spawn = spawned.get(stack.address) if stack.kind != "thread" else None
+    return shown
 
 
 class Walker:
@@ -615,8 +626,79 @@ def _infos(snap: Snapshot, stacks: list) -> list:
     known = lambda address: by_address.get(address) or (RemoteGreenlet(address, "greenlet") if address else None)  # noqa: E731
     for info, s in zip(infos, stacks):
         info.parent, info.spawned_by = known(s.parent), known(s.spawned_by)
-    place_in_tree(infos)
-    return infos + remote_tasks.infos(snap, stacks, infos)
+    tasks = remote_tasks.infos(snap, stacks, infos)
+    infos += tasks
+    _spawn_chains(infos, {s.address: s.spawn for s in stacks if s.spawn is not None})
+    awaited = [(task, task.under) for task in tasks if task.under is not None]
+    place_in_tree(infos)   # under its spawner, else its parent, as inside
+    for task, awaiter in awaited:   # a task awaited: under its first awaiter (tasks.place_tasks)
+        task.under = awaiter
+    return infos
+
+
+class _Creator:
+    """What a spawn chain's link holds of its creator (spawn_chain()'s weak reference): the creator's
+    entry in this dump, or None when it has ended."""
+
+    __slots__ = ("greenlet",)
+
+    def __init__(self, g):
+        self.greenlet = g
+
+    def __call__(self):
+        return self.greenlet
+
+
+def _spawn_chains(infos: list, spawn: dict) -> None:
+    """Give each entry its spawn chain (remote_spawn.py) with its creators as this dump's entries, and the
+    chain's sites joined (each distinct chain once: greenlets spawned alike share theirs)."""
+    if not spawn:
+        return
+    entry = {info.greenlet.address: info.greenlet for info in infos}
+    for info in infos:
+        info.greenlet.name = info.name
+    creators, joined = {}, {}
+    for info in infos:
+        chain, capacity = spawn.get(info.greenlet.address, (None, 0))
+        if chain is None:
+            continue
+        done = joined.get(id(chain))
+        if done is None:
+            links = tuple((site, spawner, _creator(creators, entry, creator, spawner))
+                          for site, spawner, creator in chain.links)
+            theirs = SpawnChain(links, chain.cut)
+            space = links[0][0]._space if links else None   # the dump's names, as its sites'
+            done = joined[id(chain)] = theirs, join_chain(_remote_backtrace(space, b"", capacity, False, ()), theirs)
+        info.spawn_chain, info.spawn_backtrace = done
+        creator = done[0].links[0][2] if done[0].links else None
+        if info.spawned_by is None and creator is not None:   # gevent's own link first, as inside (_spawner_of)
+            info.spawned_by = creator.greenlet
+
+
+def _creator(creators: dict, entry: dict, address: int, spawner: str):
+    """The link's reference to its creator at address (0: none kept), one per creator."""
+    if not address:
+        return None
+    made = creators.get(address)
+    if made is None:
+        made = creators[address] = _Creator(entry.get(address) or _running_main(address, spawner))
+    return made
+
+
+# greenlet's repr of a main greenlet: "<greenlet.greenlet object at 0x... (otid=0x...) current active started main>"
+_MAIN_REPR = re.compile(r"<([\w.]+) object at 0x([0-9a-f]+) \(otid=0x[0-9a-f]+\)(?: \w+)* main>")
+
+
+def _running_main(address: int, spawner: str):
+    """A creator that is no entry of the dump but lives: the greenlet a thread runs, which the dump names by
+    its thread.  When its repr (taken as it spawned) says it is that thread's main greenlet, the entry it has
+    inside (dump_all names it by type and address); else None: it is named by that repr."""
+    match = _MAIN_REPR.fullmatch(spawner)
+    if match is None or int(match.group(2), 16) != address:
+        return None
+    g = RemoteGreenlet(address, match.group(1))
+    g.name = remote_names.plain_label(address, True, match.group(1))
+    return g
 
 
 def _token_text(bt) -> str:

@@ -35,3 +35,5 @@ PYFRAME = record_struct("btc_remote_pyframe")       # code, lasti, entry
 GREENLET = record_struct("btc_remote_greenlet")
 LABEL = record_struct("btc_remote_label")
 TASK = record_struct("btc_remote_task")
+SPAWN_CHAIN = record_struct("btc_remote_chain")   # object, first, n, cut
+SPAWN_LINK = record_struct("btc_remote_link")     # site, spawner, creator

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import greenlet
 
-from . import bounds, debug_offsets, greenlet_offsets, remote_tasks
+from . import bounds, debug_offsets, greenlet_offsets, remote_spawn, remote_tasks
 from ._native import ffi, lib
 from .codec import file_build_id
 from .elf_files import symbol_value
@@ -537,6 +537,7 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
             greenlets.append(_copy_greenlets(target, interp, room))
     if not threads_only:
         remote_tasks.gather(target, threads, room)
+        remote_spawn.gather(target, room)
     return threads, greenlets
 
 

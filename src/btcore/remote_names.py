@@ -110,7 +110,7 @@ class Labels:
         if self._spec is None or lib.btc_remote_greenlet_labels(
                 self._m.handle, self._snap.layout, self._lay, self._spec,
                 ffi.new("uintptr_t[]", [g.address for g in greenlets]), len(greenlets), out) < 0:
-            return [RemoteLabel(shown(_plain(g.address, g.main, g.type_name))) for g in greenlets]
+            return [RemoteLabel(shown(plain_label(g.address, g.main, g.type_name))) for g in greenlets]
         shared, labels = {}, []   # greenlets parked alike have the same record: they share all but the address
         for g, record in zip(greenlets, LABEL.iter_unpack(ffi.buffer(out, LABEL.size * len(greenlets)))):
             key = (record, g.main, g.type_name, None if g.main or record[_GEVENT] else _outer_codes(g.pyframes))
@@ -130,19 +130,19 @@ class Labels:
         address -> their RemoteLabel.  codes: a plain greenlet's outermost (code, the code it called)."""
         type_name = self._type_name(tp) or "?" if read else type_name
         if main:
-            return lambda address: RemoteLabel(shown(_plain(address, main, type_name)))
+            return lambda address: RemoteLabel(shown(plain_label(address, main, type_name)))
         parent = parent if parent and self._is_greenlet(parent) else None
         if not gevent:
             function = self._outermost(*codes)
             suffix = f" ({function})" if function else ""
-            return lambda address: RemoteLabel(shown(_plain(address, main, type_name) + suffix), function, parent)
+            return lambda address: RemoteLabel(shown(plain_label(address, main, type_name) + suffix), function, parent)
         function = self._c_string(function) if function_is_cstring else self._string(function)
         suffix = f" ({function})" if function else ""
         spawner = spawner if spawner and self._is_greenlet(spawner) else None
         named = self._string(name) or (f"Greenlet-{ident}" if ident >= 0 else None)
         if named:
             return RemoteLabel(shown(named + suffix), function, parent, spawner)
-        return lambda address: RemoteLabel(shown(_plain(address, main, type_name) + suffix), function, parent, spawner)
+        return lambda address: RemoteLabel(shown(plain_label(address, main, type_name) + suffix), function, parent, spawner)
 
     # ---- the target's objects, each read checked ----
 
@@ -352,7 +352,7 @@ class Labels:
         return self._string(self._m.word(code + self._lay.code_name)) if not self._names.code(code).error else None
 
 
-def _plain(address: int, main: bool, type_name: str) -> str:
+def plain_label(address: int, main: bool, type_name: str) -> str:
     return f"<{type_name} at 0x{address:x}{' main' if main else ''}>"
 
 

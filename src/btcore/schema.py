@@ -18,10 +18,11 @@ class RemoteGreenlet:
     """A greenlet of another process, as its document names it: by its
     address there and its type's name (tp_name)."""
 
-    __slots__ = ("address", "type_name")
+    __slots__ = ("address", "type_name", "name")
 
     def __init__(self, address: int, type_name: str):
         self.address, self.type_name = address, type_name
+        self.name = None   # the dump's name of it, once named (a spawn chain's creator: dump.py)
 
 
 def greenlet_id(g) -> int | None:

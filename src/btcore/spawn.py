@@ -186,8 +186,12 @@ def chain_backtrace(chain: SpawnChain, capacity: int | None = None) -> Backtrace
     generation bound is reached (the oldest generation's header says so),
     or when a site recorded only its innermost SITE_FRAMES (its header says so)."""
     capacity = lib.btc_spawn_capacity() if capacity is None else check_capacity(capacity)
-    bt = Backtrace(capacity)
-    links = chain.links
+    return join_chain(Backtrace(capacity), chain)
+
+
+def join_chain(bt: Backtrace, chain: SpawnChain) -> Backtrace:
+    """chain's sites appended to the empty bt (chain_backtrace(); an outside dump's RemoteBacktrace)."""
+    capacity, links = bt._capacity, chain.links
     for i, (site, spawner, _) in enumerate(links):
         if len(bt) == capacity:
             bt.truncated = True   # older generations dropped

@@ -1035,6 +1035,30 @@ MUTATIONS = [
              "            self._shown[obj] = text",
              "tests/test_remote_tasks.py::test_absurd_names_are_bounded_and_escaped",
              "a task's name from the target is printed as it is: unbounded, its control characters raw"),
+    Mutation("native/remote/rtasks.c", "bool ref = type && derives(m, type, (uintptr_t[]){T->weakref_type, 0});",
+             "bool ref = type == T->weakref_type;",
+             "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
+             "3.11 with spawn tracking on: asyncio's WeakSet holds tracking's records (a weakref subclass), which "
+             "are taken for tasks: most tasks are not listed from outside"),
+    # spawn chains from outside (native/remote/rspawn.c, btcore/remote_spawn.py, process.py)
+    Mutation("native/remote/rspawn.c", "    c->cut = node || n == x->ellipsis;", "    c->cut = node;",
+             "tests/test_hostile_dump.py::test_spawn_records_are_read_as_spawn_c_keeps_them",
+             "a chain whose older generations were dropped (a tuple copy ending in Ellipsis) is not marked cut"),
+    Mutation("native/remote/rspawn.c", "        c->object = field(r, x->record_object);",
+             "        c->object = at;",
+             "tests/test_process_dump.py::test_outside_text_equals_dump_all_inside",
+             "each chain is filed under its record, not its greenlet: no spawn site is shown from outside"),
+    Mutation("native/remote/rspawn.c", "    s->truncated = flag == x->true_object;", "    s->truncated = 0;",
+             "tests/test_hostile_dump.py::test_spawn_records_are_read_as_spawn_c_keeps_them",
+             "a site that kept only its innermost frames is not marked so"),
+    Mutation("src/btcore/process.py", "        if info.spawned_by is None and creator is not None:",
+             "        if False:",
+             "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
+             "tasks (and greenlets not gevent's) are not drawn under the task or greenlet that created them"),
+    Mutation("src/btcore/process.py", "        made = creators[address] = _Creator(entry.get(address) or _running_main(address, spawner))",
+             "        made = creators[address] = _Creator(entry.get(address))",
+             "tests/test_process_dump.py::test_outside_text_equals_dump_all_inside",
+             "a creator running as its thread's main greenlet is named by its repr, not as dump_all names it"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
