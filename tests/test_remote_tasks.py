@@ -107,9 +107,9 @@ def spawn_sites(doc) -> dict:
     members = {}
     for g in doc["greenlets"]:
         members.setdefault(g["stack"], []).append(g["name"])
-    return {tuple(sorted(members[s["id"]])): [(site["count"], sorted((c["name"], c["count"]) for c in site["spawners"]),
-                                               [(f["function"], f["line"]) for f in site["frames"]
-                                                if f["kind"] == "python"]) for site in s["spawn_sites"]]
+    return {tuple(sorted(members[s["id"]])): sorted(   # (sites of equal counts come in the order their members do)
+        (site["count"], sorted((c["name"], c["count"]) for c in site["spawners"]),
+         [(f["function"], f["line"]) for f in site["frames"] if f["kind"] == "python"]) for site in s["spawn_sites"])
             for s in doc["stacks"] if s["id"] in members and s["spawn_sites"]
             and not any(n.endswith(" (main)") for n in members[s["id"]])}
 
