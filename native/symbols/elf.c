@@ -176,7 +176,6 @@ static bool read_section(const btc_elf *e, const Elf64_Shdr *s, btc_bytes *out)
 
 static struct {
     pthread_once_t once;
-    int (*init)(z_streamp, const char *, int);
     int (*init_raw)(z_streamp, int, const char *, int);
     int (*inflate)(z_streamp, int);
     int (*end)(z_streamp);
@@ -194,15 +193,14 @@ static void resolve_zlib(void)
     zlib.init_raw = (int (*)(z_streamp, int, const char *, int))dlsym(h, "inflateInit2_");
     zlib.prime = (int (*)(z_streamp, int, int))dlsym(h, "inflatePrime");
     zlib.set_dictionary = (int (*)(z_streamp, const Bytef *, uInt))dlsym(h, "inflateSetDictionary");
-    zlib.init = (int (*)(z_streamp, const char *, int))dlsym(h, "inflateInit_");
-    if (!zlib.inflate || !zlib.end || !zlib.init_raw || !zlib.prime || !zlib.set_dictionary)
-        zlib.init = NULL;
+    if (!zlib.inflate || !zlib.end || !zlib.prime || !zlib.set_dictionary)
+        zlib.init_raw = NULL;
 }
 
 static bool load_zlib(void)
 {
     pthread_once(&zlib.once, resolve_zlib);
-    return zlib.init != NULL;
+    return zlib.init_raw != NULL;
 }
 
 /* ---- random access into a compressed section ----
@@ -216,6 +214,7 @@ static bool load_zlib(void)
  * held whole again. */
 
 #define ZWINDOW 32768
+#define ZLIB_HEADER 2   /* a zlib stream's header: its deflate data starts after it */
 #define ZINDEX_SPAN ((uint64_t)256 << 10)
 
 typedef struct {
@@ -236,36 +235,48 @@ static bool add_point(btc_zindex *ix, const z_stream *z, const uint8_t *out)
         return false;
     ix->points = grown;
     zpoint *p = &grown[ix->n++];
-    p->in = z->total_in;
+    p->in = ZLIB_HEADER + z->total_in;
     p->out = z->total_out;
-    p->bits = z->data_type & 7;
+    p->bits = z->total_out ? z->data_type & 7 : 0;   /* (at the start, data_type is not set yet) */
     size_t have = p->out < ZWINDOW ? (size_t)p->out : ZWINDOW;
     memset(p->window, 0, ZWINDOW - have);
     memcpy(p->window + ZWINDOW - have, out + p->out - have, have);
     return true;
 }
 
+/* A zlib stream's 2-byte header: deflate, no preset dictionary, its check bits right. */
+static bool zlib_header(const uint8_t *in, size_t in_size)
+{
+    return in_size >= 2 && (in[0] & 0x0f) == Z_DEFLATED && (in[0] >> 4) <= 7 && !(in[1] & 0x20) &&
+           ((unsigned)in[0] << 8 | in[1]) % 31 == 0;
+}
+
+
 /* Inflate a zlib stream into exactly out_size bytes; with ix, record its
- * access points on the way. */
+ * access points on the way.  Its deflate data is inflated raw, past the
+ * header: the trailing Adler-32 is not computed (~15% of the inflate of a
+ * debug file's .debug_info; what is inflated is parsed with bounds anyway),
+ * and the points' offsets count from the stream's start, header included,
+ * as inflate_from() reads them. */
 static bool inflate_exact(const uint8_t *in, size_t in_size, uint8_t *out, size_t out_size, btc_zindex *ix)
 {
-    if (in_size > UINT32_MAX || out_size > UINT32_MAX || !load_zlib())
+    if (in_size > UINT32_MAX || out_size > UINT32_MAX || !load_zlib() || !zlib_header(in, in_size))
         return false;
     z_stream z;
     memset(&z, 0, sizeof z);
-    z.next_in = (Bytef *)in;
-    z.avail_in = (uInt)in_size;
+    z.next_in = (Bytef *)in + ZLIB_HEADER;
+    z.avail_in = (uInt)(in_size - ZLIB_HEADER);
     z.next_out = out;
     z.avail_out = (uInt)out_size;
-    if (zlib.init(&z, ZLIB_VERSION, (int)sizeof z) != Z_OK)
+    if (zlib.init_raw(&z, -15, ZLIB_VERSION, (int)sizeof z) != Z_OK)
         return false;
     int rc = Z_OK;
-    bool ok = true;
+    bool ok = !ix || add_point(ix, &z, out);   /* the start: raw inflate stops at no boundary before a block's end */
     uint64_t last = 0;
     while (rc == Z_OK && ok) {
         rc = zlib.inflate(&z, ix ? Z_BLOCK : Z_FINISH);
         bool block_boundary = (z.data_type & 128) && !(z.data_type & 64);
-        if (ix && rc == Z_OK && block_boundary && (ix->n == 0 || z.total_out - last >= ZINDEX_SPAN)) {
+        if (ix && rc == Z_OK && block_boundary && z.total_out - last >= ZINDEX_SPAN) {
             ok = add_point(ix, &z, out);
             last = z.total_out;
         }
