@@ -34,6 +34,8 @@ Usage: python benchmarks/bench_dump_process.py [--greenlets N ...] [--rounds R]
 --chroot/--python: the target runs on another interpreter in a chroot (as
 root; the sid chroot of ci/sid-matrix.sh, PATH a venv there with gevent):
 a target on CPython 3.13-3.15, read through its _Py_DebugOffsets.
+--spawn-tracking: the target enables btcore's spawn tracking before it parks
+its greenlets (its btcore is the installed one, or the chroot venv's).
 --before SITE: another build of btcore (pip install --target SITE), measured
 in the same rounds: a "before" row under each "after" row (the installed
 build).  Also "api cpu": the dumper's CPU time for a whole API dump.
@@ -54,6 +56,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = """
 import sys, gevent
 sys.path.insert(0, {here!r})
+if {track}:   # --spawn-tracking: every greenlet has a spawn record, which the dump reads and shows
+    import btcore
+    btcore.enable_spawn_tracking()
 from parked import park
 park({n})
 open({ready!r}, "w").close()
@@ -61,19 +66,19 @@ gevent.sleep(3600)
 """
 
 
-def start_target(n, chroot=None, python=None):
+def start_target(n, chroot=None, python=None, track=False):
     """(the target process, a folder to remove after it or None)."""
     inside = None
     if chroot is None:
         ready = tempfile.mktemp(prefix="btcore-bench-ready-")
-        proc = subprocess.Popen([sys.executable, "-c", TARGET.format(here=HERE, n=n, ready=ready)])
+        proc = subprocess.Popen([sys.executable, "-c", TARGET.format(here=HERE, n=n, ready=ready, track=track)])
     else:   # parked.py and the ready file inside the chroot, named as the target sees them
         inside = tempfile.mkdtemp(prefix="btcore-bench-", dir=os.path.join(chroot, "tmp"))
         shutil.copy(os.path.join(HERE, "parked.py"), inside)
         here = "/tmp/" + os.path.basename(inside)
         ready = os.path.join(inside, "ready")
         proc = subprocess.Popen(["chroot", chroot, python, "-c",
-                                 TARGET.format(here=here, n=n, ready=here + "/ready")])
+                                 TARGET.format(here=here, n=n, ready=here + "/ready", track=track)])
     while not os.path.exists(ready):
         if proc.poll() is not None:
             raise SystemExit("the target exited")
@@ -115,9 +120,9 @@ def cli(site):
     return (["env", f"PYTHONPATH={site}"] if site else []) + [sys.executable, "-m", "btcore"]
 
 
-def measure(n, rounds, chroot=None, python=None, before=None):
+def measure(n, rounds, chroot=None, python=None, before=None, track=False):
     builds = {"after": []} | ({"before": [before]} if before else {})
-    proc, folder = start_target(n, chroot, python)
+    proc, folder = start_target(n, chroot, python, track)
     try:
         measured = dumps(proc.pid, builds, rounds)
         commands = {f"btcore cli {name}": cli(site[0] if site else None) + ["dump", str(proc.pid)]
@@ -144,6 +149,8 @@ def main():
     parser.add_argument("--chroot", help="run the target in this chroot (with --python)")
     parser.add_argument("--python", help="the target's interpreter, as the chroot names it")
     parser.add_argument("--before", help="another build of btcore (a pip --target directory) to compare with")
+    parser.add_argument("--spawn-tracking", action="store_true",
+                        help="the target tracks spawns: the dump also reads and shows every greenlet's spawn chain")
     args = parser.parse_args()
     if bool(args.chroot) != bool(args.python):
         parser.error("--chroot and --python go together")
@@ -151,7 +158,7 @@ def main():
           f"{'API cpu s':>18} {'btcore cli s':>18} {'py-spy s':>18} {'cli/py-spy':>16} {'pystack s':>18} "
           f"{'cli/pystack':>16}")
     for n in args.greenlets:
-        measured, processes = measure(n, args.rounds, args.chroot, args.python, args.before)
+        measured, processes = measure(n, args.rounds, args.chroot, args.python, args.before, args.spawn_tracking)
         for name, runs in measured.items():
             stopped, cpu, whole, whole_cpu, counted = zip(*runs)
             mine = processes[f"btcore cli {name}"]

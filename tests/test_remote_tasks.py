@@ -142,8 +142,8 @@ def test_outside_text_groups_and_draws_tasks_as_inside(target):
 @pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
 @pytest.mark.skipif(conftest.UNDER_ASAN, reason="gcore writes ASan's reserved shadow and heap: a 71 GB core")
 def test_tasks_of_a_core_file_equal_the_live_ones(target, tmp_path):
-    # guards: a core file of an asyncio program (gdb's gcore) lists its tasks, their states, await chains and
-    # who awaits whom as dump_all() did inside the living process, and draws the same tree.
+    # guards: a core file of an asyncio program (gdb's gcore) lists its tasks, their states, await chains, who
+    # awaits whom and where each was spawned as dump_all() did inside the living process, and draws the same tree.
     if not shutil.which("gcore"):
         pytest.skip("gcore (gdb) is not installed")
     proc, inside = target
@@ -151,7 +151,9 @@ def test_tasks_of_a_core_file_equal_the_live_ones(target, tmp_path):
     subprocess.run(["gcore", "-o", str(tmp_path / "core"), str(proc.pid)], check=True, capture_output=True,
                    timeout=WAIT, env=env)
     core = str(tmp_path / f"core.{proc.pid}")
-    assert parked_tasks(json.loads(dump(None, "--core", core, "--format", "json"))) == parked_tasks(inside)
+    doc = json.loads(dump(None, "--core", core, "--format", "json"))
+    assert parked_tasks(doc) == parked_tasks(inside)
+    assert spawn_sites(doc) == spawn_sites(inside)   # the spawn records, read from the core as from the process
     text = dump(None, "--core", core)
     assert " tasks in 1 thread," in text.splitlines()[0] and "  awaited by chain-1 (chain):" in text
     assert "`- chain-0 (chain)  suspended" in text[text.index("=== thread "):]

@@ -25,8 +25,8 @@ from .elf_files import symbol_value
 from .frame import NATIVE, PYTHON, Frame
 from .introspect import place_in_tree
 from .records import PYFRAME
-from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Snapshot, Target, gather,
-                     greenlet_copies, snapshot_live, vdso_file)
+from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Room, Snapshot, Target, gather,
+                     greenlet_copies, snapshot_live, spawn_chains, vdso_file)
 from .resolve import F_EXACT, file_symbol, native_frames
 from .schema import RemoteGreenlet
 from .spawn import SpawnChain, join_chain
@@ -495,6 +495,7 @@ def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, e
     pid = next(iter(regs_of), 0)
     target = Target(pid, memory, [m for m in mappings if m.path] + [m for m in mappings if not m.path], notes)
     threads, greenlets = gather(target, regs_of, threads_only)
+    spawn_chains(target, Room(), threads_only)
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,
                     target.greenlet_code, target.layout, 0.0, notes, types=target.types)
 

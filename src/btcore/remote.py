@@ -552,8 +552,16 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
             greenlets.append(_copy_greenlets(target, interp, room))
     if not threads_only:
         remote_tasks.gather(target, threads, room)
-        remote_spawn.gather(target, room)
+        if room.rehearsal:   # the chunks of the spawn records: the stop reads them, spawn_chains() its copies
+            remote_spawn.gather(target, room)
     return threads, greenlets
+
+
+def spawn_chains(target: Target, room, threads_only: bool) -> None:
+    """Read the target's spawn records once it runs again, from the chunks the stop read (their state at
+    the stop: the rehearsal read them, so the stop's first reads took them again); a core's, from the core."""
+    if not threads_only:
+        remote_spawn.gather(target, room)
 
 
 def _copy_thread(target: Target, tid: int, regs) -> ThreadCopy:
@@ -873,6 +881,7 @@ def stop_and_copy(target: Target, chunks, room: Room, threads_only: bool, timeou
             stopped_for, stopped_cpu = time.perf_counter() - began, time.thread_time() - began_cpu
             stopped_reads = memory.syscalls() - began_reads
     room.finish()
+    spawn_chains(target, room, threads_only)
     if exited(pid):
         target.notes.append("the process exited during the dump: what was read before is shown")
     return Snapshot(pid, threads, greenlet_copies(target, greenlets), target.modules, memory,

@@ -3,8 +3,9 @@ process was created, and by whom, read from the records of the target's own
 btcore when spawn tracking was on there (native/remote/rspawn.c).
 
 The target's btcore describes its records itself (btc_spawn_exported, found
-by that symbol in its _native module); the stop reads every live record's
-chain and each distinct site once, and the dump names them afterwards: the
+by that symbol in its _native module); every live record's chain and each
+distinct site are read once, as the stop left them (from the chunks it
+read, which the rehearsal's read of them named), and named afterwards: the
 sites are RemoteBacktraces (the frames the target recorded, named through
 the dump's names), the chains btcore.SpawnChain, as spawn_chain() gives them
 inside, so dump.py groups and prints them as dump_all() does.
@@ -55,7 +56,8 @@ def _export_address(target) -> int:
 
 
 def gather(target, room) -> None:
-    """Read the target's spawn chains while it is stopped (nothing when its btcore never tracked spawns)."""
+    """Read the target's spawn chains for chains() (nothing when its btcore never tracked spawns): after a
+    stop, from the chunks it read (remote.spawn_chains()); in a rehearsal, only to learn those chunks."""
     at = _export_address(target)
     raw = target.memory.read(at, _EXPORT_SIZE) if at else None
     if not raw:
@@ -70,7 +72,11 @@ def gather(target, room) -> None:
         _gathered[target.memory] = _Copied(None, None, 0, "the target's btcore keeps its spawn records in "
                                                           "another layout (another version): spawn sites not shown")
         return
-    _gathered[target.memory] = _read(target, room, export)
+    copied = _read(target, room, export)
+    if room.rehearsal:   # read for the chunks it touches: the stop reads them again, chains() what was read after it
+        _gathered.pop(target.memory, None)
+    else:
+        _gathered[target.memory] = copied
 
 
 def _read(target, room, export) -> _Copied:

@@ -1059,6 +1059,13 @@ MUTATIONS = [
              "        made = creators[address] = _Creator(entry.get(address))",
              "tests/test_process_dump.py::test_outside_text_equals_dump_all_inside",
              "a creator running as its thread's main greenlet is named by its repr, not as dump_all names it"),
+    Mutation("src/btcore/remote.py", "    room.finish()\n    spawn_chains(target, room, threads_only)\n",
+             "    room.finish()\n",
+             "tests/test_process_dump.py::test_outside_text_equals_dump_all_inside",
+             "a live target's spawn records are not read after its stop: no spawn site is shown"),
+    Mutation("src/btcore/process.py", "    spawn_chains(target, Room(), threads_only)\n", "",
+             "tests/test_remote_tasks.py::test_tasks_of_a_core_file_equal_the_live_ones",
+             "a core file's spawn records are not read: no spawn site is shown"),
 ]
 
 BUILD_HERE = False   # set by main(): can_build_here()
