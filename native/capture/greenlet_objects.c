@@ -190,9 +190,8 @@ static PyObject *state_of_one(PyObject *self, PyObject *const *args, Py_ssize_t 
     (void)self;
     if (nargs != 2 || !PyObject_TypeCheck(args[0], greenlet_type) || !PyObject_TypeCheck(args[1], greenlet_type))
         return PyErr_Format(PyExc_TypeError, "_state_of(g: greenlet, current: greenlet)");
-    PyObject *g = Py_NewRef(args[0]), *current_root = root_of(args[1]);   /* g: as in sort_entry */
-    enum state state = current_root ? state_of(g, args[1], current_root) : ERROR;
-    Py_DECREF(g);
+    PyObject *current_root = root_of(args[1]);   /* (the caller holds g for the call: no getter frees it) */
+    enum state state = current_root ? state_of(args[0], args[1], current_root) : ERROR;
     return state == ERROR ? NULL : Py_NewRef(state_names[state]);
 }
 
