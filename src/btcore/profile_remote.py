@@ -72,7 +72,7 @@ class ProcessProfiler:
         self.pid, self.timeout, self._interval = pid, timeout, 1.0 / rate
         self.target = open_live(pid)
         try:
-            self._chunks, self._room = rehearse(self.target, False)
+            self._chunks, self._room = rehearse(self.target, False, spawns=False)   # (groups by site: not from outside)
             self._room.alternate()   # an unchanged greenlet's saved stack is copied from the previous sample's
             self._walker = None
             self._native = native

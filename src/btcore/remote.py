@@ -445,8 +445,9 @@ class Room:
     buffers but copies no greenlet's saved stack (read past the cache, a
     rehearsal learns nothing from them)."""
 
-    def __init__(self, rehearsal: bool = False):
+    def __init__(self, rehearsal: bool = False, spawns: bool = True):
         self.rehearsal = rehearsal
+        self.spawns = spawns  # the target's spawn chains are read (a dump); a profiler's samples do without
         self._buffers = {}
         self.walked = 0       # objects of the gc lists the last gathering walked
         self.turn = None      # alternate(): which of the two sets of greenlet buffers the stop fills
@@ -552,7 +553,7 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
             greenlets.append(_copy_greenlets(target, interp, room))
     if not threads_only:
         remote_tasks.gather(target, threads, room)
-        if room.rehearsal:   # the chunks of the spawn records: the stop reads them, spawn_chains() its copies
+        if room.rehearsal and room.spawns:   # the spawn records' chunks: the stop reads them, spawn_chains() its copies
             remote_spawn.gather(target, room)
     return threads, greenlets
 
@@ -560,7 +561,7 @@ def gather(target: Target, regs_of: dict, threads_only: bool, room: Room | None 
 def spawn_chains(target: Target, room, threads_only: bool) -> None:
     """Read the target's spawn records once it runs again, from the chunks the stop read (their state at
     the stop: the rehearsal read them, so the stop's first reads took them again); a core's, from the core."""
-    if not threads_only:
+    if not threads_only and room.spawns:
         remote_spawn.gather(target, room)
 
 
@@ -734,16 +735,17 @@ def _tids(pid: int) -> list:
         raise DumpError(f"no process {pid}") from None
 
 
-def rehearse(target: Target, threads_only: bool):
+def rehearse(target: Target, threads_only: bool, spawns: bool = True):
     """(The chunks of memory the stop will read, the Room it copies into),
     learned by gathering once while the target runs; the stop reads those
     chunks again first, in a few syscalls, then mostly walks its own
     copies.  Lists walked while they change may lead anywhere: every read
     is bounded, and a chunk read for nothing costs a copy, not a wrong dump
-    (the stop walks them all again)."""
+    (the stop walks them all again).  spawns: the target's spawn records are
+    read too (a dump); a profiler's samples do without them."""
     if not threads_only and target.greenlet_type:
         learn_greenlets(target)
-    room = Room(rehearsal=True)
+    room = Room(rehearsal=True, spawns=spawns)
     gather(target, {tid: "not stopped (rehearsal)" for tid in _tids(target.pid)}, threads_only, room)
     chunks = target.memory.chunks()
     target.memory.forget()
