@@ -228,6 +228,16 @@ def test_a_code_pointer_past_the_address_space_is_noted(chain_so, clean, tmp_pat
     assert any("not a code object" in n or "no code object" in n for n in notes), notes
 
 
+@pytest.mark.parametrize("value", ["self", "0"])
+def test_a_heap_copy_over_its_own_state_or_missing_is_noted_as_inconsistent(value, chain_so, clean, tmp_path):
+    # guards: StackState.stack_copy = the state's own object (readable: its bytes decode to whatever they
+    # decode to, at times a stack with no note, CI's ASan lane at stop 36) or 0 with a saved part: greenlet
+    # never writes either, so the dump says the state is inconsistent (rpython.c's inconsistent()).
+    _, doc = run_case(tmp_path, {"healthy": HEALTHY, "corrupt": [["state.copy", value]]}, chain_so, clean)
+    notes = greenlet_errors(doc)
+    assert notes and all("not one greenlet writes" in n for n in notes), notes
+
+
 def test_a_self_linked_frame_chain_is_cut_with_a_note(chain_so, clean, tmp_path):
     # guards: frame.previous = the frame itself: the walker stops at the loop (Brent's watch in rpython.c), with
     # 3.11's table and walking as for 3.12+, and says so.
@@ -358,6 +368,43 @@ def test_spawn_records_are_read_as_spawn_c_keeps_them():
     spawner = {link[1] for c in chains for link in c[1]}
     assert len(spawner) == 1 and all(c[2] for c in chains)   # cut: older generations were dropped
     assert [[site for site, _ in c[1]] for c in chains] == [[0, 1], [1, 1], [0, 1]]
+
+
+CORRUPT_SPAWN_CAPACITY = """
+import ctypes, os, sys, time
+import gevent
+from elftools.elf.elffile import ELFFile
+import btcore
+from btcore import _native
+btcore.enable_spawn_tracking()
+parked = [gevent.spawn(gevent.sleep, 600) for _ in range(3)]
+gevent.sleep(0.01)
+path = os.path.realpath(_native.__file__)
+with open(path, "rb") as f:   # pyelftools finds the hidden global, /proc/self/maps where the module lies
+    value = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name("btc_spawn_exported")[0]["st_value"]
+base = min(int(line.split("-")[0], 16) for line in open("/proc/self/maps") if line.rstrip().endswith(path))
+ctypes.c_uint32.from_address(base + value + _native.ffi.offsetof("btc_spawn_export", "capacity")).value = \
+    int(sys.argv[1])
+open(sys.argv[2], "w").write("ready")
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("capacity", [0, 65537, 2**32 - 1])
+def test_a_spawn_export_claiming_a_capacity_out_of_bounds_is_refused_with_a_note(capacity, tmp_path):
+    # guards: remote_spawn.gather reads the target's btc_spawn_exported and trusts only its magic: a chain
+    # capacity outside btcore's bounds (none shown, or joined to no bound) shows no spawn site and says why.
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", CORRUPT_SPAWN_CAPACITY, str(capacity), str(ready)])
+    try:
+        conftest.wait_until_ready(proc, ready, WAIT)
+        doc, _ = dump(proc.pid)
+        assert any(f"claim chains of {capacity} frames" in note for note in doc["notes"]), doc["notes"]
+        assert not any(stack["spawn_sites"] for stack in doc["stacks"])
+        assert sum(g["state"] == "suspended" for g in doc["greenlets"]) >= 3   # the dump itself is whole
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
 
 
 def test_code_objects_are_read_within_their_bounds_and_the_dumps_budget():

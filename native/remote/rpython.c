@@ -336,16 +336,26 @@ static bool suspended(const btc_remote_greenlet *g)
     return g->frame || g->saved > 0;
 }
 
+/* Does the heap copy of g's saved stack overlap [lo, hi)? */
+static bool copy_overlaps(const btc_remote_greenlet *g, uintptr_t lo, uintptr_t hi)
+{
+    return g->saved > 0 && g->copy < hi && (g->copy >= lo || lo - g->copy < (uintptr_t)g->saved);
+}
+
 /* A started greenlet's state that greenlet never writes: its stack not
  * below its stop, larger than any thread's, more of it saved than it has,
- * a misaligned frame object or heap copy (a corrupt target: kept, marked,
- * so the dump says so). */
-static bool inconsistent(const btc_remote_greenlet *g)
+ * a saved part without a heap copy (or a copy without one), a misaligned
+ * frame object or heap copy, or a copy lying over the greenlet's own object
+ * or the state just read of it (greenlet allocates the copy apart from both)
+ * (a corrupt target: kept, marked, so the dump says so). */
+static bool inconsistent(const btc_remote_greenlet *g, uintptr_t pimpl, size_t pimpl_read, size_t object_read)
 {
     bool main = g->stop == MAIN_STACK_STOP;
     uintptr_t room = main ? (uintptr_t)BTC_REMOTE_MAX_GREENLET_STACK : g->stop - g->start;
     return g->start > 1 && (g->start >= g->stop || room > BTC_REMOTE_MAX_GREENLET_STACK || g->saved < 0 ||
-                            (uintptr_t)g->saved > room || (g->frame & 7) || (g->copy & 7));
+                            (uintptr_t)g->saved > room || (g->saved == 0) != (g->copy == 0) || (g->frame & 7) ||
+                            (g->copy & 7) || copy_overlaps(g, pimpl, pimpl + pimpl_read) ||
+                            copy_overlaps(g, g->address, g->address + object_read));
 }
 
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
@@ -378,7 +388,8 @@ int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, c
         o->stop = state[1];
         o->copy = state[2];
         o->saved = (intptr_t)state[3];
-        if (inconsistent(o)) {
+        if (inconsistent(o, pimpl, (state_off > frame_off ? state_off : frame_off) + sizeof state,
+                         pimpl_off + sizeof pimpl)) {
             o->bad = BTC_REMOTE_BAD_INCONSISTENT;
             o->saved = 0;
             o->frame = 0;

@@ -17,7 +17,7 @@ import weakref
 
 from ._native import ffi, lib
 from .elf_files import symbol_value
-from .backtrace import RECORD
+from .backtrace import MAX_CAPACITY, RECORD
 from .records import SPAWN_CHAIN as _CHAIN, SPAWN_LINK as _LINK
 from .spawn import SpawnChain
 
@@ -71,6 +71,11 @@ def gather(target, room) -> None:
     if export.magic != lib.BTC_SPAWN_EXPORT_MAGIC:
         _gathered[target.memory] = _Copied(None, None, 0, "the target's btcore keeps its spawn records in "
                                                           "another layout (another version): spawn sites not shown")
+        return
+    if not 1 <= export.capacity <= MAX_CAPACITY:   # a corrupt export: its chains would be joined to no bound
+        _gathered[target.memory] = _Copied(None, None, 0, f"the target's spawn records claim chains of "
+                                                          f"{export.capacity} frames (btcore's hold 1 to "
+                                                          f"{MAX_CAPACITY}): spawn sites not shown")
         return
     copied = _read(target, room, export)
     if room.rehearsal:   # read for the chunks it touches: the stop reads them again, chains() what was read after it

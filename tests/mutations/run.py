@@ -120,6 +120,18 @@ MUTATIONS = [
     Mutation("native/remote/rpython.c", "if ((at & 7) || loops(&watch, at) || is_head(", "if ((at & 7) || is_head(",
              "tests/test_hostile_dump.py::test_corrupt_thread_states_and_gc_lists_leave_a_dump[self]",
              "a gc list that loops (a self-linked object) is walked 50 million times and not noted"),
+    Mutation("src/btcore/remote_spawn.py", "    if not 1 <= export.capacity <= MAX_CAPACITY:", "    if False:",
+             "tests/test_hostile_dump.py::test_a_spawn_export_claiming_a_capacity_out_of_bounds_is_refused_with_a_note",
+             "a corrupt target's spawn export joins its chains to whatever capacity it claims (0: empty sites), "
+             "with no note"),
+    Mutation("native/remote/rpython.c", "(g->copy & 7) || copy_overlaps(g, pimpl, pimpl + pimpl_read) ||",
+             "(g->copy & 7) ||",
+             "tests/test_hostile_dump.py::test_a_heap_copy_over_its_own_state_or_missing_is_noted_as_inconsistent[self]",
+             "a greenlet whose heap copy points at its own state is walked over that state's bytes, shown as "
+             "whatever they decode to (at times with no note: CI's ASan lane, stop 36)"),
+    Mutation("native/remote/rpython.c", "(g->saved == 0) != (g->copy == 0) ||", "",
+             "tests/test_hostile_dump.py::test_a_heap_copy_over_its_own_state_or_missing_is_noted_as_inconsistent[0]",
+             "a greenlet with a saved part but no heap copy is listed as suspended with its stack read from address 0"),
     Mutation("native/remote/rpython.c", "end < g->start || end > hi[last] ||", "end < g->start ||",
              "tests/test_hostile_dump.py::test_saved_stacks_are_copied_only_on_one_stack_and_within_the_budget",
              "a corrupt greenlet's saved stack is copied at whatever size it claims, off any stack of the target"),
