@@ -303,6 +303,11 @@ int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uint
  * stepped as one).
  * out: {ip, sp, fp, aux, cfa} after the plain step. */
 int btc_test_plain_step(const btc_cfi_row *row, const uintptr_t *regs, uintptr_t lo, uintptr_t hi, uintptr_t *out);
+/* Test-only: the walker's row cache (unwind.c).  The set pc lies in; and
+ * how many of pcs[0..n), looked up in turn as a walk looks them up, were not
+ * in the cache. */
+int btc_test_row_cache_set(uintptr_t pc);
+int btc_test_row_cache_misses(const uintptr_t *pcs, int n);
 
 /* Build a CFI table from `data` as if it were a module's .eh_frame (no
  * .eh_frame_hdr, readable range = the buffer) and check the table's

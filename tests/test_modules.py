@@ -186,3 +186,35 @@ def test_modules_generation_changes_with_dlopen_and_dlclose(libraries):
     _ctypes.dlclose(handle._handle)
     btcore.collect()
     assert before != loaded != modules_generation()
+
+
+def interpreter_functions():
+    """The interpreter's function addresses (libpython's, or a static interpreter's own), from pyelftools on its
+    file, biased by where /proc/self/maps has it loaded."""
+    import os
+    import sys
+    from elftools.elf.elffile import ELFFile
+    with open("/proc/self/maps") as f:
+        maps = [line.split() for line in f]
+    path = next((p[5] for p in maps if len(p) > 5 and "libpython" in p[5]), os.path.realpath(sys.executable))
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        first = min(seg["p_vaddr"] for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD") & ~0xfff
+        bias = min(int(p[0].split("-")[0], 16) for p in maps if len(p) > 5 and p[5] == path) - first
+        symbols = elf.get_section_by_name(".dynsym").iter_symbols()
+        return sorted({bias + s["st_value"] for s in symbols if s["st_info"]["type"] == "STT_FUNC" and s["st_value"]})
+
+
+def test_the_row_cache_keeps_two_call_sites_that_share_a_set():
+    # guards: unwind.c's row cache is two-way: two pcs of one stack in one set are both kept (direct-mapped,
+    # each missed at every walk: Debian's python3.14, 243 against 203 ns a capture); a third evicts the older
+    # of the two.  pcs: the interpreter's functions, their sets as the cache computes them.
+    by_set = {}
+    for pc in interpreter_functions():
+        by_set.setdefault(lib.btc_test_row_cache_set(pc + 1), []).append(pc + 1)
+    a, b, c = next(pcs for pcs in by_set.values() if len(pcs) >= 3)[:3]
+    lib.btc_test_row_cache_misses([a, b], 2)
+    assert lib.btc_test_row_cache_misses([a, b, a, b], 4) == 0, "two pcs of one set evicted each other"
+    assert lib.btc_test_row_cache_misses([c], 1) == 1
+    assert lib.btc_test_row_cache_misses([c, b], 2) == 0, "a miss evicted the newer pc of the set"
+    assert lib.btc_test_row_cache_misses([a], 1) == 1, "a set held three pcs"

@@ -300,6 +300,12 @@ MUTATIONS = [
              "interrupted is not taken at its exact pc",
              "aarch64's own mutation (no PAC stripping) is killed only under qemu's max CPU: "
              "tests/test_arch.py in ci/arm64.sh, verified by hand (docs/platforms.md)"),
+    Mutation("native/capture/unwind.c", "        set[1] = set[0];\n", "",
+             "tests/test_modules.py::test_the_row_cache_keeps_two_call_sites_that_share_a_set",
+             "the row cache is direct-mapped again: two call sites of one stack in one set miss at every walk"),
+    Mutation("native/capture/unwind.c", "    return set[0].pc == pc ? &set[0] : &set[1];", "    return &set[0];",
+             "tests/test_modules.py::test_the_row_cache_keeps_two_call_sites_that_share_a_set",
+             "the row cache's second way is never looked in: what a miss moved there is lost"),
     Mutation("native/capture/unwind.c", "    row_cache_clear();\n    row_cache_generation", "    row_cache_generation",
              "tests/test_modules.py",
              "the walker's row cache is not emptied when the module list changes"),
