@@ -455,8 +455,8 @@ def _plain_modules(chain):
 
 def test_plain_rows_step_as_the_interpreter(chain):
     """Every row of libpython, libc, greenlet and the chain fixture that the
-    walker precompiles to its plain form (CFA = sp + K, the return address
-    and every saved register in the frame) steps one frame exactly as the
+    walker precompiles to its plain form (CFA = sp + K or fp + K, the return
+    address and every saved register in the frame) steps one frame exactly as the
     rule interpreter does with that row (step()), and as the row says (read
     here from a stack whose every word is distinct); the rows it does not
     precompile are left to the interpreter.  The rows themselves equal
@@ -467,15 +467,17 @@ def test_plain_rows_step_as_the_interpreter(chain):
     hi = lo + PLAIN_STACK_WORDS * 8
     for i in range(PLAIN_STACK_WORDS):
         stack[i] = (lo + 8 * i) ^ 0x5A5A0000
-    regs = ffi.new("uintptr_t[4]", [0x1111, lo, 0xF0F0F0F0, 0xB0B0B0B0])
+    regs = ffi.new("uintptr_t[4]", [0x1111, lo, lo + 0x1000, 0xB0B0B0B0])   # fp: a frame base on the stack
     out = ffi.new("uintptr_t[5]")
     word = lambda addr: stack[(addr - lo) // 8]
+    fp_based = {}
     for name, pc in _plain_modules(chain).items():
         bias = ffi.new("uintptr_t *")
         n = lib.btc_cfi_rows(pc, ffi.NULL, 0, bias)
         rows = ffi.new("btc_cfi_row[]", n)
         assert lib.btc_cfi_rows(pc, rows, n, bias) == n
         counts = {-1: 0, 0: 0, 1: 0, 2: 0}
+        from_fp = []
         for i in range(n):
             row = rows[i]
             if row.cfa_kind == CFA_NONE:
@@ -483,8 +485,10 @@ def test_plain_rows_step_as_the_interpreter(chain):
             got = lib.btc_test_plain_step(rows + i, regs, lo, hi, out)
             counts[got] += 1
             assert got != 0, (name, hex(row.pc))
+            if got == 1 and row.cfa_reg == FP:
+                from_fp.append(i)
             if got == 1:
-                cfa = lo + row.cfa_off
+                cfa = (regs[2] if row.cfa_reg == FP else lo) + row.cfa_off
                 expect = [word(cfa + row.ra_off), cfa,
                           word(cfa + row.fp_off) if row.fp_rule == RULE_AT_CFA else regs[2],
                           word(cfa + row.aux_off) if row.aux_rule == RULE_AT_CFA else regs[3], cfa]
@@ -492,9 +496,18 @@ def test_plain_rows_step_as_the_interpreter(chain):
                     expect[3] = expect[0]   # the caller's lr: the return address
                 assert list(out) == expect, (name, hex(row.pc))
         # Many rows take the plain form (the fast path is a common case: 57-60%
-        # here, 27% of Debian's static python3.15), and the others exist (the
+        # here, 74% of Debian's static python3.15, whose rows are mostly from fp:
+        # 27% before those were plain), and the others exist (the
         # interpreter is still exercised).
         # On aarch64 none may: Debian's arm64 binaries sign their return
         # addresses, and a signed row is never plain (its RA needs stripping).
         assert counts[1] > (0.1 * n if ARCH == "x86_64" else -1), (name, counts)
         assert counts[-1] > 0 and counts[2] == 0, (name, counts)
+        fp_based[name] = len(from_fp)
+        # fp far below sp, just below it (the CFA above sp, the slots saved below fp under it), misaligned,
+        # just below the view's end (the CFA past it), at it, wrapping
+        for fp in (lo - 64, lo - 8, lo + 0x1004, hi - 8, hi, (1 << 64) - 8):
+            hostile = ffi.new("uintptr_t[4]", [0x1111, lo, fp, 0xB0B0B0B0])
+            for i in from_fp:   # a frame from such an fp is never stepped as a plain one
+                assert lib.btc_test_plain_step(rows + i, hostile, lo, hi, out) == 2, (name, hex(rows[i].pc), hex(fp))
+    assert sum(fp_based.values()) > 0, fp_based   # rows from fp: in libc, and throughout a 3.14+ interpreter

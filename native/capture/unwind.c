@@ -113,43 +113,61 @@ BTC_HOT bool read_signal_frame(const btc_cfi_row *row, const btc_memview *m, btc
 }
 
 /* A row in the form the walk steps without the rule interpreter: nearly
- * every row of compiled code says CFA = sp + K, the return address saved at
- * CFA + off, fp and aux unchanged or saved at CFA + off.  Kept only when
- * every slot lies 8-aligned inside the frame, [CFA - K, CFA - 8]: then one
- * test of the frame against the view (step_plain) bounds all its reads. */
+ * every row of compiled code says CFA = sp + K, or CFA = fp + K in code
+ * built with frame pointers (Debian's python3.15: ~20 ns a frame through the
+ * interpreter), the return address saved at CFA + off, fp and aux unchanged
+ * or saved at CFA + off.  Kept only when every slot lies 8-aligned below
+ * the CFA, within the frame [CFA - K, CFA - 8] when from sp (within a span
+ * of PLAIN_FP_SPAN from fp, whose frame reaches below it: the registers a
+ * function saves after setting fp up): then one test of the frame against
+ * the view (step_plain) bounds all its reads. */
 typedef struct {
-    uint64_t size;             /* CFA = sp + size: > 0, a multiple of 8; PLAIN_NEVER: no plain form */
+    uint64_t size;             /* CFA = sp + size (> 0, a multiple of 8), or fp + the size PLAIN_FROM_FP tags;
+                                  PLAIN_NEVER: no plain form */
     int16_t ra_word;           /* return address at CFA + 8 * ra_word (< 0) */
     int16_t fp_word, aux_word; /* 0: unchanged, else saved at CFA + 8 * word */
+    uint16_t span;             /* bytes from the lowest slot to the CFA (8 * the largest -word) */
 } plain_rule;
 
-/* The size of a row with no plain form: larger than any view (region_at
- * refuses a view reaching it), so its frame never fits and the one bound
- * test of a plain step also tells the plain rows from the others. */
+/* The size of a row with no plain form, and the tag of a size from fp:
+ * both larger than any view (region_at refuses a view reaching the tag), so
+ * sp + size never fits and the one bound test of a plain step from sp also
+ * tells the rows from sp from the others (from fp: fp_frame(); none). */
 #define PLAIN_NEVER ((uint64_t)1 << 62)
+#define PLAIN_FROM_FP ((uint64_t)1 << 60)
+#define PLAIN_FP_SPAN 4096
 
-/* off, a slot inside the frame, in words from the CFA (-1 the highest). */
-static bool slot_in_frame(int32_t cfa_off, int off, int16_t *word)
+/* off, a slot within limit bytes below the CFA, in words from it (-1 the
+ * highest); span grows to reach it. */
+static bool slot_below_cfa(int32_t limit, int off, int16_t *word, uint16_t *span)
 {
     *word = (int16_t)(off / 8);
-    return off < 0 && -off <= cfa_off && (off & 7) == 0;
+    if (!(off < 0 && -off <= limit && (off & 7) == 0))
+        return false;
+    if (-off > *span)
+        *span = (uint16_t)-off;
+    return true;
 }
 
-static bool saved_or_same(uint8_t rule, int16_t off, int32_t cfa_off, int16_t *word)
+static bool saved_or_same(uint8_t rule, int16_t off, int32_t limit, int16_t *word, uint16_t *span)
 {
     *word = 0;
-    return rule == BTC_RULE_SAME || (rule == BTC_RULE_AT_CFA && slot_in_frame(cfa_off, off, word));
+    return rule == BTC_RULE_SAME || (rule == BTC_RULE_AT_CFA && slot_below_cfa(limit, off, word, span));
 }
 
 /* The plain form of row, if it has one (else p->size is PLAIN_NEVER). */
 static bool plain_form(const btc_cfi_row *row, plain_rule *p)
 {
-    bool plain = row->cfa_kind == BTC_CFA_REG && row->cfa_reg == BTC_DWARF_SP && row->flags == 0 &&
+    bool from_fp = row->cfa_reg == BTC_DWARF_FP;
+    p->span = 0;
+    int32_t limit = from_fp ? PLAIN_FP_SPAN : row->cfa_off;
+    bool plain = row->cfa_kind == BTC_CFA_REG && (row->cfa_reg == BTC_DWARF_SP || from_fp) &&
+                 row->flags == 0 &&
                  row->cfa_off > 0 && (row->cfa_off & 7) == 0 && row->ra_rule == BTC_RULE_AT_CFA &&
-                 slot_in_frame(row->cfa_off, row->ra_off, &p->ra_word) &&
-                 saved_or_same(row->fp_rule, row->fp_off, row->cfa_off, &p->fp_word) &&
-                 saved_or_same(row->aux_rule, row->aux_off, row->cfa_off, &p->aux_word);
-    p->size = plain ? (uint64_t)row->cfa_off : PLAIN_NEVER;
+                 slot_below_cfa(limit, row->ra_off, &p->ra_word, &p->span) &&
+                 saved_or_same(row->fp_rule, row->fp_off, limit, &p->fp_word, &p->span) &&
+                 saved_or_same(row->aux_rule, row->aux_off, limit, &p->aux_word, &p->span);
+    p->size = !plain ? PLAIN_NEVER : (uint64_t)row->cfa_off | (from_fp ? PLAIN_FROM_FP : 0);
     return plain;
 }
 
@@ -167,7 +185,7 @@ typedef struct {
  * of 8, so these tests hold for every later frame of the region. */
 BTC_HOT bool region_at(const btc_memview *m, uintptr_t sp, plain_region *g)
 {
-    if ((sp & 7) || sp < m->lo || sp >= m->hi || m->hi >= PLAIN_NEVER)
+    if ((sp & 7) || sp < m->lo || sp >= m->hi || m->hi >= PLAIN_FROM_FP)
         return false;
     if (sp < m->spill_lo)
         *g = (plain_region){.hi = m->spill_lo < m->hi ? m->spill_lo : m->hi};
@@ -179,14 +197,29 @@ BTC_HOT bool region_at(const btc_memview *m, uintptr_t sp, plain_region *g)
     return true;
 }
 
+/* The CFA of a plain frame from fp (p's size tagged PLAIN_FROM_FP), if it
+ * fits in g: fp aligned and below g's end (so the CFA cannot wrap: g ends
+ * below PLAIN_FROM_FP), the CFA at most g's end, and the lowest slot at or
+ * above sp (so in g, and the CFA above sp, as step() requires); else 0. */
+static inline uintptr_t fp_frame(const plain_rule *p, const plain_region *g, const btc_regs *r)
+{
+    if ((p->size & (PLAIN_FROM_FP | PLAIN_NEVER)) != PLAIN_FROM_FP)
+        return 0;
+    uintptr_t cfa = r->fp + (p->size - PLAIN_FROM_FP);
+    return r->fp < g->hi && !(r->fp & 7) && cfa <= g->hi && cfa >= r->sp + p->span ? cfa : 0;
+}
+
 /* step() for a plain rule whose frame fits in g: the same answer, with no
  * rule to interpret and no read to check (the return address is never in
  * a register here: its rule is AT_CFA, so no leaf case; no signal frame).
- * False, r unchanged, if the frame does not fit (or p has no plain form). */
+ * False, r unchanged, if the frame does not fit (or p has no plain form).
+ * A frame from sp fits when CFA = sp + size <= g's end (its slots lie in
+ * [sp, CFA)): one add and one test; a frame from fp, whose tagged size
+ * fails that test, is tried second. */
 BTC_HOT bool step_plain(const plain_rule *p, const plain_region *g, btc_regs *r)
 {
     uintptr_t cfa = r->sp + p->size;
-    if (cfa > g->hi)
+    if (BTC_UNLIKELY(cfa > g->hi) && !(cfa = fp_frame(p, g, r)))
         return false;
     const uintptr_t *at = (const uintptr_t *)(cfa + g->delta);
     uintptr_t ip = at[p->ra_word];
