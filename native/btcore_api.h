@@ -294,7 +294,7 @@ uintptr_t btc_test_main_stack_end(uintptr_t addr);
  * max, <= 16) and returns how many. */
 int btc_test_unwind(uintptr_t ip, uintptr_t sp, uintptr_t lo, uintptr_t hi, uintptr_t *pcs, int max);
 
-/* Test-only: the walker's plain form of row (unwind.c: CFA = sp + K, every
+/* Test-only: the walker's plain form of row (unwind.c: CFA = sp + K or fp + K, every
  * saved register in the frame) stepped against its rule interpreter, from
  * regs {ip, sp, fp, aux} through the stack view [lo, hi): -1 if row has no
  * plain form (and the plain step refuses it), 2 if its frame cannot be read
