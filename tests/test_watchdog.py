@@ -310,7 +310,11 @@ def test_gevent_event_loop_blocked_report_has_native_frames(stuck_so):
         import threading
         import gevent
         btcore.gevent_blocking_reports()
-        monitor = gevent.get_hub().start_periodic_monitoring_thread()
+        # The hub's first run starts its own monitor thread (Hub.run), which the test takes.  Started by hand
+        # before the hub ran, the monitor kills itself at its first wake-up (`if not hub: self.kill()`: a
+        # greenlet not started is false) when this thread has not switched to the hub by then (ASan, ci18).
+        gevent.sleep(0)
+        monitor = gevent.get_hub().periodic_monitoring_thread
         shown, show = threading.Event(), monitor._show_blocking_report
 
         def shown_then_set(*args):
