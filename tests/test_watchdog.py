@@ -329,7 +329,6 @@ def test_gevent_event_loop_blocked_report_has_native_frames(stuck_so):
             while not shown.is_set():
                 released.stuck_sleep(0.05)
 
-        gevent.sleep(0.3)              # the monitor thread starts
         gevent.spawn(stuck_until_reported).join()
         os.write(2, b"RETURNED\n")
     """, stuck_so, env={"GEVENT_MONITOR_THREAD_ENABLE": "1", "GEVENT_MAX_BLOCKING_TIME": "0.2"})
@@ -461,3 +460,46 @@ def test_a_repeat_after_a_partial_report_shows_the_whole_stack(stuck_so, first_p
     python = [line for line in lines if " in nested" in line]
     assert len(python) == 4 and any("btc_signal_sample" in line for line in lines[1:]), err
     assert not any(line.startswith("  (partial: ") for line in lines), err
+
+
+UNREADABLE_CODE = r"""
+    import ctypes
+    from btcore._native import ffi, lib
+    libc = ctypes.CDLL(None)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                               ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    gone = libc.mmap(None, 4096, 3, 0x22, -1, 0)   # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+    assert libc.munmap(ctypes.c_void_p(gone), 4096) == 0   # an address of nothing
+
+    def sampled():
+        return 1
+
+    code = sampled.__code__
+    lay = ffi.new("btc_remote_layout *")
+    if lib.btc_remote_layout_compiled(lay) != 0:   # 3.11: its known table
+        assert lib.btc_remote_layout_of(sys.hexversion, lay) == 0
+    # A copy of the code object whose file name points at nothing: a corrupt or half-freed object.
+    copy = ctypes.create_string_buffer(ctypes.string_at(id(code), lay.code_adaptive + 64))
+    ctypes.c_void_p.from_buffer(copy, lay.code_filename).value = gone
+    lasti = next(start for start, end, line in code.co_lines() if line == code.co_firstlineno + 1)
+    sample = ffi.new("btc_sigsample *")
+    sample.n = 3
+    for frame, addr in zip(sample.frames, (id(code), gone, ctypes.addressof(copy))):
+        frame.kind, frame.addr, frame.lasti = lib.BTC_KIND_PYTHON, addr, lasti
+    buf = ffi.new("char[]", 4096)
+    n = lib.btc_sigsample_format(sample, buf, len(buf))
+    print(ffi.string(buf, n).decode(), end="", file=sys.stderr)
+    print("LINE", code.co_firstlineno + 1, file=sys.stderr)
+"""
+
+
+def test_a_sample_names_code_objects_it_cannot_read_without_reading_them(stuck_so):
+    """Guards report.c add_python: a sample is formatted without the GIL while its thread runs on, so a code
+    object may be gone or half-freed by then (ASan once saw a use after free in ci30): every part of it is read
+    from a copy, an address of nothing is a note, a string pointing at nothing a "?", the line still decoded."""
+    err = run_child(UNREADABLE_CODE, stuck_so)
+    lines = err.splitlines()
+    line = lines[-1].split()[-1]
+    assert lines[0] == f'  File "<string>", line {line}, in sampled', err   # the oracle: co_lines()
+    assert lines[1].startswith("  (a Python frame whose code object is gone: 0x"), err
+    assert lines[2] == f'  File "?", line {line}, in sampled', err

@@ -3,11 +3,10 @@
  *
  * Native frames are named from the symbol tables in C (btc_resolve_native,
  * which reads ELF files without Python objects), with file:line where the
- * module has DWARF.  Python frames are read from
- * their code objects raw, as faulthandler does: the name and file strings'
- * characters and the line from PyCode_Addr2Line, which only reads the code
- * object's line table.  The code objects are owned by frames the sampled
- * thread is still running, so this runs while it is stuck there.
+ * module has DWARF.  Python frames are read from copies of their code
+ * objects, strings and line tables (btc_read_own), as faulthandler reads
+ * them raw but never in place: the sampled thread runs on while this
+ * formats and may free a code object meanwhile (add_python).
  */
 #include <Python.h>
 #include <stdarg.h>
@@ -64,7 +63,8 @@ void btc_text_write(const btc_text *t, int fd)
     }
 }
 
-/* A str's characters, non-ASCII ones as '?', at most 200 (no allocation). */
+/* A str's characters, non-ASCII ones as '?', at most 200 (no allocation).
+ * s may be a copy of the object (its header and characters), not the object. */
 static void add_str(btc_text *t, PyObject *s)
 {
     if (!s || !PyUnicode_CheckExact(s)) {
@@ -86,14 +86,23 @@ static void add_str(btc_text *t, PyObject *s)
 void btc_text_add_str_own(btc_text *t, uintptr_t s)
 {
     PyASCIIObject header;
-    char probe[sizeof(PyCompactUnicodeObject) + 200 * 4];   /* what add_str reads: its first 200 characters */
-    if (s && btc_read_own(&header, s, sizeof header) && header.ob_base.ob_type == &PyUnicode_Type &&
-        header.state.compact &&
-        btc_read_own(probe, s, sizeof(PyCompactUnicodeObject) + (header.length < 200 ? header.length : 200) *
-                                   header.state.kind))
-        add_str(t, (PyObject *)s);
-    else
+    union {
+        PyCompactUnicodeObject object;
+        char bytes[sizeof(PyCompactUnicodeObject) + 200 * 4];   /* what add_str reads: its first 200 characters */
+    } copy;
+    if (!s || !btc_read_own(&header, s, sizeof header) || header.ob_base.ob_type != &PyUnicode_Type ||
+        !header.state.compact || header.state.kind < 1 || header.state.kind > 4) {
         btc_text_add(t, "?");
+        return;
+    }
+    size_t chars = (size_t)(header.length < 200 ? header.length : 200) * header.state.kind;
+    size_t fixed = header.state.ascii ? sizeof(PyASCIIObject) : sizeof(PyCompactUnicodeObject);
+    if (header.length < 0 || !btc_read_own(copy.bytes, s, fixed + chars)) {
+        btc_text_add(t, "?");
+        return;
+    }
+    copy.object._base.length = header.length < 200 ? header.length : 200;   /* what was copied */
+    add_str(t, (PyObject *)&copy.object);
 }
 
 void btc_text_add_cstr_own(btc_text *t, uintptr_t s, size_t max)
@@ -109,27 +118,60 @@ void btc_text_add_cstr_own(btc_text *t, uintptr_t s, size_t max)
     }
 }
 
+/* The line of instruction offset lasti in code, a copy of a code object:
+ * its line table is copied too (at most LINE_TABLE_BYTES: a longer table's
+ * later lines are "?", as is a table that cannot be read), and decoded by
+ * PyCode_Addr2Line on the copies. */
+#define LINE_TABLE_BYTES 16384   /* all but 1 of the 58,209 code objects of 3.11's stdlib */
+
+static int line_of(PyCodeObject *code, int lasti)
+{
+    PyBytesObject header;
+    union {
+        PyBytesObject object;
+        char bytes[sizeof(PyBytesObject) + LINE_TABLE_BYTES];
+    } table;
+    uintptr_t at = (uintptr_t)code->co_linetable;
+    if (!at || !btc_read_own(&header, at, sizeof header) || header.ob_base.ob_base.ob_type != &PyBytes_Type ||
+        header.ob_base.ob_size < 0)
+        return -1;
+    size_t n = header.ob_base.ob_size < LINE_TABLE_BYTES ? (size_t)header.ob_base.ob_size : LINE_TABLE_BYTES;
+    if (!btc_read_own(table.bytes, at, offsetof(PyBytesObject, ob_sval) + n))
+        return -1;
+    table.object.ob_base.ob_size = (Py_ssize_t)n;
+    code->co_linetable = (PyObject *)&table.object;
+#if PY_VERSION_HEX < 0x030C0000
+    code->_co_linearray = NULL;   /* 3.11's cache of decoded lines: not copied */
+#endif
+    return PyCode_Addr2Line(code, lasti);
+}
+
+/* "  File "...", line N, in name".  No printf: this also runs in the crash
+ * handler (crash.c).  Nothing is read in place: the code object, its strings
+ * and its line table are copied first (btc_read_own).  The thread that owned
+ * the code object ran on while this formats (a sample is formatted without
+ * the GIL) and may have freed it (module code after its import), and a
+ * crashed process's heap may be corrupt: either gives "?" or a note, never
+ * a read of freed or unmapped memory. */
 static void add_python(btc_text *t, const btc_frame *f)
 {
-    PyCodeObject *code = (PyCodeObject *)f->addr;
-    if (!PyCode_Check((PyObject *)code)) {
+    PyCodeObject code;
+    if (!btc_read_own(&code, f->addr, sizeof code) || !PyCode_Check((PyObject *)&code)) {
         btc_text_add(t, "  (a Python frame whose code object is gone: ");
         btc_text_add_uint(t, f->addr, 16);
         btc_text_add(t, ")\n");
         return;
     }
-    /* No printf: this also runs in the crash handler (crash.c).  Reading
-     * the code object's strings and line table allocates nothing. */
     btc_text_add(t, "  File \"");
-    add_str(t, code->co_filename);
+    btc_text_add_str_own(t, (uintptr_t)code.co_filename);
     btc_text_add(t, "\", line ");
-    int line = PyCode_Addr2Line(code, f->lasti);
+    int line = line_of(&code, f->lasti);
     if (line < 0)
         btc_text_add(t, "?");
     else
         btc_text_add_uint(t, (uint64_t)line, 10);
     btc_text_add(t, ", in ");
-    add_str(t, code->co_qualname);
+    btc_text_add_str_own(t, (uintptr_t)code.co_qualname);
     btc_text_add(t, "\n");
 }
 
@@ -227,33 +269,10 @@ static void add_native_module(btc_text *t, const btc_frame *f)
     btc_text_add(t, "\n");
 }
 
-/* A Python frame of a crashed process: its code object and the strings
- * and line table add_python reads, probed first (btc_read_own): a spawn
- * site's code objects live on a heap the crash may have corrupted. */
-static bool object_readable(const void *o, size_t n)
-{
-    char probe[sizeof(PyCodeObject)];
-    return o && n <= sizeof probe && btc_read_own(probe, (uintptr_t)o, n);
-}
-
-static void add_python_probed(btc_text *t, const btc_frame *f)
-{
-    const PyCodeObject *code = (const PyCodeObject *)f->addr;
-    if (object_readable(code, sizeof *code) && object_readable(code->co_filename, sizeof(PyASCIIObject)) &&
-        object_readable(code->co_qualname, sizeof(PyASCIIObject)) &&
-        object_readable(code->co_linetable, sizeof(PyBytesObject)))
-        add_python(t, f);
-    else {
-        btc_text_add(t, "  (a Python frame whose code object cannot be read: ");
-        btc_text_add_uint(t, f->addr, 16);
-        btc_text_add(t, ")\n");
-    }
-}
-
 void btc_frames_crash_text(const btc_frame *frames, int n, unsigned partial, btc_text *t)
 {
     modules_locked = btc_modules_try_acquire_prebuilt();
-    frames_text(frames, n, partial, t, add_python_probed, add_native_module);
+    frames_text(frames, n, partial, t, add_python, add_native_module);
     if (modules_locked)
         btc_modules_release();
     modules_locked = false;

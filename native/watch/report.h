@@ -28,8 +28,8 @@ void btc_sigsample_text(const btc_sigsample *s, btc_text *t);
  * already shown. */
 void btc_sigsample_inner_text(const btc_sigsample *s, int inner, btc_text *t);
 /* n frames (then the reasons in partial, BTC_PARTIAL_*) for a crash
- * handler, async-signal-safe: Python frames as above, their code objects
- * probed first; native ones as "  [module] +0xoffset" (no symbol lookup: it
+ * handler, async-signal-safe: Python frames as above (read from copies);
+ * native ones as "  [module] +0xoffset" (no symbol lookup: it
  * reads files and allocates), "  [?] 0xpc" when the module list is busy. */
 void btc_frames_crash_text(const btc_frame *frames, int n, unsigned partial, btc_text *t);
 
