@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "capture/greenlet_context.h"
+#include "capture/greenlet_state.h"
 #include "capture/modules.h"
 #include "capture/signal_capture.h"
 #include "common/errors.h"
@@ -42,9 +43,7 @@ static struct {
     int nswitch;
 } layout;
 
-#define MAIN_STACK_STOP ((uintptr_t)-1)
 #define SCAN_WORDS 24           /* how far into the C++ object StackState may lie */
-#define MAX_GREENLET_STACK (1UL << 30)
 
 static void *pimpl_of(PyObject *g)
 {
@@ -60,10 +59,7 @@ static stack_state state_at(const void *pimpl, size_t off)
 /* Does s look like a suspended, started greenlet's StackState? */
 static bool plausible(const stack_state *s, intptr_t expect_saved)
 {
-    bool main = s->stop == MAIN_STACK_STOP;
-    return s->start > 1 && s->start < s->stop && (main || s->stop - s->start < MAX_GREENLET_STACK) &&
-           s->saved == expect_saved && s->saved >= 0 && (s->saved == 0) == (s->copy == 0) &&
-           (main || (uintptr_t)s->saved <= s->stop - s->start);
+    return s->saved == expect_saved && btc_greenlet_state_written(s->start, s->stop, s->copy, s->saved);
 }
 
 /* A switch: g_switchstack saves and restores the interpreter's state around
@@ -220,7 +216,7 @@ int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1, u
         layout.scan_end = off + sizeof(stack_state);
         stack_state sa = state_at(pimpl_of(a), off), sb = state_at(pimpl_of(b), off);
         if (saved1 > 0 && saved2 > 0 && saved1 != saved2 && plausible(&sa, saved1) &&
-            plausible(&sb, saved2) && sa.stop != MAIN_STACK_STOP && sb.stop != MAIN_STACK_STOP) {
+            plausible(&sb, saved2) && sa.stop != BTC_GREENLET_MAIN_STACK_STOP && sb.stop != BTC_GREENLET_MAIN_STACK_STOP) {
             layout.state_off = off;
             found++;
         }
@@ -268,7 +264,7 @@ int btc_greenlet_context(PyObject *g, btc_context *ctx)
     stack_state s = state_at(pimpl_of(g), layout.state_off);
     if (!plausible(&s, s.saved))
         return btc_fail(BTC_E_LAYOUT, "greenlet's saved stack state is inconsistent");
-    bool main = s.stop == MAIN_STACK_STOP;
+    bool main = s.stop == BTC_GREENLET_MAIN_STACK_STOP;
     uintptr_t stack_hi = 0;
     if (main && !main_stack_end(s.start, &stack_hi))
         return btc_fail(BTC_E_LAYOUT, "cannot find the stack of a suspended main greenlet");
@@ -444,7 +440,7 @@ uintptr_t btc_greenlet_stack_mark(uintptr_t address)
      * keeps it while it runs again; 1 before it first switched away, NULL
      * once dead): on its thread's stack.  A thread with any other greenlet
      * started has suspended its main greenlet at least once. */
-    if (s.stop != MAIN_STACK_STOP)
+    if (s.stop != BTC_GREENLET_MAIN_STACK_STOP)
         return 0;
     return s.start > 1 ? s.start : 0;
 }

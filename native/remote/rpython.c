@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "capture/cpython/pyframes.h"
+#include "capture/greenlet_state.h"
 #include "remote/rmem.h"
 
 #define MAX_TYPE_DEPTH 32
@@ -320,8 +321,6 @@ int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uin
 
 /* ---- greenlets' saved states (any CPython version: greenlet's layout) ---- */
 
-#define MAIN_STACK_STOP ((uintptr_t)-1)
-
 /* Suspended (neither running, dead nor unstarted), from greenlet's own
  * marks: start is 0 once dead, 1 while starting; a running greenlet keeps
  * the sp it last had, but has no saved frame and, having been switched in,
@@ -350,10 +349,7 @@ static bool copy_overlaps(const btc_remote_greenlet *g, uintptr_t lo, uintptr_t 
  * (a corrupt target: kept, marked, so the dump says so). */
 static bool inconsistent(const btc_remote_greenlet *g, uintptr_t pimpl, size_t pimpl_read, size_t object_read)
 {
-    bool main = g->stop == MAIN_STACK_STOP;
-    uintptr_t room = main ? (uintptr_t)BTC_REMOTE_MAX_GREENLET_STACK : g->stop - g->start;
-    return g->start > 1 && (g->start >= g->stop || room > BTC_REMOTE_MAX_GREENLET_STACK || g->saved < 0 ||
-                            (uintptr_t)g->saved > room || (g->saved == 0) != (g->copy == 0) || (g->frame & 7) ||
+    return g->start > 1 && (!btc_greenlet_state_written(g->start, g->stop, g->copy, g->saved) || (g->frame & 7) ||
                             (g->copy & 7) || copy_overlaps(g, pimpl, pimpl + pimpl_read) ||
                             copy_overlaps(g, g->address, g->address + object_read));
 }
@@ -425,7 +421,7 @@ size_t btc_remote_greenlet_fit(btc_remote_greenlet *gs, int n, const uintptr_t *
         if (g->bad || g->saved <= 0)
             continue;
         size_t size = (size_t)g->saved;
-        uintptr_t end = g->stop == MAIN_STACK_STOP ? g->start + size : g->stop;
+        uintptr_t end = g->stop == BTC_GREENLET_MAIN_STACK_STOP ? g->start + size : g->stop;
         if (last < 0 || g->start < lo[last] || g->start >= hi[last])
             last = mapping_of(lo, hi, nmaps, g->start);
         if (last < 0 || end < g->start || end > hi[last] || size > budget - total) {
@@ -443,7 +439,7 @@ static rview greenlet_view(btc_rmem *m, const btc_remote_greenlet *g, const uint
                            const uintptr_t *hi, int nmaps)
 {
     rview v = {m, g->start, g->stop, NULL, 0};
-    if (g->stop == MAIN_STACK_STOP) {   /* a main greenlet: its thread's stack, to the end of its mapping */
+    if (g->stop == BTC_GREENLET_MAIN_STACK_STOP) {   /* a main greenlet: its thread's stack, to the end of its mapping */
         int at = mapping_of(lo, hi, nmaps, g->start);
         v.hi = at >= 0 ? hi[at] : g->start;
     }

@@ -34,7 +34,6 @@ _MAX_PYFRAMES = bounds.MAX_FRAMES   # per stack
 _SCRATCH = 1 << 16            # reads up to this size reuse one buffer
 _MAX_CHUNKS = 1 << 15         # the chunk cache's bound (native/remote/rmem.c)
 _PAGE = 4096
-_MAIN_STACK_STOP = (1 << 64) - 1
 
 
 class DumpError(RuntimeError):
@@ -695,7 +694,7 @@ def greenlet_copies(target: Target, copied: list) -> list:
             pyframes = frames[frames_at * size: (frames_at + nframes) * size]   # merged in C (process.py)
             out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
                                     spill[spill_at: spill_at + saved] if ok else None, pyframes,
-                                    stop == _MAIN_STACK_STOP, _BAD.get(bad), ok == lib.BTC_REMOTE_COPIED_BEFORE))
+                                    stop == greenlet_offsets.MAIN_STACK_STOP, _BAD.get(bad), ok == lib.BTC_REMOTE_COPIED_BEFORE))
     return out
 
 
