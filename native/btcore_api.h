@@ -925,6 +925,7 @@ typedef struct {
 #define BTC_REMOTE_BAD_UNREADABLE 1     /* greenlet's C++ object or its StackState */
 #define BTC_REMOTE_BAD_INCONSISTENT 2   /* a StackState greenlet never writes (or a misaligned frame, copy) */
 #define BTC_REMOTE_BAD_SKIPPED 3        /* set by the caller: its saved stack is not to be copied */
+#define BTC_REMOTE_BAD_FRAME 4          /* set by btc_remote_greenlet_frames(): its top frame gives no frame */
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
                                btc_remote_greenlet *out);
 /* Mark BTC_REMOTE_BAD_SKIPPED the greenlets whose saved stack is not to

@@ -258,7 +258,7 @@ def _walk(memory: Memory) -> None:
         assert 0 <= nframes <= room
         for g in states[0:kept]:
             assert g.bad in (0, lib.BTC_REMOTE_BAD_UNREADABLE, lib.BTC_REMOTE_BAD_INCONSISTENT,
-                             lib.BTC_REMOTE_BAD_SKIPPED)
+                             lib.BTC_REMOTE_BAD_SKIPPED, lib.BTC_REMOTE_BAD_FRAME)
             assert 0 <= g.frames_at and g.frames_at + g.nframes <= nframes
             chain = [(f.code, f.lasti) for f in frames[g.frames_at: g.frames_at + g.nframes]]
             assert all(code for code, _ in chain[:-1]), "a cut marker inside a chain"

@@ -434,3 +434,19 @@ def test_code_objects_are_read_within_their_bounds_and_the_dumps_budget():
         assert spent.qualname is None and "budget" in spent.error
     finally:
         memory.close()
+
+
+def test_a_corrupt_greenlet_before_a_healthy_one_leaves_it_its_heap_copy():
+    # guards: btc_remote_greenlet_spills gives each batched read to the greenlet it was made for.  A bad
+    # greenlet is given no copy, so its spill_at is its successor's: matched by where the copy went, it took
+    # the successor's read as its own, and the healthy greenlet's Python frames were read from no copy.
+    saved = [ffi.new("char[]", b"first's saved stack, corrupt..."), ffi.new("char[]", b"second's saved stack!")]
+    gs = ffi.new("btc_remote_greenlet[]", 2)
+    for g, copy in zip(gs, saved):
+        g.start, g.stop, g.saved, g.copy = 0x11000, 0x12000, len(ffi.string(copy)), int(ffi.cast("uintptr_t", copy))
+    gs[0].bad = lib.BTC_REMOTE_BAD_INCONSISTENT
+    spill = ffi.new("uint8_t[]", 4096)
+    m = ffi.gc(lib.btc_rmem_open_pid(os.getpid()), lib.btc_rmem_close)
+    lib.btc_remote_greenlet_spills(m, gs, 2, spill, len(spill), ffi.NULL, 0, ffi.NULL, 0)
+    assert (gs[0].copied, gs[1].copied) == (0, 1)
+    assert bytes(ffi.buffer(spill + gs[1].spill_at, gs[1].saved)) == b"second's saved stack!"

@@ -504,6 +504,7 @@ void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uin
     uintptr_t *addr = malloc((n ? n : 1) * sizeof *addr);
     size_t *size = malloc((n ? n : 1) * sizeof *size);
     uint8_t **dest = malloc((n ? n : 1) * sizeof *dest), *ok = malloc(n ? n : 1);
+    int *reader = malloc((n ? n : 1) * sizeof *reader);   /* the greenlet each read is for */
     previous_stop before = previous_of(prev, nprev, prev_spill, prev_spill_size);
     int nread = 0;
     size_t spilled = 0;
@@ -511,27 +512,29 @@ void btc_remote_greenlet_spills(btc_rmem *m, btc_remote_greenlet *gs, int n, uin
         btc_remote_greenlet *g = &gs[i];
         g->spill_at = spilled;
         g->copied = g->saved == 0 && !g->bad;
-        if (!addr || !size || !dest || !ok || g->bad || g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
+        if (!addr || !size || !dest || !ok || !reader || g->bad || g->saved <= 0 || (size_t)g->saved > spill_size - spilled)
             continue;
         if (unchanged_copy(&before, g)) {
             g->copied = BTC_REMOTE_COPIED_BEFORE;   /* copied by btc_remote_greenlet_reuse(), after the stop */
         } else {
             addr[nread] = g->copy;
             size[nread] = (size_t)g->saved;
-            dest[nread++] = spill + spilled;
+            dest[nread] = spill + spilled;
+            reader[nread++] = i;
         }
         spilled += (size_t)g->saved;
     }
     if (nread)
         btc_rmem_read_many(m, addr, size, dest, nread, ok);
-    for (int i = 0, r = 0; i < n && r < nread; i++)
-        if (!gs[i].copied && dest[r] == spill + gs[i].spill_at)
-            gs[i].copied = ok[r++];
+    /* (by index, not by where the copy went: a skipped or bad greenlet's spill_at is its successor's) */
+    for (int r = 0; r < nread; r++)
+        gs[reader[r]].copied = ok[r];
     free(before.index);
     free(addr);
     free(size);
     free(dest);
     free(ok);
+    free(reader);
 }
 
 void btc_remote_greenlet_reuse(btc_remote_greenlet *gs, int n, uint8_t *spill, const btc_remote_greenlet *prev,
@@ -571,6 +574,8 @@ int btc_remote_greenlet_frames(btc_rmem *m, const btc_remote_layout *L, btc_remo
             rview v = greenlet_view(m, g, spill, lo, hi, nmaps);
             g->nframes = frame_chain(&v, L, interpreter_frame(&v, L, g->frame), true, frames + nframes,
                                      max_frames - nframes);
+            if (!g->nframes && !g->bad)   /* a suspended greenlet's top frame always gives one */
+                g->bad = BTC_REMOTE_BAD_FRAME;
         }
         nframes += g->nframes;
     }

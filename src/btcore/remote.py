@@ -700,7 +700,8 @@ def greenlet_copies(target: Target, copied: list) -> list:
 
 _BAD = {lib.BTC_REMOTE_BAD_UNREADABLE: "its greenlet state is unreadable (a corrupt target?)",
         lib.BTC_REMOTE_BAD_INCONSISTENT: "its greenlet state is not one greenlet writes (a corrupt target?)",
-        lib.BTC_REMOTE_BAD_SKIPPED: "its saved stack lies outside the target's stacks or past the dump's budget: Python frames only"}
+        lib.BTC_REMOTE_BAD_SKIPPED: "its saved stack lies outside the target's stacks or past the dump's budget: Python frames only",
+        lib.BTC_REMOTE_BAD_FRAME: "its top frame cannot be read (a corrupt target?)"}
 
 
 def _type_name(target: Target, tp: int) -> str:
