@@ -550,3 +550,44 @@ def test_collect_during_interpreter_shutdown_is_a_backtrace_or_backtrace_error()
     for line in lines:
         assert line.startswith("Backtrace ") or line.startswith("BacktraceError btcore cannot capture during "
                                                                   "interpreter shutdown"), line
+
+
+def _fresh(source: str) -> str:
+    """stdout of source run in a fresh interpreter (-P: the installed btcore, not a checkout's src)."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-P", "-c", source], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+def test_import_btcore_loads_no_part_until_a_name_is_used():
+    # guards: btcore/__init__.py imports each part on first use (a tool that only dumps another process does not
+    # pay for the capture side); a name found once is then a plain attribute, and dir() lists every public name.
+    out = _fresh(
+        "import sys, btcore\n"
+        "print(sorted(m for m in sys.modules if m.startswith('btcore.') and m != 'btcore._native'))\n"
+        "btcore.collect\n"
+        "print('btcore.backtrace' in sys.modules, 'btcore.profile' in sys.modules, 'collect' in vars(btcore))\n"
+        "print(set(btcore.__all__) <= set(dir(btcore)))\n")
+    assert out.splitlines() == ["[]", "True False True", "True"], out
+
+
+def test_every_public_name_and_every_module_imports_on_its_own():
+    # guards: the lazy table names the module that defines each name, and no import cycle shows when a part
+    # is the first one imported (backtrace <-> codec did); a part as an attribute works, a missing name says so.
+    import pkgutil
+    modules = [m.name for m in pkgutil.iter_modules(btcore.__path__) if m.name not in ("__main__", "_build")]
+    out = _fresh(
+        "import importlib, subprocess, sys\n"
+        f"names, modules = {btcore.__all__!r}, {modules!r}\n"
+        "def alone(statement):\n"
+        "    done = subprocess.run([sys.executable, '-P', '-c', statement], capture_output=True, text=True)\n"
+        "    return done.returncode == 0 or print(statement, done.stderr[-2000:])\n"
+        "print(all([alone(f'import btcore; btcore.{n}') for n in names] +\n"
+        "          [alone(f'import btcore.{m}') for m in modules] + [alone('import btcore; btcore.web.serve')]))\n"
+        "import btcore\n"
+        "try:\n"
+        "    btcore.no_such_part\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n")
+    assert out.splitlines()[-2:] == ["True", "module 'btcore' has no attribute 'no_such_part'"], out

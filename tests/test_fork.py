@@ -86,3 +86,22 @@ def test_forks_under_a_resolving_thread_never_hang():
                           text=True, timeout=240, env=dict(os.environ, PYTHONFAULTHANDLER="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "{0: %d}" % FORKS, done.stdout
+
+
+def test_a_fork_finds_every_part_of_btcore_imported():
+    # guards: btcore/__init__.py's before-fork hook imports every part first.  A part is imported on first use,
+    # and a fork while another thread was importing one left the child waiting for that import's lock forever.
+    source = textwrap.dedent(r"""
+        import os, sys
+        import btcore
+        before = sorted(m for m in sys.modules if m.startswith("btcore."))
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        after = {m for m in sys.modules if m.startswith("btcore.")}
+        print(before == [] or before, all(f"btcore.{m}" in after for m in btcore._EXPORTS))
+    """)
+    done = subprocess.run([sys.executable, "-P", "-c", source], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "True"], done.stdout

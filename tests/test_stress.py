@@ -239,6 +239,7 @@ SIGNAL_SAFE_SCRIPT = r"""
             else:
                 wrong.append(text)
 
+    btcore.collect(g).frames()   # btcore's capture part is imported on first use: not under the timer
     t = threading.Thread(target=sampler)
     t.start()
     signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)

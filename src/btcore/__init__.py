@@ -3,47 +3,73 @@ running stack and for suspended greenlets.
 
     bt = btcore.collect()          # raw capture: cheap, no strings
     print(bt)                      # resolved lazily, through a shared cache
+
+Each part is imported on the first use of one of its names (PEP 562): a
+tool that only resolves addresses, or only dumps another process, does not
+pay for the capture side, the profiler or the web page.
 """
-from .backtrace import Backtrace, append, collect, foreach
-from .codec import decode
-from .errors import BacktraceError
-from .frame import Frame
-from .resolve import cache
-from .introspect import GreenletInfo, snapshot
-from .dump import DEFAULT_DUMP_SIGNAL, dump_all, register_dump_signal, unregister_dump_signal
-from .html import write_html
-from .watchdog import Watchdog, gevent_blocking_reports, start_watchdog
-from .switchclock import disable_switch_timing, enable_switch_timing
-from .profile import Profile, profiling, start_profiler, stop_profiler
-from .spawn import (SpawnChain, chain_backtrace, disable_spawn_tracking, enable_spawn_tracking, spawn_backtrace,
-                    spawn_chain, spawn_tracking_enabled)
-from .spawn_notes import spawn_exception_notes_enabled
-from .crash import crash_report_enabled, disable_crash_report, enable_crash_report
+import importlib as _importlib
+import os as _os
 
-__all__ = ["Backtrace", "BacktraceError", "DEFAULT_DUMP_SIGNAL",
-           "DumpError", "DumpPermissionError", "Frame", "GreenletInfo", "Profile", "SpawnChain",
-           "Watchdog", "append", "cache", "chain_backtrace", "collect", "crash_report_enabled", "decode",
-           "disable_crash_report", "disable_spawn_tracking", "enable_crash_report",
-           "disable_switch_timing", "dump_all", "dump_process", "enable_spawn_tracking", "enable_switch_timing",
-           "foreach", "gevent_blocking_reports", "profile_process", "profiling", "register_dump_signal", "snapshot",
-           "spawn_backtrace",
-           "spawn_chain", "spawn_exception_notes_enabled", "spawn_tracking_enabled", "start_profiler",
-           "start_watchdog", "stop_profiler", "unregister_dump_signal", "write_html"]
+# Each public name, by the module that defines it: the one table behind
+# __all__, dir() and the imports on first use.
+_EXPORTS = {
+    "backtrace": ("Backtrace", "append", "collect", "foreach"),
+    "codec": ("decode",),
+    "errors": ("BacktraceError",),
+    "frame": ("Frame",),
+    "resolve": ("cache",),
+    "introspect": ("GreenletInfo", "snapshot"),
+    "dump": ("DEFAULT_DUMP_SIGNAL", "dump_all", "register_dump_signal", "unregister_dump_signal"),
+    "html": ("write_html",),
+    "watchdog": ("Watchdog", "gevent_blocking_reports", "start_watchdog"),
+    "switchclock": ("disable_switch_timing", "enable_switch_timing"),
+    "profile": ("Profile", "profiling", "start_profiler", "stop_profiler"),
+    "spawn": ("SpawnChain", "chain_backtrace", "disable_spawn_tracking", "enable_spawn_tracking", "spawn_backtrace",
+              "spawn_chain", "spawn_tracking_enabled"),
+    "spawn_notes": ("spawn_exception_notes_enabled",),
+    "crash": ("crash_report_enabled", "disable_crash_report", "enable_crash_report"),
+    "process": ("DumpError", "DumpPermissionError", "dump_process"),
+    "profile_remote": ("profile_process",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
 __version__ = "0.1.0"
-
-# BTCORE_CRASH_REPORT=1: crash reports from start-up, as PYTHONFAULTHANDLER
-# does for faulthandler (the thread importing btcore is registered).
-if __import__("os").environ.get("BTCORE_CRASH_REPORT") == "1":
-    enable_crash_report()
 
 
 def __getattr__(name):
-    # dump_process() and its modules (process.py, remote.py and the layout
-    # tables they import) are imported on first use, not with btcore.
-    if name in ("dump_process", "DumpError", "DumpPermissionError"):
-        from . import process
-        return getattr(process, name)
-    if name == "profile_process":   # the outside profiler: the same modules
-        from .profile_remote import profile_process
-        return profile_process
-    raise AttributeError(f"module 'btcore' has no attribute {name!r}")
+    module = _MODULE_OF.get(name)
+    if module is None:
+        if name.startswith("__"):
+            raise AttributeError(f"module 'btcore' has no attribute {name!r}")
+        # a part as an attribute (btcore.web after `import btcore`), as when every part was imported with btcore
+        try:
+            return _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'btcore' has no attribute {name!r}") from None
+    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value   # found directly from now on
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+def _load_all() -> None:
+    """Import every part now: before a fork, so that the child holds no
+    import half done by another thread (whose lock it would wait on for ever)."""
+    for name in __all__:
+        if name not in globals():
+            __getattr__(name)
+
+
+_os.register_at_fork(before=_load_all)
+
+# BTCORE_CRASH_REPORT=1: crash reports from start-up, as PYTHONFAULTHANDLER
+# does for faulthandler (the thread importing btcore is registered).
+if _os.environ.get("BTCORE_CRASH_REPORT") == "1":
+    __getattr__("enable_crash_report")()

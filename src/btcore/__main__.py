@@ -153,7 +153,7 @@ def _add_dump_parser(sub) -> None:
 
 
 def _add_profile_parser(sub) -> None:
-    from .profile import DEFAULT_RATE, OUTSIDE_RATE
+    from .profile_rates import DEFAULT_RATE, OUTSIDE_RATE
     p = sub.add_parser("profile", help="btcore's sampling profiler: where every greenlet spends its time, running "
                        "or parked, of a Python program run under it (-- COMMAND) or of a running process, sampled "
                        "from outside (PID)", usage="python -m btcore profile [-o FILE] [--format F] [--rate HZ] "
@@ -177,7 +177,7 @@ def _add_profile_parser(sub) -> None:
 
 
 def profile_command(args, parser) -> int:
-    from .profile import DEFAULT_RATE, MAX_RATE, OUTSIDE_RATE
+    from .profile_rates import DEFAULT_RATE, MAX_RATE, OUTSIDE_RATE
     from .profile_formats import format_for
     from .profile_run import run
     command = args.program

@@ -150,7 +150,7 @@ class Backtrace:
         """This backtrace as one printable word for a log line ("btc4." and
         base64url characters); btcore.decode() turns it back into a
         Backtrace, later and in another process.  See btcore/codec.py."""
-        return _encode(self)
+        return _codec.encode(self)
 
     __str__ = format
 
@@ -311,4 +311,4 @@ def foreach(bt: Backtrace, callback) -> int:
     return visited
 
 
-from .codec import encode as _encode   # noqa: E402  (codec builds on the names above)
+from . import codec as _codec   # noqa: E402  (codec builds on the names above; imported first, it imports this module)

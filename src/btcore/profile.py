@@ -40,6 +40,7 @@ from .introspect import (RUNNING, SUSPENDED, base_frame, collect_suspended, even
                          known_states, live_greenlets, name_of, read_optional, plain_name_of,
                          python_frames_of_thread, root_of,
                          state_of, thread_of_roots, threads_of_greenlets, outermost_function)
+from .profile_rates import DEFAULT_RATE, MAX_RATE
 from .resolve import resolve_native, resolve_python
 from .spawn import spawn_chain, take_created
 from .threads import MAX_THREADS, current_ident
@@ -47,9 +48,6 @@ from .threads import MAX_THREADS, current_ident
 RUNNING_STATE = "running"
 PARKED_STATE = "parked"
 OTHER = "(other)"            # the bucket of samples past max_stacks
-DEFAULT_RATE = 100
-OUTSIDE_RATE = 20            # the outside profiler's default (btcore/profile_remote.py): each sample stops the target
-MAX_RATE = 1000
 DEFAULT_MAX_STACKS = 4096
 CAPACITY = 128               # raw frames kept per sampled stack
 SLICE = 64                   # greenlets captured per hold of the GIL

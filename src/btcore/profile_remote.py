@@ -36,8 +36,8 @@ import time
 
 from .backtrace import KIND_NATIVE, RECORD
 from .process import DumpError, Walker, check_architecture
-from .profile import (DEFAULT_MAX_STACKS, MAX_RATE, OUTSIDE_RATE, PARKED_STATE, RUNNING_STATE, Profile, group_name,
-                      past_missed)
+from .profile import DEFAULT_MAX_STACKS, PARKED_STATE, RUNNING_STATE, Profile, group_name, past_missed
+from .profile_rates import MAX_RATE, OUTSIDE_RATE
 from .remote import exited, open_live, rehearse, stop_and_copy
 from .remote_names import Labels
 from ._native import ffi
