@@ -695,6 +695,12 @@ MUTATIONS = [
     Mutation("native/watch/watchdog.c", "return idle_code && sample->frames[i].addr == idle_code;", "return false;",
              "tests/test_watchdog.py::test_gevent_hub_waiting_is_idle_not_stuck",
              "a thread waiting in gevent's hub for events is reported stuck"),
+    Mutation("src/btcore/__init__.py", "_os.register_at_fork(before=_load_all)", "",
+             "tests/test_fork.py::test_a_fork_finds_every_part_of_btcore_imported",
+             "a fork while another thread imports a part of btcore leaves the child waiting on that import for ever"),
+    Mutation("src/btcore/__init__.py", "    globals()[name] = value   # found directly from now on\n", "",
+             "tests/test_backtrace_api.py::test_import_btcore_loads_no_part_until_a_name_is_used",
+             "every use of a public name goes through __getattr__ and an import lookup"),
     Mutation("native/remote/rpython.c", "        gs[reader[r]].copied = ok[r];", "        gs[r].copied = ok[r];",
              "tests/test_hostile_dump.py::test_a_corrupt_greenlet_before_a_healthy_one_leaves_it_its_heap_copy",
              "a batched heap-copy read is credited to the wrong greenlet: a corrupt greenlet takes a healthy one's"),
@@ -1151,9 +1157,13 @@ def compiler_cache(cache_dir: str) -> str | None:
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
             return "ccache missing (apt-get needs root)"
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "ccache"]):
-            if subprocess.run(cmd, capture_output=True, env=env, timeout=600).returncode:
-                return f"{' '.join(cmd)} failed"
+        # (waiting for dpkg's lock: the arm64 lane's apt-get may hold it on the host; refused at once, every
+        # mutant was compiled whole, twice as slow)
+        wait = ["-o", "DPkg::Lock::Timeout=600"]
+        for cmd in (["apt-get", *wait, "update", "-q"], ["apt-get", *wait, "install", "-y", "-q", "ccache"]):
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+            if done.returncode:
+                return f"{' '.join(cmd)} failed: {(done.stderr.strip().splitlines() or [''])[-1]}"
     BUILD_ENV.update(CC=f"ccache {os.environ.get('CC', 'gcc')}", CCACHE_DIR=cache_dir)
     return None
 
