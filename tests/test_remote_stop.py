@@ -12,6 +12,7 @@ import gc
 import os
 import subprocess
 import sys
+import time
 
 import greenlet
 import pytest
@@ -55,10 +56,24 @@ def target():
     proc = subprocess.Popen([sys.executable, "-c", TARGET], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
+        wait_until_reading(proc.pid)
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def wait_until_reading(pid: int) -> None:
+    """Until pid sleeps in read(2) on its stdin: past "ready" it still runs on to its first read (slowly, on a
+    loaded machine under ASan), and a walk made meanwhile may see its old gc lists change (ci32: the first stop
+    then walked every list)."""
+    read_nr = {"x86_64": "0", "aarch64": "63"}.get(os.uname().machine)
+    deadline = time.monotonic() + WAIT
+    while read_nr is not None and time.monotonic() < deadline:
+        with open(f"/proc/{pid}/syscall") as f:
+            if f.read().split()[0] == read_nr:
+                return
+        time.sleep(0.01)
 
 
 def objects_of_every_list(t) -> int:
