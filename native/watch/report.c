@@ -142,6 +142,8 @@ static int line_of(PyCodeObject *code, int lasti)
     code->co_linetable = (PyObject *)&table.object;
 #if PY_VERSION_HEX < 0x030C0000
     code->_co_linearray = NULL;   /* 3.11's cache of decoded lines: not copied */
+#else
+    code->_co_monitoring = NULL;  /* 3.12+: lines from sys.monitoring's data when a tracer set it: not copied */
 #endif
     return PyCode_Addr2Line(code, lasti);
 }
