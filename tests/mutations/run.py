@@ -129,7 +129,7 @@ MUTATIONS = [
              "tests/test_hostile_dump.py::test_a_heap_copy_over_its_own_state_or_missing_is_noted_as_inconsistent[self]",
              "a greenlet whose heap copy points at its own state is walked over that state's bytes, shown as "
              "whatever they decode to (at times with no note: CI's ASan lane, stop 36)"),
-    Mutation("native/remote/rpython.c", "(g->saved == 0) != (g->copy == 0) ||", "",
+    Mutation("native/capture/greenlet_state.h", "&&\n           (saved == 0) == (copy == 0);", ";",
              "tests/test_hostile_dump.py::test_a_heap_copy_over_its_own_state_or_missing_is_noted_as_inconsistent[0]",
              "a greenlet with a saved part but no heap copy is listed as suspended with its stack read from address 0"),
     Mutation("native/remote/rpython.c", "end < g->start || end > hi[last] ||", "end < g->start ||",
