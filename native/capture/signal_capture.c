@@ -141,6 +141,16 @@ static bool own_reads_work(void)
     return k == 1;
 }
 
+bool btc_read_sampled(void *dst, uintptr_t src, size_t n)
+{
+    if (own_reads_work())
+        return btc_read_own(dst, src, n);
+    if (!src)
+        return false;
+    memcpy(dst, (const void *)src, n);
+    return true;
+}
+
 static const void *code_at(btc_read_check *self, const void *code)
 {
     chain_limits *l = (chain_limits *)self;

@@ -37,6 +37,10 @@ int btc_thread_slot_of(uint64_t ident);
  * mapped.  Async-signal-safe: how a crash handler reads what it cannot
  * trust (a corrupt heap). */
 bool btc_read_own(void *dst, uintptr_t src, size_t n);
+/* A signal sample's objects, read after the capture: copied with
+ * btc_read_own where process_vm_readv works; in place under qemu-user,
+ * which does not emulate it (as the capture itself reads them there). */
+bool btc_read_sampled(void *dst, uintptr_t src, size_t n);
 /* btc_signal_sample() by slot. */
 int btc_signal_sample_slot(int slot, int timeout_ms, btc_sigsample *out);
 

@@ -83,26 +83,34 @@ static void add_str(btc_text *t, PyObject *s)
     btc_text_add(t, out);
 }
 
-void btc_text_add_str_own(btc_text *t, uintptr_t s)
+/* How a Python frame's objects are read: btc_read_own, or btc_read_sampled. */
+typedef bool (*object_reader)(void *dst, uintptr_t src, size_t n);
+
+static void add_str_read(btc_text *t, uintptr_t s, object_reader read)
 {
     PyASCIIObject header;
     union {
         PyCompactUnicodeObject object;
         char bytes[sizeof(PyCompactUnicodeObject) + 200 * 4];   /* what add_str reads: its first 200 characters */
     } copy;
-    if (!s || !btc_read_own(&header, s, sizeof header) || header.ob_base.ob_type != &PyUnicode_Type ||
+    if (!s || !read(&header, s, sizeof header) || header.ob_base.ob_type != &PyUnicode_Type ||
         !header.state.compact || header.state.kind < 1 || header.state.kind > 4) {
         btc_text_add(t, "?");
         return;
     }
     size_t chars = (size_t)(header.length < 200 ? header.length : 200) * header.state.kind;
     size_t fixed = header.state.ascii ? sizeof(PyASCIIObject) : sizeof(PyCompactUnicodeObject);
-    if (header.length < 0 || !btc_read_own(copy.bytes, s, fixed + chars)) {
+    if (header.length < 0 || !read(copy.bytes, s, fixed + chars)) {
         btc_text_add(t, "?");
         return;
     }
     copy.object._base.length = header.length < 200 ? header.length : 200;   /* what was copied */
     add_str(t, (PyObject *)&copy.object);
+}
+
+void btc_text_add_str_own(btc_text *t, uintptr_t s)
+{
+    add_str_read(t, s, btc_read_own);
 }
 
 void btc_text_add_cstr_own(btc_text *t, uintptr_t s, size_t max)
@@ -124,7 +132,7 @@ void btc_text_add_cstr_own(btc_text *t, uintptr_t s, size_t max)
  * PyCode_Addr2Line on the copies. */
 #define LINE_TABLE_BYTES 16384   /* all but 1 of the 58,209 code objects of 3.11's stdlib */
 
-static int line_of(PyCodeObject *code, int lasti)
+static int line_of(PyCodeObject *code, int lasti, object_reader read)
 {
     PyBytesObject header;
     union {
@@ -132,11 +140,11 @@ static int line_of(PyCodeObject *code, int lasti)
         char bytes[sizeof(PyBytesObject) + LINE_TABLE_BYTES];
     } table;
     uintptr_t at = (uintptr_t)code->co_linetable;
-    if (!at || !btc_read_own(&header, at, sizeof header) || header.ob_base.ob_base.ob_type != &PyBytes_Type ||
+    if (!at || !read(&header, at, sizeof header) || header.ob_base.ob_base.ob_type != &PyBytes_Type ||
         header.ob_base.ob_size < 0)
         return -1;
     size_t n = header.ob_base.ob_size < LINE_TABLE_BYTES ? (size_t)header.ob_base.ob_size : LINE_TABLE_BYTES;
-    if (!btc_read_own(table.bytes, at, offsetof(PyBytesObject, ob_sval) + n))
+    if (!read(table.bytes, at, offsetof(PyBytesObject, ob_sval) + n))
         return -1;
     table.object.ob_base.ob_size = (Py_ssize_t)n;
     code->co_linetable = (PyObject *)&table.object;
@@ -150,31 +158,46 @@ static int line_of(PyCodeObject *code, int lasti)
 
 /* "  File "...", line N, in name".  No printf: this also runs in the crash
  * handler (crash.c).  Nothing is read in place: the code object, its strings
- * and its line table are copied first (btc_read_own).  The thread that owned
+ * and its line table are copied first (btc_read_own; under qemu-user, which
+ * does not emulate process_vm_readv, a sample's are read in place, as its
+ * capture read them).  The thread that owned
  * the code object ran on while this formats (a sample is formatted without
  * the GIL) and may have freed it (module code after its import), and a
  * crashed process's heap may be corrupt: either gives "?" or a note, never
  * a read of freed or unmapped memory. */
-static void add_python(btc_text *t, const btc_frame *f)
+static void add_python(btc_text *t, const btc_frame *f, object_reader read)
 {
     PyCodeObject code;
-    if (!btc_read_own(&code, f->addr, sizeof code) || !PyCode_Check((PyObject *)&code)) {
+    if (!read(&code, f->addr, sizeof code) || !PyCode_Check((PyObject *)&code)) {
         btc_text_add(t, "  (a Python frame whose code object is gone: ");
         btc_text_add_uint(t, f->addr, 16);
         btc_text_add(t, ")\n");
         return;
     }
     btc_text_add(t, "  File \"");
-    btc_text_add_str_own(t, (uintptr_t)code.co_filename);
+    add_str_read(t, (uintptr_t)code.co_filename, read);
     btc_text_add(t, "\", line ");
-    int line = line_of(&code, f->lasti);
+    int line = line_of(&code, f->lasti, read);
     if (line < 0)
         btc_text_add(t, "?");
     else
         btc_text_add_uint(t, (uint64_t)line, 10);
     btc_text_add(t, ", in ");
-    btc_text_add_str_own(t, (uintptr_t)code.co_qualname);
+    add_str_read(t, (uintptr_t)code.co_qualname, read);
     btc_text_add(t, "\n");
+}
+
+/* A sample's frame: where process_vm_readv is not emulated (qemu-user), in
+ * place, as the capture read it (btc_read_sampled). */
+static void add_python_sampled(btc_text *t, const btc_frame *f)
+{
+    add_python(t, f, btc_read_sampled);
+}
+
+/* A crashed process's frame: copied or not read at all (a corrupt heap). */
+static void add_python_crashed(btc_text *t, const btc_frame *f)
+{
+    add_python(t, f, btc_read_own);
 }
 
 /* The module's file name without its directory. */
@@ -246,7 +269,7 @@ static void frames_text(const btc_frame *frames, int n, unsigned partial, btc_te
 void btc_sigsample_inner_text(const btc_sigsample *s, int inner, btc_text *t)
 {
     int n = inner < s->n ? inner : s->n;
-    frames_text(s->frames, n < BTC_SIGNAL_FRAMES ? n : BTC_SIGNAL_FRAMES, s->partial, t, add_python, add_native);
+    frames_text(s->frames, n < BTC_SIGNAL_FRAMES ? n : BTC_SIGNAL_FRAMES, s->partial, t, add_python_sampled, add_native);
 }
 
 void btc_sigsample_text(const btc_sigsample *s, btc_text *t)
@@ -274,7 +297,7 @@ static void add_native_module(btc_text *t, const btc_frame *f)
 void btc_frames_crash_text(const btc_frame *frames, int n, unsigned partial, btc_text *t)
 {
     modules_locked = btc_modules_try_acquire_prebuilt();
-    frames_text(frames, n, partial, t, add_python, add_native_module);
+    frames_text(frames, n, partial, t, add_python_crashed, add_native_module);
     if (modules_locked)
         btc_modules_release();
     modules_locked = false;
