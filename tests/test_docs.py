@@ -63,6 +63,9 @@ def test_guide_example_runs(source, tmp_path):
         pytest.skip("stripped interpreter: the example names its static C functions")
     if "enable_crash_report" in source and conftest.UNDER_QEMU:
         pytest.skip(conftest.QEMU_NO_OWN_READS)
+    if "os.fork()" in source and "threading.Thread" in source and conftest.UNDER_ASAN:
+        # the fork example's child hung in libasan's malloc once (ci34): its resolving thread allocates all the time
+        pytest.skip("ASan's allocator is not fork-safe while another thread allocates (gcc 12)")
     if "dump_process(" in source and not conftest.DUMPS_OTHER_PROCESSES:
         pytest.skip(conftest.NO_DUMP_HERE)
     proc = subprocess.run([sys.executable, "-P", "-c", source], cwd=tmp_path, capture_output=True, text=True,
