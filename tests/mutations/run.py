@@ -704,7 +704,7 @@ MUTATIONS = [
     Mutation("native/remote/rpython.c", "        gs[reader[r]].copied = ok[r];", "        gs[r].copied = ok[r];",
              "tests/test_hostile_dump.py::test_a_corrupt_greenlet_before_a_healthy_one_leaves_it_its_heap_copy",
              "a batched heap-copy read is credited to the wrong greenlet: a corrupt greenlet takes a healthy one's"),
-    Mutation("native/watch/report.c", "    btc_text_add_str_own(t, (uintptr_t)code.co_filename);",
+    Mutation("native/watch/report.c", "    add_str_read(t, (uintptr_t)code.co_filename, read);",
              "    add_str(t, code.co_filename);",
              "tests/test_watchdog.py::test_a_sample_names_code_objects_it_cannot_read_without_reading_them",
              "a sample reads its code objects' file names in place: one freed since the capture crashes the process"),
