@@ -254,6 +254,26 @@ def test_a_self_linked_frame_chain_is_cut_with_a_note(chain_so, clean, tmp_path)
         proc.wait(timeout=WAIT)
 
 
+def test_a_greenlet_whose_top_frame_is_unreadable_keeps_its_native_frames(chain_so, clean, tmp_path):
+    # guards: an unreadable top frame (BTC_REMOTE_BAD_FRAME) costs the greenlet its Python frames only: its
+    # StackState is sound, so its saved stack is walked as a healthy greenlet's is.  Oracle: a healthy greenlet
+    # parked in the same Event.wait, whose native frames are the victim's less the eval loop's (which the
+    # healthy one shows as its merged Python frames).
+    proc, report = start_target(tmp_path, {"healthy": 2, "corrupt": [["state.frame", "2^63"]]})
+    try:
+        victim = next(iter(report["victims"]))
+        for portable in (False, True):
+            dumped = by_greenlet(dump(proc.pid, portable)[0])
+            frames, error = dumped[victim]
+            assert error and "top frame cannot be read" in error, error
+            assert frames and all(f[0] == "native" for f in frames), frames
+            healthy = [f for f in dumped[report["healthy"][0]][0] if f[0] == "native"]
+            assert [f for f in frames if f[1] != "_PyEval_EvalFrameDefault"] == healthy, (frames, healthy)
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
 # ---- the bounds themselves, on values made here ----
 
 def test_reads_past_the_address_space_or_the_size_bound_are_refused():

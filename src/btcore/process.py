@@ -403,7 +403,7 @@ def _fill_greenlet(snap: Snapshot, merger: _Merger, st, g, thread, native: bool)
     """g's notes so far, st filled for the merge; thread: the one whose stack holds g's part still in place,
     or None."""
     missing = data = None
-    if native and snap.greenlet_code is not None and g.error is None:
+    if native and snap.greenlet_code is not None and g.walkable:
         data = _greenlet_bytes(g, thread)
         if data is None:
             missing = _UNWALKED

@@ -233,6 +233,8 @@ class GreenletCopy:
     main: bool
     error: str | None = None    # why its state could not be used (a corrupt target)
     reused: bool = False        # spill is the previous stop's copy: its state had not changed (Room.alternate)
+    walkable: bool = True       # its StackState is sound, so its saved stack can be walked natively (also with
+                                # error set, when only its top frame was unreadable: BTC_REMOTE_BAD_FRAME)
 
 
 @dataclass
@@ -694,7 +696,8 @@ def greenlet_copies(target: Target, copied: list) -> list:
             pyframes = frames[frames_at * size: (frames_at + nframes) * size]   # merged in C (process.py)
             out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
                                     spill[spill_at: spill_at + saved] if ok else None, pyframes,
-                                    stop == greenlet_offsets.MAIN_STACK_STOP, _BAD.get(bad), ok == lib.BTC_REMOTE_COPIED_BEFORE))
+                                    stop == greenlet_offsets.MAIN_STACK_STOP, _BAD.get(bad), ok == lib.BTC_REMOTE_COPIED_BEFORE,
+                                    bad in _WALKABLE))
     return out
 
 
@@ -702,6 +705,7 @@ _BAD = {lib.BTC_REMOTE_BAD_UNREADABLE: "its greenlet state is unreadable (a corr
         lib.BTC_REMOTE_BAD_INCONSISTENT: "its greenlet state is not one greenlet writes (a corrupt target?)",
         lib.BTC_REMOTE_BAD_SKIPPED: "its saved stack lies outside the target's stacks or past the dump's budget: Python frames only",
         lib.BTC_REMOTE_BAD_FRAME: "its top frame cannot be read (a corrupt target?)"}
+_WALKABLE = (0, lib.BTC_REMOTE_BAD_FRAME)   # a bad top frame leaves the StackState's stack whole
 
 
 def _type_name(target: Target, tp: int) -> str:
