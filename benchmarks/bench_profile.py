@@ -13,9 +13,13 @@
    client on /io (a patched-socket round trip in a Flask view), the worker
    plain or with btcore.start_profiler(100) started in post_worker_init.
    Also the worker's CPU time per request (its process_time() across the
-   load, over the requests answered): the client shares the 2 cores, so
-   throughput moves +-5% from round to round while CPU per request shows
-   what the sampler's ticks add to each request.
+   load, over the requests answered): what the sampler's ticks add to each
+   request.  With 2 cores or more the server (every thread of the worker,
+   or of the pywsgi server) is pinned to one core and the load generator
+   to another (--no-pin: not): sharing both cores, the client and the
+   server preempted each other and throughput moved +-5% from round to
+   round, more than the 2% to be shown; pinned, the server's core runs the
+   server and its sampler only, so the ratio is their cost.
 2. The sampler's own time per tick (Profile.busy / ticks, the time it holds
    the GIL, mostly; and its CPU time, Profile.busy_cpu) at 10, 100 and
    1,000 parked greenlets, in this process, after a warm-up profile.
@@ -25,7 +29,7 @@
    greenlets are not in its profile at all.
 
 Runs against the installed btcore (pip install .), from any directory.
-Usage: python benchmarks/bench_profile.py [--rounds N] [--seconds S] [--connections C] [--only PART]
+Usage: python benchmarks/bench_profile.py [--rounds N] [--seconds S] [--connections C] [--only PART] [--no-pin]
 Prints a table; exits 0 whatever the result (a report, not a test).
 """
 import argparse
@@ -103,6 +107,25 @@ print(json.dumps({"rps": len(latencies) / (time.monotonic() - started), "request
 '''
 
 
+SERVER_CORE, CLIENT_CORE = 1, 0
+PIN = {"on": False}   # main(): --no-pin, or fewer than 2 cores
+
+
+def pin_process(pid: int, core: int) -> None:
+    """Every thread of pid to core (threads it starts later inherit it)."""
+    if PIN["on"]:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), {core})
+            except ProcessLookupError:   # a thread that ended meanwhile
+                pass
+
+
+def _client_core():
+    if PIN["on"]:
+        os.sched_setaffinity(0, {CLIENT_CORE})
+
+
 def _address(server):
     """(port, pid) the server prints (py-spy prints its own lines first)."""
     for line in server.stdout:
@@ -122,6 +145,9 @@ def run_round(kind, seconds, connections, folder):
     pid = None
     try:
         port, pid = _address(server)
+        pin_process(pid, SERVER_CORE)
+        if server.pid != pid:   # py-spy's own process samples on the server's core too: its cost, charged
+            pin_process(server.pid, SERVER_CORE)
         out = client_load(port, seconds, connections, "/")
     finally:
         if pid is not None:
@@ -139,11 +165,11 @@ def client_load(port, seconds, connections, path, warmed=None) -> dict:
     for `seconds`, after half a second of warm-up (then warmed() is called,
     if given)."""
     subprocess.run([sys.executable, "-c", CLIENT, str(port), "0.5", str(connections), path], capture_output=True,
-                   timeout=60)
+                   timeout=60, preexec_fn=_client_core)
     if warmed is not None:
         warmed()
     out = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(seconds), str(connections), path],
-                         capture_output=True, text=True, timeout=120, check=True)
+                         capture_output=True, text=True, timeout=120, check=True, preexec_fn=_client_core)
     return json.loads(out.stdout)
 
 
@@ -151,6 +177,7 @@ def gunicorn_round(kind, seconds, connections, folder):
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "fixtures"))
     import deployment
     with deployment.Gunicorn(tempfile.mkdtemp(dir=folder), profile_rate=100 if kind == "btcore" else None) as target:
+        pin_process(target.pid, SERVER_CORE)
         before = {}   # the worker's CPU when the measured load starts (the warm-up's is not counted)
         result = client_load(target.port, seconds, connections, "/io",
                              lambda: before.update(json.loads(target.get_ok("/profiler"))))
@@ -308,7 +335,11 @@ def main():
     parser.add_argument("--connections", type=int, default=20)
     parser.add_argument("--only", choices=("pywsgi", "gunicorn", "ticks", "split"), action="append",
                         help="run only these parts (repeatable); default: all")
+    parser.add_argument("--no-pin", action="store_true", help="let the server and the load generator share the cores")
     args = parser.parse_args()
+    PIN["on"] = not args.no_pin and len(os.sched_getaffinity(0)) >= 2 and {SERVER_CORE, CLIENT_CORE} <= os.sched_getaffinity(0)
+    print("server on core %d, load generator on core %d" % (SERVER_CORE, CLIENT_CORE) if PIN["on"] else
+          "server and load generator not pinned (they share the cores)")
     parts = {"pywsgi": server_cost, "gunicorn": gunicorn_cost, "ticks": lambda _: tick_cost(),
              "split": lambda _: peers_on_the_split()}
     for name, part in parts.items():
