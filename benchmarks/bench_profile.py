@@ -19,7 +19,8 @@
    to another (--no-pin: not): sharing both cores, the client and the
    server preempted each other and throughput moved +-5% from round to
    round, more than the 2% to be shown; pinned, the server's core runs the
-   server and its sampler only, so the ratio is their cost.
+   server and its sampler only, so the ratio is their cost.  Rounds of 3 s
+   still differ by up to 15% there: use --seconds 10 (7 rounds: +-3%).
 2. The sampler's own time per tick (Profile.busy / ticks, the time it holds
    the GIL, mostly; and its CPU time, Profile.busy_cpu) at 10, 100 and
    1,000 parked greenlets, in this process, after a warm-up profile.
