@@ -1119,13 +1119,20 @@ BUILD_ENV = dict(os.environ, BTCORE_LTO="0")   # main() adds the compiler cache
 IGNORED = shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache")
 
 
+def stale(m: Mutation, text: str) -> str | None:
+    """Why m cannot be applied to its file's text, or None (tests/test_mutation_list.py asks it too)."""
+    found = text.count(m.original)
+    return None if found == 1 else f"original text found {found} times (must be exactly once)"
+
+
 def apply(copy: str, m: Mutation) -> str | None:
     """Write the mutant into the copy; None, or why it cannot be applied."""
     path = os.path.join(copy, m.path)
     with open(os.path.join(ROOT, m.path)) as f:
         text = f.read()
-    if text.count(m.original) != 1:
-        return f"original text found {text.count(m.original)} times (must be exactly once)"
+    why = stale(m, text)
+    if why:
+        return why
     with open(path, "w") as f:
         f.write(text.replace(m.original, m.replacement))
     return None
