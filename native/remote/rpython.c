@@ -582,6 +582,39 @@ int btc_remote_greenlet_frames(btc_rmem *m, const btc_remote_layout *L, btc_remo
     return nframes;
 }
 
+/* A suspended greenlet's stack is its heap copy alone when that copy holds
+ * all of it (a greenlet other than a thread's main one, whose stack was
+ * saved whole): the common case, filled here in one pass.  The others keep
+ * a part in place on their thread's stack: the caller joins the two. */
+static bool copy_is_whole(const btc_remote_greenlet *g)
+{
+    return g->copied && g->stop != BTC_GREENLET_MAIN_STACK_STOP && g->start + (uintptr_t)g->saved >= g->stop;
+}
+
+int btc_remote_greenlet_stacks(const btc_remote_greenlet *states, const int32_t *rows, int n, const uint8_t *spill,
+                               const btc_remote_pyframe *frames, int32_t walk, btc_remote_stack *out, int32_t *left)
+{
+    int nleft = 0;
+    for (int i = 0; i < n; i++) {
+        const btc_remote_greenlet *g = &states[rows[i]];
+        btc_remote_stack *st = &out[i];
+        st->greenlet = 1;
+        st->lo = g->start;
+        st->last_cfa = g->stop == BTC_GREENLET_MAIN_STACK_STOP ? 0 : g->stop;
+        st->py = g->nframes > 0 ? frames + g->frames_at : NULL;
+        st->npy = g->nframes > 0 ? g->nframes : 0;
+        if (!walk || (g->bad != 0 && g->bad != BTC_REMOTE_BAD_FRAME))   /* a bad top frame leaves the stack whole */
+            continue;
+        if (copy_is_whole(g)) {
+            st->copy = spill + g->spill_at;
+            st->size = (uint64_t)g->saved;
+        } else {
+            left[nleft++] = i;
+        }
+    }
+    return nleft;
+}
+
 int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *L, btc_remote_greenlet *gs, int n,
                                uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
                                const uintptr_t *lo, const uintptr_t *hi, int nmaps)

@@ -10,7 +10,9 @@ happen after it runs again.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import operator
 import os
 import platform
 import re
@@ -236,20 +238,33 @@ class _Merger:
         self._keep = []   # the buffers the C structs point into
         self._shared = {}   # raw records -> (the bytes, their refs): shared by identical stacks
 
-    def stack(self, st, regs, lo: int, data, last_cfa: int, pyframes: bytes, greenlet: bool) -> None:
-        """Fill st: data is the copy of [lo, lo + len(data)) of the target, or None;
-        regs: a thread's (a greenlet's are read from its copy, in C)."""
-        if data is not None and len(data):
-            copy = ffi.from_buffer(data)
-            self._keep.append(copy)
-            if regs:
-                st.regs[0:4] = regs
-            st.lo, st.copy, st.size, st.last_cfa = lo, copy, len(data), last_cfa
-        if len(pyframes):   # (a greenlet parked in Cython code has none)
-            py = ffi.from_buffer("btc_remote_pyframe[]", pyframes)
-            self._keep.append(py)
-            st.py, st.npy = py, len(pyframes) // PYFRAME.size
-        st.greenlet = greenlet
+    def thread(self, st, t) -> None:
+        """Fill st for thread t of the snapshot: its running stack, when it was stopped and copied."""
+        if t.regs is not None and t.stack:
+            st.regs[0:4] = t.regs
+            self.copy(st, t.stack_lo, t.stack, 0)
+        if t.pyframes:
+            pyframes = b"".join(PYFRAME.pack(*f) for f in t.pyframes)
+            st.py, st.npy = self._kept(ffi.from_buffer("btc_remote_pyframe[]", pyframes)), len(t.pyframes)
+
+    def greenlets(self, stacks, records, group: list, walk: bool) -> list:
+        """Fill stacks[0:len(group)] for group, greenlets of records, in C: their Python frames, and when walk,
+        their saved stacks where the heap copy is all of one.  Returns the i of those left to the caller
+        (_greenlet_bytes: a part in place on the thread's stack)."""
+        spill = self._kept(ffi.from_buffer(records.spill))
+        frames = self._kept(ffi.from_buffer("btc_remote_pyframe[]", records.frames))
+        states = self._kept(ffi.from_buffer("btc_remote_greenlet[]", records.states))
+        rows, left = ffi.new("int32_t[]", [g.row for g in group]), ffi.new("int32_t[]", len(group))
+        return left[0:lib.btc_remote_greenlet_stacks(states, rows, len(group), spill, frames, walk, stacks, left)]
+
+    def copy(self, st, lo: int, data, last_cfa: int) -> None:
+        """st's stack: data, the copy of [lo, lo + len(data)) of the target."""
+        if len(data):
+            st.lo, st.copy, st.size, st.last_cfa = lo, self._kept(ffi.from_buffer(data)), len(data), last_cfa
+
+    def _kept(self, buffer):
+        self._keep.append(buffer)
+        return buffer
 
     def merge(self, stacks, n: int, named: bool = True) -> list:
         """[(RemoteBacktrace, its _Shared or None when not named, why its Python chain was cut short or None)]
@@ -327,18 +342,28 @@ def _fill(snap: Snapshot, merger: _Merger, native: bool) -> tuple:
     """(The btc_remote_stack array of snap's threads then greenlets, filled for the merge; each stack's notes
     so far; each greenlet's thread or None)."""
     stacks = ffi.new("btc_remote_stack[]", max(1, len(snap.threads) + len(snap.greenlets)))
-    notes, holders = [], []
     for i, t in enumerate(snap.threads):
-        pyframes = b"".join(PYFRAME.pack(*f) for f in t.pyframes)
-        stopped = t.regs is not None and t.stack
-        merger.stack(stacks[i], t.regs, t.stack_lo, t.stack if stopped else None, 0, pyframes, False)
-        notes.append(() if stopped else (t.error,))
-    thread = None
-    for i, g in enumerate(snap.greenlets, len(snap.threads)):
+        merger.thread(stacks[i], t)
+    notes = [() if t.regs is not None and t.stack else (t.error,) for t in snap.threads]
+    notes += [(g.error, None) for g in snap.greenlets]
+    holders, thread = [], None
+    for g in snap.greenlets:
         thread = _holder(snap, g, thread)
-        notes.append(_fill_greenlet(snap, merger, stacks[i], g, thread, native))
         holders.append(thread)
+    at, walk = len(snap.threads), native and snap.greenlet_code is not None
+    for records, group in itertools.groupby(snap.greenlets, key=_records_of):
+        group = list(group)
+        for i in merger.greenlets(stacks + at, records, group, walk):
+            data = _greenlet_bytes(group[i], holders[at - len(snap.threads) + i])
+            if data is None:
+                notes[at + i] = (group[i].error, _UNWALKED)
+            else:
+                merger.copy(stacks[at + i], group[i].start, data, 0 if group[i].main else group[i].stop)
+        at += len(group)
     return stacks, notes, holders
+
+
+_records_of = operator.attrgetter("records")
 
 
 def _holder(snap: Snapshot, g, last):
@@ -399,29 +424,16 @@ def _noted(*why) -> str | None:
     return "; ".join(w for w in why if w) or None
 
 
-def _fill_greenlet(snap: Snapshot, merger: _Merger, st, g, thread, native: bool) -> tuple:
-    """g's notes so far, st filled for the merge; thread: the one whose stack holds g's part still in place,
-    or None."""
-    missing = data = None
-    if native and snap.greenlet_code is not None and g.walkable:
-        data = _greenlet_bytes(g, thread)
-        if data is None:
-            missing = _UNWALKED
-    merger.stack(st, None, g.start, data, 0 if g.main else g.stop, g.pyframes, True)
-    return g.error, missing
-
-
 _UNWALKED = "its saved stack is not in the copies made: Python frames only"
 
 
 def _greenlet_bytes(g, thread):
-    """[start, stop) of a suspended greenlet: greenlet's heap copy of the low
+    """[start, stop) of a suspended greenlet whose heap copy is not all of its
+    stack (btc_remote_greenlet_stacks() fills the others): that copy of the low
     part, then the part still in place on its thread's stack (copied with it)."""
     in_place_lo = g.start + g.saved
     if g.spill is None:
         return None
-    if not g.main and in_place_lo >= g.stop:
-        return g.spill
     if thread is None or in_place_lo < thread.stack_lo:
         return None
     hi = thread.stack_lo + len(thread.stack) if g.main else g.stop

@@ -15,6 +15,7 @@ import mmap
 import os
 import shutil
 import signal
+import struct
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -221,20 +222,46 @@ class ThreadCopy:
 
 
 @dataclass
+class GreenletRecords:
+    """One interpreter's suspended greenlets as a stop copied them: btc_remote_greenlet rows (states), the
+    heap copies of their saved stacks (spill) and their Python frames (btc_remote_pyframe rows), each row
+    saying where its parts are.  process.py fills the stacks of a dump's greenlets from these in C."""
+    states: memoryview
+    spill: object
+    frames: memoryview
+
+
+@dataclass(slots=True)
 class GreenletCopy:
     address: int
     type_name: str
     start: int
     stop: int
     saved: int
-    spill: memoryview | None    # [start, start + saved), from greenlet's heap copy (None: unreadable or not
-                                # copied): a view of the dump's one buffer
-    pyframes: memoryview        # its Python frames: btc_remote_pyframe records, innermost first
     main: bool
+    records: GreenletRecords    # its interpreter's, which hold its saved stack and Python frames
+    row: int                    # its row there
     error: str | None = None    # why its state could not be used (a corrupt target)
     reused: bool = False        # spill is the previous stop's copy: its state had not changed (Room.alternate)
-    walkable: bool = True       # its StackState is sound, so its saved stack can be walked natively (also with
-                                # error set, when only its top frame was unreadable: BTC_REMOTE_BAD_FRAME)
+
+    @property
+    def spill(self) -> memoryview | None:
+        """[start, start + saved), from greenlet's heap copy (None: unreadable or not copied): a view of the
+        stop's one buffer."""
+        spill_at, copied = _ROW_SPILL.unpack_from(self.records.states, self.row * GREENLET.size)
+        return memoryview(self.records.spill)[spill_at: spill_at + self.saved] if copied else None
+
+    @property
+    def pyframes(self) -> memoryview:
+        """Its Python frames: btc_remote_pyframe records, innermost first."""
+        at, n = _ROW_FRAMES.unpack_from(self.records.states, self.row * GREENLET.size)
+        return self.records.frames[at * PYFRAME.size: (at + n) * PYFRAME.size]
+
+
+# parts of a btc_remote_greenlet row (records.GREENLET) read by themselves
+_ROW_SPILL = struct.Struct(f"<{ffi.offsetof('btc_remote_greenlet', 'spill_at')}xQ"
+                           f"{ffi.offsetof('btc_remote_greenlet', 'copied') - ffi.offsetof('btc_remote_greenlet', 'spill_at') - 8}xi")
+_ROW_FRAMES = struct.Struct(f"<{ffi.offsetof('btc_remote_greenlet', 'frames_at')}x2i")
 
 
 @dataclass
@@ -686,18 +713,14 @@ def greenlet_copies(target: Target, copied: list) -> list:
     needs it stopped)."""
     out, seen = [], set()
     for states, spill in copied:
-        frames = _greenlet_frames(target, states, spill)
-        spill = memoryview(spill)   # each greenlet's part: a view, not a copy
-        size = PYFRAME.size
-        for g, tp, start, stop, _, saved, _, spill_at, frames_at, nframes, ok, bad in GREENLET.iter_unpack(states):
+        records = GreenletRecords(states, spill, _greenlet_frames(target, states, spill))
+        for row, (g, tp, start, stop, _, saved, _, _, _, _, ok, bad) in enumerate(GREENLET.iter_unpack(states)):
             if g in seen:   # a corrupt gc list may lead through objects twice
                 continue
             seen.add(g)
-            pyframes = frames[frames_at * size: (frames_at + nframes) * size]   # merged in C (process.py)
             out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
-                                    spill[spill_at: spill_at + saved] if ok else None, pyframes,
-                                    stop == greenlet_offsets.MAIN_STACK_STOP, _BAD.get(bad), ok == lib.BTC_REMOTE_COPIED_BEFORE,
-                                    bad in _WALKABLE))
+                                    stop == greenlet_offsets.MAIN_STACK_STOP, records, row, _BAD.get(bad),
+                                    ok == lib.BTC_REMOTE_COPIED_BEFORE))
     return out
 
 
@@ -705,7 +728,6 @@ _BAD = {lib.BTC_REMOTE_BAD_UNREADABLE: "its greenlet state is unreadable (a corr
         lib.BTC_REMOTE_BAD_INCONSISTENT: "its greenlet state is not one greenlet writes (a corrupt target?)",
         lib.BTC_REMOTE_BAD_SKIPPED: "its saved stack lies outside the target's stacks or past the dump's budget: Python frames only",
         lib.BTC_REMOTE_BAD_FRAME: "its top frame cannot be read (a corrupt target?)"}
-_WALKABLE = (0, lib.BTC_REMOTE_BAD_FRAME)   # a bad top frame leaves the StackState's stack whole
 
 
 def _type_name(target: Target, tp: int) -> str:
