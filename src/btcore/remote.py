@@ -544,17 +544,25 @@ class Room:
         return buf
 
 
-# A large buffer is mapped with its pages populated by the kernel in one call: 47 MB of greenlets' saved
-# stacks (10,000 parked gevent greenlets) took 17 ms touched page by page from Python, 7 ms populated.
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+# A large buffer is mapped in transparent huge pages where the kernel gives them (madvise: the dumper's own
+# memory, never the target's), its pages populated by the kernel in one call.  47 MB of greenlets' saved stacks
+# (10,000 parked gevent greenlets): 17 ms touched page by page from Python, 13 ms populated in 4 KiB pages,
+# 4 ms in huge pages.
 _MAPPED = 1 << 20
+_MADV_POPULATE_WRITE = 23   # Linux 5.14 (Python's mmap module does not name it before 3.13)
 
 
 def _faulted_in(size: int):
-    if _POPULATE and size >= _MAPPED:
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
-    buf = bytearray(size)
-    buf[::_PAGE] = bytes((size + _PAGE - 1) // _PAGE)
+    if size < _MAPPED:
+        buf = bytearray(size)
+    else:
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        with contextlib.suppress(OSError, AttributeError):   # no transparent huge pages: 4 KiB ones
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        with contextlib.suppress(OSError):
+            buf.madvise(_MADV_POPULATE_WRITE)
+            return buf
+    buf[::_PAGE] = bytes((size + _PAGE - 1) // _PAGE)   # (an older kernel: touched)
     return buf
 
 
