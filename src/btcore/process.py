@@ -39,7 +39,7 @@ __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "Walker", "dump_p
 _new = object.__new__
 
 
-@dataclass
+@dataclass(slots=True)
 class ProcessStack:
     """One stack of the target: a thread's running stack, or a suspended greenlet's.
 
@@ -267,8 +267,8 @@ class _Merger:
         return buffer
 
     def merge(self, stacks, n: int, named: bool = True) -> list:
-        """[(RemoteBacktrace, its _Shared or None when not named, why its Python chain was cut short or None)]
-        of stacks[0:n]."""
+        """[(RemoteBacktrace, its _Shared or None when not named, why its Python chain was cut short or None,
+        whether it was left unwalked)] of stacks[0:n]."""
         out, done = [], 0
         records = ffi.new("btc_frame[]", _CAPACITY * _STACKS_AT_ONCE)
         buffer = ffi.buffer(records)
@@ -277,10 +277,11 @@ class _Merger:
                                       _CAPACITY * _STACKS_AT_ONCE)
             if k <= 0:
                 raise DumpError(ffi.string(lib.btc_last_error()).decode())
-            for at, count, truncated, cut, _ in _STACK_OUT.iter_unpack(ffi.buffer(stacks + done, k * _STACK_OUT.size)):
+            for at, count, truncated, cut, unwalked in _STACK_OUT.iter_unpack(ffi.buffer(stacks + done,
+                                                                                        k * _STACK_OUT.size)):
                 raw = buffer[at * 16: (at + count) * 16]
                 out.append((self.backtrace(raw, truncated) if named else (self._unnamed(raw, truncated), None))
-                           + (bounds.cut_reason(cut) if cut else None,))
+                           + (bounds.cut_reason(cut) if cut else None, unwalked))
             done += k
         return out
 
@@ -377,18 +378,18 @@ def _holder(snap: Snapshot, g, last):
 
 def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
     stacks, notes, holders = _fill(snap, merger, native)
-    shown = [ProcessStack("thread", f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else ""), t.tid)
-             for t in snap.threads]
     labels = remote_names.Labels(snap)
-    for g, thread, label in zip(snap.greenlets, holders, labels.labels(snap.greenlets)):
-        shown.append(ProcessStack("greenlet", label.name, thread.tid if thread else None, address=g.address,
-                                  parent=label.parent, spawned_by=label.spawned_by))
     thread_names = labels.thread_names()
-    for stack in shown:
-        stack.thread_name = thread_names.get(stack.tid)
-    for stack, note, st, (bt, shared, cut) in zip(shown, notes, stacks, merger.merge(stacks, len(shown))):
+    shown = [ProcessStack("thread", f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else ""), t.tid,
+                          thread_name=thread_names.get(t.tid)) for t in snap.threads]
+    for g, thread, label in zip(snap.greenlets, holders, labels.labels(snap.greenlets)):
+        tid = thread.tid if thread else None
+        shown.append(ProcessStack("greenlet", label.name, tid, address=g.address, parent=label.parent,
+                                  spawned_by=label.spawned_by, thread_name=thread_names.get(tid)))
+    for stack, note, (bt, shared, cut, unwalked) in zip(shown, notes, merger.merge(stacks, len(shown))):
         stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
-        stack.error = _noted(*note, _UNWALKED if st.unwalked else None, cut, shared.wrong)
+        if unwalked or cut or shared.wrong or any(note):   # (most stacks: nothing to say)
+            stack.error = _noted(*note, _UNWALKED if unwalked else None, cut, shared.wrong)
     shown += remote_tasks.stacks(snap, merger.names, shown)
     spawned = remote_spawn.chains(snap, merger)
     for stack in shown if spawned else ():
@@ -414,7 +415,7 @@ class Walker:
         """[RemoteBacktrace] of snap's threads, then of its greenlets, in snap's order."""
         stacks, _, _ = _fill(snap, self._merger, self._native)
         try:
-            return [bt for bt, _, _ in self._merger.merge(stacks, len(snap.threads) + len(snap.greenlets), named=False)]
+            return [bt for bt, _, _, _ in self._merger.merge(stacks, len(snap.threads) + len(snap.greenlets), named=False)]
         finally:
             self._merger.forget_buffers()
 

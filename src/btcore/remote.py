@@ -702,7 +702,9 @@ def _greenlet_frames(target: Target, states: memoryview, spill) -> memoryview:
     walked from the chunks the stop read: a frame the stop did not read is read now."""
     n = len(states) // GREENLET.size
     most = min(_MAX_PYFRAMES_ALL, 64 * n + _MAX_PYFRAMES)
-    frames = bytearray(most * PYFRAME.size)
+    # Room for 64 frames a greenlet, of which a few are written: mapped, only the pages written are faulted in
+    # (a bytearray cleared all 15 MB of it for 10,000 greenlets: 4 ms).
+    frames = mmap.mmap(-1, most * PYFRAME.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     nframes = lib.btc_remote_greenlet_frames(target.memory.handle, target.layout,
                                              ffi.cast("btc_remote_greenlet *", ffi.from_buffer(states)), n,
                                              ffi.from_buffer(spill), ffi.cast("btc_remote_pyframe *",
