@@ -111,6 +111,17 @@ def test_hostile_names_are_bounded_and_escaped_in_the_text_dump(target):
     assert not any(line.startswith("=== stack 99") for line in text.splitlines())
 
 
+def test_a_plain_label_is_the_whole_text_shown_whatever_the_type_name():
+    # guards: labels of unnamed greenlets escape the text around the address once (remote_names._plain); the
+    # label is still shown() of the whole text: a type name with control characters, one that must be cut.
+    for type_name in ("greenlet.greenlet", "evil\x1b[31m\nname", "t" * 190, "\x07" * 60):
+        for main, suffix in ((False, ""), (True, ""), (False, " (worker\r)")):
+            label = remote_names._plain(type_name, main, suffix, "f", 16)(0xdeadbeef)
+            assert label == (remote_names.shown(remote_names.plain_label(0xdeadbeef, main, type_name) + suffix),
+                             "f", 16, None)
+            assert len(label.name) <= remote_names.MAX_NAME and label.name.isprintable()
+
+
 def test_shown_escapes_and_bounds():
     # guards: shown(): printable text unchanged; control characters escaped; cut with "..." at MAX_NAME.
     assert remote_names.shown("Greenlet-3 (handler)") == "Greenlet-3 (handler)"

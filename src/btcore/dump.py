@@ -289,11 +289,12 @@ def _draw(top, children, stack_of, lines, shown) -> None:
     todo = [(top, "", "", 0)]
     while todo:
         info, lead, rest, depth = todo.pop()
-        if id(info.greenlet) in shown:
+        key = id(info.greenlet)
+        if key in shown:
             continue
-        shown.add(id(info.greenlet))
-        lines.append(f"{lead}{_node_label(info, stack_of, depth)}")
-        kids = children.get(id(info.greenlet), ())
+        shown.add(key)
+        lines.append(f"{lead}{_node_label(info, stack_of[key], depth)}")
+        kids = children.get(key, ())
         if depth >= _MAX_INDENT:
             lead_kid, rest_kid = [rest] * 2
         for n, kid in enumerate(reversed(kids)):
@@ -304,11 +305,10 @@ def _draw(top, children, stack_of, lines, shown) -> None:
             todo.append((kid, lead_kid, rest_kid, depth + 1))
 
 
-def _node_label(info, stack_of, depth) -> str:
-    where = f"stack {stack_of[id(info.greenlet)]}"
+def _node_label(info, stack: int, depth: int) -> str:
     extra = f", last ran {info.last_ran:.3f} s ago" if info.last_ran is not None else ""
     deep = f" (depth {depth})" if depth > _MAX_INDENT else ""
-    return f"{info.name}{deep}  {info.state}  [{where}{extra}]"
+    return f"{info.name}{deep}  {info.state}  [stack {stack}{extra}]"
 
 
 def render_text(infos, group: bool, tree: bool, stack_text, title=None, tail="", notes=()) -> str:

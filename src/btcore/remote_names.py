@@ -130,19 +130,18 @@ class Labels:
         address -> their RemoteLabel.  codes: a plain greenlet's outermost (code, the code it called)."""
         type_name = self._type_name(tp) or "?" if read else type_name
         if main:
-            return lambda address: RemoteLabel(shown(plain_label(address, main, type_name)))
+            return _plain(type_name, True, "")
         parent = parent if parent and self._is_greenlet(parent) else None
         if not gevent:
             function = self._outermost(*codes)
-            suffix = f" ({function})" if function else ""
-            return lambda address: RemoteLabel(shown(plain_label(address, main, type_name) + suffix), function, parent)
+            return _plain(type_name, False, f" ({function})" if function else "", function, parent)
         function = self._c_string(function) if function_is_cstring else self._string(function)
         suffix = f" ({function})" if function else ""
         spawner = spawner if spawner and self._is_greenlet(spawner) else None
         named = self._string(name) or (f"Greenlet-{ident}" if ident >= 0 else None)
         if named:
             return RemoteLabel(shown(named + suffix), function, parent, spawner)
-        return lambda address: RemoteLabel(shown(plain_label(address, main, type_name) + suffix), function, parent, spawner)
+        return _plain(type_name, False, suffix, function, parent, spawner)
 
     # ---- the target's objects, each read checked ----
 
@@ -354,6 +353,15 @@ class Labels:
 
 def plain_label(address: int, main: bool, type_name: str) -> str:
     return f"<{type_name} at 0x{address:x}{' main' if main else ''}>"
+
+
+def _plain(type_name: str, main: bool, suffix: str, *rest):
+    """address -> the RemoteLabel of the greenlet there, named by plain_label() + suffix, with rest (function,
+    parent, spawner): the text around the address is escaped once, not per greenlet, when it needs no cut."""
+    head, tail = shown(f"<{type_name} at 0x"), shown(f"{' main' if main else ''}>{suffix}")
+    if len(head) + len(tail) + 16 > MAX_NAME:   # (an absurd type name: cut as a whole; escaping is per character)
+        return lambda address: RemoteLabel(shown(plain_label(address, main, type_name) + suffix), *rest)
+    return lambda address: RemoteLabel(f"{head}{address:x}{tail}", *rest)
 
 
 def _outer_codes(pyframes) -> tuple:
