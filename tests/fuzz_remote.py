@@ -27,6 +27,7 @@ import sys
 
 from btcore import bounds, greenlet_offsets
 from btcore._native import ffi, lib
+from btcore.records import PYFRAME
 from btcore.remote import Memory
 
 BASE = 0x7f1200000000
@@ -104,7 +105,8 @@ def _code(img, sample):
 
 def seed(greenlets=3, depth=2) -> bytes:
     """A well-formed image: greenlets in the first gc list, each suspended
-    with `depth` Python frames of one code object and part of its stack saved."""
+    with `depth` Python frames of one code object and part of its stack
+    saved (the third all of it)."""
     img, sample = _Image(), _sample_code()
     code = _code(img, sample)
     heads = [BASE + 24 * i for i in range(NHEADS)]
@@ -123,10 +125,11 @@ def seed(greenlets=3, depth=2) -> bytes:
         frame_object = img.new(64)
         img.put(frame_object + 8, FRAME_TYPE)
         img.put(frame_object + LAY.frame_object_f_frame, frames)
-        pimpl = img.new(TOP_FRAME + 8)
+        pimpl = img.new(max(STATE, TOP_FRAME) + 32)   # all a dump reads of it: the heap copy lies apart
         start = STACK[0] + 0x800 * i
-        copy = img.new(0x80)
-        img.put(pimpl + STATE, start, start + 0x400, copy, 0x80)
+        size, saved = (0x100, 0x100) if i == 2 else (0x400, 0x80)   # the third saved whole, the others in part
+        copy = img.new(saved)
+        img.put(pimpl + STATE, start, start + size, copy, saved)
         img.put(pimpl + TOP_FRAME, frame_object)
         gc_head = img.new(16 + 48)
         g = gc_head + 16
@@ -232,7 +235,16 @@ def read_spawn(image: bytes) -> tuple:
     return chains, sites
 
 
-def _walk(memory: Memory) -> None:
+def read_greenlets(image: bytes) -> list:
+    """[(bad, copied, saved whole, Python frames)] of the image's suspended greenlets, read as a dump reads a
+    target's (for a test of the seed's)."""
+    with _memory(image) as memory:
+        return _walk(memory)
+
+
+def _walk(memory: Memory) -> list:
+    """Walk memory as a dump walks a target's, checking each bound; returns read_greenlets()'s list (the
+    frames as 3.11's table walks them)."""
     most = 64
     heads = ffi.new("uintptr_t[]", [BASE + 24 * i for i in range(NHEADS)])
     found, visited, broken = ffi.new("uintptr_t[]", most), ffi.new("uint64_t *"), ffi.new("int *")
@@ -253,8 +265,10 @@ def _walk(memory: Memory) -> None:
     frames = ffi.new("btc_remote_pyframe[]", room)
     names = bounds.Names(memory, LAY, bounds.Types(code=CODE_TYPE), budget=1 << 16)
     maps = ffi.new("uintptr_t[]", [STACK[0]]), ffi.new("uintptr_t[]", [STACK[1]]), 1
+    read = []
     for lay in (LAY, LAY_SHIMS):
         nframes = lib.btc_remote_greenlet_copies(memory.handle, lay, states, kept, spill, total, frames, room, *maps)
+        read = read or [(g.bad, g.copied, g.start + g.saved == g.stop, g.nframes) for g in states[0:kept]]
         assert 0 <= nframes <= room
         for g in states[0:kept]:
             assert g.bad in (0, lib.BTC_REMOTE_BAD_UNREADABLE, lib.BTC_REMOTE_BAD_INCONSISTENT,
@@ -263,8 +277,25 @@ def _walk(memory: Memory) -> None:
             chain = [(f.code, f.lasti) for f in frames[g.frames_at: g.frames_at + g.nframes]]
             assert all(code for code, _ in chain[:-1]), "a cut marker inside a chain"
             _name(names, chain)
+        _stacks(states, kept, spill, total, frames, nframes)
     assert names.left > -(bounds.MAX_LINETABLE + 2 * 4 * bounds.MAX_STRING)
     _spawn_chains(memory)
+    return read
+
+
+def _stacks(states, kept: int, spill, total: int, frames, nframes: int) -> None:
+    """The walk's input filled from garbage states (btc_remote_greenlet_stacks): every copy it points at lies
+    in spill, every Python-frame range in the frames walked, every greenlet left to the caller is one."""
+    stacks, left = ffi.new("btc_remote_stack[]", max(kept, 1)), ffi.new("int32_t[]", max(kept, 1))
+    rows = ffi.new("int32_t[]", list(range(kept)) or [0])
+    nleft = lib.btc_remote_greenlet_stacks(states, rows, kept, spill, frames, 1, stacks, left)
+    assert 0 <= nleft <= kept and all(0 <= i < kept for i in left[0:nleft])
+    lo, py = int(ffi.cast("uintptr_t", spill)), int(ffi.cast("uintptr_t", frames))
+    for st in stacks[0:kept]:
+        at = int(ffi.cast("uintptr_t", st.copy))
+        assert st.size == 0 or lo <= at and at + st.size <= lo + total
+        first = (int(ffi.cast("uintptr_t", st.py)) - py) // PYFRAME.size if st.npy else 0
+        assert 0 <= first and first + st.npy <= nframes
 
 
 def _spawn_chains(memory: Memory) -> None:

@@ -374,6 +374,17 @@ def test_garbage_target_images_through_the_remote_readers():
     assert "3000 images" in done.stdout
 
 
+def test_the_fuzz_seed_holds_sound_greenlets():
+    # guards: tests/fuzz_remote.py's mutations start from greenlets a dump reads whole (suspended, state sound,
+    # heap copy read, both Python frames walked; one saved whole), so the fuzzing reaches the copies, the frame
+    # walk and the walk's input; a check added to the reader that the seed breaks would leave them unreached.
+    sys.path.insert(0, HERE)
+    import fuzz_remote
+    read = fuzz_remote.read_greenlets(fuzz_remote.seed())
+    assert [(bad, bool(copied), nframes) for bad, copied, _, nframes in read] == [(0, True, 2)] * 3
+    assert [whole for _, _, whole, _ in read] == [False, False, True]
+
+
 def test_spawn_records_are_read_as_spawn_c_keeps_them():
     # guards: native/remote/rspawn.c over a hand-built image of spawn.c's records (tests/fuzz_remote.py's seed:
     # a record per greenlet, two sites, each chain a record then a tuple copy ending in Ellipsis): every chain's
