@@ -929,12 +929,15 @@ typedef struct {
 int btc_remote_greenlet_states(btc_rmem *m, const uintptr_t *greenlets, int n, const size_t *offsets,
                                btc_remote_greenlet *out);
 /* Fill out[i] for the suspended greenlet states[rows[i]] (i < n): its Python
- * frames (in frames), and when walk is set and its state is sound, its saved
- * stack when its heap copy (in spill) is all of it.  Returns how many
- * greenlets to be walked were left to the caller (their i in left): a main
- * greenlet, or one whose stack lies partly in place on its thread's stack. */
+ * frames (in frames, nframes records), and when walk is set and its state is
+ * sound, its saved stack when its heap copy (in spill, spill_size bytes) is
+ * all of it.  A row pointing outside those buffers gets nothing from them.
+ * Returns how many greenlets to be walked were left to the caller (their i
+ * in left): a main greenlet, or one whose stack lies partly in place on its
+ * thread's stack. */
 int btc_remote_greenlet_stacks(const btc_remote_greenlet *states, const int32_t *rows, int n, const uint8_t *spill,
-                               const btc_remote_pyframe *frames, int32_t walk, btc_remote_stack *out, int32_t *left);
+                               size_t spill_size, const btc_remote_pyframe *frames, int nframes, int32_t walk,
+                               btc_remote_stack *out, int32_t *left);
 /* Mark BTC_REMOTE_BAD_SKIPPED the greenlets whose saved stack is not to
  * be copied: its stack ([start, stop), or from start what it saved for a
  * main greenlet) not inside one of the nmaps sorted mappings [lo[i], hi[i]),

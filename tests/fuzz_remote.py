@@ -288,7 +288,7 @@ def _stacks(states, kept: int, spill, total: int, frames, nframes: int) -> None:
     in spill, every Python-frame range in the frames walked, every greenlet left to the caller is one."""
     stacks, left = ffi.new("btc_remote_stack[]", max(kept, 1)), ffi.new("int32_t[]", max(kept, 1))
     rows = ffi.new("int32_t[]", list(range(kept)) or [0])
-    nleft = lib.btc_remote_greenlet_stacks(states, rows, kept, spill, frames, 1, stacks, left)
+    nleft = lib.btc_remote_greenlet_stacks(states, rows, kept, spill, total, frames, nframes, 1, stacks, left)
     assert 0 <= nleft <= kept and all(0 <= i < kept for i in left[0:nleft])
     lo, py = int(ffi.cast("uintptr_t", spill)), int(ffi.cast("uintptr_t", frames))
     for st in stacks[0:kept]:
@@ -296,6 +296,13 @@ def _stacks(states, kept: int, spill, total: int, frames, nframes: int) -> None:
         assert st.size == 0 or lo <= at and at + st.size <= lo + total
         first = (int(ffi.cast("uintptr_t", st.py)) - py) // PYFRAME.size if st.npy else 0
         assert 0 <= first and first + st.npy <= nframes
+    stale = ffi.new("btc_remote_greenlet[]", max(kept, 1))   # rows of another stop: past these buffers' ends
+    ffi.memmove(stale, states, ffi.sizeof(stale))
+    for g in stale[0:kept]:
+        g.spill_at, g.frames_at = total + 1 - (g.saved > 0), nframes - g.nframes + 1
+    stacks = ffi.new("btc_remote_stack[]", max(kept, 1))
+    lib.btc_remote_greenlet_stacks(stale, rows, kept, spill, total, frames, nframes, 1, stacks, left)
+    assert all(st.size == 0 and st.npy == 0 for st in stacks[0:kept])
 
 
 def _spawn_chains(memory: Memory) -> None:

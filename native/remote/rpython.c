@@ -592,7 +592,8 @@ static bool copy_is_whole(const btc_remote_greenlet *g)
 }
 
 int btc_remote_greenlet_stacks(const btc_remote_greenlet *states, const int32_t *rows, int n, const uint8_t *spill,
-                               const btc_remote_pyframe *frames, int32_t walk, btc_remote_stack *out, int32_t *left)
+                               size_t spill_size, const btc_remote_pyframe *frames, int nframes, int32_t walk,
+                               btc_remote_stack *out, int32_t *left)
 {
     int nleft = 0;
     for (int i = 0; i < n; i++) {
@@ -601,11 +602,12 @@ int btc_remote_greenlet_stacks(const btc_remote_greenlet *states, const int32_t 
         st->greenlet = 1;
         st->lo = g->start;
         st->last_cfa = g->stop == BTC_GREENLET_MAIN_STACK_STOP ? 0 : g->stop;
-        st->py = g->nframes > 0 ? frames + g->frames_at : NULL;
-        st->npy = g->nframes > 0 ? g->nframes : 0;
+        bool framed = g->nframes > 0 && g->frames_at >= 0 && g->frames_at <= nframes - g->nframes;
+        st->py = framed ? frames + g->frames_at : NULL;
+        st->npy = framed ? g->nframes : 0;
         if (!walk || (g->bad != 0 && g->bad != BTC_REMOTE_BAD_FRAME))   /* a bad top frame leaves the stack whole */
             continue;
-        if (copy_is_whole(g)) {
+        if (copy_is_whole(g) && g->spill_at <= spill_size && (uint64_t)g->saved <= spill_size - g->spill_at) {
             st->copy = spill + g->spill_at;
             st->size = (uint64_t)g->saved;
         } else {

@@ -255,7 +255,9 @@ class _Merger:
         frames = self._kept(ffi.from_buffer("btc_remote_pyframe[]", records.frames))
         states = self._kept(ffi.from_buffer("btc_remote_greenlet[]", records.states))
         rows, left = ffi.new("int32_t[]", [g.row for g in group]), ffi.new("int32_t[]", len(group))
-        return left[0:lib.btc_remote_greenlet_stacks(states, rows, len(group), spill, frames, walk, stacks, left)]
+        n = lib.btc_remote_greenlet_stacks(states, rows, len(group), spill, len(records.spill), frames,
+                                           len(records.frames) // PYFRAME.size, walk, stacks, left)
+        return left[0:n]
 
     def copy(self, st, lo: int, data, last_cfa: int) -> None:
         """st's stack: data, the copy of [lo, lo + len(data)) of the target."""
@@ -351,7 +353,7 @@ def _fill(snap: Snapshot, merger: _Merger, native: bool) -> tuple:
     for g in snap.greenlets:
         thread = _holder(snap, g, thread)
         holders.append(thread)
-    at, walk = len(snap.threads), native and snap.greenlet_code is not None
+    at, walk = len(snap.threads), bool(native and snap.greenlet_code is not None)
     for records, group in itertools.groupby(snap.greenlets, key=_records_of):
         group = list(group)
         for i in merger.greenlets(stacks + at, records, group, walk):

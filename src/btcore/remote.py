@@ -221,11 +221,12 @@ class ThreadCopy:
     error: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)   # one stop's: compared by identity (process._fill groups greenlets by them)
 class GreenletRecords:
     """One interpreter's suspended greenlets as a stop copied them: btc_remote_greenlet rows (states), the
     heap copies of their saved stacks (spill) and their Python frames (btc_remote_pyframe rows), each row
-    saying where its parts are.  process.py fills the stacks of a dump's greenlets from these in C."""
+    saying where its parts are.  process.py fills the stacks of a dump's greenlets from these in C.  They are
+    the Room's buffers: valid until its next stop into them (a profiler's Room alternates two sets)."""
     states: memoryview
     spill: object
     frames: memoryview
