@@ -16,7 +16,6 @@ import operator
 import os
 import platform
 import re
-import struct
 import sys
 from dataclasses import dataclass, field
 
@@ -26,7 +25,7 @@ from .backtrace import KIND_NATIVE, RECORD, Backtrace
 from .elf_files import symbol_value
 from .frame import NATIVE, PYTHON, Frame
 from .introspect import place_in_tree
-from .records import PYFRAME
+from .records import PYFRAME, record_struct
 from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Room, Snapshot, Target, gather,
                      greenlet_copies, snapshot_live, spawn_chains, vdso_file)
 from .resolve import F_EXACT, file_symbol, native_frames
@@ -213,8 +212,7 @@ _STACKS_AT_ONCE = 64
 
 
 # btc_remote_stack's outputs (at, n, truncated, cut, unwalked), read for a whole array at once
-_STACK_OUT = struct.Struct(f"<{ffi.offsetof('btc_remote_stack', 'at')}x5i"
-                           f"{ffi.sizeof('btc_remote_stack') - ffi.offsetof('btc_remote_stack', 'at') - 20}x")
+_STACK_OUT = record_struct("btc_remote_stack", "at", "n", "truncated", "cut", "unwalked")
 
 
 class _Merger:
@@ -357,11 +355,12 @@ def _fill(snap: Snapshot, merger: _Merger, native: bool) -> tuple:
     for records, group in itertools.groupby(snap.greenlets, key=_records_of):
         group = list(group)
         for i in merger.greenlets(stacks + at, records, group, walk):
-            data = _greenlet_bytes(group[i], holders[at - len(snap.threads) + i])
+            g = group[i]
+            data = _greenlet_bytes(g, holders[at - len(snap.threads) + i])
             if data is None:
-                notes[at + i] = (group[i].error, _UNWALKED)
+                notes[at + i] = (g.error, _UNWALKED)
             else:
-                merger.copy(stacks[at + i], group[i].start, data, 0 if group[i].main else group[i].stop)
+                merger.copy(stacks[at + i], g.start, data, 0 if g.main else g.stop)
         at += len(group)
     return stacks, notes, holders
 

@@ -14,11 +14,14 @@ _CODES = {(1, False): "B", (2, False): "H", (4, False): "I", (8, False): "Q",
           (1, True): "b", (2, True): "h", (4, True): "i", (8, True): "q"}
 
 
-def record_struct(name: str) -> struct.Struct:
-    """The struct format of the C type called name, in the byte order and padding of this build."""
+def record_struct(name: str, *only: str) -> struct.Struct:
+    """The struct format of the C type called name, in the byte order and padding of this build; with field
+    names `only`, of those fields alone (in the type's order, the others skipped as padding)."""
     ctype = ffi.typeof(name)
     fmt, at = "=", 0
-    for _, field in ctype.fields:
+    for field_name, field in ctype.fields:
+        if only and field_name not in only:
+            continue
         fmt += "x" * (field.offset - at) + _codes(field.type)
         at = field.offset + ffi.sizeof(field.type)
     return struct.Struct(fmt + "x" * (ffi.sizeof(ctype) - at))

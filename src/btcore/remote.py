@@ -15,7 +15,6 @@ import mmap
 import os
 import shutil
 import signal
-import struct
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from . import bounds, debug_offsets, greenlet_offsets, remote_spawn, remote_task
 from ._native import ffi, lib
 from .codec import file_build_id
 from .elf_files import symbol_value
-from .records import GREENLET, PYFRAME
+from .records import GREENLET, PYFRAME, record_struct
 from .threads import is_main_thread
 
 _MAX_STACK_COPY = bounds.MAX_READ   # bytes of a thread's stack copied, from its sp up
@@ -259,10 +258,8 @@ class GreenletCopy:
         return self.records.frames[at * PYFRAME.size: (at + n) * PYFRAME.size]
 
 
-# parts of a btc_remote_greenlet row (records.GREENLET) read by themselves
-_ROW_SPILL = struct.Struct(f"<{ffi.offsetof('btc_remote_greenlet', 'spill_at')}xQ"
-                           f"{ffi.offsetof('btc_remote_greenlet', 'copied') - ffi.offsetof('btc_remote_greenlet', 'spill_at') - 8}xi")
-_ROW_FRAMES = struct.Struct(f"<{ffi.offsetof('btc_remote_greenlet', 'frames_at')}x2i")
+_ROW_SPILL = record_struct("btc_remote_greenlet", "spill_at", "copied")     # parts of a row read by themselves
+_ROW_FRAMES = record_struct("btc_remote_greenlet", "frames_at", "nframes")
 
 
 @dataclass

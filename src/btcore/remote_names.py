@@ -352,13 +352,20 @@ class Labels:
 
 
 def plain_label(address: int, main: bool, type_name: str) -> str:
-    return f"<{type_name} at 0x{address:x}{' main' if main else ''}>"
+    head, tail = _around_address(main, type_name)
+    return f"{head}{address:x}{tail}"
+
+
+def _around_address(main: bool, type_name: str) -> tuple:
+    """The text of plain_label() before the address (in hex) and after it."""
+    return f"<{type_name} at 0x", f"{' main' if main else ''}>"
 
 
 def _plain(type_name: str, main: bool, suffix: str, *rest):
     """address -> the RemoteLabel of the greenlet there, named by plain_label() + suffix, with rest (function,
     parent, spawner): the text around the address is escaped once, not per greenlet, when it needs no cut."""
-    head, tail = shown(f"<{type_name} at 0x"), shown(f"{' main' if main else ''}>{suffix}")
+    head, tail = _around_address(main, type_name)
+    head, tail = shown(head), shown(tail + suffix)
     if len(head) + len(tail) + 16 > MAX_NAME:   # (an absurd type name: cut as a whole; escaping is per character)
         return lambda address: RemoteLabel(shown(plain_label(address, main, type_name) + suffix), *rest)
     return lambda address: RemoteLabel(f"{head}{address:x}{tail}", *rest)
