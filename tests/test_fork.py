@@ -80,6 +80,8 @@ SCRIPT = textwrap.dedent(r"""
 
 @pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user: a child forked from a multithreaded emulated "
                     "process can stall in the emulator (1 child in 291 did, ci/arm64.sh)")
+@pytest.mark.skipif(conftest.UNDER_ASAN, reason="ASan's allocator is not fork-safe while another thread "
+                    "allocates (gcc 12)")
 def test_forks_under_a_resolving_thread_never_hang():
     """Guards issue 9.4: children forked while another thread held a btcore lock hung."""
     done = subprocess.run([sys.executable, "-P", "-c", SCRIPT, str(FORKS), "10"], capture_output=True,
