@@ -19,14 +19,14 @@ signal handler).
 from __future__ import annotations
 
 import _queue
-import _thread
 import atexit
 import os
-import sys
 import weakref
 from functools import partial
 
 import greenlet
+
+from .threads import real_thread
 
 DRAIN_TIMEOUT = 30.0   # seconds unregister and exit wait for queued dumps: bounded, a hung file must not hang exit
 MAX_PENDING = 4        # jobs queued behind the one being done, at most (each holds a whole snapshot)
@@ -37,14 +37,8 @@ _root = None           # weak reference to the writer thread's main greenlet
 
 
 def _real_start_new_thread():
-    """_thread.start_new_thread as it was before gevent or eventlet patched it."""
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None:
-        return monkey.get_original("_thread", "start_new_thread")   # the current one if unpatched
-    patcher = sys.modules.get("eventlet.patcher")
-    if patcher is not None and patcher.is_monkey_patched("thread"):
-        return patcher.original("_thread").start_new_thread
-    return _thread.start_new_thread
+    """_thread.start_new_thread as it was before gevent or eventlet patched it (tests replace it)."""
+    return real_thread("start_new_thread")
 
 
 def start() -> bool:

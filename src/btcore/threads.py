@@ -12,6 +12,7 @@ its dict, but re-keys the main thread under the hub's greenlet).
 """
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 
@@ -81,6 +82,20 @@ def os_threads(greenlets=()) -> list[OSThread]:
         name = _name_of(t.ident, t.native_id, workers)
         threads.append(OSThread(t.ident, t.native_id, name, t.stack_lo, t.stack_hi))
     return threads
+
+
+def real_thread(name: str):
+    """_thread.NAME (start_new_thread, allocate_lock) as it was before gevent
+    or eventlet patched it: a real OS thread, a lock of OS threads (gevent's
+    lock would need a hub in the waiting thread, and would not wake it from
+    another)."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None:
+        return monkey.get_original("_thread", name)   # the current one if unpatched
+    patcher = sys.modules.get("eventlet.patcher")
+    if patcher is not None and patcher.is_monkey_patched("thread"):
+        return getattr(patcher.original("_thread"), name)
+    return getattr(_thread, name)
 
 
 def fallback_name(native_id) -> str:

@@ -17,7 +17,6 @@ the format being rendered waits for that render and shares its body.
 """
 from __future__ import annotations
 
-import _thread
 import errno
 import hmac
 import io
@@ -37,6 +36,7 @@ import greenlet
 
 from .dump import render, stack_text
 from .introspect import snapshot
+from .threads import real_thread
 
 LOOPBACK = "127.0.0.1"
 MAX_CONNECTIONS = 16     # connections serve() handles at once; more get a 503 and are closed at once
@@ -125,7 +125,7 @@ class _ThreadResult:
     """A one-shot result OS threads wait for (gevent's AsyncResult, for threads)."""
 
     def __init__(self):
-        self._done = _os_lock()
+        self._done = real_thread("allocate_lock")()
         self._done.acquire()
         self._value = self._error = None
 
@@ -145,13 +145,6 @@ class _ThreadResult:
         return self._value
 
 
-def _os_lock():
-    """A lock of OS threads, even in a monkey-patched process (gevent's lock
-    would need a hub in the waiting thread, and would not wake it from another)."""
-    monkey = sys.modules.get("gevent.monkey")
-    return monkey.get_original("_thread", "allocate_lock")() if monkey else _thread.allocate_lock()
-
-
 def _in_place(fn, *args):
     return fn(*args)      # an OS thread of its own already: nothing else waits on it
 
@@ -164,7 +157,7 @@ def _in_threadpool(fn, *args):
 
 
 def _new_thread_renders():
-    return _Renders(_os_lock, _ThreadResult, _in_place)
+    return _Renders(real_thread("allocate_lock"), _ThreadResult, _in_place)
 
 
 _thread_renders = _new_thread_renders()
