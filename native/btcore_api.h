@@ -341,6 +341,15 @@ int btc_symbolize_file(const char *path, uintptr_t vaddr, btc_srcframe *out, int
  * the file fd is open on, whatever path names now.  fd -1: path itself. */
 int btc_symbolize_fd(int fd, const char *path, uintptr_t vaddr, btc_srcframe *out, int max,
                      char *buf, size_t size);
+/* Read ahead what naming the n module-relative addresses vaddrs[i] in the
+ * files paths[i] will read (symbol tables, DWARF units, line tables), into
+ * the cache the calls above share, returning nothing: a later
+ * btc_symbolize_fd() / btc_file_symbol_fd() of them only looks up.  Made
+ * for a thread of its own while the caller does other work (an outside
+ * dump names its native frames while it groups and draws its stacks).
+ * Thread-safe; releases the GIL; the cache's lock is taken per address, so
+ * lookups of other threads interleave. */
+void btc_symbolize_ahead(const char *const *paths, const uintptr_t *vaddrs, int n);
 
 /* A descriptor open for reading (O_CLOEXEC) on the regular file path names
  * (symlinks followed), or -1 with errno set (EINVAL: not a regular file;

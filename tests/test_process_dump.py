@@ -612,3 +612,55 @@ def test_entry_frames_of_a_target_on_another_cpython_split_the_merge(version):
         inner, outer = names.index("called_from_c"), names.index("direct")
         assert inner < outer and None in names[inner:outer], f"{kind}: {names}"
         assert names[outer + 1] == "top", f"{kind}: a plain call is merged in one eval-loop frame: {names}"
+
+
+
+PARKED = """
+import sys, gevent
+parked = [gevent.spawn(gevent.sleep, 600) for _ in range(3)]
+gevent.sleep(0)
+with open(sys.argv[1], "w") as f:
+    f.write("ready")
+gevent.sleep(600)
+"""
+
+AHEAD_DUMPER = """
+import io, os, sys
+from btcore import process
+made = []
+class Counted(process._Ahead):
+    def __init__(self, todo):
+        made.append(sorted({os.path.basename(path) for path, _ in todo}))
+        super().__init__(todo)
+process._Ahead = Counted
+def threads():
+    return len(os.listdir("/proc/self/task"))
+before, pid = threads(), int(sys.argv[1])
+cold = io.StringIO()
+process.dump_process(pid, cold)
+after_cold = threads()
+process.dump_process(pid, io.StringIO())   # every native frame named already
+os.sched_getaffinity = lambda _: {0}
+process._FILE_FRAMES.clear()
+process.dump_process(pid, io.StringIO())   # one CPU: nothing to gain from a thread
+print(len(made), "libc.so.6" in made[0], after_cold - before, "epoll_wait" in cold.getvalue())
+"""
+
+
+def test_native_frames_are_named_ahead_in_a_thread_gone_with_the_dump(tmp_path):
+    # guards: a cold dump names its native frames ahead in a thread of its own (process._Ahead), the frames no
+    # dump has named (the hub's libc frame among them); that thread has ended when dump_process() returns; a
+    # dump whose frames are all named already, or on one CPU, starts none.
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU here: no naming ahead")
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", PARKED, str(ready)])
+    try:
+        conftest.wait_until_ready(proc, ready, WAIT)
+        done = subprocess.run([sys.executable, "-c", AHEAD_DUMPER, str(proc.pid)], capture_output=True, text=True,
+                              timeout=WAIT)
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "True", "0", "True"]

@@ -344,6 +344,19 @@ def test_unit_with_ranges_found_after_a_miss(tmp_path, clean_cache, dwarf):
     assert_agrees(so, all_addresses(so, {"outer"}))
 
 
+def test_reading_ahead_reads_what_the_lookup_then_needs(tmp_path, clean_cache):
+    """Guards btc_symbolize_ahead() (an outside dump names its native frames ahead, in a thread of its own):
+    it reads the unit of the address it is given (units_read counts the units whose DIEs were read), and a
+    lookup of that address afterwards reads none and agrees with addr2line; a NULL path is passed over."""
+    so = mixed_library(tmp_path, "-gdwarf-5")
+    address = symbol_address(so, "outer") + 4
+    paths = [ffi.new("char[]", so.encode()), ffi.NULL]
+    lib.btc_symbolize_ahead(ffi.new("const char *[]", paths), ffi.new("uintptr_t[]", [address] * 2), 2)
+    assert lib.btc_symbolize_units_read(so.encode()) == 1
+    assert_agrees(so, [address])
+    assert lib.btc_symbolize_units_read(so.encode()) == 1
+
+
 def test_first_symbolless_libc_address_reads_no_unit(clean_cache):
     """Guards: the first libc address that no symbol and no .debug_aranges
     range covers (it cost 1-4.5 s in a fresh process: every one of the debug

@@ -255,6 +255,26 @@ int btc_symbolize_fd(int fd, const char *path, uintptr_t vaddr, btc_srcframe *ou
     return n;
 }
 
+#define AHEAD_LEVELS 32   /* inline levels decoded per address (resolve.py asks as many) */
+
+void btc_symbolize_ahead(const char *const *paths, const uintptr_t *vaddrs, int n)
+{
+    PyThreadState *gil = btc_gil_release();
+    btc_srcframe levels[AHEAD_LEVELS];
+    for (int i = 0; paths && vaddrs && i < n; i++) {
+        if (!paths[i])
+            continue;
+        uintptr_t start;
+        pthread_mutex_lock(&cache_lock);
+        btc_dwarf *d = cached_dwarf(-1, paths[i]);
+        btc_dwarf_symbol(d, vaddrs[i], &start);
+        btc_dwarf_lookup(d, vaddrs[i], levels, AHEAD_LEVELS);
+        keep_within_budget();
+        pthread_mutex_unlock(&cache_lock);
+    }
+    btc_gil_restore(gil);
+}
+
 int btc_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t size, uintptr_t *sym_vaddr)
 {
     return btc_file_symbol_fd(-1, path, vaddr, buf, size, sym_vaddr);

@@ -9,7 +9,6 @@ happen after it runs again.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import operator
@@ -31,7 +30,7 @@ from .remote import (DumpError, DumpPermissionError, Mapping, Memory, Room, Snap
 from .resolve import F_EXACT, file_symbol, native_frames
 from .schema import RemoteGreenlet
 from .spawn import SpawnChain, join_chain
-from .threads import fallback_name
+from .threads import fallback_name, real_thread
 
 __all__ = ["DumpError", "DumpPermissionError", "ProcessStack", "Walker", "dump_process", "process_stacks"]
 
@@ -117,10 +116,27 @@ class _Names:
         mod = self._modules.at(pc if exact else pc - 1)
         if mod is None:
             return (Frame(NATIVE, pc, None, None, None, None, None),)
-        identity = _identity(mod.path)
-        if identity is None:
-            return _file_frames.__wrapped__(mod.path, None, mod.bias, pc, exact)
-        return _file_frames(mod.path, identity, mod.bias, pc, exact)
+        return _file_frames(mod.path, _identity(mod.path), mod.bias, pc, exact)
+
+    def name_ahead(self, raws) -> _Ahead | None:
+        """Start naming, in a thread of its own, the native frames of raws (merged records) that no dump has
+        named yet, for the caller to go on meanwhile (None: nothing to name, or one CPU to do it on)."""
+        todo, seen, identities = [], set(), {}
+        for raw in raws:
+            for pc, _, kind, flags, _ in RECORD.iter_unpack(raw):
+                exact = bool(flags & F_EXACT)
+                if kind != KIND_NATIVE or (pc, exact) in seen:
+                    continue
+                seen.add((pc, exact))
+                mod = self._modules.at(pc if exact else pc - 1)
+                if mod is None:
+                    continue
+                if mod.path not in identities:
+                    identities[mod.path] = _identity(mod.path)
+                identity = identities[mod.path]
+                if (mod.path, identity, mod.bias, pc, exact) not in _FILE_FRAMES:
+                    todo.append((mod.path, (pc if exact else pc - 1) - mod.bias))
+        return _Ahead(todo) if todo and len(os.sched_getaffinity(0)) > 1 else None
 
     def python(self, address: int, lasti: int) -> tuple:
         """(Frames, what is wrong with the frame or None)."""
@@ -149,15 +165,52 @@ def _identity(path: str) -> tuple | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-@functools.lru_cache(maxsize=1 << 14)
+_FILE_FRAMES = {}   # (path, identity, bias, pc, exact) -> Frames, across dumps: _file_frames()
+_MAX_FILE_FRAMES = 1 << 14
+
+
 def _file_frames(path: str, identity: tuple | None, bias: int, pc: int, exact: bool) -> tuple:
     """The Frames of pc in the file at path loaded at bias, from its symbols and DWARF; remembered across
     dumps (~0.6 ms a pc: a dump again and again of one process, by the API or a profiler from outside, meets
-    the same pcs), while the file is the same one (identity: its inode, size and mtime)."""
-    lookup = pc if exact else pc - 1
-    name, start = file_symbol(path, lookup - bias)
-    offset = pc - bias - start if name else pc - bias
-    return native_frames(pc, path, name, offset, lookup - bias)
+    the same pcs), while the file is the same one (identity: its inode, size and mtime; None: not kept)."""
+    key = (path, identity, bias, pc, exact)
+    frames = _FILE_FRAMES.get(key)
+    if frames is None:
+        lookup = pc if exact else pc - 1
+        name, start = file_symbol(path, lookup - bias)
+        offset = pc - bias - start if name else pc - bias
+        frames = native_frames(pc, path, name, offset, lookup - bias)
+        if identity is not None:
+            if len(_FILE_FRAMES) >= _MAX_FILE_FRAMES:
+                _FILE_FRAMES.clear()
+            _FILE_FRAMES[key] = frames
+    return frames
+
+
+class _Ahead:
+    """btc_symbolize_ahead() of [(path, module-relative address)] in a real OS thread (a monkey-patched
+    process's threading would make it a greenlet of the caller's own thread): the files' symbol tables and
+    DWARF units are read while the caller works; its own naming then finds them read.  join() waits for it."""
+
+    def __init__(self, todo: list):
+        self._paths = [ffi.new("char[]", os.fsencode(path)) for path, _ in todo]
+        self._args = ffi.new("const char *[]", self._paths), ffi.new("uintptr_t[]", [a for _, a in todo])
+        self._done = real_thread("allocate_lock")()
+        self._done.acquire()
+        try:
+            real_thread("start_new_thread")(self._run, ())
+        except RuntimeError:   # no thread to be had: the caller names them itself
+            self._done.release()
+
+    def _run(self) -> None:
+        try:
+            lib.btc_symbolize_ahead(*self._args, len(self._paths))
+        finally:
+            self._done.release()
+
+    def join(self) -> None:
+        with self._done:
+            pass
 
 
 class RemoteBacktrace(Backtrace):
@@ -197,12 +250,18 @@ def _remote_backtrace(space, raw: bytes, capacity: int, truncated: bool, refs: t
 
 
 class _Shared:
-    """What identical stacks share: their records, references, frames and error."""
+    """What identical stacks share: their records, references and error, and their frames once named."""
 
-    __slots__ = ("raw", "refs", "frames", "wrong")
+    __slots__ = ("raw", "refs", "wrong", "_bt", "_frames")
 
     def __init__(self, bt: RemoteBacktrace):
-        self.raw, self.refs, self.frames, self.wrong = bt._raw, bt._refs, bt.frames(), bt.wrong()
+        self.raw, self.refs, self.wrong, self._bt, self._frames = bt._raw, bt._refs, bt.wrong(), bt, None
+
+    @property
+    def frames(self) -> list:
+        if self._frames is None:
+            self._frames = self._bt.frames()
+        return self._frames
 
 
 _CAPACITY = lib.BTC_REMOTE_MAX_FRAMES   # what process.py showed before: every frame walked
@@ -284,6 +343,10 @@ class _Merger:
                            + (bounds.cut_reason(cut) if cut else None, unwalked))
             done += k
         return out
+
+    def distinct(self):
+        """The distinct records of the stacks merged so far."""
+        return self._shared.keys()
 
     def backtrace(self, raw: bytes, truncated: bool) -> tuple:
         shared = self._shared.get(raw)
@@ -377,8 +440,21 @@ def _holder(snap: Snapshot, g, last):
     return next((t for t in snap.threads if t.mapping[0] <= inside < t.mapping[1]), None)
 
 
-def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
+def _stacks(snap: Snapshot, merger: _Merger, native: bool, frames: bool = True) -> tuple:
+    """([ProcessStack] of snap, the naming started ahead of its native frames or None).  frames: each stack's
+    frames named (else left empty: the text, JSON and HTML renderers name backtraces)."""
     stacks, notes, holders = _fill(snap, merger, native)
+    merged = merger.merge(stacks, len(snap.threads) + len(snap.greenlets))
+    ahead = merger.names.name_ahead(merger.distinct()) if native else None
+    try:
+        return _shown(snap, merger, notes, holders, merged, frames), ahead
+    except BaseException:
+        if ahead is not None:
+            ahead.join()
+        raise
+
+
+def _shown(snap: Snapshot, merger: _Merger, notes: list, holders: list, merged: list, frames: bool) -> list:
     labels = remote_names.Labels(snap)
     thread_names = labels.thread_names()
     shown = [ProcessStack("thread", f"Thread {t.tid}" + (" (main thread)" if t.tid == snap.pid else ""), t.tid,
@@ -387,14 +463,17 @@ def _stacks(snap: Snapshot, merger: _Merger, native: bool) -> list:
         tid = thread.tid if thread else None
         shown.append(ProcessStack("greenlet", label.name, tid, address=g.address, parent=label.parent,
                                   spawned_by=label.spawned_by, thread_name=thread_names.get(tid)))
-    for stack, note, (bt, shared, cut, unwalked) in zip(shown, notes, merger.merge(stacks, len(shown))):
-        stack.backtrace, stack.frames = bt, shared.frames   # the frames are shared: read-only
+    for stack, note, (bt, shared, cut, unwalked) in zip(shown, notes, merged):
+        stack.backtrace = bt
         if unwalked or cut or shared.wrong or any(note):   # (most stacks: nothing to say)
             stack.error = _noted(*note, _UNWALKED if unwalked else None, cut, shared.wrong)
     shown += remote_tasks.stacks(snap, merger.names, shown)
     spawned = remote_spawn.chains(snap, merger)
     for stack in shown if spawned else ():
         stack.spawn = spawned.get(stack.address) if stack.kind != "thread" else None
+    if frames:
+        for stack, (_, shared, _, _) in zip(shown, merged):
+            stack.frames = shared.frames   # shared by identical stacks: read-only
     return shown
 
 
@@ -526,21 +605,30 @@ def check_architecture() -> None:
 def process_stacks(pid: int | None = None, *, core: str | None = None, exe: str | None = None,
                    native: bool = True, threads_only: bool = False, timeout: float = 5.0):
     """(Snapshot, [ProcessStack]) of process pid, or of a core file."""
-    snap, stacks, _ = _read(pid, core, exe, native, threads_only, timeout, None)
+    snap, stacks, _, ahead = _read(pid, core, exe, native, threads_only, timeout, None, frames=True)
+    if ahead is not None:
+        ahead.join()
     return snap, stacks
 
 
-def _read(pid, core, exe, native: bool, threads_only: bool, timeout: float, crash_record: int | None) -> tuple:
-    """(Snapshot, [ProcessStack], the crash record's text or "")."""
+def _read(pid, core, exe, native: bool, threads_only: bool, timeout: float, crash_record: int | None,
+          frames: bool) -> tuple:
+    """(Snapshot, [ProcessStack], the crash record's text or "", the naming started ahead (join() it) or
+    None); frames: see _stacks()."""
     if (pid is None) == (core is None):
         raise ValueError("give either a pid or a core file")
     check_architecture()
     snap = _snapshot_core(core, exe, threads_only) if core else \
         snapshot_live(pid, threads_only=threads_only, timeout=timeout)
+    ahead = None
     try:
         merger = _Merger(snap, native)
-        stacks = _stacks(snap, merger, native)
-        return snap, stacks, _crash_text(snap, merger, crash_record) if crash_record else ""
+        stacks, ahead = _stacks(snap, merger, native, frames)
+        return snap, stacks, _crash_text(snap, merger, crash_record) if crash_record else "", ahead
+    except BaseException:
+        if ahead is not None:
+            ahead.join()
+        raise
     finally:
         snap.memory.close()
 
@@ -605,8 +693,12 @@ def dump_process(pid: int | None = None, file=None, *, core: str | None = None, 
     # Tens of thousands of small objects (a stack, a Backtrace and an entry per greenlet): collections in
     # their middle cost ~10% of the dump (10,000 greenlets), and find nothing to free.
     with dump.GCHeld():
-        snap, stacks, crash = _read(pid, core, exe, native, threads_only, timeout, crash_record)
-        text = crash + _render(snap, stacks, core, format, _token_text if tokens else dump.stack_text)
+        snap, stacks, crash, ahead = _read(pid, core, exe, native, threads_only, timeout, crash_record, frames=False)
+        try:   # the native frames are named ahead while the stacks are grouped and drawn
+            text = crash + _render(snap, stacks, core, format, _token_text if tokens else dump.stack_text)
+        finally:
+            if ahead is not None:
+                ahead.join()
     out = sys.stdout if file is None else file
     out.write(text)
     out.flush()
