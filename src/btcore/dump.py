@@ -52,7 +52,9 @@ def _stack_key(bt, memo: dict):
     offset in its frame, when it calls out to C, or before and after the
     interpreter specialises it (3.12+; 3.15's first runs), which would split
     one stack in two.  memo: raw bytes -> key (a dump sees the same raw
-    stacks again and again).  Names come from where bt's records were
+    stacks again and again), the key a small int standing for the tuple of
+    those frames (memo: that tuple -> its int too), so that grouping 10,000
+    stacks hashes an int each, not a tuple of their frames.  Names come from where bt's records were
     captured (bt._space: this process's resolve module, or another
     process's names: btcore/process.py)."""
     if bt is None:
@@ -69,7 +71,7 @@ def _stack_key(bt, memo: dict):
                 continue
             ref = next(codes)   # every other record holds a reference, in order
             key.append((addr, space.resolve_python(ref, lasti)[0].line) if kind == KIND_PYTHON else (addr, lasti))
-        key = memo[raw] = tuple(key)
+        key = memo[raw] = memo.setdefault(tuple(key), len(memo))   # (bytes and tuples never compare equal)
     return key, bt.truncated
 
 
@@ -210,7 +212,7 @@ def _greenlets(count: int) -> str:
 
 def _counted(infos) -> str:
     """"3 greenlets", or with asyncio tasks among infos "1 greenlet, 2 tasks"."""
-    tasks = sum(1 for info in infos if _is_task(info))
+    tasks = len(infos) - [getattr(info, "task", None) for info in infos].count(None)   # _is_task() of each, at once
     greenlets, counted = len(infos) - tasks, f"{tasks} task{'s' if tasks != 1 else ''}"
     return _greenlets(greenlets) if not tasks else f"{_greenlets(greenlets)}, {counted}" if greenlets else counted
 
@@ -265,17 +267,17 @@ def _tree_lines(infos, stack_of: dict) -> list:
             tops.append(info)
         else:
             children.setdefault(id(info.under), []).append(info)
-    order = {}   # threads in snapshot order (the calling thread first)
+    of_thread = {}   # threads in snapshot order (the calling thread first) -> their infos
     for info in infos:
-        order.setdefault(info.thread_id, len(order))
+        of_thread.setdefault(info.thread_id, []).append(info)
+    order = {thread: n for n, thread in enumerate(of_thread)}
     tops.sort(key=lambda info: (order[info.thread_id], info.parent is not None))
     lines, shown = [], set()
     thread = object()
     for top in tops:
         if top.thread_id != thread:
             thread = top.thread_id
-            lines.append(f"=== thread {_thread_label(top)}: "
-                         f"{_counted([info for info in infos if info.thread_id == thread])} ===")
+            lines.append(f"=== thread {_thread_label(top)}: {_counted(of_thread[thread])} ===")
         _draw(top, children, stack_of, lines, shown)
     unreached = [info for info in infos if id(info.greenlet) not in shown]   # cycles of spawners
     for info in unreached:
@@ -294,15 +296,13 @@ def _draw(top, children, stack_of, lines, shown) -> None:
             continue
         shown.add(key)
         lines.append(f"{lead}{_node_label(info, stack_of[key], depth)}")
-        kids = children.get(key, ())
-        if depth >= _MAX_INDENT:
-            lead_kid, rest_kid = [rest] * 2
-        for n, kid in enumerate(reversed(kids)):
-            last = n == 0
-            if depth < _MAX_INDENT:
-                lead_kid = rest + ("`- " if last else "|- ")
-                rest_kid = rest + ("   " if last else "|  ")
-            todo.append((kid, lead_kid, rest_kid, depth + 1))
+        kids = children.get(key)
+        if not kids:
+            continue
+        indent = depth < _MAX_INDENT
+        todo.append((kids[-1], *((rest + "`- ", rest + "   ") if indent else (rest, rest)), depth + 1))
+        middle = (rest + "|- ", rest + "|  ") if indent else (rest, rest)   # the same for every other kid
+        todo.extend((kid, *middle, depth + 1) for kid in reversed(kids[:-1]))
 
 
 def _node_label(info, stack: int, depth: int) -> str:

@@ -461,8 +461,10 @@ def _shown(snap: Snapshot, merger: _Merger, notes: list, holders: list, merged: 
                           thread_name=thread_names.get(t.tid)) for t in snap.threads]
     for g, thread, label in zip(snap.greenlets, holders, labels.labels(snap.greenlets)):
         tid = thread.tid if thread else None
-        shown.append(ProcessStack("greenlet", label.name, tid, address=g.address, parent=label.parent,
-                                  spawned_by=label.spawned_by, thread_name=thread_names.get(tid)))
+        # (by position: kind, name, tid, frames, error, backtrace, address, parent, spawned_by, thread_name;
+        # by keyword, 10,000 of them took 2 ms more)
+        shown.append(ProcessStack("greenlet", label.name, tid, [], None, None, g.address, label.parent,
+                                  label.spawned_by, thread_names.get(tid)))
     for stack, note, (bt, shared, cut, unwalked) in zip(shown, notes, merged):
         stack.backtrace = bt
         if unwalked or cut or shared.wrong or any(note):   # (most stacks: nothing to say)
@@ -731,8 +733,9 @@ def _infos(snap: Snapshot, stacks: list) -> list:
     infos = [RemoteInfo(s, RemoteGreenlet(*where), threads.get(s.tid)) for s, where in zip(stacks, addresses)]
     by_address = {info.greenlet.address: info.greenlet for info, s in zip(infos, stacks) if s.kind == "greenlet"}
     known = lambda address: by_address.get(address) or (RemoteGreenlet(address, "greenlet") if address else None)  # noqa: E731
-    for info, s in zip(infos, stacks):
-        info.parent, info.spawned_by = known(s.parent), known(s.spawned_by)
+    for info, s in zip(infos, stacks):   # (most greenlets: a parent in the dump, no spawner)
+        info.parent = by_address.get(s.parent) or known(s.parent)
+        info.spawned_by = known(s.spawned_by) if s.spawned_by else None
     tasks = remote_tasks.infos(snap, stacks, infos)
     infos += tasks
     _spawn_chains(infos, {s.address: s.spawn for s in stacks if s.spawn is not None})

@@ -720,15 +720,17 @@ def greenlet_copies(target: Target, copied: list) -> list:
     stopped, their Python frames walked (after it runs again: nothing here
     needs it stopped)."""
     out, seen = [], set()
+    # (the loop runs once per greenlet, 10,000 times and more: what it looks up is looked up once)
+    type_names, main_stop, copied_before, bad_text = (target.type_names, greenlet_offsets.MAIN_STACK_STOP,
+                                                      lib.BTC_REMOTE_COPIED_BEFORE, _BAD.get)
     for states, spill in copied:
         records = GreenletRecords(states, spill, _greenlet_frames(target, states, spill))
         for row, (g, tp, start, stop, _, saved, _, _, _, _, ok, bad) in enumerate(GREENLET.iter_unpack(states)):
             if g in seen:   # a corrupt gc list may lead through objects twice
                 continue
             seen.add(g)
-            out.append(GreenletCopy(g, _type_name(target, tp), start, stop, saved,
-                                    stop == greenlet_offsets.MAIN_STACK_STOP, records, row, _BAD.get(bad),
-                                    ok == lib.BTC_REMOTE_COPIED_BEFORE))
+            out.append(GreenletCopy(g, type_names.get(tp) or _type_name(target, tp), start, stop, saved,
+                                    stop == main_stop, records, row, bad_text(bad), ok == copied_before))
     return out
 
 
