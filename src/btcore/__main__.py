@@ -210,13 +210,26 @@ def profile_command(args, parser) -> int:
         parser.error("profile: --group-by spawn needs the program run under the profiler (-- COMMAND): "
                      "spawn sites are not read from outside")
     from .profile_remote import profile_command_outside
+    _as_a_tool()
     return profile_command_outside(int(args.pid), settings)
+
+
+# What this process keeps of the DWARF it decodes, when it is btcore's own command reading another process:
+# a process of its own, gone when done, unlike a program calling btcore (BTC_SYMBOLIZE_DEFAULT_BUDGET, 6 MiB,
+# which made a dump of 10,000 gevent greenlets decode some units twice: 8 ms).
+_TOOL_BUDGET = 64 << 20
+
+
+def _as_a_tool() -> None:
+    from ._native import lib
+    lib.btc_symbolize_budget(_TOOL_BUDGET)
 
 
 def dump_command(args, parser) -> int:
     if (args.pid is None) == (args.core is None):
         parser.error("dump: give a PID or --core CORE (not both)")
     from .process import DumpError, dump_process
+    _as_a_tool()
     try:
         dump_process(args.pid, core=args.core, exe=args.exe, format="json" if args.json else args.format,
                      native=not args.no_native, threads_only=args.threads_only, timeout=args.timeout,

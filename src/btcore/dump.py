@@ -316,15 +316,18 @@ def render_text(infos, group: bool, tree: bool, stack_text, title=None, tail="",
     stack_text(bt) prints a stack; title: whose dump (default: this process's); tail: the end of the
     first line; notes: lines after it."""
     groups = _group(infos, group)
+    # The tree is drawn before the stacks are named (it names none): an outside dump names its native frames
+    # in a thread of its own meanwhile (process._Ahead).
+    tree_lines = _tree_lines(infos, {id(info.greenlet): g.number for g in groups for info in g.infos}) if tree \
+        else None
     threads = {info.thread_id for info in infos}
     out = [f"{title or f'Greenlet dump, pid {os.getpid()}'}: {_counted(infos)} in {len(threads)} "
            f"thread{'s' if len(threads) != 1 else ''}, {len(groups)} distinct stacks{tail}"]
     out.extend(f"note: {note}" for note in notes)
     out.extend("\n" + _group_text(g, group, stack_text) for g in groups)
     if tree:
-        stack_of = {id(info.greenlet): g.number for g in groups for info in g.infos}
         out.append("")
-        out.extend(_tree_lines(infos, stack_of))
+        out.extend(tree_lines)
     return "\n".join(out) + "\n"
 
 
