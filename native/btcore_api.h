@@ -347,9 +347,11 @@ int btc_symbolize_fd(int fd, const char *path, uintptr_t vaddr, btc_srcframe *ou
  * btc_symbolize_fd() / btc_file_symbol_fd() of them only looks up.  Made
  * for a thread of its own while the caller does other work (an outside
  * dump names its native frames while it groups and draws its stacks).
+ * *stop (may be NULL) set by another thread: the addresses not reached yet
+ * are left (the caller's work is done; it names what it still needs).
  * Thread-safe; releases the GIL; the cache's lock is taken per address, so
  * lookups of other threads interleave. */
-void btc_symbolize_ahead(const char *const *paths, const uintptr_t *vaddrs, int n);
+void btc_symbolize_ahead(const char *const *paths, const uintptr_t *vaddrs, int n, const int *stop);
 
 /* A descriptor open for reading (O_CLOEXEC) on the regular file path names
  * (symlinks followed), or -1 with errno set (EINVAL: not a regular file;

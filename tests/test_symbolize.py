@@ -347,11 +347,16 @@ def test_unit_with_ranges_found_after_a_miss(tmp_path, clean_cache, dwarf):
 def test_reading_ahead_reads_what_the_lookup_then_needs(tmp_path, clean_cache):
     """Guards btc_symbolize_ahead() (an outside dump names its native frames ahead, in a thread of its own):
     it reads the unit of the address it is given (units_read counts the units whose DIEs were read), and a
-    lookup of that address afterwards reads none and agrees with addr2line; a NULL path is passed over."""
+    lookup of that address afterwards reads none and agrees with addr2line; a NULL path is passed over; once
+    told to stop it reads nothing more."""
     so = mixed_library(tmp_path, "-gdwarf-5")
     address = symbol_address(so, "outer") + 4
     paths = [ffi.new("char[]", so.encode()), ffi.NULL]
-    lib.btc_symbolize_ahead(ffi.new("const char *[]", paths), ffi.new("uintptr_t[]", [address] * 2), 2)
+    stop = ffi.new("int *", 1)
+    lib.btc_symbolize_ahead(ffi.new("const char *[]", paths), ffi.new("uintptr_t[]", [address] * 2), 2, stop)
+    assert lib.btc_symbolize_units_read(so.encode()) == -1   # stopped before it began: the file is not even open
+    stop[0] = 0
+    lib.btc_symbolize_ahead(ffi.new("const char *[]", paths), ffi.new("uintptr_t[]", [address] * 2), 2, stop)
     assert lib.btc_symbolize_units_read(so.encode()) == 1
     assert_agrees(so, [address])
     assert lib.btc_symbolize_units_read(so.encode()) == 1

@@ -257,11 +257,11 @@ int btc_symbolize_fd(int fd, const char *path, uintptr_t vaddr, btc_srcframe *ou
 
 #define AHEAD_LEVELS 32   /* inline levels decoded per address (resolve.py asks as many) */
 
-void btc_symbolize_ahead(const char *const *paths, const uintptr_t *vaddrs, int n)
+void btc_symbolize_ahead(const char *const *paths, const uintptr_t *vaddrs, int n, const int *stop)
 {
     PyThreadState *gil = btc_gil_release();
     btc_srcframe levels[AHEAD_LEVELS];
-    for (int i = 0; paths && vaddrs && i < n; i++) {
+    for (int i = 0; paths && vaddrs && i < n && !(stop && __atomic_load_n(stop, __ATOMIC_RELAXED)); i++) {
         if (!paths[i])
             continue;
         uintptr_t start;

@@ -54,9 +54,9 @@ def _stack_key(bt, memo: dict):
     one stack in two.  memo: raw bytes -> key (a dump sees the same raw
     stacks again and again), the key a small int standing for the tuple of
     those frames (memo: that tuple -> its int too), so that grouping 10,000
-    stacks hashes an int each, not a tuple of their frames.  Names come from where bt's records were
-    captured (bt._space: this process's resolve module, or another
-    process's names: btcore/process.py)."""
+    stacks hashes an int each, not a tuple of their frames.  Names come
+    from where bt's records were captured (bt._space: this process's
+    resolve module, or another process's names: btcore/process.py)."""
     if bt is None:
         return None
     raw = bytes(bt._raw)

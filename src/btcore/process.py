@@ -190,25 +190,29 @@ def _file_frames(path: str, identity: tuple | None, bias: int, pc: int, exact: b
 class _Ahead:
     """btc_symbolize_ahead() of [(path, module-relative address)] in a real OS thread (a monkey-patched
     process's threading would make it a greenlet of the caller's own thread): the files' symbol tables and
-    DWARF units are read while the caller works; its own naming then finds them read.  join() waits for it."""
+    DWARF units are read while the caller works; its own naming then finds them read.  end() when the caller
+    is done: the addresses not reached are left (a hostile target's thousands of distinct pcs do not hold the
+    dump up), the one in progress is finished."""
 
     def __init__(self, todo: list):
         self._paths = [ffi.new("char[]", os.fsencode(path)) for path, _ in todo]
         self._args = ffi.new("const char *[]", self._paths), ffi.new("uintptr_t[]", [a for _, a in todo])
+        self._stop = ffi.new("int *")
         self._done = real_thread("allocate_lock")()
         self._done.acquire()
         try:
             real_thread("start_new_thread")(self._run, ())
-        except RuntimeError:   # no thread to be had: the caller names them itself
+        except (RuntimeError, MemoryError):   # no thread to be had: the caller names them itself
             self._done.release()
 
     def _run(self) -> None:
         try:
-            lib.btc_symbolize_ahead(*self._args, len(self._paths))
+            lib.btc_symbolize_ahead(*self._args, len(self._paths), self._stop)
         finally:
             self._done.release()
 
-    def join(self) -> None:
+    def end(self) -> None:
+        self._stop[0] = 1
         with self._done:
             pass
 
@@ -450,7 +454,7 @@ def _stacks(snap: Snapshot, merger: _Merger, native: bool, frames: bool = True) 
         return _shown(snap, merger, notes, holders, merged, frames), ahead
     except BaseException:
         if ahead is not None:
-            ahead.join()
+            ahead.end()
         raise
 
 
@@ -609,13 +613,13 @@ def process_stacks(pid: int | None = None, *, core: str | None = None, exe: str 
     """(Snapshot, [ProcessStack]) of process pid, or of a core file."""
     snap, stacks, _, ahead = _read(pid, core, exe, native, threads_only, timeout, None, frames=True)
     if ahead is not None:
-        ahead.join()
+        ahead.end()
     return snap, stacks
 
 
 def _read(pid, core, exe, native: bool, threads_only: bool, timeout: float, crash_record: int | None,
           frames: bool) -> tuple:
-    """(Snapshot, [ProcessStack], the crash record's text or "", the naming started ahead (join() it) or
+    """(Snapshot, [ProcessStack], the crash record's text or "", the naming started ahead (end() it) or
     None); frames: see _stacks()."""
     if (pid is None) == (core is None):
         raise ValueError("give either a pid or a core file")
@@ -629,7 +633,7 @@ def _read(pid, core, exe, native: bool, threads_only: bool, timeout: float, cras
         return snap, stacks, _crash_text(snap, merger, crash_record) if crash_record else "", ahead
     except BaseException:
         if ahead is not None:
-            ahead.join()
+            ahead.end()
         raise
     finally:
         snap.memory.close()
@@ -700,7 +704,7 @@ def dump_process(pid: int | None = None, file=None, *, core: str | None = None, 
             text = crash + _render(snap, stacks, core, format, _token_text if tokens else dump.stack_text)
         finally:
             if ahead is not None:
-                ahead.join()
+                ahead.end()
     out = sys.stdout if file is None else file
     out.write(text)
     out.flush()
