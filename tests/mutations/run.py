@@ -1219,7 +1219,8 @@ def pytest_failure(copy: str, target: str, args: list, timeout: float) -> str | 
         return f"no end within {timeout:.0f} s"   # a hang is caught too: the suite would never finish
     if done.returncode == 0:
         return None
-    return "\n".join((done.stdout + done.stderr).strip().splitlines()[-25:])
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-25:])
+    return tail or f"pytest exited with {done.returncode}, printing nothing"   # never "": that reads as a pass
 
 
 PACKAGE = "src/btcore/"
