@@ -126,9 +126,10 @@ def test_wall_clock_time_of_each_waiting_greenlet_is_where_it_waits(split):
         assert any(waits_in in frame for frame in below[:4]), names
         assert any(frame.endswith(".so]") for frame in names[at + 1:]), names
     burner = groups[("Greenlet (burn)", "running")] + groups[("Greenlet (burn)", "parked")]
-    # running or parked, its time adds up to the time sampled: never more (a time counted twice), and less
-    # only by what it spent parked before the first look of its turn (at most 1/PARKED_RATE s)
-    assert 0.95 * split.sampled <= burner <= split.sampled, (burner, split.sampled)
+    # running or parked, its time adds up to the time sampled: never more (a time counted twice), never less
+    # (what it spent parked before any look saw it parked goes to the first look that does: under load that
+    # look came 74 ms late, 5% of the time sampled, and was lost)
+    assert burner == split.sampled, (burner, split.sampled)
     assert groups[("Greenlet (burn)", "running")] == sum(
         us for stack, us in split.stacks("cpu").items() if stack[0] == "Greenlet (burn)")
 

@@ -248,6 +248,7 @@ class _Greenlets:
         self.scanned = False       # the heap's greenlets were found (the first tick)
         self.stacks = {}           # id -> (stamp, Backtrace) of a parked greenlet: see parked_stack()
         self.counted = {}          # id -> Profile.sampled up to which its time is counted: see Profiler._parked()
+        self.unplaced = {}         # id -> us it spent parked before a look saw it parked: see Profiler._unlooked_parked()
 
     def refresh(self, sampler_current, since: int) -> None:
         """Learn the greenlets made since the last refresh; their time is counted from since (Profile.sampled)."""
@@ -258,6 +259,7 @@ class _Greenlets:
             self.known = {i: v for i, v in self.known.items() if v[0]() is not None}
             self.stacks = {i: v for i, v in self.stacks.items() if i in self.known}
             self.counted = {i: v for i, v in self.counted.items() if i in self.known}
+            self.unplaced = {i: v for i, v in self.unplaced.items() if i in self.known}
         else:
             found = [g for g in (ref() for ref in created) if g is not None]
         mine = root_of(sampler_current)
@@ -289,6 +291,7 @@ class _Greenlets:
         self.known.pop(key, None)
         self.stacks.pop(key, None)
         self.counted.pop(key, None)
+        self.unplaced.pop(key, None)
 
     def last_parked(self, key: int):
         """The Backtrace g had when last captured parked, or None."""
@@ -521,14 +524,20 @@ class Profiler:
         """Greenlet key is recorded running at this tick: its time not counted
         yet, up to upto (Profile.sampled where this tick's running part
         begins), it spent parked where no look saw it (its phase's turn had
-        not come): counted at the stack it was last seen parked at, if any
-        (none: a greenlet never seen parked; that time is lost, at most
-        1/PARKED_RATE s).  Then its time is counted up to now."""
+        not come): counted at the stack it was last seen parked at.  A
+        greenlet never seen parked yet keeps that time unplaced, for the
+        first look that sees it parked (_parked()): with ticks running late
+        under load, the first look that finds the greenlet parked can come
+        several phase rounds (hundreds of ms) after it was made.  Then its
+        time is counted up to now."""
         counted = self._greenlets.counted
         pending = upto - counted.get(key, upto)
-        bt = self._greenlets.last_parked(key) if pending > 0 else None
-        if bt is not None:
-            self.profile.add(bt, name, site, PARKED_STATE, pending)
+        if pending > 0:
+            bt = self._greenlets.last_parked(key)
+            if bt is not None:
+                self.profile.add(bt, name, site, PARKED_STATE, pending)
+            else:
+                self._greenlets.unplaced[key] = self._greenlets.unplaced.get(key, 0) + pending
         counted[key] = self.profile.sampled
 
     def _parked_states(self, current, running: dict, phase: int) -> list:
@@ -590,14 +599,15 @@ class Profiler:
         parked, as when every greenlet was looked at every tick: the
         sampler's end looks at every phase (_parked_rest()); a greenlet
         seen running first gives the time it spent parked unseen to the
-        stack it was last seen parked at (_unlooked_parked())."""
+        stack it was last seen parked at, or, never seen parked yet, to the
+        first stack it is seen parked at (_unlooked_parked())."""
         counted, now = self._greenlets.counted, self.profile.sampled
         for n, (key, g) in enumerate(parked):
             if n and n % SLICE == 0:
                 self._sleep(0)   # let the program run between slices: it is paused while the sampler holds the GIL
             if n >= SLICE and state_of(g, current) != SUSPENDED:   # it may have run during a slice's pause
                 continue
-            weight = now - counted.get(key, now)
+            weight = now - counted.get(key, now) + self._greenlets.unplaced.get(key, 0)
             if weight <= 0:
                 continue
             try:
@@ -606,6 +616,7 @@ class Profiler:
                 continue
             self.profile.add(bt, *self._greenlets.labels(key, g), PARKED_STATE, weight)
             counted[key] = now
+            self._greenlets.unplaced.pop(key, None)
 
     def _finish(self) -> Profile:
         if not self.profile.duration:
