@@ -8,7 +8,6 @@ report, a core dump, the same exit status).
 from __future__ import annotations
 
 import os
-import platform
 import sys
 
 from ._native import ffi, lib
@@ -32,7 +31,7 @@ def helper_command() -> list | None:
     interpreter cannot run it (an embedding program: uWSGI's sys.executable
     is uwsgi) or another process cannot be dumped (process.py: x86-64)."""
     exe = sys.executable
-    if platform.machine() != "x86_64" or not exe or not os.path.basename(exe).startswith("python") or not os.access(exe, os.X_OK):
+    if os.uname().machine != "x86_64" or not exe or not os.path.basename(exe).startswith("python") or not os.access(exe, os.X_OK):
         return None
     return [exe, "-I", "-c", _HELPER, os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
             hex(lib.btc_crash_record_address())]

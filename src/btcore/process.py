@@ -13,7 +13,6 @@ import itertools
 import json
 import operator
 import os
-import platform
 import re
 import sys
 from dataclasses import dataclass, field
@@ -603,9 +602,9 @@ def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, e
 
 def check_architecture() -> None:
     """Registers (ptrace, a core's NT_PRSTATUS) are read as x86-64's: refuse elsewhere."""
-    if platform.machine() != "x86_64":
+    if os.uname().machine != "x86_64":
         raise DumpError("dumping another process or a core file is implemented on x86-64 only, "
-                        f"not {platform.machine()}")
+                        f"not {os.uname().machine}")
 
 
 def process_stacks(pid: int | None = None, *, core: str | None = None, exe: str | None = None,

@@ -27,7 +27,6 @@ import importlib.util
 import json
 import os
 import struct
-import tempfile
 from typing import NamedTuple
 
 import greenlet
@@ -503,6 +502,7 @@ def _remember(build: str, fields: dict) -> None:
     if len(kept) >= MAX_REMEMBERED:
         kept = {}
     kept[build] = fields
+    import tempfile   # here: a dump that learns nothing does without its import (and shutil's, random's)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, written = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".gevent-fields-")
