@@ -108,7 +108,7 @@ def test_process_dump_refused_where_registers_are_not_parsed(monkeypatch):
     another process raises DumpError before it stops anything (this is x86-64: the machine is faked)."""
     from btcore import process
     if ARCH == "x86-64":
-        monkeypatch.setattr(process.platform, "machine", lambda: "aarch64")
+        monkeypatch.setattr(process.os, "uname", lambda: os.uname_result(("Linux", "host", "6.1", "#1", "aarch64")))
     monkeypatch.setattr(process, "snapshot_live", lambda *a, **k: pytest.fail("a thread was stopped"))
     with pytest.raises(process.DumpError, match="x86-64 only, not aarch64"):
         process.dump_process(os.getpid())
