@@ -366,9 +366,10 @@ static int collect_greenlet(sink *s, int want, PyObject *g, btc_context *ctx)
         return BTC_E_LAYOUT;
     /* greenlet's own rule: active with no saved frame is running.  In the
      * calling thread, a greenlet that is not current cannot be running: it
-     * is suspended in code without Python frames. */
+     * is suspended in code without Python frames.  (The thread is asked
+     * only here: a saved frame says suspended wherever it is.) */
     int rc = 0;
-    if (frame == Py_None && !(want & BTC_WANT_OWN_THREAD))
+    if (frame == Py_None && !(want & BTC_WANT_OWN_THREAD) && btc_greenlet_in_calling_thread(g) != 1)
         rc = btc_fail(BTC_E_RUNNING, "cannot collect a greenlet that is running in another thread");
     if (rc == 0)
         rc = btc_greenlet_context(g, ctx);

@@ -85,8 +85,7 @@ static PyObject *collect_builtin(PyObject *self, PyObject *const *args, size_t n
     if (plain && target != Py_None) {
         switch (btc_greenlet_target(target)) {
         case BTC_TARGET_CURRENT: break;
-        case BTC_TARGET_THIS_THREAD: want |= BTC_WANT_OWN_THREAD; /* fall through */
-        case BTC_TARGET_OTHER_THREAD: address = (uintptr_t)target; break;
+        case BTC_TARGET_GREENLET: address = (uintptr_t)target; break;
         default: plain = false;
         }
     }

@@ -364,14 +364,24 @@ int btc_greenlet_target(PyObject *target)
     int kind = BTC_TARGET_UNKNOWN;
     if (target == current)
         kind = BTC_TARGET_CURRENT;
-    else if (layout.ok && PyObject_TypeCheck(target, (PyTypeObject *)greenlet_api[GREENLET_TYPE])) {
-        PyObject *a = root_of(target), *b = root_of(current);
-        kind = a == b ? BTC_TARGET_THIS_THREAD : BTC_TARGET_OTHER_THREAD;
-        Py_DECREF(a);
-        Py_DECREF(b);
-    }
+    else if (layout.ok && PyObject_TypeCheck(target, (PyTypeObject *)greenlet_api[GREENLET_TYPE]))
+        kind = BTC_TARGET_GREENLET;
     Py_DECREF(current);
     return kind;
+}
+
+int btc_greenlet_in_calling_thread(PyObject *g)
+{
+    PyObject *current = current_greenlet();
+    if (!current)
+        return -1;
+    /* greenlets cannot change threads, and a parent is always in the same thread */
+    PyObject *a = root_of(g), *b = root_of(current);
+    int same = a == b;
+    Py_DECREF(a);
+    Py_DECREF(b);
+    Py_DECREF(current);
+    return same;
 }
 
 int btc_greenlet_current_end(btc_context *ctx)
