@@ -10,7 +10,8 @@
  * so an unmapped page ends the chunk's valid part instead of failing it
  * all.  The stop of a dump reads few chunks one by one: it re-reads what a
  * rehearsal read (btc_rmem_chunk_bases, then btc_rmem_prefetch in batches)
- * and reads large ranges (stacks) in one call each.
+ * and reads large ranges (stacks) in one call each.  Chunk buffers come
+ * from slabs in transparent huge pages (chunk_buffer).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -34,6 +36,8 @@
 #define SLOTS (1u << SLOT_BITS)     /* open addressing, at most half full: */
 #define MAX_CHUNKS (SLOTS / 2)      /* 128 MiB of 4 KiB chunks at most, then the cache is emptied */
 #define MAX_SEGMENTS 65536
+#define SLAB_SIZE (2u << 20)        /* chunks are carved from slabs of one huge page each */
+#define MAX_SLABS (MAX_CHUNKS * CHUNK_SIZE / SLAB_SIZE)
 
 typedef struct {
     uintptr_t base;      /* chunk address + 1 (0: empty slot) */
@@ -78,6 +82,8 @@ struct btc_rmem {
     uint32_t nchunks;
     uint8_t *spare[MAX_CHUNKS];   /* buffers of forgotten chunks, used again */
     uint32_t nspare;
+    uint8_t *slabs[MAX_SLABS];    /* where every chunk buffer lies (chunk_buffer) */
+    uint32_t nslabs, slab_used;   /* bytes of the last slab handed out */
     chunk *last;         /* the chunk read last: a walk reads neighbours in a row */
     uint64_t syscalls;
 };
@@ -123,9 +129,44 @@ void btc_rmem_forget(btc_rmem *m)
     m->nchunks = 0;
 }
 
+/* A slab aligned to its size, so that the kernel can back it with one
+ * transparent huge page (the dumper's own memory, never the target's); 4 KiB
+ * pages where it gives none.  A dump of 10,000 greenlets reads ~48 MB of
+ * chunks: malloc'd one by one, each faulted in 4 KiB pages while the dump
+ * waited (~12,000 faults in a fresh `python -m btcore dump`). */
+static uint8_t *new_slab(void)
+{
+    size_t span = 2 * (size_t)SLAB_SIZE;
+    uint8_t *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    uint8_t *slab = (uint8_t *)(((uintptr_t)p + SLAB_SIZE - 1) & ~(uintptr_t)(SLAB_SIZE - 1));
+    if (slab > p)
+        munmap(p, (size_t)(slab - p));
+    munmap(slab + SLAB_SIZE, (size_t)(p + span - (slab + SLAB_SIZE)));
+#ifdef MADV_HUGEPAGE
+    madvise(slab, SLAB_SIZE, MADV_HUGEPAGE);   /* refused: 4 KiB pages, as before */
+#endif
+    return slab;
+}
+
 static uint8_t *chunk_buffer(btc_rmem *m)
 {
-    return m->nspare ? m->spare[--m->nspare] : malloc(CHUNK_SIZE);
+    if (m->nspare)
+        return m->spare[--m->nspare];
+#ifdef __SANITIZE_ADDRESS__
+    return malloc(CHUNK_SIZE);   /* its own allocation: ASan sees a read past a chunk */
+#endif
+    if (!m->nslabs || m->slab_used == SLAB_SIZE) {
+        uint8_t *slab = m->nslabs < MAX_SLABS ? new_slab() : NULL;
+        if (!slab)
+            return NULL;
+        m->slabs[m->nslabs++] = slab;
+        m->slab_used = 0;
+    }
+    uint8_t *out = m->slabs[m->nslabs - 1] + m->slab_used;
+    m->slab_used += CHUNK_SIZE;
+    return out;
 }
 
 void btc_rmem_close(btc_rmem *m)
@@ -134,8 +175,12 @@ void btc_rmem_close(btc_rmem *m)
         return;
     stop_helper(m);
     btc_rmem_forget(m);
+#ifdef __SANITIZE_ADDRESS__
     while (m->nspare)
         free(m->spare[--m->nspare]);
+#endif
+    while (m->nslabs)
+        munmap(m->slabs[--m->nslabs], SLAB_SIZE);
     if (m->mem_fd >= 0)
         close(m->mem_fd);
     free(m->segments);
