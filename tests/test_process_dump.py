@@ -339,10 +339,12 @@ def test_the_stop_reads_the_target_in_a_few_syscalls(target):
 # own functions): "copy" after the copies are made, "detach" after the first
 # thread is let go.  It has a thread of its own, as applications do (then the
 # kernel may hand SIGINT to any thread that does not block it).  It prints
-# the dump, or "interrupted" and waits for its stdin to close.
+# the dump, or "interrupted" and waits for its stdin to close; with a fourth
+# argument, "cli", it is python -m btcore dump PID (its main()).
 PAUSING_DUMPER = """
 import signal, sys, threading, time, btcore, btcore.remote as remote
 pid, where, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+cli = sys.argv[4:] == ["cli"]
 signal.signal(signal.SIGINT, signal.default_int_handler)   # a shell's background job starts with SIGINT ignored
 threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 
@@ -369,6 +371,9 @@ class Lib:
         return done
 
 remote.gather, remote.lib = gather, Lib()
+if cli:
+    from btcore.__main__ import main
+    sys.exit(main(["dump", str(pid)]))
 try:
     btcore.dump_process(pid, sys.stdout)
 except KeyboardInterrupt:
@@ -396,9 +401,10 @@ def start_worker(tmp_path):
     return worker
 
 
-def start_pausing_dumper(pid, where, marker):
-    dumper = subprocess.Popen([sys.executable, "-c", PAUSING_DUMPER, str(pid), where, str(marker)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+def start_pausing_dumper(pid, where, marker, *cli, env=None):
+    dumper = subprocess.Popen([sys.executable, "-c", PAUSING_DUMPER, str(pid), where, str(marker), *cli],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+                              env=env)
     deadline = time.monotonic() + WAIT
     while not marker.exists():
         assert time.monotonic() < deadline and dumper.poll() is None, "the dumper did not reach its pause"
@@ -423,6 +429,31 @@ def test_ctrl_c_in_the_stopped_window_still_resumes_the_target(tmp_path, where):
         worker.send_signal(signal.SIGUSR1)   # it still runs, and its own checks pass
         out, _ = worker.communicate(timeout=WAIT)
         assert worker.returncode == 0 and out.startswith("ok"), out
+    finally:
+        worker.kill()
+        if dumper is not None:
+            dumper.kill()
+
+
+def test_sigterm_to_the_dump_command_resumes_the_target_and_removes_its_files(tmp_path):
+    # guards: python -m btcore dump handles SIGTERM (a supervisor's stop, timeout(1)) as Ctrl-C: sent while
+    # the target is stopped, the target runs again first, the dump's vDSO copy is removed, the command says
+    # so and exits with 128 + SIGTERM (by default SIGTERM killed it where it stood, its folder left behind).
+    worker = start_worker(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    dumper = None
+    try:
+        dumper = start_pausing_dumper(worker.pid, "copy", tmp_path / "paused", "cli",
+                                      env={**os.environ, "TMPDIR": str(scratch)})
+        assert "t" in thread_states(worker.pid).values(), "the pause is not inside the stopped window"
+        assert [p.name[:12] for p in scratch.iterdir()] == ["btcore-vdso-"]
+        dumper.send_signal(signal.SIGTERM)
+        _, stderr = dumper.communicate(timeout=WAIT)
+        assert dumper.returncode == 128 + signal.SIGTERM, stderr
+        assert "btcore dump: terminated (SIGTERM): no dump written" in stderr, stderr
+        assert "t" not in thread_states(worker.pid).values(), "a thread of the target is left stopped"
+        assert list(scratch.iterdir()) == []
     finally:
         worker.kill()
         if dumper is not None:

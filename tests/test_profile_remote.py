@@ -247,21 +247,23 @@ def test_cli_a_target_that_exits_mid_recording_writes_what_was_recorded(tmp_path
     assert any(frame.startswith(f"on_lock ({tmp_path / 'split.py'}:") for stack in stacks for frame in stack), stacks
 
 
-def test_cli_ctrl_c_writes_what_was_recorded(tmp_path):
+@pytest.mark.parametrize("sig, how", [(signal.SIGINT, "interrupted (Ctrl-C)"),
+                                      (signal.SIGTERM, "terminated (SIGTERM)")])   # a supervisor's stop
+def test_cli_ctrl_c_or_sigterm_writes_what_was_recorded(tmp_path, sig, how):
     proc, _ = start(tmp_path)
     out = tmp_path / "out.pb.gz"
     try:
         child = cli(str(proc.pid), "-o", str(out))
         assert child.stderr.readline().startswith(f"btcore profile: recording process {proc.pid}")
         time.sleep(0.5)
-        child.send_signal(signal.SIGINT)
+        child.send_signal(sig)
         _, stderr = child.communicate(timeout=WAIT)
         assert proc.poll() is None   # the target runs on
     finally:
         proc.kill()
         proc.wait(timeout=WAIT)
     assert child.returncode == 0, stderr
-    assert "interrupted (Ctrl-C)" in stderr and f"wrote {out} (pprof)" in stderr, stderr
+    assert f"{how}: the profile holds" in stderr and f"wrote {out} (pprof)" in stderr, stderr
     doc = decode_pprof(out.read_bytes())
     assert any("on_sleep" in names and labels["state"] == "parked" for names, _, labels in doc["samples"])
 

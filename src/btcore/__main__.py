@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import sys
 
 import greenlet
@@ -221,8 +222,18 @@ _TOOL_BUDGET = 64 << 20
 
 
 def _as_a_tool() -> None:
+    """Set up a command that reads another process: its DWARF budget, and
+    SIGTERM (a supervisor's stop, timeout(1)) handled as Ctrl-C is, where by
+    default it killed the command as it stood: a profile's recording lost,
+    the dump's vDSO copy left in the temporary directory."""
     from ._native import lib
     lib.btc_symbolize_budget(_TOOL_BUDGET)
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _raise_terminated(signum, frame):
+    from .errors import Terminated
+    raise Terminated()
 
 
 def dump_command(args, parser) -> int:
@@ -237,6 +248,12 @@ def dump_command(args, parser) -> int:
     except DumpError as e:
         print(f"btcore dump: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:   # the target runs again (remote.signals_deferred), nothing was written
+        from .errors import Terminated
+        sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+        print(f"btcore dump: {'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted (Ctrl-C)'}: "
+              "no dump written", file=sys.stderr)
+        return 128 + sig
     return 0
 
 

@@ -35,6 +35,7 @@ import sys
 import time
 
 from .backtrace import KIND_NATIVE, RECORD
+from .errors import Terminated
 from .process import DumpError, Walker, check_architecture
 from .profile import DEFAULT_MAX_STACKS, PARKED_STATE, RUNNING_STATE, Profile, group_name, past_missed
 from .profile_rates import MAX_RATE, OUTSIDE_RATE
@@ -48,7 +49,7 @@ MAX_NOTES = 16               # distinct notes of the target's reads kept
 MAX_STOPS = 1 << 14          # stop times kept for the figures
 JITTER = 0.5                 # each interval between samples is the period times 1 +- this, at random
 _PYFRAME_SIZE = ffi.sizeof("btc_remote_pyframe")
-ENDED_DURATION, ENDED_EXITED, ENDED_INTERRUPTED = "duration", "exited", "interrupted"
+ENDED_DURATION, ENDED_EXITED, ENDED_INTERRUPTED, ENDED_TERMINATED = "duration", "exited", "interrupted", "terminated"
 STALE_COPY = ("a parked greenlet ran and parked again with the same saved state between two samples: it was left "
               "out of a sample, and its stack read whole at the next")
 
@@ -310,14 +311,16 @@ def profile_command_outside(pid: int, settings: dict) -> int:
     try:
         try:
             ended = profiler.record(settings["duration"], on_progress=lambda p: _progress(p, output))
-        except KeyboardInterrupt:
-            ended = ENDED_INTERRUPTED
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C does not cut the file short
+        except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM (Terminated: __main__._as_a_tool)
+            ended = ENDED_TERMINATED if isinstance(e, Terminated) else ENDED_INTERRUPTED
+        # a second Ctrl-C or SIGTERM does not cut the file short
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             fmt = profiler.profile.write(output, settings["format"], mode=settings["mode"],
                                          group_by=settings["group_by"])
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     finally:
         profiler.close()
     _report(profiler, output, fmt, ended)
@@ -339,8 +342,9 @@ def _report(profiler: ProcessProfiler, output: str, fmt: str, ended: str) -> Non
     if ended == ENDED_EXITED:
         lines.append(f"process {profiler.pid} exited after {p.duration:.1f} s: the profile holds what was "
                      "recorded until then")
-    elif ended == ENDED_INTERRUPTED:
-        lines.append("interrupted (Ctrl-C): the profile holds what was recorded until then")
+    elif ended in (ENDED_INTERRUPTED, ENDED_TERMINATED):
+        how = "interrupted (Ctrl-C)" if ended == ENDED_INTERRUPTED else "terminated (SIGTERM)"
+        lines.append(f"{how}: the profile holds what was recorded until then")
     lines += [f"note: {note}" for note in profiler.notes]
     for line in lines:
         print(f"btcore profile: {line}", file=sys.stderr)
