@@ -9,6 +9,7 @@ the outside view is compared with, frame by frame (native frames by module
 and offset, Python frames by function and line).
 """
 import difflib
+import io
 import json
 import os
 import signal
@@ -62,9 +63,9 @@ def inside_text(target, tmp_path_factory):
         return f.read()
 
 
-def run_dump(*args):
+def run_dump(*args, env=None):
     done = subprocess.run([sys.executable, "-m", "btcore", "dump", *args], capture_output=True, text=True,
-                          timeout=WAIT, cwd="/")
+                          timeout=WAIT, cwd="/", env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -227,6 +228,37 @@ def test_live_dump_shows_the_thread_stuck_in_c_with_the_gil(target):
     stack = spinner_stack(json.loads(run_dump("--json", str(proc.pid))))
     names = [f["function"] for f in stack["frames"]]
     assert names.index("btfix_spin") < names.index("Thread.run") < names.index("start_thread")
+
+
+def vdso_functions_at(pid, pc):
+    """Names of the function symbols of pid's vDSO that hold pc: the oracle is the target's own vDSO image,
+    read from /proc/PID/mem and parsed by pyelftools (clock_gettime and __vdso_clock_gettime are aliases)."""
+    from elftools.elf.elffile import ELFFile
+    with open(f"/proc/{pid}/maps") as f:
+        lo, hi = next([int(x, 16) for x in line.split()[0].split("-")] for line in f if line.rstrip().endswith("[vdso]"))
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        mem.seek(lo)
+        elf = ELFFile(io.BytesIO(mem.read(hi - lo)))
+    vaddr = pc - lo + min(s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+    return {s.name for s in elf.get_section_by_name(".dynsym").iter_symbols()
+            if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] <= vaddr < s["st_value"] + s["st_size"]}
+
+
+def test_a_thread_inside_the_vdso_is_named_from_its_symbols(target, tmp_path):
+    # guards: the vDSO's file lives until the dump has named its frames (it went with the dump's memory, before
+    # the renderers named them: every vDSO frame was "??"), and goes when the command ends. The spinner calls
+    # clock_gettime in a loop: most dumps catch it inside the vDSO.
+    proc, _ = target
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    for _ in range(40):
+        inner = spinner_stack(json.loads(run_dump("--json", str(proc.pid), env=env)))["frames"][0]
+        if os.path.basename(inner["module"] or "") == "linux-vdso.so.1":
+            break
+    else:
+        pytest.fail(f"the spinner was not caught inside the vDSO in 40 dumps (last: {inner})")
+    names = vdso_functions_at(proc.pid, inner["ip"])
+    assert names and inner["function"] in names, (inner, names)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_text_dump_groups_the_identical_greenlets(target):

@@ -7,6 +7,7 @@ runs again, from these copies.
 """
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import errno
@@ -85,7 +86,6 @@ class Memory:
     def __init__(self, handle, keep=()):
         self._m = ffi.gc(handle, lib.btc_rmem_close)
         self._keep = list(keep)   # file objects whose descriptors the segments use
-        self._folders = []        # temporary files of the dump
         self._scratch = ffi.new("char[]", _SCRATCH)
         self._word = ffi.new("uintptr_t *")
 
@@ -128,17 +128,9 @@ class Memory:
         """Read these chunks again, together: a few syscalls."""
         lib.btc_rmem_prefetch(self._m, *chunks)
 
-    def remove_after(self, folder: str) -> None:
-        self._folders.append(folder)
-
     def close(self) -> None:
         for f in self._keep:
             f.close()
-        for folder in self._folders:
-            with contextlib.suppress(OSError):
-                for name in os.listdir(folder):
-                    os.unlink(os.path.join(folder, name))
-                os.rmdir(folder)
 
 
 # ---- modules ----
@@ -753,18 +745,73 @@ def _type_name(target: Target, tp: int) -> str:
 
 
 def vdso_file(vdso: Mapping, memory: Memory) -> list:
-    """The target's vDSO (code the kernel maps, with its own CFI: a thread in
-    clock_gettime is inside it), copied to a file so that it is a module like
-    the others.  The file is removed when the dump is done (Memory.close)."""
+    """The target's vDSO (code the kernel maps, with its own CFI and symbols:
+    a thread in clock_gettime is inside it) as a file, so that it is a module
+    like the others (_VdsoFiles)."""
     image = memory.read(vdso.lo, vdso.hi - vdso.lo)
-    if not image:
-        return []
-    folder = _new_folder("btcore-vdso-")
-    path = os.path.join(folder, "linux-vdso.so.1")   # the name the loader gives it
-    with open(path, "wb") as f:
-        f.write(image)
-    memory.remove_after(folder)
-    return [Mapping(vdso.lo, vdso.hi, vdso.perms, 0, path)]
+    path = _vdso_files.path(bytes(image)) if image else None
+    return [Mapping(vdso.lo, vdso.hi, vdso.perms, 0, path)] if path else []
+
+
+class _VdsoFiles:
+    """The vDSO images dumps met, each written once to a file of its own and
+    kept for this process's life (removed at its exit).  Its frames are
+    named by path after the dump's memory is closed (the renderers, the
+    naming ahead, a profile's writer): while the file went with the dump's
+    memory, every vDSO frame of an outside dump was "??".  One image per
+    kernel (each process maps the same), so one file in a dumper of live
+    processes; bounded (MAX: cores from many machines), then none (the
+    frames inside such a vDSO are not walked)."""
+
+    MAX = 64
+    NAME = "linux-vdso.so.1"   # the name the loader gives it
+
+    def __init__(self):
+        self.lock = None
+        self.owner = None       # the process that made the folder (a fork child makes its own)
+        self.folder = None
+        self.paths = {}         # image -> its file
+
+    def path(self, image: bytes) -> str | None:
+        if self.lock is None:
+            from .threads import real_thread
+            self.lock = real_thread("allocate_lock")()
+        with self.lock:
+            if self.owner != os.getpid():
+                self.owner, self.folder, self.paths = os.getpid(), None, {}
+            found = self.paths.get(image)
+            if found is None and len(self.paths) < self.MAX:
+                found = self.paths[image] = self._write(image)
+            return found or None
+
+    def _write(self, image: bytes) -> str:
+        """The file of a new image ("" if it cannot be written)."""
+        try:
+            if self.folder is None:
+                self.folder = _new_folder("btcore-vdso-")
+                atexit.register(self._remove, os.getpid())
+            folder = os.path.join(self.folder, str(len(self.paths)))
+            os.mkdir(folder, 0o700)
+            path = os.path.join(folder, self.NAME)
+            with open(path, "wb") as f:
+                f.write(image)
+            return path
+        except OSError:
+            return ""
+
+    def _remove(self, owner: int) -> None:
+        if os.getpid() != owner or self.folder is None:   # a fork child leaves its parent's
+            return
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.folder):
+                folder = os.path.join(self.folder, name)
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, self.NAME))
+                os.rmdir(folder)
+            os.rmdir(self.folder)
+
+
+_vdso_files = _VdsoFiles()
 
 
 def _new_folder(prefix: str) -> str:
