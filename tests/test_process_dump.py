@@ -483,7 +483,7 @@ def test_sigterm_to_the_dump_command_resumes_the_target_and_removes_its_files(tm
         dumper.send_signal(signal.SIGTERM)
         _, stderr = dumper.communicate(timeout=WAIT)
         assert dumper.returncode == 128 + signal.SIGTERM, stderr
-        assert "btcore dump: terminated (SIGTERM): no dump written" in stderr, stderr
+        assert stderr.endswith("btcore dump: terminated (SIGTERM)\n") and "Traceback" not in stderr, stderr
         assert "t" not in thread_states(worker.pid).values(), "a thread of the target is left stopped"
         assert list(scratch.iterdir()) == []
     finally:

@@ -248,12 +248,6 @@ def dump_command(args, parser) -> int:
     except DumpError as e:
         print(f"btcore dump: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as e:   # the target runs again (remote.signals_deferred), nothing was written
-        from .errors import Terminated
-        sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
-        print(f"btcore dump: {'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted (Ctrl-C)'}: "
-              "no dump written", file=sys.stderr)
-        return 128 + sig
     return 0
 
 
@@ -284,6 +278,17 @@ def main(argv=None) -> int:
     _add_profile_parser(sub)
     args = parser.parse_args(argv)
     args.program = program
+    try:
+        return _run_command(args, parser)
+    except KeyboardInterrupt as e:   # a dump's target runs again first (remote.signals_deferred)
+        from .errors import Terminated
+        sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+        print(f"btcore {args.command}: {'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted (Ctrl-C)'}",
+              file=sys.stderr)
+        return 128 + sig
+
+
+def _run_command(args, parser) -> int:
     if args.command == "profile":
         return profile_command(args, parser)
     if args.command == "dump":
