@@ -478,7 +478,13 @@ static int ask_once(thread_slot *s, int timeout_ms, btc_sigsample *out)
     return 0;
 }
 
-#define MAX_ASKS 8   /* tables to build along one stack, an unlucky moment or two */
+/* Asks of one sample: one more per table built between them (each ask that
+ * stops at a module without one builds it: a stack through 20 modules none
+ * of which has one yet takes 21 asks), and a few for an unlucky moment.
+ * One bound for both (8) cut the first report of a stack through the vDSO
+ * and libasan's interceptor short, before greenlet's start (ci45). */
+#define MAX_TABLE_ASKS 64
+#define MAX_MOMENT_ASKS 8
 /* What another sample may not have: tables are built between asks; the lock,
  * a switch, a frame being pushed or popped are moments. */
 #define ASK_AGAIN (BTC_PARTIAL_NO_TABLE | BTC_PARTIAL_LOCKED | BTC_PARTIAL_SWITCHING | BTC_PARTIAL_PYTHON | \
@@ -490,14 +496,19 @@ int btc_signal_sample_slot(int slot, int timeout_ms, btc_sigsample *out)
         return -1;
     int rc = -1;
     pthread_mutex_lock(&request_lock);
-    for (int ask = 0; ask < MAX_ASKS; ask++) {
+    for (int tables = 0, moments = 0;;) {
         rc = ask_once(&slots[slot], timeout_ms, out);
         if (rc < 0 || !(out->partial & ASK_AGAIN))
             break;
-        if (out->partial & BTC_PARTIAL_NO_TABLE)
+        if (out->partial & BTC_PARTIAL_NO_TABLE) {
+            if (++tables > MAX_TABLE_ASKS)
+                break;
             build_table_at(out->pending_pc);
-        else
+        } else {
+            if (++moments > MAX_MOMENT_ASKS)
+                break;
             pause_briefly();
+        }
     }
     pthread_mutex_unlock(&request_lock);
     return rc;

@@ -25,7 +25,7 @@ from ._native import ffi, lib
 from .codec import file_build_id
 from .elf_files import symbol_value
 from .records import GREENLET, PYFRAME, record_struct
-from .threads import is_main_thread
+from .threads import is_main_thread, real_thread
 
 _MAX_STACK_COPY = bounds.MAX_READ   # bytes of a thread's stack copied, from its sp up
 _MAX_GREENLETS = 1 << 20
@@ -767,15 +767,12 @@ class _VdsoFiles:
     NAME = "linux-vdso.so.1"   # the name the loader gives it
 
     def __init__(self):
-        self.lock = None
+        self.lock = real_thread("allocate_lock")()   # an OS threads' lock, whatever patching comes later
         self.owner = None       # the process that made the folder (a fork child makes its own)
         self.folder = None
         self.paths = {}         # image -> its file
 
     def path(self, image: bytes) -> str | None:
-        if self.lock is None:
-            from .threads import real_thread
-            self.lock = real_thread("allocate_lock")()
         with self.lock:
             if self.owner != os.getpid():
                 self.owner, self.folder, self.paths = os.getpid(), None, {}
