@@ -809,6 +809,8 @@ class _VdsoFiles:
 
 
 _vdso_files = _VdsoFiles()
+# A fork child starts afresh: its lock may have been held by another thread at the fork (never released there)
+os.register_at_fork(after_in_child=_vdso_files.__init__)
 
 
 def _new_folder(prefix: str) -> str:
