@@ -734,3 +734,81 @@ def test_one_symbol_table_per_file():
     libpython = next(f.module for f in frames if f.module and os.path.realpath(f.module) ==
                      os.path.realpath(LIBPYTHON))
     assert lib.btc_elf_instances(libpython.encode()) == 1
+
+
+# ---- the vDSO (symbols/vdso.c) ----
+
+def _own_vdso():
+    """(its load address, pyelftools' ELFFile of it) of this process's vDSO: the oracle is the image itself,
+    read from /proc/self/mem (the kernel maps it whole, .dynsym included)."""
+    import io
+    with open("/proc/self/maps") as f:
+        spans = [[int(x, 16) for x in line.split()[0].split("-")] for line in f if line.rstrip().endswith("[vdso]")]
+    if not spans:
+        pytest.skip("no vDSO in this process (qemu-user gives its guest none)")
+    lo, hi = spans[0]
+    with open("/proc/self/mem", "rb") as mem:
+        mem.seek(lo)
+        return lo, ELFFile(io.BytesIO(mem.read(hi - lo)))
+
+
+def _vdso_functions():
+    """[(pc of its first byte, pc of its last byte, names of every symbol holding them)] of the vDSO's functions."""
+    lo, elf = _own_vdso()
+    base = min(s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+    symbols = [s for s in elf.get_section_by_name(".dynsym").iter_symbols()
+               if s["st_info"]["type"] == "STT_FUNC" and s["st_size"]]
+    out = []
+    for s in symbols:
+        first, last = s["st_value"], s["st_value"] + s["st_size"] - 1
+        names = {t.name for t in symbols if t["st_value"] <= first and last < t["st_value"] + t["st_size"]}
+        out.append((lo + first - base, lo + last - base, names))
+    return out
+
+
+def _named_in_vdso(pc):
+    from btcore.resolve import _resolve_native   # the core's answer, not the frame cache's
+    frame = _resolve_native(pc, lib.BTC_F_EXACT)[1][0]
+    return frame.function if frame.module == "linux-vdso.so.1" else f"not the vDSO: {frame}"
+
+
+def _vdso_copies():
+    """This process's descriptors on the vDSO's copies (the ELF reader reads through its own duplicate)."""
+    def target(n):
+        try:
+            return os.readlink(f"/proc/self/fd/{n}")
+        except FileNotFoundError:   # the listing's own descriptor, closed by now
+            return ""
+    return [int(n) for n in os.listdir("/proc/self/fd") if target(n).startswith("/memfd:btcore-vdso")]
+
+
+def test_every_vdso_function_is_named_from_its_image(clean_cache):
+    # guards: a pc in the vDSO (a loop's clock reads, caught by the watchdog) is named from a copy of its image
+    # in an anonymous file; the symbolizer reads modules from files, and the vDSO has none: it was
+    # "[linux-vdso.so.1] +0xb46". Its first and last bytes: the copy is the whole image.
+    functions = _vdso_functions()
+    assert len(functions) >= 4   # clock_gettime, gettimeofday, time, getcpu at least, on every kernel here
+    wrong = [(hex(pc), names, _named_in_vdso(pc)) for first, last, names in functions for pc in (first, last)
+             if _named_in_vdso(pc) not in names]
+    assert wrong == []
+    assert len({os.fstat(fd).st_ino for fd in _vdso_copies()}) == 1   # made once, kept: not one per lookup
+
+
+def test_the_vdso_copy_is_made_again_when_the_program_closed_it(clean_cache, tmp_path):
+    # guards: a program that closes every descriptor (a daemon) and reuses the copy's number for a file of its
+    # own: the copy is made again, that file is neither read as the vDSO nor closed.
+    first, _, names = _vdso_functions()[0]
+    assert _named_in_vdso(first) in names
+    lib.btc_symbolize_reset()   # the ELF reader's duplicate goes with the cache: the copy's own descriptor is left
+    (copy,) = _vdso_copies()
+    own = tmp_path / "log.txt"
+    own.write_text("not an ELF file\n" * 64)
+    fd = os.open(own, os.O_RDONLY)
+    try:
+        os.dup2(fd, copy)   # closes the copy; its number is the program's file now
+        lib.btc_symbolize_reset()
+        assert _named_in_vdso(first) in names
+        assert os.readlink(f"/proc/self/fd/{copy}") == str(own)
+    finally:
+        os.close(fd)
+        os.close(copy)

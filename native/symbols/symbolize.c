@@ -23,6 +23,7 @@
 #include "capture/modules.h"
 #include "common/gil.h"
 #include "symbols/dwarf.h"
+#include "symbols/vdso.h"
 
 /* ---- the cffi-facing cache: path -> decoded file ----
  *
@@ -377,6 +378,7 @@ typedef struct {
     uint64_t id;
     char part[128];      /* a stripped eval loop's unnamed part: its name ("" if not one) */
     uintptr_t part_lo;
+    bool vdso;           /* read from a copy of its image (symbols/vdso.c): it has no file */
 } located_pc;
 
 static bool locate(uintptr_t pc, located_pc *at)
@@ -387,6 +389,7 @@ static bool locate(uintptr_t pc, located_pc *at)
         snprintf(at->path, sizeof at->path, "%s", m->path);
         at->bias = m->bias;
         at->id = m->id;
+        at->vdso = m->path[0] != '/' && btc_vdso_holds(m->lo, m->hi);
         at->part_lo = 0;
         const char *part = btc_eval_part_name(pc, &at->part_lo);
         snprintf(at->part, sizeof at->part, "%s", part ? part : "");
@@ -399,7 +402,8 @@ static bool locate(uintptr_t pc, located_pc *at)
 static int symbolize_located(const located_pc *at, uintptr_t pc, btc_native_info *out, btc_srcframe *levels,
                              int max, char *buf, size_t size)
 {
-    btc_dwarf *d = cached_dwarf(-1, at->path);
+    int vdso_fd = at->vdso ? btc_vdso_fd() : -1;
+    btc_dwarf *d = !at->vdso ? cached_dwarf(-1, at->path) : vdso_fd >= 0 ? cached_dwarf(vdso_fd, at->path) : NULL;
     uintptr_t vaddr = pc - at->bias, start = 0;
     const char *symbol = btc_dwarf_symbol(d, vaddr, &start);
     out->symbol_addr = symbol ? start + at->bias : at->part_lo;
