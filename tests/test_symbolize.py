@@ -13,11 +13,13 @@ entry 1 (Parser/pegen.h, Objects/stringlib/fastsearch.h in libpython),
 addr2line prints the .c file; gdb and the line program itself (decoded
 with pyelftools) say the header, and so do we.
 """
+import json
 import os
 import random
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 from elftools.elf.elffile import ELFFile
@@ -812,3 +814,58 @@ def test_the_vdso_copy_is_made_again_when_the_program_closed_it(clean_cache, tmp
     finally:
         os.close(fd)
         os.close(copy)
+
+
+# ---- a library upgraded on disk while loaded (capture/modules.c: btc_module_file) ----
+
+LOADED_BUILD = "int alpha_function(int x) { return x * 3 + 1; }\nint beta_function(int x) { return x * 5 + 2; }\n"
+UPGRADED_BUILD = "int zulu_other(int x) { return x * 3 + 1; }\nint yankee_other(int x) { return x * 5 + 2; }\n"
+
+UPGRADE = r"""
+import ctypes, json, os, shutil, sys
+from btcore.resolve import _resolve_native, source_levels
+from btcore._native import lib
+loaded, upgraded, path = sys.argv[1:4]
+shutil.copy(loaded, path)
+pc = ctypes.cast(ctypes.CDLL(path).alpha_function, ctypes.c_void_p).value   # the dynamic linker's answer
+shutil.copy(upgraded, path + ".new")
+os.rename(path + ".new", path)   # as dpkg upgrades a package: the new file renamed over the old name
+source_levels(path, 0x1000)      # the file at the path read by path (as a token's decoder does): cached
+frame = _resolve_native(pc, lib.BTC_F_EXACT)[1][0]
+print(json.dumps([frame.module, frame.function, frame.file]))
+"""
+
+
+def _named_after_upgrade(tmp_path, *prefix):
+    """(module, function, file) of a pc in a library's alpha_function, named in a process that loaded the
+    library and then saw another build renamed over its path (the same offsets: other functions)."""
+    loaded = compile_library(tmp_path, LOADED_BUILD, "loaded")
+    upgraded = compile_library(tmp_path, UPGRADED_BUILD, "upgraded")
+    out = subprocess.run([*prefix, sys.executable, "-P", "-c", UPGRADE, loaded, upgraded, str(tmp_path / "libx.so")],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return tuple(json.loads(out))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or conftest.UNDER_QEMU,
+                    reason="opening /proc/self/map_files needs CAP_SYS_ADMIN; qemu-user does not emulate it")
+def test_a_library_upgraded_on_disk_is_named_from_the_inode_loaded(tmp_path):
+    # guards: the file at a module's path must have the module's build-id (the note mapped); else the inode mapped
+    # is read through /proc/self/map_files. Without the check every frame in a library upgraded under a running
+    # service (dpkg renames the new build over the old name) took the new build's names: "zulu_other".
+    module, function, file = _named_after_upgrade(tmp_path)
+    assert (module, function) == (str(tmp_path / "libx.so"), "alpha_function")
+    assert file.endswith("loaded.c")
+
+
+@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user does not emulate /proc/self/map_files")
+def test_a_library_upgraded_on_disk_is_not_named_without_its_file(tmp_path):
+    # guards: where the inode loaded cannot be opened (no CAP_SYS_ADMIN: a service's usual user), its frames are
+    # left unnamed, never named from the other build at the path.
+    prefix = ()
+    if os.geteuid() == 0:   # root: its capabilities dropped (setpriv, util-linux)
+        if shutil.which("setpriv") is None:
+            pytest.skip("setpriv is not installed")
+        drop = "-sys_admin,-checkpoint_restore"
+        prefix = ("setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}")
+    module, function, file = _named_after_upgrade(tmp_path, *prefix)
+    assert (module, function, file) == (str(tmp_path / "libx.so"), None, None)

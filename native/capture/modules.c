@@ -10,6 +10,7 @@
  * unloaded one was, even with the same layout, is a new module (new id, no
  * table, its own symbols).
  */
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capture/context.h"
 #include "capture/modules.h"
 #include "common/array.h"
 #include "common/search.h"
@@ -360,10 +362,62 @@ int btc_modules_build_tables(void)
     return built;
 }
 
+/* ---- the file of a module ----
+ *
+ * A module's symbols and eval-loop ranges come from its file, found by
+ * its path; but the file at that path may no longer be the one loaded: a
+ * package upgraded under the running process (dpkg renames the new file
+ * over the old name) leaves the old inode mapped and a new build at the
+ * path, whose names at the same offsets are other functions'.  So the
+ * file's build-id must be the one mapped (the module's PT_NOTE); else the
+ * inode mapped is opened through /proc/self/map_files (the kernel allows
+ * it to a process with CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), else
+ * there is no file: unnamed frames, not wrongly named ones. */
+
+/* Does the file open as fd have the build-id (id, len)?  A module without
+ * one (len 0) has nothing to check by: its path's file is taken. */
+static bool has_build_id(int fd, const uint8_t *id, size_t len)
+{
+    if (len == 0)
+        return true;
+    uint8_t got[BTC_BUILD_ID_MAX];
+    int n = btc_elf_file_build_id(fd, got, (int)sizeof got);
+    return n >= 0 && (size_t)n == len && memcmp(got, id, len < sizeof got ? len : sizeof got) == 0;
+}
+
+static int open_if_build(const char *path, const uint8_t *id, size_t len)
+{
+    int fd = btc_open_regular(path, NULL);
+    if (fd >= 0 && !has_build_id(fd, id, len)) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+int btc_module_file(const char *path, const uint8_t *id, size_t id_len, uintptr_t inside, char *used, size_t size)
+{
+    int fd = path[0] == '/' ? open_if_build(path, id, id_len) : -1;
+    if (fd >= 0) {
+        snprintf(used, size, "%s", path);
+        return fd;
+    }
+    uintptr_t lo, hi;
+    if (path[0] != '/' || !btc_mapping_bounds(inside, &lo, &hi))
+        return -1;
+    snprintf(used, size, "/proc/self/map_files/%lx-%lx", (unsigned long)lo, (unsigned long)hi);
+    return open_if_build(used, id, id_len);
+}
+
 btc_elf *btc_module_elf(btc_module *m)
 {
-    if (!m->elf && m->path[0] == '/')
-        m->elf = btc_elf_open(m->path);
+    char used[PATH_MAX];
+    if (!m->elf) {
+        int fd = btc_module_file(m->path, m->build_id, m->build_id_len, m->lo, used, sizeof used);
+        m->elf = fd >= 0 ? btc_elf_open_fd(fd) : NULL;
+        if (fd >= 0)
+            close(fd);
+    }
     return m->elf;
 }
 

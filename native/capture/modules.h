@@ -46,9 +46,15 @@ const btc_table *btc_module_table(btc_module *m);
 /* Build the CFI table of every module loaded now (a crash handler may
  * not build one: it allocates).  Takes the lock.  Returns how many have one. */
 int btc_modules_build_tables(void);
-/* The module's symbols, opened on first use; NULL for the vDSO or an
- * unreadable file. */
+/* The module's symbols, opened on first use (btc_module_file); NULL for
+ * the vDSO, an unreadable file or none that is the module. */
 btc_elf *btc_module_elf(btc_module *m);
+/* A read descriptor on the file of the module at path with the mapped
+ * build-id (id, id_len), mapped at `inside`: the file at path if it still
+ * has that build-id, else the inode mapped (/proc/self/map_files), if the
+ * kernel lets it be opened and it has; -1 if none.  `used`: the path
+ * opened.  The vDSO (no path) has none. */
+int btc_module_file(const char *path, const uint8_t *id, size_t id_len, uintptr_t inside, char *used, size_t size);
 /* btc_elf_function_ranges() on the module containing `inside`, as absolute
  * addresses. */
 int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max);

@@ -41,6 +41,8 @@ typedef struct {
     off_t size;
     struct timespec mtime;
     btc_dwarf *dwarf;      /* NULL: not an ELF file we can read (remembered too) */
+    uint8_t build_id[BTC_BUILD_ID_MAX];   /* the file's, from its PT_NOTE segments (first bytes) */
+    int build_id_len;                     /* its full length; 0: none; -1: not ELF */
     uint64_t last_use;
 } cached_file;
 
@@ -50,6 +52,18 @@ static int cache_limit = 16;
 static size_t byte_budget = BTC_SYMBOLIZE_DEFAULT_BUDGET;
 static uint64_t use_clock;
 static char debug_root[PATH_MAX] = "/usr/lib/debug";
+
+/* Modules whose path names another build than the one loaded: where their
+ * file was found instead ("": nowhere), so that each of their pcs does not
+ * read /proc/self/maps again.  A few: upgrades under a running process
+ * touch few libraries.  cache_lock held. */
+#define SWAPPED_FILES 8
+typedef struct {
+    uint64_t module_id;
+    char path[64];   /* /proc/self/map_files/LO-HI */
+} swapped_file;
+static swapped_file swapped[SWAPPED_FILES];
+static unsigned swapped_next;
 
 /* Fork: the lock is held with the GIL released, so another thread may hold
  * it at fork(); see modules.c for why the child, not a prepare handler,
@@ -64,6 +78,7 @@ static void cache_after_fork_child(void)
     }
     pthread_mutex_init(&cache_lock, NULL);
     memset(cache, 0, sizeof cache);
+    memset(swapped, 0, sizeof swapped);
     debug_root[sizeof debug_root - 1] = 0;
 }
 
@@ -132,6 +147,7 @@ static cached_file *cached_fd(int fd, const char *path)
         c->size = st.st_size;
         c->mtime = st.st_mtim;
         c->dwarf = btc_dwarf_open(fd, path, debug_root);
+        c->build_id_len = btc_elf_file_build_id(fd, c->build_id, (int)sizeof c->build_id);
     }
     c->last_use = ++use_clock;
     return c;
@@ -331,6 +347,7 @@ static void drop_all_locked(void)
     for (int i = 0; i < MAX_CACHED_FILES; i++)
         if (cache[i].path)
             drop(&cache[i]);
+    memset(swapped, 0, sizeof swapped);
 }
 
 void btc_symbolize_limit(int max_files)
@@ -379,6 +396,9 @@ typedef struct {
     char part[128];      /* a stripped eval loop's unnamed part: its name ("" if not one) */
     uintptr_t part_lo;
     bool vdso;           /* read from a copy of its image (symbols/vdso.c): it has no file */
+    uintptr_t lo;        /* where its code is mapped */
+    uint8_t build_id[BTC_BUILD_ID_MAX];   /* as mapped: its file must have it (btc_module_file) */
+    size_t build_id_len;
 } located_pc;
 
 static bool locate(uintptr_t pc, located_pc *at)
@@ -390,6 +410,9 @@ static bool locate(uintptr_t pc, located_pc *at)
         at->bias = m->bias;
         at->id = m->id;
         at->vdso = m->path[0] != '/' && btc_vdso_holds(m->lo, m->hi);
+        at->lo = m->lo;
+        memcpy(at->build_id, m->build_id, sizeof at->build_id);
+        at->build_id_len = m->build_id_len;
         at->part_lo = 0;
         const char *part = btc_eval_part_name(pc, &at->part_lo);
         snprintf(at->part, sizeof at->part, "%s", part ? part : "");
@@ -398,12 +421,64 @@ static bool locate(uintptr_t pc, located_pc *at)
     return m != NULL;
 }
 
+static swapped_file *swapped_of(uint64_t module_id)
+{
+    for (int i = 0; i < SWAPPED_FILES; i++)
+        if (swapped[i].module_id == module_id && module_id)
+            return &swapped[i];
+    return NULL;
+}
+
+static void remember_swapped(uint64_t module_id, const char *path)
+{
+    swapped_file *s = &swapped[swapped_next++ % SWAPPED_FILES];
+    s->module_id = module_id;
+    snprintf(s->path, sizeof s->path, "%s", strlen(path) < sizeof s->path ? path : "");
+}
+
+/* Is the cached file the located module's build (btc_module_file's rule)? */
+static bool is_module_build(const cached_file *c, const located_pc *at)
+{
+    size_t n = at->build_id_len < BTC_BUILD_ID_MAX ? at->build_id_len : BTC_BUILD_ID_MAX;
+    return at->build_id_len == 0 ||
+           (c->build_id_len >= 0 && (size_t)c->build_id_len == at->build_id_len && memcmp(c->build_id, at->build_id, n) == 0);
+}
+
+/* The located module's file, decoded: found by stat() at its path when
+ * that is cached as the module's build (a lookup's hot path), else opened
+ * by btc_module_file(): its path's file if it is the module's build, else
+ * the inode mapped (a library upgraded on disk since it was loaded), else
+ * none.  The vDSO's is a copy of its image.  cache_lock held. */
+static btc_dwarf *module_dwarf(const located_pc *at)
+{
+    if (at->vdso) {
+        int fd = btc_vdso_fd();
+        return fd >= 0 ? cached_dwarf(fd, at->path) : NULL;
+    }
+    struct stat st;
+    cached_file *c = stat(at->path, &st) == 0 ? find_entry(at->path, &st) : NULL;
+    if (c && is_module_build(c, at)) {
+        c->last_use = ++use_clock;
+        return c->dwarf;
+    }
+    swapped_file *known = swapped_of(at->id);
+    if (known)   /* its path's file is another build: the inode mapped, or none */
+        return known->path[0] && (c = cached(known->path)) && is_module_build(c, at) ? c->dwarf : NULL;
+    static char used[PATH_MAX];   /* cache_lock held */
+    int fd = btc_module_file(at->path, at->build_id, at->build_id_len, at->lo, used, sizeof used);
+    c = fd >= 0 ? cached_fd(fd, used) : NULL;
+    if (fd >= 0)
+        close(fd);
+    if (strcmp(used, at->path) != 0)
+        remember_swapped(at->id, c ? used : "");
+    return c && is_module_build(c, at) ? c->dwarf : NULL;
+}
+
 /* The symbol and source levels of pc in the located module; cache_lock held. */
 static int symbolize_located(const located_pc *at, uintptr_t pc, btc_native_info *out, btc_srcframe *levels,
                              int max, char *buf, size_t size)
 {
-    int vdso_fd = at->vdso ? btc_vdso_fd() : -1;
-    btc_dwarf *d = !at->vdso ? cached_dwarf(-1, at->path) : vdso_fd >= 0 ? cached_dwarf(vdso_fd, at->path) : NULL;
+    btc_dwarf *d = module_dwarf(at);
     uintptr_t vaddr = pc - at->bias, start = 0;
     const char *symbol = btc_dwarf_symbol(d, vaddr, &start);
     out->symbol_addr = symbol ? start + at->bias : at->part_lo;

@@ -11,16 +11,14 @@
  * with process_vm_readv, which fails rather than faults if it were ever
  * unmapped; where either is missing (qemu-user has no vDSO for its guest)
  * the vDSO stays unnamed, as before. */
-#define _GNU_SOURCE
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "capture/context.h"
 #include "symbols/vdso.h"
 
 /* x86-64's image is two pages, aarch64's about the same: a bigger one is not the vDSO. */
@@ -34,26 +32,6 @@ bool btc_vdso_holds(uintptr_t lo, uintptr_t hi)
 {
     uintptr_t at = (uintptr_t)getauxval(AT_SYSINFO_EHDR);
     return at && lo <= at && at < hi;
-}
-
-/* [*lo, *hi) of the line of /proc/self/maps naming [vdso]. */
-static bool mapping(uintptr_t *lo, uintptr_t *hi)
-{
-    FILE *f = fopen("/proc/self/maps", "re");
-    if (!f)
-        return false;
-    char line[512];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        unsigned long a, b;
-        found = strstr(line, " [vdso]") && sscanf(line, "%lx-%lx", &a, &b) == 2 && a < b;
-        if (found) {
-            *lo = a;
-            *hi = b;
-        }
-    }
-    fclose(f);
-    return found;
 }
 
 static bool write_all(int fd, const unsigned char *p, size_t n)
@@ -70,8 +48,8 @@ static bool write_all(int fd, const unsigned char *p, size_t n)
 
 static int copy_image(void)
 {
-    uintptr_t lo, hi;
-    if (!mapping(&lo, &hi) || lo != (uintptr_t)getauxval(AT_SYSINFO_EHDR) || hi - lo > MAX_IMAGE)
+    uintptr_t at = (uintptr_t)getauxval(AT_SYSINFO_EHDR), lo, hi;
+    if (!at || !btc_mapping_readable(at, &lo, &hi) || lo != at || hi - lo > MAX_IMAGE)
         return -1;
     size_t n = hi - lo;
     unsigned char *image = malloc(n);
