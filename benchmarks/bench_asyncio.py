@@ -24,7 +24,7 @@ a lock, a queue), then snapshot() alone and dump_all() as text (snapshot,
 grouping and names) timed in CPU time, best of 3.  Target: dump <= 0.5 s.
 
 Outside (x86-64): the same --tasks parked in another process, dumped by
-python -m btcore dump's code (btcore.process.dump_process, warm: the
+python -m btcore dump's code (btcore.remote.process.dump_process, warm: the
 target's ELF tables cached after the first dump), --rounds times: the whole
 dump (wall and this process's CPU time) and how long the target was
 stopped (wall, and the dumper's CPU in that window: a loaded machine
@@ -109,7 +109,7 @@ def _best(fn, times=3):
 
 async def _dump(count):
     made = await park(count)
-    tasks = [info for info in btcore.snapshot() if isinstance(info, btcore.tasks.TaskInfo)]
+    tasks = [info for info in btcore.snapshot() if isinstance(info, btcore.capture.tasks.TaskInfo)]
     snap = _best(btcore.snapshot)
     dump = _best(lambda: btcore.dump_all(io.StringIO()))
     print(f"dump of {len(tasks)} pending tasks ({len(made)} created, gather's children included):")
@@ -137,7 +137,7 @@ def _median(values):
 
 
 def outside(count, rounds):
-    from btcore.process import dump_process, process_stacks
+    from btcore.remote.process import dump_process, process_stacks
     folder = tempfile.mkdtemp(prefix="bench-asyncio-")
     ready = os.path.join(folder, "ready")
     code = OUTSIDE_TARGET.format(here=os.path.dirname(os.path.abspath(__file__)), count=count, ready=ready)

@@ -11,7 +11,7 @@ repetitive (deep) traces <= 1.5x zlib):
   deep        the bottom of a 30-deep recursion that goes through C at every
               level (map -> lambda -> ...), merged and native-only
   showcase    every distinct stack of the gevent showcase's snapshot
-              (btcore/showcase.py: what dump_all() prints), each encoded
+              (btcore/views/showcase.py: what dump_all() prints), each encoded
 The same for format 3 (the reference encoder's, for comparison), and for
 zlib: characters of base64url(zlib.compress(raw records, 9)) per frame, a
 general compressor of the raw list (which holds no module identity and no
@@ -113,7 +113,7 @@ def showcase_stacks():
         import gevent
     except ImportError:
         return None, None, None
-    from btcore import showcase
+    from btcore.views import showcase
     greenlets, release = showcase._build(gevent)
     gevent.sleep(0.01)
     merged, native = {}, {}

@@ -92,7 +92,7 @@ DUMPER = """
 import io, json, sys, time
 sys.path[:0] = sys.argv[2:]
 import btcore
-from btcore.process import process_stacks
+from btcore.remote.process import process_stacks
 pid = int(sys.argv[1])
 process_stacks(pid)
 t0, c0 = time.perf_counter(), time.process_time()

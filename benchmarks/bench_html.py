@@ -5,7 +5,7 @@ The program: N gevent greenlets (default 10 000) parked in three places
 on an Event: Python -> C -> Python).  Measured:
 
   snapshot          btcore.snapshot() alone (median of the rounds, warm)
-  page              btcore.html.page(infos): resolve, JSON, template (median, warm)
+  page              btcore.views.html.page(infos): resolve, JSON, template (median, warm)
   dump_all html     snapshot + page, as dump_all(format="html") does it (median, warm)
   size              bytes of the page
   first paint       headless Chromium (Debian's chromium + chromedriver, via
@@ -30,7 +30,7 @@ import time
 
 import btcore
 from parked import park   # benchmarks/ is the script's directory, first on sys.path
-import btcore.html
+import btcore.views.html
 
 
 def median_time(fn, rounds):
@@ -91,7 +91,7 @@ def main():
     try:
         snap = median_time(btcore.snapshot, args.rounds)
         infos = btcore.snapshot()
-        page = median_time(lambda: btcore.html.page(infos), args.rounds)
+        page = median_time(lambda: btcore.views.html.page(infos), args.rounds)
         del infos
         whole = median_time(dump_html, args.rounds)
         text = dump_html()

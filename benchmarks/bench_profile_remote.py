@@ -105,8 +105,8 @@ def _functions_seen(path):
 def per_sample_cpu(pid, rounds):
     """{name: [CPU seconds per call, one value per round]}: ProcessProfiler.sample() and process_stacks()."""
     import time
-    from btcore.process import process_stacks
-    from btcore.profile_remote import ProcessProfiler
+    from btcore.remote.process import process_stacks
+    from btcore.profile.remote import ProcessProfiler
     profiler = ProcessProfiler(pid)
     try:
         ways = {"sample": profiler.sample, "process_stacks": lambda: process_stacks(pid)}

@@ -291,7 +291,7 @@ def main():
     ap.add_argument("--n", type=int, default=2000, help="greenlets per timed round")
     ap.add_argument("--count", type=int, default=50_000, help="live greenlets for the memory figures")
     ap.add_argument("--app-depth", type=int, default=24, help="a deeper app: Python frames below the Flask view")
-    ap.add_argument("--capacity", type=int, default=btcore.spawn.DEFAULT_CAPACITY,
+    ap.add_argument("--capacity", type=int, default=btcore.capture.spawn.DEFAULT_CAPACITY,
                     help="the tracking capacity in the gunicorn + Flask runs (32: the default before issue 24)")
     ap.add_argument("--gunicorn-only", action="store_true", help="only the gunicorn + Flask runs")
     args = ap.parse_args()

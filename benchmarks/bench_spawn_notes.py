@@ -33,7 +33,7 @@ import gevent
 import greenlet
 
 import btcore
-from btcore import spawn_notes
+from btcore.capture import spawn_notes
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import spread  # noqa: E402

@@ -8,7 +8,7 @@ the hub).  Measured from outside, over loopback:
                          ticker while a GET of the page was in flight (the
                          ticker's own period, ~1 ms, is the floor); median and
                          worst of the rounds, one request at a time; and the
-                         same over the window btcore.html.page() ran in alone
+                         same over the window btcore.views.html.page() ran in alone
                          (the render's share; the rest is the snapshot's)
   10 concurrent GETs     the same, over 10 requests sent at once
   snapshot               btcore.snapshot() alone in the program's hub (median):
@@ -90,7 +90,7 @@ def largest_gap(times, start, end, from_start=False):
 
 
 def lag_per_request(target, rounds):
-    """[(largest gap over the request, largest gap while btcore.html.page ran)] of each round."""
+    """[(largest gap over the request, largest gap while btcore.views.html.page ran)] of each round."""
     target.get()     # warm: names resolved once, as in a long-running process
     lags = []
     for _ in range(rounds):

@@ -71,7 +71,7 @@ int btc_bind_backtrace(uintptr_t backtrace_type);
 #define BTC_MAX_CAPACITY 65536
 
 /* Put the builtin collect() (native/capture/collect_builtin.c) into the module at
- * `module` (btcore.backtrace): it does the common calls in C and hands every other
+ * `module` (btcore.capture.backtrace): it does the common calls in C and hands every other
  * call to python_impl, the Python collect().  doc is its __doc__, starting
  * with the text signature ("collect($module, /, ...)\n--\n\n"): copied.
  * Returns 0 or -1. */
@@ -108,7 +108,7 @@ int btc_asyncio_install(uintptr_t namespace);
 /* Install the builtins _greenlets_among(objects) (the objects of a list
  * that are greenlet_type's instances) and _known_states(known, current,
  * phases, phase) (the profiler's greenlets by state) into namespace
- * (introspect.py's globals; greenlet_objects.c).  Returns 0, or -1. */
+ * (capture/introspect.py's globals; greenlet_objects.c).  Returns 0, or -1. */
 int btc_install_greenlet_objects(uintptr_t namespace, uintptr_t greenlet_type);
 /* Remember greenlet's type (id(greenlet.greenlet)) and its original tp_new,
  * and put the builtins _spawn_chain(g, limit), _spawn_creator(g) and _spawn_task_hook(...) (asyncio
@@ -164,7 +164,7 @@ typedef struct {
  * tracked itself) and interned sites, for tests and benchmarks. */
 void btc_spawn_counts(int64_t *records, int64_t *sites);
 /* Exception notes (spawn_notes.c).  Install the builtin
- * _note_if_kept(exception, greenlet) into namespace (spawn_notes.py's
+ * _note_if_kept(exception, greenlet) into namespace (capture/spawn_notes.py's
  * globals, where NOTE_HEADER and the kept texts _rendered are read): it adds
  * the greenlet's kept chain note, returning None, or returns the key the
  * text is to be kept under once rendered.  Returns 0, or -1. */
@@ -747,7 +747,7 @@ int btc_rmodules_eval_ranges(btc_rmodules *s, uintptr_t inside, uintptr_t *lo, u
  * target of version_hex: 0 complete (3.11: its layout is known, and pinned
  * to 3.11's own headers by static assertions where btcore is built for
  * 3.11); 1 the family's constants only, the rest to be read from the
- * target's _Py_DebugOffsets (3.13-3.15: btcore/debug_offsets.py fills the
+ * target's _Py_DebugOffsets (3.13-3.15: btcore/remote/debug_offsets.py fills the
  * fields marked D; the gc fields it receives relative to the interpreter's
  * gc state, which it adds); -1 a version btcore cannot read. */
 typedef struct {
@@ -799,7 +799,7 @@ int btc_remote_object_frames(btc_rmem *m, const btc_remote_layout *lay, uintptr_
 int btc_remote_frame_chain(btc_rmem *m, const btc_remote_layout *lay, uintptr_t frame, btc_remote_pyframe *out,
                            int max);
 
-/* asyncio tasks of another process (remote/rtasks.c, btcore/remote_tasks.py).
+/* asyncio tasks of another process (remote/rtasks.c, btcore/remote/tasks.py).
  * Where the target keeps them: btc_remote_task_layout_of() fills the known
  * offsets of a version family (measured per family, pinned by
  * tests/test_remote_tasks.py against each version's own objects); the
@@ -912,7 +912,7 @@ int btc_remote_gc_instances(btc_rmem *m, const uintptr_t *heads, int nheads, uin
  * profiler's sample): the objects of the nwalk lists at walk (some of the
  * heads), then those of known (found by an earlier walk) that are still
  * alive and of that type, each once.  The caller makes sure no object
- * entered the other lists since known was walked (btcore/remote.py: their
+ * entered the other lists since known was walked (btcore/remote/snapshot.py: their
  * heads and counts unchanged). */
 int btc_remote_gc_known(btc_rmem *m, const uintptr_t *heads, int nheads, const uintptr_t *walk, int nwalk,
                         uintptr_t wanted, const uintptr_t *known, int nknown, uintptr_t *out, int max,
@@ -987,7 +987,7 @@ int btc_remote_greenlet_copies(btc_rmem *m, const btc_remote_layout *lay, btc_re
                                uint8_t *spill, size_t spill_size, btc_remote_pyframe *frames, int max_frames,
                                const uintptr_t *lo, const uintptr_t *hi, int nmaps);
 
-/* Where the target keeps what names its greenlets (btcore/remote_names.py):
+/* Where the target keeps what names its greenlets (btcore/remote/names.py):
  * offsets in bytes for a target of CPython version_hex (3.11, 3.13-3.15:
  * native/remote/robjects.c's table); -1 when that version's are not known
  * here (the dump then names greenlets by type and address only). */
@@ -1013,7 +1013,7 @@ typedef struct {
 } btc_remote_objlayout;
 int btc_remote_pyobjects(uint64_t version_hex, btc_remote_objlayout *out);
 /* A greenlet's label parts (remote/rlabels.c), read in one pass over the
- * greenlet objects at greenlets: what btcore/remote_names.py makes labels
+ * greenlet objects at greenlets: what btcore/remote/names.py makes labels
  * of.  Addresses are the target's, unchecked where marked: the caller
  * checks those few (remembered per address).  Returns n, or -1 for a spec
  * out of bounds. */

@@ -32,8 +32,8 @@ import time
 
 import btcore
 from btcore import codec
-from btcore.backtrace import KIND_NATIVE, KIND_PYTHON, RECORD, Backtrace, _new
-from btcore.resolve import resolve_python
+from btcore.capture.backtrace import KIND_NATIVE, KIND_PYTHON, RECORD, Backtrace, _new
+from btcore.symbols.resolve import resolve_python
 
 def _libc_dir() -> str:
     with open("/proc/self/maps") as maps:
@@ -124,8 +124,9 @@ def mutate(rng: random.Random, tokens: list) -> str:
 
 # ---- the C encoder against the reference ----
 
-MARKS = btcore.backtrace.F_JOIN | codec.F_EXACT   # the flags a token keeps
-FLAGS = (0, 0, 0, btcore.backtrace.F_JOIN, codec.F_EXACT, codec.F_EXACT | btcore.backtrace.F_JOIN, 2, 4, 16, 32)
+MARKS = btcore.capture.backtrace.F_JOIN | codec.F_EXACT   # the flags a token keeps
+JOIN = btcore.capture.backtrace.F_JOIN
+FLAGS = (0, 0, 0, JOIN, codec.F_EXACT, codec.F_EXACT | JOIN, 2, 4, 16, 32)
 
 
 def encoder_pools() -> tuple:

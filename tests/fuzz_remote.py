@@ -2,7 +2,7 @@
 """Fuzz the remote readers: a target's memory made of garbage, walked as a
 dump walks it (the gc lists, greenlets' states, which saved stacks to copy,
 their frame chains (with 3.11's table and as 3.14's are walked), code objects, names, line tables), must
-give results within the bounds (btcore/bounds.py, native/remote/) and
+give results within the bounds (btcore/remote/bounds.py, native/remote/) and
 nothing else: no crash, no exception, no hang.
 
 An image is the bytes of a target's memory at BASE (read as a core file's
@@ -25,10 +25,12 @@ import random
 import struct
 import sys
 
-from btcore import bounds, greenlet_offsets
+from btcore.remote import bounds
+
+from btcore.remote import greenlet_offsets
 from btcore._native import ffi, lib
-from btcore.records import PYFRAME
-from btcore.remote import Memory
+from btcore.capture.records import PYFRAME
+from btcore.remote.snapshot import Memory
 
 BASE = 0x7f1200000000
 SIZE = 1 << 16

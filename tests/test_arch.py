@@ -106,7 +106,7 @@ def test_signed_return_addresses_match_glibc_backtrace(tmp_path_factory):
 def test_process_dump_refused_where_registers_are_not_parsed(monkeypatch):
     """Guards: on a machine but x86-64 (whose ptrace and core registers the dump parses), dumping
     another process raises DumpError before it stops anything (this is x86-64: the machine is faked)."""
-    from btcore import process
+    from btcore.remote import process
     if ARCH == "x86-64":
         monkeypatch.setattr(process.os, "uname", lambda: os.uname_result(("Linux", "host", "6.1", "#1", "aarch64")))
     monkeypatch.setattr(process, "snapshot_live", lambda *a, **k: pytest.fail("a thread was stopped"))

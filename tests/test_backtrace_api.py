@@ -477,11 +477,11 @@ def test_released_backtrace_frees_code_objects_it_alone_held():
 # ---- errors ----
 
 def test_backtrace_error_is_one_class_defined_beside_backtrace():
-    """Guards where BacktraceError lives: btcore.errors (imported by backtrace.py,
-    no import cycle), the same class under btcore and btcore.greenlets."""
+    """Guards where BacktraceError lives: btcore.errors (imported by capture/backtrace.py,
+    no import cycle), the same class under btcore and btcore.capture.greenlets."""
     import btcore.errors
-    import btcore.greenlets
-    assert btcore.BacktraceError is btcore.errors.BacktraceError is btcore.greenlets.BacktraceError
+    import btcore.capture.greenlets
+    assert btcore.BacktraceError is btcore.errors.BacktraceError is btcore.capture.greenlets.BacktraceError
     assert btcore.BacktraceError.__module__ == "btcore.errors"
 
 
@@ -567,7 +567,7 @@ def test_import_btcore_loads_no_part_until_a_name_is_used():
         "import sys, btcore\n"
         "print(sorted(m for m in sys.modules if m.startswith('btcore.') and m != 'btcore._native'))\n"
         "btcore.collect\n"
-        "print('btcore.backtrace' in sys.modules, 'btcore.profile' in sys.modules, 'collect' in vars(btcore))\n"
+        "print('btcore.capture.backtrace' in sys.modules, 'btcore.profile.sampler' in sys.modules, 'collect' in vars(btcore))\n"
         "print(set(btcore.__all__) <= set(dir(btcore)))\n")
     assert out.splitlines() == ["[]", "True False True", "True"], out
 
@@ -576,7 +576,7 @@ def test_every_public_name_and_every_module_imports_on_its_own():
     # guards: the lazy table names the module that defines each name, and no import cycle shows when a part
     # is the first one imported (backtrace <-> codec did); a part as an attribute works, a missing name says so.
     import pkgutil
-    modules = [m.name for m in pkgutil.iter_modules(btcore.__path__) if m.name not in ("__main__", "_build")]
+    modules = [m.name for m in pkgutil.walk_packages(btcore.__path__) if m.name not in ("__main__", "_build")]
     out = _fresh(
         "import importlib, subprocess, sys\n"
         f"names, modules = {btcore.__all__!r}, {modules!r}\n"

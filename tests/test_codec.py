@@ -288,13 +288,13 @@ def test_copies_double_up_to_the_largest_capacity_in_linear_time():
     frames before it, holds the largest capacity's frames (and one frame
     more is refused, not decoded)."""
     doubling = [copy_of(1 << k, 1 << k) for k in range(1, 16)]
-    token = frames_token(btcore.backtrace.MAX_CAPACITY, literal(0x1000), literal(0x2000), *doubling)
+    token = frames_token(btcore.capture.backtrace.MAX_CAPACITY, literal(0x1000), literal(0x2000), *doubling)
     assert len(token) < 120
     decoded = btcore.decode(token)
-    assert len(decoded) == btcore.backtrace.MAX_CAPACITY
+    assert len(decoded) == btcore.capture.backtrace.MAX_CAPACITY
     assert {r.vaddr for r in decoded._refs} == {0x1000, 0x2000}
     with pytest.raises(ValueError, match="frame count"):
-        btcore.decode(frames_token(btcore.backtrace.MAX_CAPACITY + 1, literal(0x1000)))
+        btcore.decode(frames_token(btcore.capture.backtrace.MAX_CAPACITY + 1, literal(0x1000)))
 
 
 def test_token_is_one_printable_word(chain):
@@ -323,7 +323,7 @@ def test_c_encoder_writes_pcs_in_no_module_and_modules_named_again_as_the_refere
     modules, exact and not), a module named again after others, and the
     same tokens as the reference encoder, decoding to absolute pcs for the
     frames in no module."""
-    from btcore.backtrace import KIND_NATIVE, RECORD, Backtrace
+    from btcore.capture.backtrace import KIND_NATIVE, RECORD, Backtrace
     real = [r[0] for r in RECORD.iter_unpack(capture_in_chain(chain, python=False)._raw) if r[2] == KIND_NATIVE]
     outside = [0x1000, (1 << 64) - 1, 0x1000, 0x1008]
     pcs = [(outside[0], 0), (real[0], 0), (real[-1], 0), (outside[1], codec.F_EXACT), (real[0], 0), (real[1], 0),
@@ -347,7 +347,7 @@ def test_c_encoder_codes_a_name_again_when_it_shares_another_part_of_an_earlier_
     different earlier names in different tokens (another prefix and suffix
     taken from them), and names too long to keep, are written as the
     reference writes them, whatever was cached before."""
-    from btcore.backtrace import KIND_PYTHON, RECORD, Backtrace
+    from btcore.capture.backtrace import KIND_PYTHON, RECORD, Backtrace
     base = test_c_encoder_codes_a_name_again_when_it_shares_another_part_of_an_earlier_one.__code__
     codes = {name: base.replace(co_qualname=name, co_filename=f"/srv/{name}.py")
              for name in ("alpha_beta", "alpha_gamma", "delta_beta", "x" * 300 + "_beta")}
@@ -386,9 +386,9 @@ def test_c_encoder_codes_every_byte_and_word_as_the_reference():
     text = every_utf8_byte()
     assert {b for b in text.encode()} == set(range(0, 0xC0)) | set(range(0xC2, 0xF5))
     code = every_utf8_byte.__code__.replace(co_qualname=text, co_filename="/x/" + text[::-1])
-    bt = btcore.backtrace._new(btcore.Backtrace)
+    bt = btcore.capture.backtrace._new(btcore.Backtrace)
     bt._capacity, bt._raw, bt._refs, bt.truncated = 1, bytearray(
-        btcore.backtrace.RECORD.pack(id(code), 0, btcore.backtrace.KIND_PYTHON, 0, 0)), (code,), False
+        btcore.capture.backtrace.RECORD.pack(id(code), 0, btcore.capture.backtrace.KIND_PYTHON, 0, 0)), (code,), False
     token = bt.encode()
     assert token == codec._encode(bt)
     [frame] = btcore.decode(token)._refs

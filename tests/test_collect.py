@@ -423,7 +423,7 @@ def test_builtin_collect_carries_the_real_docstring_and_signature():
     signature (inspect.signature works, pydoc shows both)."""
     import inspect
     import pydoc
-    from btcore import backtrace
+    from btcore.capture import backtrace
 
     builtin, python = btcore.collect, backtrace._python_collect
     assert type(builtin).__name__ == "builtin_function_or_method" and python is not builtin

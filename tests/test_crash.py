@@ -354,7 +354,7 @@ def outside_groups(stderr):
 
 @pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
 def test_the_helper_shows_every_parked_greenlet_as_cpython_sees_it():
-    # guards: the helper part of the report (crash.c run_helper, crash.py helper_command): after the crashing
+    # guards: the helper part of the report (crash.c run_helper, watch/crash.py helper_command): after the crashing
     # thread's frames, every greenlet parked in the crashed process, each with the Python frames CPython's own
     # gr_frame chain has (printed by the target just before the crash); the process dies by its signal.
     out = crash_parked()
@@ -508,7 +508,7 @@ def token_sections(part):
 
 @pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
 def test_the_helper_names_the_record_and_encodes_every_stack():
-    # guards: process.py _crash_text and RemoteBacktrace.encode (the helper reads the handler's record from the
+    # guards: remote/process.py _crash_text and RemoteBacktrace.encode (the helper reads the handler's record from the
     # crashed process: the crashing thread at the fault and its greenlet's spawn sites, named, and a token after
     # every stack): the named crashing thread has faulthandler's Python frames; each token decodes (here, as
     # `python -m btcore decode` would) to the Python frames printed above it.

@@ -1,8 +1,8 @@
 """The one ELF reader (native/symbols/elf.c, elf_core.c) against pyelftools,
 the independent oracle: symbols by name, build-ids from PT_NOTE segments,
 and a core file's segments, threads, auxiliary vector and mapped files.
-These are what the dump of another process reads (btcore/remote.py,
-btcore/process.py, btcore/codec.py); pyelftools is not among btcore's
+These are what the dump of another process reads (btcore/remote/snapshot.py,
+btcore/remote/process.py, btcore/codec.py); pyelftools is not among btcore's
 run-time dependencies."""
 import json
 import os
@@ -18,7 +18,7 @@ from elftools.elf.elffile import ELFFile
 
 import conftest
 from btcore._native import ffi, lib
-from btcore.remote import symbol_value
+from btcore.remote.snapshot import symbol_value
 
 FIXTURE = r"""
 int foobar(void) { return 2; }
@@ -235,9 +235,9 @@ def test_core_read_asks_for_room_it_needs(core_file):
 
 
 def test_the_dump_reads_a_core_that_needs_more_room_than_its_first_guess(core_file, monkeypatch):
-    # guards: process.py's second read of the notes, with the room the first read asked for
-    from btcore import process
-    from btcore.remote import Memory
+    # guards: remote/process.py's second read of the notes, with the room the first read asked for
+    from btcore.remote import process
+    from btcore.remote.snapshot import Memory
     path, pid = core_file
 
     def read():

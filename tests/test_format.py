@@ -16,8 +16,8 @@ import pytest
 
 import btcore
 import conftest
-from btcore.fold import fold
-from btcore.frame import short_path
+from btcore.views.fold import fold
+from btcore.capture.frame import short_path
 
 MARKER = re.compile(r"^  \.\.\. (\d+) (interpreter|start-up) frames?$")
 PLUMBING_SEEN_HERE = ("_PyEval_Vector", "PyObject_Vectorcall", "_PyObject_VectorcallTstate",

@@ -1,5 +1,5 @@
 """Where greenlet keeps a suspended greenlet's saved stack and top frame,
-learned from another process's greenlet objects (btcore/greenlet_offsets.py).
+learned from another process's greenlet objects (btcore/remote/greenlet_offsets.py).
 
 The oracle is the other way btcore learns the same offsets: in-process,
 from greenlets whose spilled stack sizes it knows and an allocator hook
@@ -16,9 +16,9 @@ import types
 import greenlet
 import pytest
 
-from btcore import greenlet_offsets
+from btcore.remote import greenlet_offsets
 from btcore._native import lib
-from btcore.remote import Memory
+from btcore.remote.snapshot import Memory
 
 
 @pytest.fixture

@@ -1079,7 +1079,7 @@ for event, in_g, got in seen:
         if in_g and what != "origin":   # a capture in g stops at g's bottom
             assert not {"Py_BytesMain", "main", "_start"} & set(names), (event, what, names)
 if captures == ["current"]:   # the current stack never needs the layout check
-    assert btcore.greenlets._learned is None
+    assert btcore.capture.greenlets._learned is None
 print("ok", len(seen))
 """
 
@@ -1098,7 +1098,7 @@ def test_capture_inside_greenlet_tracer_from_the_first_capture(captures):
 
 REENTRY_SCRIPT = r"""
 import greenlet, btcore
-import btcore.greenlets as gl
+import btcore.capture.greenlets as gl
 
 main = greenlet.getcurrent()
 g = greenlet.greenlet(lambda: main.switch())

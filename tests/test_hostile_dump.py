@@ -1,5 +1,5 @@
 """A dump of a target whose memory is corrupt (docs/safety.md, "hostile
-targets"; btcore/bounds.py).
+targets"; btcore/remote/bounds.py).
 
 Each target (tests/fixtures/hostile_target.py) parks healthy greenlets and
 one victim per corruption, then corrupts one field per victim with ctypes
@@ -67,8 +67,8 @@ sys.exit(rc)
 # frame holds there), followed through the greenlet's view of its stack. Its clean dump differs (fewer entry
 # frames); each corrupt one is compared with it.
 PORTABLE = """
-import btcore.remote
-real = btcore.remote.lib
+import btcore.remote.snapshot
+real = btcore.remote.snapshot.lib
 
 class AsIfShims:
     def __getattr__(self, name):
@@ -79,7 +79,7 @@ class AsIfShims:
         out.frame_is_entry, out.shim_owner, out.frame_object_data, out.executable_tag_bits = -1, 3, 48, 3
         return rc
 
-btcore.remote.lib = AsIfShims()
+btcore.remote.snapshot.lib = AsIfShims()
 """
 
 
@@ -186,7 +186,7 @@ def run_case(folder, spec, chain_so, clean, value=None, strict=True):
 def test_one_corrupt_field_per_greenlet_costs_that_greenlet_a_note(value, chain_so, clean, tmp_path):
     # guards: every field a dump reads of a greenlet (greenlet, StackState, frames, code, names, line table),
     # set to a sentinel, leaves the dump whole (the other greenlets as in a clean dump, both tables) and notes
-    # the victim, within the memory bound (bounds.py; native/remote/rpython.c).
+    # the victim, within the memory bound (remote/bounds.py; native/remote/rpython.c).
     spec = {"healthy": HEALTHY, "corrupt": [[field, value] for field in GREENLET_FIELDS]}
     unnoted, _ = run_case(tmp_path, spec, chain_so, clean, value)
     assert not unnoted, f"victims shown without a note: {unnoted}"
@@ -279,8 +279,8 @@ def test_a_greenlet_whose_top_frame_is_unreadable_keeps_its_native_frames(chain_
 def test_reads_past_the_address_space_or_the_size_bound_are_refused():
     # guards: Memory.read asks nothing of the target outside bounds.readable (an address past 2**64, a size
     # past MAX_READ: cffi's OverflowError, a buffer of any size), and reads what lies inside.
-    from btcore import bounds
-    from btcore.remote import Memory
+    from btcore.remote import bounds
+    from btcore.remote.snapshot import Memory
     here = ffi.new("char[]", b"hostile")
     memory = Memory(lib.btc_rmem_open_pid(os.getpid()))
     try:
@@ -297,7 +297,7 @@ def test_line_tables_whose_last_entry_runs_past_their_end_are_refused():
     # guards: bounds.linetable_ok: CPython's co_lines trusts a table; a cut inside an entry must be refused,
     # a cut between entries (where the next byte starts one: bit 7, as only entry heads have it) accepted.
     import email.message
-    from btcore import bounds
+    from btcore.remote import bounds
     with open(email.message.__file__) as f:
         codes = [compile(f.read(), email.message.__file__, "exec")]
     for code in codes:   # and the code objects inside it
@@ -343,8 +343,8 @@ def test_a_name_or_line_table_pointer_to_another_object_is_refused():
     # bytes; real ones are read.
     import ctypes
     import types
-    from btcore import bounds
-    from btcore.remote import Memory
+    from btcore.remote import bounds
+    from btcore.remote.snapshot import Memory
     lay = layout_311()
     impostor = ctypes.create_string_buffer(lay.ascii_data + 8)   # an object of type int, as memory holds it
     base = ctypes.addressof(impostor)
@@ -443,8 +443,8 @@ def test_code_objects_are_read_within_their_bounds_and_the_dumps_budget():
     # type, a name past MAX_STRING is refused with a note, and once the dump's name budget is spent codes are
     # left unnamed with a note (never more read).
     import types
-    from btcore import bounds
-    from btcore.remote import Memory
+    from btcore.remote import bounds
+    from btcore.remote.snapshot import Memory
     long_name = "f" * (bounds.MAX_STRING + 1)
     scope = {}
     exec(f"def {long_name}(): pass\ndef short(): pass\ndef other(): pass", scope)

@@ -1,4 +1,4 @@
-"""The HTML view (btcore/html.py, btcore/page.html) and its WSGI endpoint
+"""The HTML view (btcore/views/html.py, btcore/views/page.html) and its WSGI endpoint
 (btcore/web.py), checked in a real headless Chromium.
 
 The page comes from a live gevent program (tests/fixtures/html_program.py:
@@ -402,14 +402,14 @@ server.stop()
 def test_template_is_installed_with_the_package():
     """Guards package-data: the installed btcore carries page.html (the suite uses the installed package)."""
     from importlib import resources
-    text = resources.files("btcore").joinpath("page.html").read_text(encoding="utf-8")
+    text = resources.files("btcore.views").joinpath("page.html").read_text(encoding="utf-8")
     assert text.count("{{BTCORE_DATA}}") == 1
 
 
 def test_every_page_forbids_loading_anything():
     """Guards the shared head (html._HEAD): the greenlet page and the profile page both carry the policy that
     lets them load nothing (their data are a target's strings) and run their inline script only."""
-    from btcore import html
+    from btcore.views import html
     for name in ("page.html", "profile.html"):
         head = html._template(name).split("<title>", 1)[0]
         assert head.startswith("<!DOCTYPE html>") and "default-src 'none'; script-src 'unsafe-inline'" in head, name

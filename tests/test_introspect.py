@@ -479,7 +479,7 @@ def test_signal_triggered_dump_in_a_subprocess():
         done = []
         signal.signal(signal.SIGUSR1, lambda signum, frame: done.append(signum))
         btcore.register_dump_signal(signal.SIGUSR1, chain=True)
-        from btcore import greenlets
+        from btcore.capture import greenlets
         assert greenlets._learned == ""      # learned now, never inside the handler
         event = gevent.event.Event()
         def parked_here():
@@ -582,7 +582,7 @@ def test_a_snapshot_in_steps_pauses_and_leaves_out_greenlets_that_ended():
     """Guards snapshot(pause=): the pause runs after every PAUSE_EVERY greenlets
     (what lets a gevent loop run during a view's snapshot), and a greenlet that
     ended during a pause is left out while every other one is still taken whole."""
-    from btcore.introspect import PAUSE_EVERY
+    from btcore.capture.introspect import PAUSE_EVERY
     here = greenlet.getcurrent()
     parked = [greenlet.greenlet(park_in_a, parent=here) for _ in range(2 * PAUSE_EVERY + 10)]
     for g in parked:
@@ -652,7 +652,7 @@ def test_live_greenlets_finds_subclasses_and_runs_no_object_code():
     here), and only them; an object whose __class__ raises is not asked
     (isinstance() would ask it).  Oracle: the objects this test made."""
     import gc
-    from btcore import introspect
+    from btcore.capture import introspect
 
     class Mine(greenlet.greenlet):
         pass
@@ -685,7 +685,7 @@ def test_known_states_sorts_the_profilers_greenlets_as_they_are():
     greenlet's rule.  Bad arguments raise TypeError.  Oracle: the states
     this test made."""
     import weakref
-    from btcore import introspect
+    from btcore.capture import introspect
     parked = [greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch()) for _ in range(16)]
     for g in parked:
         g.switch()
@@ -747,8 +747,8 @@ def test_python_frames_of_another_thread_are_cpythons_chain():
     state) gives the code object and instruction offset of every frame of
     the thread, innermost first, as the interpreter's own frame chain
     (sys._current_frames(), f_back) has them; None for an ident no thread has."""
-    from btcore import introspect
-    from btcore.backtrace import RECORD
+    from btcore.capture import introspect
+    from btcore.capture.backtrace import RECORD
 
     release, parked = threading.Event(), threading.Event()
 

@@ -173,11 +173,11 @@ def test_different_library_at_the_same_address(twins):
 
 
 def test_modules_generation_changes_with_dlopen_and_dlclose(libraries):
-    """Guards btcore.resolve.modules_generation(), the public reading of
+    """Guards btcore.symbols.resolve.modules_generation(), the public reading of
     the core's module-list generation (decoded-token caches key on it): it
     changes once a library is loaded, and again once it is unloaded."""
     import btcore
-    from btcore.resolve import modules_generation
+    from btcore.symbols.resolve import modules_generation
     btcore.collect()   # a capture brings the module list up to date
     before = modules_generation()
     handle = ctypes.CDLL(libraries[0])

@@ -135,7 +135,7 @@ hub.schedule_call_global(0, lambda: from_hub.append((dump("json"), dump("text"))
 while not from_hub:
     eventlet.sleep(0.01)
 from_greenlet = eventlet.spawn(lambda: (dump("json"), dump("text"))).wait()
-from btcore.threads import os_threads
+from btcore.capture.threads import os_threads
 named = [[t.ident, t.name] for t in os_threads()]
 release.release()
 busy.wait()

@@ -1,5 +1,5 @@
-"""python -m btcore dump: another process, from outside (btcore/process.py,
-btcore/remote.py, native/remote/).
+"""python -m btcore dump: another process, from outside (btcore/remote/process.py,
+btcore/remote/snapshot.py, native/remote/).
 
 The target (tests/fixtures/dump_target.py) is a gevent program with
 greenlets parked in Python, inside a C callback and in socket recv, and a
@@ -120,15 +120,15 @@ def test_live_dump_shows_every_greenlet_as_the_process_itself_does(target):
 # or a target on another CPython version): greenlet's offsets are learned from the target's own objects.
 LEARNING_DUMPER = """
 import itertools, sys
-import btcore.remote, btcore.__main__
+import btcore.remote.snapshot, btcore.__main__
 calls = itertools.count()
-btcore.remote.file_build_id = lambda path: b"%d" % next(calls)   # never twice alike
+btcore.remote.snapshot.file_build_id = lambda path: b"%d" % next(calls)   # never twice alike
 sys.exit(btcore.__main__.main(sys.argv[1:]))
 """
 
 
 def test_a_greenlet_build_not_btcores_is_read_through_offsets_learned_from_the_target(target):
-    # guards: greenlet's offsets learned from the target's greenlet objects (btcore/greenlet_offsets.py) give the
+    # guards: greenlet's offsets learned from the target's greenlet objects (btcore/remote/greenlet_offsets.py) give the
     # same outside view of every suspended greenlet as collect(g) inside.
     proc, oracle = target
     check_against_oracle(dump_with(LEARNING_DUMPER, proc.pid), oracle)
@@ -163,7 +163,7 @@ def test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage():
     # caught one in a CI run of the many-dumps test). Here: 185 in it reads as "entry", 0 in its caller as not
     # (the outermost frame, which ends the chain, is an entry whatever it says).
     import ctypes
-    from btcore.remote import Memory
+    from btcore.remote.snapshot import Memory
     lay = layout_311()
     code = test_a_frame_read_while_it_changes_gives_an_entry_flag_not_garbage.__code__
     frames, frame_object = [ctypes.create_string_buffer(256) for _ in range(3)], ctypes.create_string_buffer(64)
@@ -198,7 +198,7 @@ def suspended_groups(text):
 
 
 def test_outside_text_equals_dump_all_inside(target, inside_text):
-    # guards: one back half: the outside dump's stacks are Backtraces grouped, folded and printed by dump.py,
+    # guards: one back half: the outside dump's stacks are Backtraces grouped, folded and printed by views/dump.py,
     # so every group of suspended greenlets (in Python, in a C callback, in socket recv, in Cython) reads as
     # dump_all() printed it inside the target, frame for frame, folded lines included.
     proc, _ = target
@@ -212,7 +212,7 @@ def test_outside_text_equals_dump_all_inside(target, inside_text):
 
 
 def test_outside_html_is_write_htmls_page(target):
-    # guards: --format html is the page write_html() writes (btcore/html.py), with the target's document.
+    # guards: --format html is the page write_html() writes (btcore/views/html.py), with the target's document.
     proc, _ = target
     page = run_dump("--format", "html", str(proc.pid))
     import re
@@ -360,7 +360,7 @@ def test_the_target_keeps_working_through_many_dumps(tmp_path):
 
 def test_the_stop_reads_the_target_in_a_few_syscalls(target):
     # guards: the stop re-reads what a rehearsal walked, in batches (not one syscall per chunk of the gc lists).
-    from btcore.process import process_stacks
+    from btcore.remote.process import process_stacks
     proc, oracle = target
     snap, stacks = process_stacks(proc.pid)
     assert sum(1 for s in stacks if s.kind == "greenlet") == len(oracle)
@@ -374,7 +374,7 @@ def test_the_stop_reads_the_target_in_a_few_syscalls(target):
 # the dump, or "interrupted" and waits for its stdin to close; with a fourth
 # argument, "cli", it is python -m btcore dump PID (its main()).
 PAUSING_DUMPER = """
-import signal, sys, threading, time, btcore, btcore.remote as remote
+import signal, sys, threading, time, btcore, btcore.remote.snapshot as remote
 pid, where, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cli = sys.argv[4:] == ["cli"]
 signal.signal(signal.SIGINT, signal.default_int_handler)   # a shell's background job starts with SIGINT ignored
@@ -689,7 +689,7 @@ gevent.sleep(600)
 
 AHEAD_DUMPER = """
 import io, os, sys, time
-from btcore import process
+from btcore.remote import process
 made = []
 class Counted(process._Ahead):
     def __init__(self, todo):

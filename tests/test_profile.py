@@ -25,7 +25,7 @@ import gevent.socket  # noqa: E402
 
 import btcore  # noqa: E402
 import greenlet  # noqa: E402
-from btcore import profile_formats  # noqa: E402
+from btcore.profile import formats as profile_formats  # noqa: E402
 from test_html import driver  # noqa: E402,F401  (headless Chromium, installed with apt-get when missing)
 
 BURN, IDLE = 0.02, 0.02       # the computing greenlet's turns: about half of the time computing
@@ -334,7 +334,7 @@ def test_a_greenlet_made_while_sampling_is_found_without_a_heap_scan(monkeypatch
     greenlet's creation hook, even once a collection moved it out of the
     young generation before any tick ran: no heap scan is made for it."""
     import gc
-    from btcore import profile as profile_module
+    from btcore.profile import sampler as profile_module
     profiler = btcore.start_profiler(100)
     scans = []
     try:
@@ -358,7 +358,7 @@ def test_creations_beyond_what_the_hook_keeps_make_a_heap_scan():
     a watch turned off keeps nothing and says so.  Oracle: the greenlets made
     here."""
     from btcore._native import lib
-    from btcore.spawn import take_created
+    from btcore.capture.spawn import take_created
     assert lib.btc_spawn_watch_creation(1) == 0
     try:
         take_created()
@@ -381,7 +381,7 @@ def test_parked_greenlets_are_looked_at_in_turns_and_get_all_the_time_sampled(mo
     time since its phase's previous look, and the sampler's end looks at
     every phase: a greenlet parked all along gets exactly the time sampled.
     Oracles: the looks counted here, Profile.sampled."""
-    from btcore import profile as profile_module
+    from btcore.profile import sampler as profile_module
     looks = {}
     look = profile_module._Greenlets.parked_stack
 
@@ -473,7 +473,7 @@ def test_an_idle_threads_stack_is_reused_until_it_runs_again(monkeypatch):
     still) keeps the stack recorded then, without a new capture; once it
     runs, its new stack is captured: a real thread parks in one function,
     then in another, and each gets the time it spent there."""
-    from btcore import profile as profile_module
+    from btcore.profile import sampler as profile_module
     captures = []
     real = profile_module.python_frames_of_thread
     monkeypatch.setattr(profile_module, "python_frames_of_thread",
@@ -740,7 +740,7 @@ def test_a_thread_that_switches_between_the_state_read_and_the_capture_is_not_mi
 
     import greenlet
 
-    from btcore import profile as profile_module
+    from btcore.profile import sampler as profile_module
 
     go, started, switched, stop = (threading.Event() for _ in range(4))
     made = {}
@@ -779,7 +779,7 @@ def _one_sample(monkeypatch, target, started, stop, capture) -> dict:
     replaced by capture; stop is set and the thread joined at the end."""
     import threading
 
-    from btcore import profile as profile_module
+    from btcore.profile import sampler as profile_module
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
@@ -803,7 +803,7 @@ def test_a_thread_that_switches_away_and_back_during_the_capture_is_not_mislabel
 
     import greenlet
 
-    from btcore import profile as profile_module
+    from btcore.profile import sampler as profile_module
 
     started, go, away, go_back, back, stop = (threading.Event() for _ in range(6))
     made = {}
@@ -851,7 +851,7 @@ def test_a_parked_greenlet_s_stamp_changes_exactly_when_it_moves():
     another line of the same function (same code object, another
     instruction).  Oracle: the greenlet's own frame (gr_frame.f_lineno)."""
     from btcore._native import lib
-    from btcore.introspect import collect_suspended
+    from btcore.capture.introspect import collect_suspended
     main = greenlet.getcurrent()
 
     def body():

@@ -1,4 +1,4 @@
-"""The outside profiler: python -m btcore profile PID, btcore.profile_remote.
+"""The outside profiler: python -m btcore profile PID, btcore.profile.remote.
 
 The target is a separate gevent program with a known split: one greenlet
 computes half of the time (20 ms computing, 20 ms asleep, in turns, and
@@ -21,9 +21,9 @@ import pytest
 import conftest
 
 pytest.importorskip("gevent")
-from btcore import profile_formats  # noqa: E402
-from btcore.process import DumpError  # noqa: E402
-from btcore.profile_remote import ProcessProfiler, profile_process  # noqa: E402
+from btcore.profile import formats as profile_formats  # noqa: E402
+from btcore.remote.process import DumpError  # noqa: E402
+from btcore.profile.remote import ProcessProfiler, profile_process  # noqa: E402
 from test_profile import check_pprof_times, decode_pprof, go_pprof_top  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)

@@ -1,5 +1,5 @@
 """The one CPython layout table (native/remote/pylayout.c; completed from
-the interpreter's _Py_DebugOffsets on 3.13+, btcore/debug_offsets.py) and
+the interpreter's _Py_DebugOffsets on 3.13+, btcore/remote/debug_offsets.py) and
 the one walker of another process's Python frames (native/remote/rpython.c),
 against CPython's own view of the same frames: sys._current_frames() for a
 thread, gr_frame for a suspended greenlet.  The walker reads this process's
@@ -16,9 +16,11 @@ import types
 import greenlet
 import pytest
 
-from btcore import debug_offsets, greenlet_offsets
+from btcore.remote import debug_offsets
+
+from btcore.remote import greenlet_offsets
 from btcore._native import ffi, lib
-from btcore.remote import Memory
+from btcore.remote.snapshot import Memory
 
 MOST = 256
 

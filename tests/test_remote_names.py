@@ -1,5 +1,5 @@
 """Names and parents of another process's greenlets, from outside
-(btcore/remote_names.py), against what btcore.snapshot() names them inside
+(btcore/remote/names.py), against what btcore.snapshot() names them inside
 that process (tests/fixtures/names_target.py writes it: the oracle)."""
 import json
 import os
@@ -12,7 +12,7 @@ import pytest
 import conftest
 import test_process_dump as process_dump
 
-from btcore import remote_names
+from btcore.remote import names as remote_names
 from btcore._native import ffi, lib
 
 KNOWN = lib.btc_remote_pyobjects(sys.hexversion, ffi.new("btc_remote_objlayout *")) == 0
@@ -133,7 +133,7 @@ def test_shown_escapes_and_bounds():
 
 REMEMBERING_DUMPER = """
 import io, json, sys, btcore
-from btcore import process
+from btcore.remote import process
 snap, stacks = process.process_stacks(int(sys.argv[1]))
 print(json.dumps({"names": sorted(s.name for s in stacks if s.kind == "greenlet"),
                   "imported gevent": "gevent" in sys.modules}))
@@ -344,7 +344,7 @@ class NoTable:
 def test_a_target_of_a_version_with_no_table_keeps_the_plain_labels(target, monkeypatch):
     # guards: with no column for the target's version, greenlets keep type and address and threads their
     # fallback names: no object is read through a missing table (no exception, no guessed offsets).
-    from btcore.process import process_stacks
+    from btcore.remote.process import process_stacks
     proc, oracle = target
     monkeypatch.setattr(remote_names, "lib", NoTable())
     _, stacks = process_stacks(proc.pid)

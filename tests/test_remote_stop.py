@@ -1,6 +1,6 @@
 """What a stop of another process reads, and what it no longer reads.
 
-Greenlets are found without walking the old gc lists (btcore/remote.py's _find_greenlets,
+Greenlets are found without walking the old gc lists (btcore/remote/snapshot.py's _find_greenlets,
 native/remote/rpython.c's btc_remote_gc_known): the youngest list and those whose head or count changed are
 walked, and the greenlets an earlier complete walk found are checked.  A greenlet made between two stops and moved into an old list meanwhile (a collection,
 gc.freeze()) must still be listed; one freed since must not be.
@@ -17,7 +17,7 @@ import time
 import greenlet
 import pytest
 
-from btcore import remote
+from btcore.remote import snapshot as remote
 
 import conftest
 
@@ -186,7 +186,7 @@ def test_a_profilers_stop_reuses_unchanged_copies_and_never_shows_a_stale_one(tm
     # guards: a sample takes an unchanged greenlet's saved stack from the previous sample's copy (reused, not
     # read from the target); a greenlet that ran and parked again with the same state but other Python frames is
     # left out of that sample with a note, and read from the target at the next: its stack is then the new one.
-    from btcore.profile_remote import STALE_COPY, ProcessProfiler
+    from btcore.profile.remote import STALE_COPY, ProcessProfiler
     proc = subprocess.Popen([sys.executable, "-c", SEESAW], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         address = int(proc.stdout.readline(), 16)

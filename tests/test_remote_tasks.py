@@ -1,4 +1,4 @@
-"""asyncio tasks in the dump of another process (btcore/remote_tasks.py,
+"""asyncio tasks in the dump of another process (btcore/remote/tasks.py,
 native/remote/rtasks.c).  Oracle: the target's own dump_all() (whose
 tasks tests/test_tasks.py checks against Task.get_stack() and, on 3.14+,
 asyncio.capture_call_graph()), written while its tasks were parked as they
@@ -17,7 +17,9 @@ import pytest
 
 import conftest
 
-from btcore import asyncio_debug, remote_names
+from btcore.symbols import asyncio_debug
+
+from btcore.remote import names as remote_names
 from btcore._native import ffi, lib
 
 pytestmark = pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
@@ -116,7 +118,7 @@ def spawn_sites(doc) -> dict:
 
 @pytest.mark.skipif(not KNOWN, reason="btcore knows the asyncio objects of 3.11 and 3.13-3.15")
 def test_outside_spawn_sites_of_tasks_equal_dump_all_inside(target):
-    # guards: spawn chains read from outside (native/remote/rspawn.c, btcore/remote_spawn.py): every group's
+    # guards: spawn chains read from outside (native/remote/rspawn.c, btcore/remote/spawn.py): every group's
     # spawn sites, their counts, creators and frames over the generations, as dump_all() gave them inside.
     proc, inside = target
     expected = spawn_sites(inside)
@@ -285,7 +287,7 @@ def test_an_asyncio_debug_section_is_read_without_pyelftools(tmp_path):
                    + ", ".join(map(str, values)) + "};\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
     script = ("import sys; sys.modules['elftools'] = None\n"   # (an import of it fails)
-              "from btcore import asyncio_debug\n"
+              "from btcore.symbols import asyncio_debug\n"
               f"print(list(asyncio_debug.offsets({str(so)!r}).values()), asyncio_debug.offsets({sys.executable!r}))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT, cwd="/")
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""The showcase (btcore.showcase.run, to become `python -m btcore demo`): it
+"""The showcase (btcore.views.showcase.run, to become `python -m btcore demo`): it
 exits 0 and its dump shows each parked greenlet where the program parked it.
 
 Oracle: the showcase's own source (which function parks where, how many
@@ -19,7 +19,7 @@ TIMEOUT = 120
 
 def run_showcase(*args):
     proc = subprocess.run([sys.executable, "-P", "-c",
-                           "import sys; from btcore.showcase import run; sys.exit(run(sys.argv[1:]))", *args],
+                           "import sys; from btcore.views.showcase import run; sys.exit(run(sys.argv[1:]))", *args],
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr    # every greenlet ended cleanly

@@ -51,6 +51,7 @@ def _dumps(text):
 GUNICORN_WORKER = """
     import os, signal, sys
     import btcore
+    import btcore.views.dumpwriter
     from gunicorn.workers.base import Worker
 
     class Log:
@@ -128,6 +129,7 @@ def test_refuses_a_handler_installed_from_c():
     proc = _run_child("""
     import faulthandler, signal, sys
     import btcore
+    import btcore.views.dumpwriter
 
     faulthandler.register(btcore.DEFAULT_DUMP_SIGNAL)
     assert signal.getsignal(btcore.DEFAULT_DUMP_SIGNAL) == signal.SIG_DFL   # Python does not know
@@ -151,6 +153,7 @@ def test_refuses_a_gevent_signal_handler():
     import signal
     import gevent
     import btcore
+    import btcore.views.dumpwriter
 
     gevent.signal_handler(btcore.DEFAULT_DUMP_SIGNAL, lambda: None)
     gevent.sleep(0)
@@ -172,6 +175,7 @@ BLOCKING_FILE = """
     import os, signal, sys
     import gevent, gevent.event
     import btcore
+    import btcore.views.dumpwriter
 
     real_lock = gevent.monkey.get_original("_thread", "allocate_lock")
     real_ident = gevent.monkey.get_original("_thread", "get_ident")
@@ -194,7 +198,7 @@ def test_the_handler_only_captures_a_real_thread_writes():
     returns before anything is written, an OS thread other than the main one
     writes (not a greenlet of the loop), and unregister waits for it."""
     proc = _run_child(BLOCKING_FILE + """
-    btcore.dumpwriter.DRAIN_TIMEOUT = 10
+    btcore.views.dumpwriter.DRAIN_TIMEOUT = 10
     gate = gevent.event.Event()
     parked = [gevent.spawn(gate.wait) for _ in range(20)]
     gevent.sleep(0)
@@ -221,6 +225,7 @@ def test_two_signals_two_dumps_whole_and_in_order():
     import _thread, os, signal, sys
     import gevent, gevent.event
     import btcore
+    import btcore.views.dumpwriter
 
     class File:
         def __init__(self):
@@ -254,6 +259,7 @@ SIGNAL_IN_RESOLUTION = """
     import os, signal
     import greenlet
     import btcore
+    import btcore.views.dumpwriter
 
     class Bound(int):
         # compared with the cache size inside FrameCache._evict: mid-resolution
@@ -278,10 +284,10 @@ def test_signal_during_resolution_without_a_writer_thread():
     the dump itself, and inside btcore's own resolution it leaves the stacks
     unresolved rather than nest a resolution."""
     proc = _run_child(textwrap.dedent("""
-        import btcore.dumpwriter
+        import btcore.views.dumpwriter
         def no_threads():
             raise RuntimeError("can't start new thread")
-        btcore.dumpwriter._real_start_new_thread = no_threads
+        btcore.views.dumpwriter._real_start_new_thread = no_threads
     """) + textwrap.dedent(SIGNAL_IN_RESOLUTION))
     assert proc.returncode == 0, proc.stderr
     assert "survived" in proc.stdout
@@ -296,15 +302,16 @@ def test_fork_child_gets_its_own_writer(tmp_path):
     import os, signal, sys
     import greenlet
     import btcore
+    import btcore.views.dumpwriter
 
-    btcore.dumpwriter.DRAIN_TIMEOUT = 10
+    btcore.views.dumpwriter.DRAIN_TIMEOUT = 10
     parked = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch())
     parked.switch()
     path = sys.argv[1]
     btcore.register_dump_signal(file=open(path, "w"))
     pid = os.fork()
     if pid == 0:
-        has_writer = btcore.dumpwriter.ident() is not None
+        has_writer = btcore.views.dumpwriter.ident() is not None
         signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
         btcore.unregister_dump_signal()
         with open(path) as f:
@@ -333,6 +340,7 @@ def test_no_collection_during_the_capture_and_gc_state_kept():
     import gc, os, signal, sys
     import greenlet
     import btcore
+    import btcore.views.dumpwriter
 
     parked = [greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch()) for _ in range(50)]
     for g in parked:
@@ -341,7 +349,7 @@ def test_no_collection_during_the_capture_and_gc_state_kept():
     def seen(phase, info):
         frame = sys._getframe()
         while frame is not None:
-            if frame.f_code.co_name == "snapshot" and frame.f_code.co_filename.endswith("introspect.py"):
+            if frame.f_code.co_name == "snapshot" and frame.f_code.co_filename.endswith("capture/introspect.py"):
                 inside.append(info["generation"])
             frame = frame.f_back
     btcore.register_dump_signal(file=sys.stdout)
@@ -369,6 +377,7 @@ def test_a_dump_signalled_just_before_exit_is_written():
     import os, signal, sys
     import gevent, gevent.event
     import btcore
+    import btcore.views.dumpwriter
 
     gate = gevent.event.Event()
     parked = [gevent.spawn(gate.wait) for _ in range(2000)]
@@ -389,6 +398,7 @@ def test_signals_while_the_writer_is_stuck_are_counted_not_queued():
     import _thread, os, signal, sys
     import greenlet
     import btcore
+    import btcore.views.dumpwriter
 
     class File:
         def __init__(self):
@@ -409,13 +419,13 @@ def test_signals_while_the_writer_is_stuck_are_counted_not_queued():
     btcore.register_dump_signal(file=out)
     signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     assert out.entered.acquire(timeout=20)        # the writer is inside the first write
-    for _ in range(btcore.dumpwriter.MAX_PENDING + 5):
+    for _ in range(btcore.views.dumpwriter.MAX_PENDING + 5):
         signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     out.gate.release()
-    assert btcore.dumpwriter.drain()
+    assert btcore.views.dumpwriter.drain()
     signal.raise_signal(btcore.DEFAULT_DUMP_SIGNAL)
     assert btcore.unregister_dump_signal()
-    print(btcore.dumpwriter.MAX_PENDING)
+    print(btcore.views.dumpwriter.MAX_PENDING)
     sys.stdout.write("".join(out.parts))
     """)
     assert proc.returncode == 0, proc.stderr

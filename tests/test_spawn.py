@@ -19,7 +19,7 @@ from greenlet import greenlet as EarlyGreenlet   # imported before tracking is e
 
 import btcore
 from btcore._native import lib
-from btcore.spawn import GENERATIONS, _counts, raw_spawn_chain
+from btcore.capture.spawn import GENERATIONS, _counts, raw_spawn_chain
 
 from conftest import in_interpreter
 from oracles import short
@@ -169,7 +169,7 @@ def test_deep_three_generations_complete_by_default():
     for site, _, _ in chain.links:
         assert len(site) > 2 * DEEP and not site.truncated
     bt = btcore.spawn_backtrace(seen["leaf"])
-    assert not bt.truncated and bt.capacity == btcore.spawn.DEFAULT_CAPACITY
+    assert not bt.truncated and bt.capacity == btcore.capture.spawn.DEFAULT_CAPACITY
     got = parts(bt)
     assert [python_names(frames) for _, frames in got] == oracle[::-1]
     assert all(sum(f.kind == "native" for f in frames) >= DEEP // 4 for _, frames in got)   # sorted()'s C frames
@@ -632,14 +632,14 @@ def test_eventlet_spawn():
 
 
 def test_reloading_the_module_while_tracking():
-    """Guards: reloading btcore.spawn while the hook is installed keeps the
+    """Guards: reloading btcore.capture.spawn while the hook is installed keeps the
     original constructor (it used to take the hook for it and fail)."""
     r = run_child("""
-        import importlib, greenlet, btcore, btcore.spawn
+        import importlib, greenlet, btcore, btcore.capture.spawn
         from btcore._native import lib
         original = lib.btc_type_new_slot(id(greenlet.greenlet))
         btcore.enable_spawn_tracking()
-        spawn = importlib.reload(btcore.spawn)
+        spawn = importlib.reload(btcore.capture.spawn)
         assert spawn.spawn_backtrace(greenlet.greenlet(lambda: 0)) is not None
         spawn.disable_spawn_tracking()
         assert lib.btc_type_new_slot(id(greenlet.greenlet)) == original

@@ -21,8 +21,8 @@ import greenlet
 import pytest
 
 import btcore
-from btcore import spawn_notes
-from btcore.spawn_notes import NOTE_HEADER, NOTE_LINE_CHARS, NOTE_LINES
+from btcore.capture import spawn_notes
+from btcore.capture.spawn_notes import NOTE_HEADER, NOTE_LINE_CHARS, NOTE_LINES
 
 ORIGINAL_SWITCH = greenlet.greenlet.__dict__["switch"]
 ORIGINAL_THROW = greenlet.greenlet.__dict__["throw"]

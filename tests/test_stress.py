@@ -141,7 +141,7 @@ SPAWN_SCRIPT = r"""
             assert g.switch() is not None
 
     def live():
-        return "; %d records, %d sites live" % btcore.spawn._counts()
+        return "; %d records, %d sites live" % btcore.capture.spawn._counts()
 
     print_growth("spawn: spawn-tracked greenlets", spawn_many, max(count // 10, 1000), count, live)
 """
@@ -212,7 +212,7 @@ SIGNAL_SAFE_SCRIPT = r"""
     import _ctypes, ctypes, signal, sys, threading, time
     import btcore, greenlet
     from btcore._native import ffi, lib
-    from btcore.watchdog import _sample_text
+    from btcore.watch.watchdog import _sample_text
 
     library, seconds = sys.argv[1], float(sys.argv[2])
 

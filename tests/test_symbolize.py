@@ -718,7 +718,7 @@ def test_cython_names_decode_to_the_functions_they_wrap():
     wrapper of gevent's real Cython-built modules decodes to module.Class.func,
     and that path names a real attribute (the oracle: Python's import system),
     including counters that look like lengths (3set_default_hub_class)."""
-    from btcore.resolve import demangle
+    from btcore.symbols.resolve import demangle
     wrappers = list(_gevent_def_wrappers())
     assert len(wrappers) > 100
     wrong = [(name, demangle(name)) for name, symbols in wrappers
@@ -769,7 +769,7 @@ def _vdso_functions():
 
 
 def _named_in_vdso(pc):
-    from btcore.resolve import _resolve_native   # the core's answer, not the frame cache's
+    from btcore.symbols.resolve import _resolve_native   # the core's answer, not the frame cache's
     frame = _resolve_native(pc, lib.BTC_F_EXACT)[1][0]
     return frame.function if frame.module == "linux-vdso.so.1" else f"not the vDSO: {frame}"
 
@@ -823,7 +823,7 @@ UPGRADED_BUILD = "int zulu_other(int x) { return x * 3 + 1; }\nint yankee_other(
 
 UPGRADE = r"""
 import ctypes, json, os, shutil, sys
-from btcore.resolve import _resolve_native, source_levels
+from btcore.symbols.resolve import _resolve_native, source_levels
 from btcore._native import lib
 loaded, upgraded, path = sys.argv[1:4]
 shutil.copy(loaded, path)

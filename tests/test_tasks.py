@@ -1,4 +1,4 @@
-"""asyncio tasks in snapshot(), dump_all() and JSON (btcore/tasks.py), on real
+"""asyncio tasks in snapshot(), dump_all() and JSON (btcore/capture/tasks.py), on real
 asyncio: tasks parked in sleep, a lock, a queue, a socket read, gather,
 wait_for, a TaskGroup and a chain of tasks awaiting tasks.  Oracles: each
 task's Task.get_stack() (its outermost coroutine frame, as asyncio reports
@@ -18,8 +18,8 @@ import greenlet
 import pytest
 
 import btcore
-from btcore.introspect import RUNNING, SUSPENDED, NOT_STARTED
-from btcore.tasks import TaskInfo
+from btcore.capture.introspect import RUNNING, SUSPENDED, NOT_STARTED
+from btcore.capture.tasks import TaskInfo
 
 import conftest
 
@@ -186,7 +186,7 @@ async def deep(n):
 def test_a_deep_await_chain_keeps_its_innermost_frames():
     """Bounded: a chain deeper than the capacity keeps its innermost frames
     (where the task waits) and says its outer ones were cut."""
-    from btcore.introspect import CAPACITY
+    from btcore.capture.introspect import CAPACITY
 
     async def main():
         task = asyncio.create_task(deep(CAPACITY + 50), name="deep")
@@ -259,7 +259,7 @@ def test_html_page_lists_tasks():
     table, with their await edges in "tasks"."""
     import re
 
-    from btcore.html import page
+    from btcore.views.html import page
 
     def probe(made):
         return page(), {id(t): t.get_name() for t in asyncio.all_tasks()}
@@ -511,7 +511,7 @@ def test_a_tracked_tasks_record_is_its_registry_entry():
     """The hook adds the task's record (a weak reference to it) to asyncio's
     registry as its entry, instead of calling WeakSet.add(): all_tasks()
     lists the task, and its death removes the entry and frees the record."""
-    from btcore.spawn import _counts
+    from btcore.capture.spawn import _counts
     registry, task_type = _registry_and_task_type()
 
     async def main():

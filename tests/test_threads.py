@@ -130,12 +130,12 @@ def test_greenlets_of_an_exited_thread_are_reported_dead():
 
 
 def test_os_threads_are_the_interpreters_threads_named_as_threading_named_them():
-    """Guards btcore.threads.os_threads(): every thread with its real ident and
+    """Guards btcore.capture.threads.os_threads(): every thread with its real ident and
     kernel id (oracle: the thread's own threading.get_ident() and
     get_native_id(), unpatched here), named as threading named it; a thread
     threading never saw (started with _thread) named from its kernel id."""
     import _thread
-    from btcore import threads
+    from btcore.capture import threads
     release, seen = threading.Event(), {}
     named_ready, raw_ready = threading.Event(), threading.Event()
 
@@ -173,7 +173,7 @@ def test_os_threads_are_the_interpreters_threads_named_as_threading_named_them()
 def test_after_fork_from_a_thread_the_forking_thread_is_the_main_thread():
     """Guards the main-thread rule (kernel id == pid): in a child forked by a
     non-main thread, that thread is the main thread, under its own name."""
-    from btcore import threads
+    from btcore.capture import threads
     out = []
 
     def fork_here():

@@ -257,7 +257,8 @@ def test_without_proc_regular_files_are_still_read_and_fifos_refused(files):
 RACE = r"""
 import sys
 import btcore
-from btcore import codec, resolve
+from btcore import codec
+from btcore.symbols import resolve
 from btcore._native import lib
 names = set()
 for _ in range(int(sys.argv[2])):

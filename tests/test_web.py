@@ -261,7 +261,7 @@ def test_a_thousand_idle_connections_leave_the_program_its_descriptors(start, mo
 
 @pytest.mark.parametrize("mode", MODES + ("patched",))
 def test_the_loop_ticks_while_the_page_is_rendered(start, mode):
-    """Guards the render off the event loop: the target's ticker advances during btcore.html.page(),
+    """Guards the render off the event loop: the target's ticker advances during btcore.views.html.page(),
     which runs outside the program's main OS thread (gevent: the hub's thread), monkey-patched
     (threading is gevent's) or not."""
     target = start(mode, "--greenlets", "3000")

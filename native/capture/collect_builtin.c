@@ -15,7 +15,7 @@
 #include "capture/capture.h"
 #include "capture/greenlet_context.h"
 
-static PyObject *python_collect;   /* btcore.backtrace's collect(), for every other call */
+static PyObject *python_collect;   /* btcore.capture.backtrace's collect(), for every other call */
 static PyObject *backtrace_error;  /* btcore.BacktraceError, held: at shutdown its module global is gone */
 static PyTypeObject *backtrace_type;
 static PyObject *kw_target, *kw_limit, *kw_python, *kw_native, *kw_capacity, *kw_internals;

@@ -1,4 +1,4 @@
-/* Which of a list of objects are greenlets: the filter of introspect.py's
+/* Which of a list of objects are greenlets: the filter of capture/introspect.py's
  * gc scans (live_greenlets(): the whole heap, for a snapshot; the profiler:
  * the gc's young generation, at every tick).  And the state of each greenlet
  * the profiler knows, read at every tick (_known_states()).
@@ -207,7 +207,7 @@ static getter getter_of(PyTypeObject *type, const char *name)
     return NULL;
 }
 
-/* The state names, from namespace's constants: introspect.py is their one source. */
+/* The state names, from namespace's constants: capture/introspect.py is their one source. */
 static int learn_state_names(PyObject *ns)
 {
     static const char *const names[ERROR] = {[RUNNING] = "RUNNING", [SUSPENDED] = "SUSPENDED",

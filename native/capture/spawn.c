@@ -489,7 +489,7 @@ static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
  * registry, a weakref.WeakSet (3.11: _all_tasks; 3.12-3.13:
  * _scheduled_tasks; 3.14+: pure-Python tasks only, C tasks are hooked at
  * tp_new, below).  The C Task looks `add` up on the object each time,
- * so an instance attribute replaces the method for every task: spawn.py
+ * so an instance attribute replaces the method for every task: capture/spawn.py
  * sets one, the builtin made by _spawn_task_hook(), which calls the
  * original `add` and records the task as created by the running task of
  * its loop (else the current greenlet), its site ending at that task's

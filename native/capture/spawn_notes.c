@@ -13,7 +13,7 @@
  * call and a test of the result, nothing else.  Only a call that raises does
  * more: if the greenlet it was made on is now dead, the exception escaped that
  * greenlet, and gets the note of its spawn chain, the exception state saved
- * around it.  The notes' texts are kept per chain by spawn_notes.py
+ * around it.  The notes' texts are kept per chain by capture/spawn_notes.py
  * (_rendered, keyed by btc_spawn_chain_key): a kept text is added here, in
  * C (an escaping exception's whole cost is the 2 us budget); only a chain's
  * first failure calls Python's render function.
@@ -40,7 +40,7 @@ static PyCFunctionWithKeywords switch_impl;
 static PyCFunction throw_impl;
 static PyObject *dead_descr;             /* greenlet's own `dead` getter (a subclass may shadow it) */
 static PyObject *render_fn;              /* render(exception, greenlet, key); NULL: off */
-static PyObject *notes_module;           /* spawn_notes.py's globals: its NOTE_HEADER and _rendered */
+static PyObject *notes_module;           /* capture/spawn_notes.py's globals: its NOTE_HEADER and _rendered */
 static PyObject *add_note_name, *notes_name;
 
 /* Is g dead?  Read through greenlet's own getter; false on any failure. */
@@ -89,7 +89,7 @@ static PyObject *note_if_kept(PyObject *exc, PyObject *g)
     PyObject *header = PyDict_GetItemString(notes_module, "NOTE_HEADER");
     PyObject *kept = PyDict_GetItemString(notes_module, "_rendered");
     if (!header || !PyUnicode_Check(header) || !kept || !PyDict_Check(kept))
-        return PyErr_Format(PyExc_RuntimeError, "btcore.spawn_notes has no NOTE_HEADER str or _rendered dict");
+        return PyErr_Format(PyExc_RuntimeError, "btcore.capture.spawn_notes has no NOTE_HEADER str or _rendered dict");
     int noted = PyExceptionInstance_Check(exc) ? has_chain_note(exc, header) : 1;
     if (noted)
         return noted < 0 ? NULL : Py_NewRef(Py_None);
@@ -132,7 +132,7 @@ static void escaped(PyObject *g)
     PyErr_Restore(t, v, tb);
 }
 
-/* _note_if_kept(exc, g): note_if_kept for spawn_notes.py (gevent's errors). */
+/* _note_if_kept(exc, g): note_if_kept for capture/spawn_notes.py (gevent's errors). */
 static PyObject *note_if_kept_builtin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;

@@ -5,7 +5,7 @@
  * stop); PTRACE_INTERRUPT then stops it, and PTRACE_DETACH lets it go on as
  * if nothing happened.  A signal that arrived meanwhile is reported to us
  * instead of being delivered: it is handed back at detach.  The caller
- * (btcore/process.py) detaches every thread it stopped, on every path.
+ * (btcore/remote/process.py) detaches every thread it stopped, on every path.
  */
 #include <errno.h>
 #include <signal.h>

@@ -5,7 +5,7 @@
  * listed whole, and where btcore is built for 3.11 each value is pinned to
  * offsetof on 3.11's own internal headers by a static assertion (a wrong
  * value does not compile).  3.13-3.15 publish most of it in
- * _Py_DebugOffsets (btcore/debug_offsets.py reads those into the same
+ * _Py_DebugOffsets (btcore/remote/debug_offsets.py reads those into the same
  * struct); what they do not publish is listed here per family, measured
  * with offsetof against each version's headers, and pinned to them the
  * same way where btcore is built for that family.  Internal structs keep

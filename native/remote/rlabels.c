@@ -1,4 +1,4 @@
-/* What names another process's greenlets (btcore/remote_names.py), read in
+/* What names another process's greenlets (btcore/remote/names.py), read in
  * one pass over the greenlet objects once the target runs again: their
  * parent, gevent's custom name, ident, run function and spawner.  A dump
  * of 10,000 greenlets made ~7 reads and their Python per greenlet here
@@ -134,7 +134,7 @@ static bool str_is(reader *r, uintptr_t key, const char *text)
         return false;
     for (size_t i = 0; i < n; i++) {
         uint32_t unit = 0;
-        memcpy(&unit, raw + i * kind, kind);   /* little-endian: x86-64 only (process.py) */
+        memcpy(&unit, raw + i * kind, kind);   /* little-endian: x86-64 only (remote/process.py) */
         if (unit != (uint8_t)text[i])
             return false;
     }

@@ -280,7 +280,7 @@ static bool copied_word(const btc_remote_stack *st, int32_t at, uintptr_t *out)
 
 /* A suspended greenlet resumes in slp_switch, whose saved rbp and rbx lie
  * in its copy at the slots read from greenlet's code (x86-64's registers:
- * process.py refuses other machines). */
+ * remote/process.py refuses other machines). */
 static bool greenlet_regs(const btc_remote_target *t, btc_remote_stack *st)
 {
     st->regs[0] = t->resume_pc;

@@ -1,5 +1,5 @@
 /* Where another process keeps the objects a dump names its greenlets with
- * (btcore/remote_names.py) and its threads (threading's `_active`, found
+ * (btcore/remote/names.py) and its threads (threading's `_active`, found
  * through sys.modules): types' instance dicts, dicts, functions, ints, weak
  * references, modules, the attributes CPython keeps for a class made in
  * Python (a managed dict, or values: before the object on 3.11, inline

@@ -1,7 +1,7 @@
 /* asyncio tasks of another process: what each pending task awaits (its
  * coroutine chain, read as the interpreter resumes it) and who awaits it,
  * read through btc_rmem while the target is stopped; names are read after
- * it runs again (btcore/remote_tasks.py).
+ * it runs again (btcore/remote/tasks.py).
  *
  * The objects read here are asyncio's C Task and Future, coroutines and
  * their frames: private structs of _asynciomodule.c and CPython, whose
@@ -190,7 +190,7 @@ static bool tuple_items(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t t
  * partial's arguments (3.11's wait_for: partial(_release_waiter, waiter)).
  * A method of another object (a TaskGroup's _on_task_done) is noted as the
  * holder: the task suspended in a method of that object awaits this one
- * (btcore/remote_tasks.py pairs them). */
+ * (btcore/remote/tasks.py pairs them). */
 static void awaiter_of_callback(btc_rmem *m, const btc_remote_tasklayout *T, uintptr_t callback, awaiters *a,
                                 int depth)
 {

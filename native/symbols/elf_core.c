@@ -1,5 +1,5 @@
 /* A core file's segments and notes, for the dump of a crashed process
- * (btcore/process.py): the PT_LOAD segments hold its memory, NT_PRSTATUS
+ * (btcore/remote/process.py): the PT_LOAD segments hold its memory, NT_PRSTATUS
  * each thread's registers, NT_AUXV where the vDSO was, NT_FILE which file
  * each mapping came from.  The headers and the note walker are elf.c's;
  * this file only decodes the notes' descriptions, each bounds-checked

@@ -272,7 +272,7 @@ int btc_symbolize_fd(int fd, const char *path, uintptr_t vaddr, btc_srcframe *ou
     return n;
 }
 
-#define AHEAD_LEVELS 32   /* inline levels decoded per address (resolve.py asks as many) */
+#define AHEAD_LEVELS 32   /* inline levels decoded per address (symbols/resolve.py asks as many) */
 
 void btc_symbolize_ahead(const char *const *paths, const uintptr_t *vaddrs, int n, const int *stop)
 {

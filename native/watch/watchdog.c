@@ -85,7 +85,7 @@ static double now_s(void)
 
 /* ---- the watched side (GIL held) ---- */
 
-#define THREAD_DICT_KEY "btcore.watchdog"
+#define THREAD_DICT_KEY "btcore.watch.watchdog"
 
 /* The thread state is being cleared (its thread ends, or a forked child
  * drops it): the watchdog must stop reading it before it is freed.  A

@@ -14,23 +14,23 @@ import os as _os
 # Each public name, by the module that defines it: the one table behind
 # __all__, dir() and the imports on first use.
 _EXPORTS = {
-    "backtrace": ("Backtrace", "append", "collect", "foreach"),
+    "capture.backtrace": ("Backtrace", "append", "collect", "foreach"),
     "codec": ("decode",),
     "errors": ("BacktraceError",),
-    "frame": ("Frame",),
-    "resolve": ("cache",),
-    "introspect": ("GreenletInfo", "snapshot"),
-    "dump": ("DEFAULT_DUMP_SIGNAL", "dump_all", "register_dump_signal", "unregister_dump_signal"),
-    "html": ("write_html",),
-    "watchdog": ("Watchdog", "gevent_blocking_reports", "start_watchdog"),
-    "switchclock": ("disable_switch_timing", "enable_switch_timing"),
-    "profile": ("Profile", "profiling", "start_profiler", "stop_profiler"),
-    "spawn": ("SpawnChain", "chain_backtrace", "disable_spawn_tracking", "enable_spawn_tracking", "spawn_backtrace",
-              "spawn_chain", "spawn_tracking_enabled"),
-    "spawn_notes": ("spawn_exception_notes_enabled",),
-    "crash": ("crash_report_enabled", "disable_crash_report", "enable_crash_report"),
-    "process": ("DumpError", "DumpPermissionError", "dump_process"),
-    "profile_remote": ("profile_process",),
+    "capture.frame": ("Frame",),
+    "symbols.resolve": ("cache",),
+    "capture.introspect": ("GreenletInfo", "snapshot"),
+    "views.dump": ("DEFAULT_DUMP_SIGNAL", "dump_all", "register_dump_signal", "unregister_dump_signal"),
+    "views.html": ("write_html",),
+    "watch.watchdog": ("Watchdog", "gevent_blocking_reports", "start_watchdog"),
+    "capture.switchclock": ("disable_switch_timing", "enable_switch_timing"),
+    "profile.sampler": ("Profile", "profiling", "start_profiler", "stop_profiler"),
+    "capture.spawn": ("SpawnChain", "chain_backtrace", "disable_spawn_tracking", "enable_spawn_tracking",
+                      "spawn_backtrace", "spawn_chain", "spawn_tracking_enabled"),
+    "capture.spawn_notes": ("spawn_exception_notes_enabled",),
+    "watch.crash": ("crash_report_enabled", "disable_crash_report", "enable_crash_report"),
+    "remote.process": ("DumpError", "DumpPermissionError", "dump_process"),
+    "profile.remote": ("profile_process",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

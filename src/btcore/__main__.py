@@ -3,12 +3,12 @@ python -m btcore decode [FILE...]: backtrace tokens in logs, resolved in place.
 python -m btcore dump PID | --core CORE --exe PYTHON: every thread and every
 suspended greenlet of another process (or a core file), from outside.
 python -m btcore profile -- COMMAND: a sampling profile of every greenlet of
-a Python program run under it (btcore/profile_run.py); python -m btcore
+a Python program run under it (btcore/profile/run.py); python -m btcore
 profile PID: the same of a running process, sampled from outside
-(btcore/profile_remote.py).
+(btcore/profile/remote.py).
 
 With gevent installed (pip install 'btcore[demo]'), the demo is the
-showcase (btcore/showcase.py): a gevent program whose greenlets are parked
+showcase (btcore/views/showcase.py): a gevent program whose greenlets are parked
 in Python code, in C callbacks, in socket recv, on Event/Queue/Lock waits,
 in a 3-generation spawn tree, and btcore.dump_all() of all of them, grouped
 and as a tree.  Without gevent, or with --greenlet: the current stack going
@@ -154,7 +154,7 @@ def _add_dump_parser(sub) -> None:
 
 
 def _add_profile_parser(sub) -> None:
-    from .profile_rates import DEFAULT_RATE, OUTSIDE_RATE
+    from .profile.rates import DEFAULT_RATE, OUTSIDE_RATE
     p = sub.add_parser("profile", help="btcore's sampling profiler: where every greenlet spends its time, running "
                        "or parked, of a Python program run under it (-- COMMAND) or of a running process, sampled "
                        "from outside (PID)", usage="python -m btcore profile [-o FILE] [--format F] [--rate HZ] "
@@ -178,9 +178,9 @@ def _add_profile_parser(sub) -> None:
 
 
 def profile_command(args, parser) -> int:
-    from .profile_rates import DEFAULT_RATE, MAX_RATE, OUTSIDE_RATE
-    from .profile_formats import format_for
-    from .profile_run import run
+    from .profile.rates import DEFAULT_RATE, MAX_RATE, OUTSIDE_RATE
+    from .profile.formats import format_for
+    from .profile.run import run
     command = args.program
     if not command and args.pid is None:
         parser.error("profile: give the program to run after --, e.g. python -m btcore profile -- python app.py, "
@@ -210,7 +210,7 @@ def profile_command(args, parser) -> int:
     if settings["group_by"] == "spawn":
         parser.error("profile: --group-by spawn needs the program run under the profiler (-- COMMAND): "
                      "spawn sites are not read from outside")
-    from .profile_remote import profile_command_outside
+    from .profile.remote import profile_command_outside
     _as_a_tool()
     return profile_command_outside(int(args.pid), settings)
 
@@ -239,7 +239,7 @@ def _raise_terminated(signum, frame):
 def dump_command(args, parser) -> int:
     if (args.pid is None) == (args.core is None):
         parser.error("dump: give a PID or --core CORE (not both)")
-    from .process import DumpError, dump_process
+    from .remote.process import DumpError, dump_process
     _as_a_tool()
     try:
         dump_process(args.pid, core=args.core, exe=args.exe, format="json" if args.json else args.format,
@@ -302,7 +302,7 @@ def _run_command(args, parser) -> int:
             print("(gevent is not installed: the plain-greenlet demo; pip install 'btcore[demo]' "
                   "for the whole-process dump of a gevent program)\n", file=sys.stderr)
             return demo()
-        from . import showcase
+        from .views import showcase
         return showcase.run(["--format", args.format])
     return 2
 

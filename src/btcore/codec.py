@@ -32,9 +32,9 @@ import sys
 from typing import NamedTuple
 
 from ._native import ffi, lib
-from .backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace
-from .frame import NATIVE, PYTHON, Frame
-from .resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modules_generation, native_frames,
+from .capture.backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace
+from .capture.frame import NATIVE, PYTHON, Frame
+from .symbols.resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modules_generation, native_frames,
                       open_regular, resolve_python)
 
 _new = object.__new__   # a DecodedBacktrace whose fields are set here, not by __init__
@@ -632,7 +632,7 @@ class DecodedNative(NamedTuple):
 
 
 def _frames_from_file(module: DecodedModule, vaddr: int, exact: bool) -> tuple | None:
-    """What resolve.py makes of a loaded module's pc, from the file alone
+    """What symbols/resolve.py makes of a loaded module's pc, from the file alone
     (ip is the module-relative pc: there is no load address here); None if
     the file at module.path no longer has the module's build-id.  The file
     is opened once (a regular file only), its build-id checked on that
@@ -773,7 +773,7 @@ def _encode(bt: Backtrace, version: int = VERSION) -> str:
 def token(truncated: bool, items: list, version: int = VERSION) -> str:
     """The token of frames already named: (flags, module key (file_module_key())
     or None, module-relative pc) per native frame, (flags, name, file, line)
-    per Python frame, innermost first (another process's stacks: btcore/process.py)."""
+    per Python frame, innermost first (another process's stacks: btcore/remote/process.py)."""
     modules = {}
     for item in items:
         if len(item) == 3 and item[1] is not None:

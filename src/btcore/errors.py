@@ -1,5 +1,5 @@
-"""btcore's own exception, in a module of its own: the capture (backtrace.py)
-raises it, and so do the modules it imports (greenlets.py, spawn.py)."""
+"""btcore's own exception, in a module of its own: the capture (capture/backtrace.py)
+raises it, and so do the modules it imports (capture/greenlets.py, capture/spawn.py)."""
 
 
 class Terminated(KeyboardInterrupt):

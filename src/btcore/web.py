@@ -34,9 +34,9 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import greenlet
 
-from .dump import render, stack_text
-from .introspect import snapshot
-from .threads import real_thread
+from .views.dump import render, stack_text
+from .capture.introspect import snapshot
+from .capture.threads import real_thread
 
 LOOPBACK = "127.0.0.1"
 MAX_CONNECTIONS = 16     # connections serve() handles at once; more get a 503 and are closed at once

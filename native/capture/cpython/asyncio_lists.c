@@ -12,7 +12,7 @@
  * not supported, pyframes.h), bounded.
  *
  * A node's offset in the Task object is the _asyncio module's own business
- * (TaskObj is defined in _asynciomodule.c): tasks.py reads it from the
+ * (TaskObj is defined in _asynciomodule.c): capture/tasks.py reads it from the
  * offsets 3.14 publishes for debuggers (the module's .AsyncioDebug section)
  * and checks them against the thread and interpreter offsets compiled here
  * (_asyncio_layout()) and the Task type's size before any list is walked.
@@ -107,7 +107,7 @@ int btc_asyncio_install(uintptr_t namespace)
 
 #else
 
-/* 3.11-3.13: every task is in asyncio's Python registries (tasks.py). */
+/* 3.11-3.13: every task is in asyncio's Python registries (capture/tasks.py). */
 PyObject *btc_asyncio_running_task(PyObject **loop)
 {
     *loop = NULL;

@@ -1,0 +1,1 @@
+"""The greenlet-aware sampling profiler, inside and outside, and its file formats."""

@@ -1,0 +1,1 @@
+"""Backtraces unasked: the watchdog of stuck loops and the crash report (native/watch/)."""
