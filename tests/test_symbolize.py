@@ -836,6 +836,17 @@ print(json.dumps([frame.module, frame.function, frame.file]))
 """
 
 
+def _without_map_files() -> tuple:
+    """The command prefix that runs a child unable to open /proc/self/map_files (as a service's usual user):
+    for root, its capabilities dropped (setpriv, util-linux)."""
+    if os.geteuid() != 0:
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed")
+    drop = "-sys_admin,-checkpoint_restore"
+    return "setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}"
+
+
 def _named_after_upgrade(tmp_path, *prefix):
     """(module, function, file) of a pc in a library's alpha_function, named in a process that loaded the
     library and then saw another build renamed over its path (the same offsets: other functions)."""
@@ -861,11 +872,21 @@ def test_a_library_upgraded_on_disk_is_named_from_the_inode_loaded(tmp_path):
 def test_a_library_upgraded_on_disk_is_not_named_without_its_file(tmp_path):
     # guards: where the inode loaded cannot be opened (no CAP_SYS_ADMIN: a service's usual user), its frames are
     # left unnamed, never named from the other build at the path.
-    prefix = ()
-    if os.geteuid() == 0:   # root: its capabilities dropped (setpriv, util-linux)
-        if shutil.which("setpriv") is None:
-            pytest.skip("setpriv is not installed")
-        drop = "-sys_admin,-checkpoint_restore"
-        prefix = ("setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}")
-    module, function, file = _named_after_upgrade(tmp_path, *prefix)
+    module, function, file = _named_after_upgrade(tmp_path, *_without_map_files())
     assert (module, function, file) == (str(tmp_path / "libx.so"), None, None)
+
+
+@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user does not emulate /proc/self/map_files")
+def test_a_library_loaded_by_a_relative_path_is_named(tmp_path):
+    # guards: the loader keeps dlopen("./lib.so")'s name as given (relative); its file is read from there, not only
+    # through /proc/self/map_files (which the child cannot open).
+    loaded = compile_library(tmp_path, LOADED_BUILD, "loaded")
+    script = ("import ctypes, json\n"
+              "from btcore.symbols.resolve import _resolve_native\n"
+              "from btcore._native import lib\n"
+              f"pc = ctypes.cast(ctypes.CDLL('./{os.path.basename(loaded)}').alpha_function, ctypes.c_void_p).value\n"
+              "frame = _resolve_native(pc, lib.BTC_F_EXACT)[1][0]\n"
+              "print(json.dumps([frame.module, frame.function]))\n")
+    out = subprocess.run([*_without_map_files(), sys.executable, "-P", "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=tmp_path).stdout
+    assert json.loads(out) == ["./loaded.so", "alpha_function"]

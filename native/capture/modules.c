@@ -397,13 +397,13 @@ static int open_if_build(const char *path, const uint8_t *id, size_t len)
 
 int btc_module_file(const char *path, const uint8_t *id, size_t id_len, uintptr_t inside, char *used, size_t size)
 {
-    int fd = path[0] == '/' ? open_if_build(path, id, id_len) : -1;
+    int fd = path[0] ? open_if_build(path, id, id_len) : -1;   /* relative too: dlopen("./lib.so") */
     if (fd >= 0) {
         snprintf(used, size, "%s", path);
         return fd;
     }
     uintptr_t lo, hi;
-    if (path[0] != '/' || !btc_mapping_bounds(inside, &lo, &hi))
+    if (!path[0] || !btc_mapping_bounds(inside, &lo, &hi))
         return -1;
     snprintf(used, size, "/proc/self/map_files/%lx-%lx", (unsigned long)lo, (unsigned long)hi);
     return open_if_build(used, id, id_len);

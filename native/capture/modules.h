@@ -53,7 +53,7 @@ btc_elf *btc_module_elf(btc_module *m);
  * build-id (id, id_len), mapped at `inside`: the file at path if it still
  * has that build-id, else the inode mapped (/proc/self/map_files), if the
  * kernel lets it be opened and it has; -1 if none.  `used`: the path
- * opened.  The vDSO (no path) has none. */
+ * opened.  The vDSO has none (no file; one named like it is another build). */
 int btc_module_file(const char *path, const uint8_t *id, size_t id_len, uintptr_t inside, char *used, size_t size);
 /* btc_elf_function_ranges() on the module containing `inside`, as absolute
  * addresses. */

@@ -243,6 +243,10 @@ MUTATIONS = [
              "tests/test_symbolize.py::test_a_library_upgraded_on_disk_is_named_from_the_inode_loaded",
              "a library upgraded on disk under the running process: its new build is taken as the module's file "
              "(its eval-loop ranges; the symbolizer's own check then leaves the frames unnamed)"),
+    Mutation("native/capture/modules.c", "    int fd = path[0] ? open_if_build(path, id, id_len) : -1;",
+             "    int fd = path[0] == '/' ? open_if_build(path, id, id_len) : -1;",
+             "tests/test_symbolize.py::test_a_library_loaded_by_a_relative_path_is_named",
+             "a library dlopen()ed by a relative path (its name as given) is never named"),
     Mutation("native/capture/modules.c", "    return open_if_build(used, id, id_len);", "    return -1;",
              "tests/test_symbolize.py::test_a_library_upgraded_on_disk_is_named_from_the_inode_loaded",
              "a library upgraded on disk is never named, even where the inode loaded can be opened"),
