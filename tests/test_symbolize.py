@@ -857,8 +857,8 @@ def _named_after_upgrade(tmp_path, *prefix):
     return tuple(json.loads(out))
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or conftest.UNDER_QEMU,
-                    reason="opening /proc/self/map_files needs CAP_SYS_ADMIN; qemu-user does not emulate it")
+@pytest.mark.skipif(conftest.UNDER_QEMU, reason="qemu-user does not emulate /proc/self/map_files")
+@pytest.mark.skipif(os.geteuid() != 0, reason="opening /proc/self/map_files needs CAP_SYS_ADMIN (root)")
 def test_a_library_upgraded_on_disk_is_named_from_the_inode_loaded(tmp_path):
     # guards: the file at a module's path must have the module's build-id (the note mapped); else the inode mapped
     # is read through /proc/self/map_files. Without the check every frame in a library upgraded under a running
