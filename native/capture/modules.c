@@ -10,7 +10,6 @@
  * unloaded one was, even with the same layout, is a new module (new id, no
  * table, its own symbols).
  */
-#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -374,21 +373,17 @@ int btc_modules_build_tables(void)
  * it to a process with CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), else
  * there is no file: unnamed frames, not wrongly named ones. */
 
-/* Does the file open as fd have the build-id (id, len)?  A module without
- * one (len 0) has nothing to check by: its path's file is taken. */
-static bool has_build_id(int fd, const uint8_t *id, size_t len)
+bool btc_module_build_is(const uint8_t *file_id, int file_len, const uint8_t *id, size_t len)
 {
-    if (len == 0)
-        return true;
-    uint8_t got[BTC_BUILD_ID_MAX];
-    int n = btc_elf_file_build_id(fd, got, (int)sizeof got);
-    return n >= 0 && (size_t)n == len && memcmp(got, id, len < sizeof got ? len : sizeof got) == 0;
+    size_t n = len < BTC_BUILD_ID_MAX ? len : BTC_BUILD_ID_MAX;
+    return len == 0 || (file_len >= 0 && (size_t)file_len == len && memcmp(file_id, id, n) == 0);
 }
 
 static int open_if_build(const char *path, const uint8_t *id, size_t len)
 {
     int fd = btc_open_regular(path, NULL);
-    if (fd >= 0 && !has_build_id(fd, id, len)) {
+    uint8_t got[BTC_BUILD_ID_MAX];
+    if (fd >= 0 && !btc_module_build_is(got, btc_elf_file_build_id(fd, got, (int)sizeof got), id, len)) {
         close(fd);
         fd = -1;
     }
@@ -397,23 +392,28 @@ static int open_if_build(const char *path, const uint8_t *id, size_t len)
 
 int btc_module_file(const char *path, const uint8_t *id, size_t id_len, uintptr_t inside, char *used, size_t size)
 {
-    int fd = path[0] ? open_if_build(path, id, id_len) : -1;   /* relative too: dlopen("./lib.so") */
-    if (fd >= 0) {
-        snprintf(used, size, "%s", path);
-        return fd;
-    }
-    uintptr_t lo, hi;
-    if (!path[0] || !btc_mapping_bounds(inside, &lo, &hi))
+    if (size)
+        used[0] = 0;
+    if (!path[0])   /* the vDSO: no file (one named like it is another build) */
         return -1;
-    snprintf(used, size, "/proc/self/map_files/%lx-%lx", (unsigned long)lo, (unsigned long)hi);
-    return open_if_build(used, id, id_len);
+    int fd = open_if_build(path, id, id_len);   /* relative too: dlopen("./lib.so") keeps its name as given */
+    const char *opened = path;
+    char mapped[64];
+    uintptr_t lo, hi;
+    if (fd < 0 && btc_mapping_bounds(inside, &lo, &hi)) {
+        snprintf(mapped, sizeof mapped, "/proc/self/map_files/%lx-%lx", (unsigned long)lo, (unsigned long)hi);
+        fd = open_if_build(mapped, id, id_len);
+        opened = mapped;
+    }
+    if (fd >= 0 && size)
+        snprintf(used, size, "%s", opened);
+    return fd;
 }
 
 btc_elf *btc_module_elf(btc_module *m)
 {
-    char used[PATH_MAX];
     if (!m->elf) {
-        int fd = btc_module_file(m->path, m->build_id, m->build_id_len, m->lo, used, sizeof used);
+        int fd = btc_module_file(m->path, m->build_id, m->build_id_len, m->lo, NULL, 0);
         m->elf = fd >= 0 ? btc_elf_open_fd(fd) : NULL;
         if (fd >= 0)
             close(fd);

@@ -52,9 +52,13 @@ btc_elf *btc_module_elf(btc_module *m);
 /* A read descriptor on the file of the module at path with the mapped
  * build-id (id, id_len), mapped at `inside`: the file at path if it still
  * has that build-id, else the inode mapped (/proc/self/map_files), if the
- * kernel lets it be opened and it has; -1 if none.  `used`: the path
- * opened.  The vDSO has none (no file; one named like it is another build). */
+ * kernel lets it be opened and it has; -1 if none.  used (size bytes, may
+ * be 0): the path opened, "" if none.  The vDSO has none. */
 int btc_module_file(const char *path, const uint8_t *id, size_t id_len, uintptr_t inside, char *used, size_t size);
+/* Is a file's build-id (file_id, file_len: btc_elf_file_build_id()'s
+ * answer) the module's (id, len)?  A module without one (len 0) has
+ * nothing to check by: any file is taken. */
+bool btc_module_build_is(const uint8_t *file_id, int file_len, const uint8_t *id, size_t len);
 /* btc_elf_function_ranges() on the module containing `inside`, as absolute
  * addresses. */
 int btc_module_function_ranges(uintptr_t inside, const char *name, uintptr_t *lo, uintptr_t *hi, int max);

@@ -436,12 +436,9 @@ static void remember_swapped(uint64_t module_id, const char *path)
     snprintf(s->path, sizeof s->path, "%s", strlen(path) < sizeof s->path ? path : "");
 }
 
-/* Is the cached file the located module's build (btc_module_file's rule)? */
 static bool is_module_build(const cached_file *c, const located_pc *at)
 {
-    size_t n = at->build_id_len < BTC_BUILD_ID_MAX ? at->build_id_len : BTC_BUILD_ID_MAX;
-    return at->build_id_len == 0 ||
-           (c->build_id_len >= 0 && (size_t)c->build_id_len == at->build_id_len && memcmp(c->build_id, at->build_id, n) == 0);
+    return btc_module_build_is(c->build_id, c->build_id_len, at->build_id, at->build_id_len);
 }
 
 /* The located module's file, decoded: found by stat() at its path when

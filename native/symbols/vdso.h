@@ -6,10 +6,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* The name the loader gives the vDSO (dl_iterate_phdr's dlpi_name), which
- * the symbolizer keeps it under. */
-#define BTC_VDSO_NAME "linux-vdso.so.1"
-
 /* Does the module spanning [lo, hi) hold the vDSO's image (AT_SYSINFO_EHDR)? */
 bool btc_vdso_holds(uintptr_t lo, uintptr_t hi);
 /* An anonymous file (memfd) holding a copy of the vDSO's image, made on
