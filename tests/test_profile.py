@@ -845,6 +845,69 @@ def test_a_thread_that_switches_away_and_back_during_the_capture_is_not_mislabel
     assert any("first_runner" in k[0] and any("first_runner" in f for f in k[1:]) for k in stacks), stacks
 
 
+def test_a_plain_greenlet_that_runs_between_its_stack_and_its_naming_is_named_in_full_later(monkeypatch):
+    """The sampler reads a parked greenlet's stack, then names it; it may
+    lose the GIL in between, and the greenlet may run by then in its
+    thread, where greenlet shows none of its frames: the
+    function of a plain greenlet (gevent's hub: "<gevent.hub.Hub> (run)")
+    cannot be read.  That name without its function is not kept: the next
+    tick names it in full.  (Seen on CI under ASan on a loaded machine:
+    the hub's time under "<gevent.hub.Hub>" for the whole profile, and the
+    guide's profiler example's on-CPU share read 1.0.)"""
+    import threading
+
+    import greenlet
+
+    from btcore.profile import sampler as profile_module
+
+    class Loop(greenlet.greenlet):   # a plain greenlet whose function is its class's run, as gevent's Hub
+        def run(self):
+            self.parent.switch()     # parked once started
+            running.set()
+            park.wait(30)
+            self.parent.switch()     # parked again
+
+    started, go, running, park, parked_again, stop = (threading.Event() for _ in range(6))
+
+    def target():   # a thread's greenlets are made in it
+        loop = Loop()
+        loop.switch()
+        started.set()
+        go.wait(30)
+        loop.switch()                # runs until park is set
+        parked_again.set()
+        stop.wait(30)
+
+    real_stack = profile_module._Greenlets.parked_stack
+
+    def stack_then_it_runs(self, key, g, tick):   # between its stack and its naming, Loop starts running
+        bt = real_stack(self, key, g, tick)
+        if isinstance(g, Loop) and not go.is_set():
+            go.set()
+            assert running.wait(10)
+        return bt
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(10)
+        sampler = profile_module.Profiler(100, 1000, threads_only=False, duration=None)
+        monkeypatch.setattr(profile_module._Greenlets, "parked_stack", stack_then_it_runs)
+        for _ in range(sampler._phases):   # parked greenlets are looked at in turns: a whole round
+            sampler.sample(time.monotonic())
+        park.set()
+        assert parked_again.wait(10)
+        groups = set()
+        for _ in range(sampler._phases + 1):   # parked greenlets are looked at in turns: a whole round
+            sampler.sample(time.monotonic())
+            groups.update(k[0] for k in sampler.profile.stacks("wall") if "Loop" in k[0])
+    finally:
+        stop.set()
+        thread.join(10)
+    assert running.is_set()
+    assert any(g.endswith("Loop> (run)") for g in groups), groups
+
+
 def test_a_parked_greenlet_s_stamp_changes_exactly_when_it_moves():
     """btc_greenlet_stamp (the profiler's test for reusing a capture) is the
     same while a greenlet stays parked, and changes when it parks again at

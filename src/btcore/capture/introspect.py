@@ -164,10 +164,10 @@ def gevent_name_of(g) -> str | None:
     return f"{name} ({function})" if isinstance(function, str) else name
 
 
-def name_of(g) -> str:
+def name_of(g, frame=None) -> str:
     """What a dump calls g: gevent's name and function, else its type and
-    address and the function it runs."""
-    return read_optional(gevent_name_of, g) or plain_name_of(g, read_optional(_function_of, g))
+    address and the function it runs (function_of(g, frame))."""
+    return read_optional(gevent_name_of, g) or plain_name_of(g, read_optional(function_of, g, frame))
 
 
 def plain_name_of(g, function=None) -> str:
@@ -179,17 +179,20 @@ def plain_name_of(g, function=None) -> str:
     return f"<{kind.__module__}.{kind.__qualname__} at 0x{id(g):x}{main}>{runs}"
 
 
-def _function_of(g) -> str | None:
+def function_of(g, frame=None) -> str | None:
     """The function a plain greenlet runs: its `run` until it starts (greenlet
     drops `run` then), afterwards its outermost Python frame's; for an
-    eventlet GreenThread, the function its `main` was given."""
+    eventlet GreenThread, the function its `main` was given.  frame: g's
+    innermost frame when g runs in another thread (greenlet does not show
+    those frames: None is returned without it)."""
     if _base_parent(g) is None:
         return None   # a thread's main greenlet runs the thread, not a function
     main = eventlet_main_code()
     if not _base_bool(g):
         run = getattr(g, "run", None)
         return None if getattr(run, "__code__", None) is main else getattr(run, "__name__", None)
-    frame = sys._getframe() if g is greenlet.getcurrent() else base_frame(g)
+    if frame is None:
+        frame = sys._getframe() if g is greenlet.getcurrent() else base_frame(g)
     if frame is None:
         return None   # running in another thread: its frames are not g's to read
     return outermost_function(frame, main)
@@ -481,10 +484,10 @@ def _last_ran(info, now) -> float | None:
     return 0.0 if info.state == RUNNING else max(0.0, now - stamp)
 
 
-def read_optional(reader, g):
-    """reader(g), or None if it raises: optional data must not fail the snapshot."""
+def read_optional(reader, g, *more):
+    """reader(g, *more), or None if it raises: optional data must not fail the snapshot."""
     try:
-        return reader(g)
+        return reader(g, *more)
     except Exception:
         return None
 

@@ -33,13 +33,13 @@ import weakref
 import greenlet
 
 from .._native import lib
-from ..capture.backtrace import KIND_NATIVE, KIND_PYTHON, RECORD, collect
+from ..capture.backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from ..errors import BacktraceError
 from ..views.fold import is_plumbing
-from ..capture.introspect import (RUNNING, SUSPENDED, base_frame, collect_suspended, eventlet_main_code,
-                                  gevent_name_of, known_states, live_greenlets, name_of, read_optional,
+from ..capture.introspect import (RUNNING, SUSPENDED, base_frame, collect_suspended, function_of,
+                                  gevent_name_of, known_states, live_greenlets, read_optional,
                                   plain_name_of, python_frames_of_thread, root_of, state_of, thread_of_roots,
-                                  threads_of_greenlets, outermost_function)
+                                  threads_of_greenlets)
 from .rates import DEFAULT_RATE, MAX_RATE
 from ..symbols.resolve import resolve_native, resolve_python
 from ..capture.spawn import spawn_chain, take_created
@@ -327,26 +327,23 @@ class _Greenlets:
         return bt
 
     def labels(self, key: int, g, frame=None) -> tuple:
-        """(name group, spawn site) of g, looked up once per greenlet (a
-        plain greenlet's function is known only once it has started).
-        frame: g's innermost frame when g runs in another thread (where
-        greenlet does not show its frames)."""
+        """(name group, spawn site) of g, kept once complete.  frame: g's
+        innermost frame when g runs in another thread (where greenlet does
+        not show its frames).  A plain greenlet's name holds its function,
+        known once it has started, and only if g ran where it was looked
+        for: a greenlet read as parked may run by now in the program's
+        thread (the sampler gives up the GIL during a tick), and its name
+        without its function ("<gevent.hub.Hub>", not "<gevent.hub.Hub>
+        (run)") is looked up again next time, not kept for the profile."""
         ref, name, site = self.known[key]
         if name is None:
-            name = group_name(name_of(g) if frame is None else _running_name_of(g, frame))
+            gevent_name = read_optional(gevent_name_of, g)
+            function = None if gevent_name else read_optional(function_of, g, frame)
+            name = group_name(gevent_name or plain_name_of(g, function))
             site = _spawn_site(g)
-            if _state_is_started(g):
+            if _state_is_started(g) and (gevent_name or function or _base_parent(g) is None):
                 self.known[key] = (ref, name, site)
         return name, site
-
-
-def _running_name_of(g, frame) -> str:
-    """name_of() for a greenlet running in another thread, from its frames."""
-    gevent_name = read_optional(gevent_name_of, g)
-    if gevent_name is not None:
-        return gevent_name
-    main = _base_parent(g) is None   # a thread's main greenlet runs the thread
-    return plain_name_of(g, None if main else outermost_function(frame, eventlet_main_code()))
 
 
 def _state_is_started(g) -> bool:
