@@ -164,10 +164,10 @@ def gevent_name_of(g) -> str | None:
     return f"{name} ({function})" if isinstance(function, str) else name
 
 
-def name_of(g, frame=None) -> str:
+def name_of(g) -> str:
     """What a dump calls g: gevent's name and function, else its type and
-    address and the function it runs (function_of(g, frame))."""
-    return read_optional(gevent_name_of, g) or plain_name_of(g, read_optional(function_of, g, frame))
+    address and the function it runs."""
+    return read_optional(gevent_name_of, g) or plain_name_of(g, read_optional(function_of, g))
 
 
 def plain_name_of(g, function=None) -> str:
