@@ -725,6 +725,10 @@ void btc_rmodules_free(btc_rmodules *s);
  * maps that offset (or it overlaps a module added), -3 build-id differs. */
 int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t map_start,
                      uint64_t map_offset, uintptr_t *bias);
+/* How many module images this process has read from files, all sets
+ * together: a file's image and table are shared by the sets that add it,
+ * and kept for the next (tests, benchmarks). */
+uint64_t btc_rmodules_images_read(void);
 /* greenlet's switching code in the target (from the module containing
  * `inside`): where a suspended greenlet resumes, where slp_switch stored
  * rbp/rbx (relative to its saved sp), g_initialstub's ranges. */

@@ -12,6 +12,7 @@ import difflib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -365,6 +366,58 @@ def test_the_stop_reads_the_target_in_a_few_syscalls(target):
     snap, stacks = process_stacks(proc.pid)
     assert sum(1 for s in stacks if s.kind == "greenlet") == len(oracle)
     assert snap.stopped_reads <= 16, f"{snap.stopped_reads} syscalls read the target while it was stopped"
+
+
+PARKED_IN_C = """
+import importlib.util, sys, gevent, gevent.event
+spec = importlib.util.spec_from_file_location("_btfix_chain", sys.argv[1])
+chain = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(chain)
+event = gevent.event.Event()
+chain.ffi.def_extern(name="chain_py_callback")(lambda tag: event.wait() and 0)
+parked = [gevent.spawn(chain.lib.chain_entry, 0), gevent.spawn(event.wait)]
+gevent.sleep(0)
+with open(sys.argv[2], "w") as f:
+    f.write("ready")
+gevent.sleep(600)
+"""
+
+
+def test_a_module_file_is_read_once_across_dumps_and_again_once_it_changed(chain, tmp_path):
+    # guards: a module's image and table belong to its file and outlive the dump that read them (rmodules.c,
+    # "Kept files"): dumping the same process again reads no file; a file whose mtime changed is another file,
+    # read again, alone; a fork child reads them again.  Every stack of the target stays where it is between the
+    # dumps (greenlets parked, one inside a C callback of its own copy of the chain fixture; the hub in epoll_wait).
+    from btcore.remote.process import process_stacks
+    so, ready = tmp_path / "_btfix_chain.so", tmp_path / "ready"
+    shutil.copy(chain.so_path, so)
+    proc = subprocess.Popen([sys.executable, "-c", PARKED_IN_C, str(so), str(ready)])
+    try:
+        conftest.wait_until_ready(proc, ready, WAIT)
+        parked = lambda stacks: [s.frames for s in stacks if s.kind == "greenlet"]   # noqa: E731
+        _, first = process_stacks(proc.pid)
+        assert any(f.module == str(so) for frames in parked(first) for f in frames)
+        read = lib.btc_rmodules_images_read()
+        _, again = process_stacks(proc.pid)
+        assert lib.btc_rmodules_images_read() == read
+        assert parked(again) == parked(first)
+        now = time.time_ns()
+        os.utime(so, ns=(now, now + 1))
+        _, changed = process_stacks(proc.pid)
+        assert lib.btc_rmodules_images_read() == read + 1
+        assert parked(changed) == parked(first)
+        child = os.fork()   # a fork child forgets the kept files (their lock may be held by a thread it lacks)
+        if child == 0:
+            try:
+                before = lib.btc_rmodules_images_read()
+                _, forked = process_stacks(proc.pid)
+                os._exit(0 if parked(forked) == parked(first) and lib.btc_rmodules_images_read() > before else 3)
+            except BaseException:
+                os._exit(4)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
 
 
 # A dumper that pauses inside the stopped window (test-only: it wraps btcore's

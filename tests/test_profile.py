@@ -902,6 +902,7 @@ def test_a_plain_greenlet_that_runs_between_its_stack_and_its_naming_is_named_in
             sampler.sample(time.monotonic())
             groups.update(k[0] for k in sampler.profile.stacks("wall") if "Loop" in k[0])
     finally:
+        park.set()   # (an early failure: the thread's greenlet would wait 30 s to park again)
         stop.set()
         thread.join(10)
     assert running.is_set()

@@ -9,7 +9,9 @@
  * one heap image laid out as the loader lays it out, so that
  * btc_table_build() parses it exactly like a module loaded here; rows are
  * relative to the bias, so they serve the target's addresses unchanged.
- * Images and tables are made on first use: a dump touches few modules.
+ * Images and tables are made on first use (a dump touches few modules),
+ * and belong to the file: every set that adds the same file shares them,
+ * and a few are kept after the last set lets go ("Kept files" below).
  *
  * The walk: the target's stack bytes were copied into a local buffer while
  * it was stopped; btc_memview's spill, which serves greenlet's heap copy of
@@ -20,8 +22,10 @@
 #include <Python.h>   /* first, as Python asks (through capture/greenlet_context.h) */
 #include <elf.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "capture/capture.h"
@@ -41,15 +45,27 @@
 #define MAX_NOTE (1u << 16)
 #define MAX_RMODULES 4096
 
+/* What a module's file gives, whoever maps it: shared, and kept (below). */
+typedef struct rfile {
+    dev_t dev;                /* the file: a file replaced or rewritten since is another one */
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    uint8_t *image;           /* the PT_LOAD segments as loaded, from vaddr `image_vaddr` */
+    uint64_t image_vaddr, image_size;
+    btc_table *table;         /* set once (release), read without the lock (acquire) */
+    bool image_failed, table_failed;
+    int users;                /* sets holding it */
+    uint64_t released;        /* when its last user let go: the oldest kept goes first */
+    struct rfile *next;
+} rfile;
+
 typedef struct {
     char *path;
     uintptr_t bias, lo, hi;   /* the target's load bias and executable span */
     Elf64_Phdr phdrs[MAX_PHDRS];
     int nphdrs;
-    uint8_t *image;           /* the PT_LOAD segments as loaded, from vaddr `image_vaddr` */
-    uint64_t image_vaddr, image_size;
-    btc_table *table;
-    bool image_failed, table_failed;
+    rfile *file;
 } rmodule;
 
 struct btc_rmodules {
@@ -59,6 +75,8 @@ struct btc_rmodules {
 };
 
 static const btc_cfi_row *find_row(const btc_row_source *src, uintptr_t pc, bool *in_module);
+static rfile *file_for(int fd);
+static void let_go(rfile *f);
 
 btc_rmodules *btc_rmodules_new(void)
 {
@@ -73,8 +91,7 @@ void btc_rmodules_free(btc_rmodules *s)
     if (!s)
         return;
     for (size_t i = 0; i < s->n; i++) {
-        btc_table_free(s->list[i]->table);
-        free(s->list[i]->image);
+        let_go(s->list[i]->file);
         free(s->list[i]->path);
         free(s->list[i]);
     }
@@ -163,24 +180,141 @@ int btc_rmodules_add(btc_rmodules *s, btc_rmem *mem, const char *path, uintptr_t
     rc = -3;
     if (mem && (nwant != nhave || memcmp(want, have, nwant < BTC_BUILD_ID_MAX ? nwant : BTC_BUILD_ID_MAX) != 0))
         goto fail;   /* the file on disk is not the one the target mapped */
+    rc = -1;
+    m->file = file_for(fd);
     close(fd);
     fd = -1;
     m->path = strdup(path);
     *bias = m->bias;
-    if (m->path && (rc = insert_sorted(s, m)) == 0)
+    if (m->file && m->path && (rc = insert_sorted(s, m)) == 0)
         return 0;
 fail:
     if (fd >= 0)
         close(fd);
-    if (m)
+    if (m) {
+        let_go(m->file);
         free(m->path);
+    }
     free(m);
     return rc;
 }
 
-/* ---- the image and the table, on first use ---- */
+/* ---- kept files ----
+ *
+ * An image and its table depend on the file alone (rows are relative to the
+ * load bias), so the sets that add the same file share them, and the last
+ * to let go keeps them: the next dump of the program, or of another of its
+ * processes, finds them built (a dump of a gevent target: ~6.5 ms of
+ * reading and building for the interpreter, the C library and the
+ * extensions, every time).  Bounded: at most MAX_KEPT files no set uses,
+ * MAX_KEPT_BYTES of their images, the longest unused go first.  One lock,
+ * for the list and for making an image or a table (never taken from a
+ * signal handler or a tracer); a fork child forgets the list (another
+ * thread may have held the lock). */
 
-static bool load_image(rmodule *m)
+#define MAX_KEPT 32
+#define MAX_KEPT_BYTES (256ULL << 20)
+
+static pthread_mutex_t files_lock = PTHREAD_MUTEX_INITIALIZER;
+static rfile *files;             /* in use or kept */
+static uint64_t release_clock;
+static uint64_t images_read;     /* btc_rmodules_images_read() */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void forget_in_child(void)
+{
+    pthread_mutex_init(&files_lock, NULL);
+    files = NULL;   /* leaked: the parent's sets may be in this process and use them */
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, forget_in_child);
+}
+
+static bool same_file(const rfile *f, const struct stat *st)
+{
+    return f->dev == st->st_dev && f->ino == st->st_ino && f->size == st->st_size &&
+           f->mtime.tv_sec == st->st_mtim.tv_sec && f->mtime.tv_nsec == st->st_mtim.tv_nsec;
+}
+
+/* The file open at fd, shared (NULL: out of memory, or fstat failed). */
+static rfile *file_for(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return NULL;
+    pthread_once(&fork_once, watch_forks);
+    pthread_mutex_lock(&files_lock);
+    rfile *f = files;
+    while (f && !same_file(f, &st))
+        f = f->next;
+    if (!f && (f = calloc(1, sizeof *f)) != NULL) {
+        *f = (rfile){.dev = st.st_dev, .ino = st.st_ino, .size = st.st_size, .mtime = st.st_mtim, .next = files};
+        files = f;
+    }
+    if (f)
+        f->users++;
+    pthread_mutex_unlock(&files_lock);
+    return f;
+}
+
+static void drop(rfile **at)
+{
+    rfile *f = *at;
+    *at = f->next;
+    btc_table_free(f->table);
+    free(f->image);
+    free(f);
+}
+
+static void drop_oldest_kept(void)
+{
+    rfile **oldest = NULL;
+    for (rfile **at = &files; *at; at = &(*at)->next)
+        if ((*at)->users == 0 && (!oldest || (*at)->released < (*oldest)->released))
+            oldest = at;
+    drop(oldest);
+}
+
+/* A set lets go of f: kept if its image was read (most of a dump's modules
+ * never are), then the oldest kept dropped while there are too many. */
+static void let_go(rfile *f)
+{
+    if (!f)
+        return;
+    pthread_mutex_lock(&files_lock);
+    f->released = ++release_clock;
+    if (--f->users == 0 && !f->image) {
+        rfile **at = &files;
+        while (*at && *at != f)   /* (not there: a fork child's, from the parent's list) */
+            at = &(*at)->next;
+        if (*at)
+            drop(at);
+    }
+    for (;;) {
+        int kept = 0;
+        uint64_t bytes = 0;
+        for (const rfile *k = files; k; k = k->next)
+            if (k->users == 0) {
+                kept++;
+                bytes += k->image_size;
+            }
+        if (kept <= MAX_KEPT && bytes <= MAX_KEPT_BYTES)
+            break;
+        drop_oldest_kept();
+    }
+    pthread_mutex_unlock(&files_lock);
+}
+
+uint64_t btc_rmodules_images_read(void)
+{
+    return __atomic_load_n(&images_read, __ATOMIC_RELAXED);
+}
+
+/* ---- the image and the table, on first use (with files_lock held) ---- */
+
+static bool load_image(const rmodule *m, rfile *f)
 {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (int i = 0; i < m->nphdrs; i++) {
@@ -193,8 +327,9 @@ static bool load_image(rmodule *m)
     if (lo >= hi || hi - lo > MAX_IMAGE)
         return false;
     int fd = btc_open_regular(m->path, NULL);
-    uint8_t *image = fd >= 0 ? calloc(1, hi - lo) : NULL;
-    bool ok = image != NULL;
+    struct stat st;
+    uint8_t *image = fd >= 0 && fstat(fd, &st) == 0 && same_file(f, &st) ? calloc(1, hi - lo) : NULL;
+    bool ok = image != NULL;   /* (the file at the path now must be the one added) */
     for (int i = 0; ok && i < m->nphdrs; i++) {
         const Elf64_Phdr *ph = &m->phdrs[i];
         if (ph->p_type == PT_LOAD && ph->p_filesz <= ph->p_memsz)
@@ -206,33 +341,44 @@ static bool load_image(rmodule *m)
         free(image);
         return false;
     }
-    m->image = image;
-    m->image_vaddr = lo;
-    m->image_size = hi - lo;
+    f->image = image;
+    f->image_vaddr = lo;
+    f->image_size = hi - lo;
+    images_read++;
     return true;
 }
 
 /* The local address of the image byte at module-relative vaddr v. */
 static uintptr_t local(const rmodule *m, uint64_t v)
 {
-    return (uintptr_t)m->image + (v - m->image_vaddr);
+    return (uintptr_t)m->file->image + (v - m->file->image_vaddr);
+}
+
+static bool have_image_locked(rmodule *m)
+{
+    rfile *f = m->file;
+    if (!f->image && !f->image_failed)
+        f->image_failed = !load_image(m, f);
+    return f->image != NULL;
 }
 
 static bool have_image(rmodule *m)
 {
-    if (!m->image && !m->image_failed)
-        m->image_failed = !load_image(m);
-    return m->image != NULL;
+    pthread_mutex_lock(&files_lock);
+    bool have = have_image_locked(m);
+    pthread_mutex_unlock(&files_lock);
+    return have;
 }
 
 static void describe(const rmodule *m, btc_image *img)
 {
+    const rfile *f = m->file;
     memset(img, 0, sizeof *img);
     img->bias = local(m, 0);
     for (int i = 0; i < m->nphdrs; i++) {
         const Elf64_Phdr *ph = &m->phdrs[i];
-        if (ph->p_type == PT_GNU_EH_FRAME && ph->p_vaddr >= m->image_vaddr &&
-            ph->p_vaddr < m->image_vaddr + m->image_size)
+        if (ph->p_type == PT_GNU_EH_FRAME && ph->p_vaddr >= f->image_vaddr &&
+            ph->p_vaddr < f->image_vaddr + f->image_size)
             img->eh_frame_hdr = (const uint8_t *)local(m, ph->p_vaddr);
         if (ph->p_type == PT_LOAD && ph->p_filesz <= ph->p_memsz && img->nreadable < 8) {
             img->readable_lo[img->nreadable] = local(m, ph->p_vaddr);
@@ -241,15 +387,24 @@ static void describe(const rmodule *m, btc_image *img)
     }
 }
 
+/* Called for every frame the walk steps through: the lock only until the table is made. */
 static const btc_table *table_of(rmodule *m)
 {
-    if (!m->table && !m->table_failed && have_image(m)) {
+    rfile *f = m->file;
+    const btc_table *t = __atomic_load_n(&f->table, __ATOMIC_ACQUIRE);
+    if (t)
+        return t;
+    pthread_mutex_lock(&files_lock);
+    if (!f->table && !f->table_failed && have_image_locked(m)) {
         btc_image img;
         describe(m, &img);
-        m->table = btc_table_build(&img);
-        m->table_failed = m->table == NULL;
+        btc_table *built = btc_table_build(&img);
+        f->table_failed = built == NULL;
+        __atomic_store_n(&f->table, built, __ATOMIC_RELEASE);
     }
-    return m->table;
+    t = f->table;
+    pthread_mutex_unlock(&files_lock);
+    return t;
 }
 
 static rmodule *module_at(const btc_rmodules *s, uintptr_t pc)
@@ -363,7 +518,8 @@ int btc_rmodules_greenlet_shape(btc_rmodules *s, uintptr_t inside, btc_remote_gr
     int t = btc_elf_function_ranges(elf, "slp_save_state_trampoline", tlo, thi, 4);
     out->nstub = btc_elf_function_ranges(elf, BTC_GREENLET_INITIAL_STUB, out->stub_lo, out->stub_hi, 2);
     btc_elf_close(elf);
-    bool inside_image = n == 1 && lo[0] >= m->image_vaddr && hi[0] <= m->image_vaddr + m->image_size;
+    bool inside_image = n == 1 && lo[0] >= m->file->image_vaddr &&
+                        hi[0] <= m->file->image_vaddr + m->file->image_size;
     for (int i = 0; i < t; i++)
         tlo[i] = local(m, tlo[i]);
     btc_switch_shape shape;
@@ -397,7 +553,7 @@ int btc_rmodules_eval_ranges(btc_rmodules *s, uintptr_t inside, uintptr_t *lo, u
     int n = named;
     for (int i = 0; i < named; i++) {
         uint64_t vlo = lo[i] - m->bias, vhi = hi[i] - m->bias;
-        if (vlo < m->image_vaddr || vhi > m->image_vaddr + m->image_size || vlo >= vhi)
+        if (vlo < m->file->image_vaddr || vhi > m->file->image_vaddr + m->file->image_size || vlo >= vhi)
             continue;   /* its bytes are not in the image read from the file */
         btc_jump_scan scan = {(const uint8_t *)local(m, vlo), lo[i], hi[i], m->lo, m->hi, m->bias, t};
         n = btc_jump_parts(&scan, lo, hi, n, max);
