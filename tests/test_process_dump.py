@@ -420,6 +420,33 @@ def test_a_module_file_is_read_once_across_dumps_and_again_once_it_changed(chain
         proc.wait(timeout=WAIT)
 
 
+def test_kept_module_files_are_bounded_the_longest_unused_dropped_first(spin_so, tmp_path):
+    # guards: the files a dump let go of are kept up to a bound (rmodules.c, MAX_KEPT), the longest unused
+    # dropped first: 40 distinct files (copies of one library: 40 inodes) made into tables by one set and let
+    # go; then the last of them is found kept, the first was dropped.
+    from elftools.elf.elffile import ELFFile
+    with open(spin_so, "rb") as f:
+        code = next(seg["p_vaddr"] for seg in ELFFile(f).iter_segments()
+                    if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 1)
+    copies = [str(tmp_path / f"copy{i}.so") for i in range(40)]
+    for path in copies:
+        shutil.copy(spin_so, path)
+    lo, hi, bias = ffi.new("uintptr_t[4]"), ffi.new("uintptr_t[4]"), ffi.new("uintptr_t *")
+
+    def tables_of(paths) -> int:
+        """Images read to make the tables of these files in one set, then let go."""
+        before, modules = lib.btc_rmodules_images_read(), ffi.gc(lib.btc_rmodules_new(), lib.btc_rmodules_free)
+        for i, path in enumerate(paths):
+            assert lib.btc_rmodules_add(modules, ffi.NULL, os.fsencode(path), (i + 1) << 24, 0, bias) == 0
+            lib.btc_rmodules_eval_ranges(modules, bias[0] + code, lo, hi, 4)   # makes its table first
+        ffi.release(modules)
+        return lib.btc_rmodules_images_read() - before
+
+    assert tables_of(copies) == 40
+    assert tables_of(copies[-1:]) == 0
+    assert tables_of(copies[:1]) == 1
+
+
 # A dumper that pauses inside the stopped window (test-only: it wraps btcore's
 # own functions): "copy" after the copies are made, "detach" after the first
 # thread is let go.  It has a thread of its own, as applications do (then the

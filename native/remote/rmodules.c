@@ -213,7 +213,7 @@ fail:
  * thread may have held the lock). */
 
 #define MAX_KEPT 32
-#define MAX_KEPT_BYTES (256ULL << 20)
+#define MAX_KEPT_BYTES (64ULL << 20)
 
 static pthread_mutex_t files_lock = PTHREAD_MUTEX_INITIALIZER;
 static rfile *files;             /* in use or kept */
