@@ -454,15 +454,17 @@ def test_kept_module_files_are_bounded_the_longest_unused_dropped_first(spin_so,
 # the dump, or "interrupted" and waits for its stdin to close; with a fourth
 # argument, "cli", it is python -m btcore dump PID (its main()).
 PAUSING_DUMPER = """
-import signal, sys, threading, time, btcore, btcore.remote.snapshot as remote
+import os, signal, sys, threading, time, btcore, btcore.remote.snapshot as remote
 pid, where, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cli = sys.argv[4:] == ["cli"]
 signal.signal(signal.SIGINT, signal.default_int_handler)   # a shell's background job starts with SIGINT ignored
 threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 
-def pause():   # long enough for a loaded machine to look at the target meanwhile
+def pause():   # long enough for a loaded machine to look at the target meanwhile; the test may end it sooner
     open(marker, "w").close()
-    time.sleep(5)
+    end = time.monotonic() + float(os.environ.get("PAUSE_SECONDS", "5"))
+    while os.path.exists(marker) and time.monotonic() < end:
+        time.sleep(0.01)
 
 real_gather, real_lib = remote.gather, remote.lib
 
@@ -541,6 +543,29 @@ def test_ctrl_c_in_the_stopped_window_still_resumes_the_target(tmp_path, where):
         worker.send_signal(signal.SIGUSR1)   # it still runs, and its own checks pass
         out, _ = worker.communicate(timeout=WAIT)
         assert worker.returncode == 0 and out.startswith("ok"), out
+    finally:
+        worker.kill()
+        if dumper is not None:
+            dumper.kill()
+
+
+def test_a_target_another_tracer_holds_is_refused_naming_that_tracer(tmp_path):
+    # guards: a thread has one tracer at a time; a dump of a target that another process traces (gdb, strace,
+    # another dump: here a dump paused inside its stopped window) says which process holds it, not that this
+    # one lacks CAP_SYS_PTRACE; and the target runs again once the first dump is done.
+    worker = start_worker(tmp_path)
+    dumper = None
+    try:
+        paused = tmp_path / "paused"
+        dumper = start_pausing_dumper(worker.pid, "copy", paused, env={**os.environ, "PAUSE_SECONDS": str(WAIT)})
+        second = subprocess.run([sys.executable, "-m", "btcore", "dump", str(worker.pid)], capture_output=True,
+                                text=True, timeout=WAIT, cwd="/")
+        assert second.returncode == 1, second.stderr
+        assert f"traced by process {dumper.pid} (" in second.stderr and "CAP_SYS_PTRACE" not in second.stderr
+        paused.unlink()   # the first dump goes on
+        out, err = dumper.communicate(timeout=WAIT)
+        assert dumper.returncode == 0 and "greenlets" in out, err
+        assert "t" not in thread_states(worker.pid).values()
     finally:
         worker.kill()
         if dumper is not None:

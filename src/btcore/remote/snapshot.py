@@ -51,11 +51,16 @@ class DumpPermissionError(DumpError, PermissionError):
     """The system does not let this process read the target (ptrace rules)."""
 
 
-def permission_advice(pid: int, why: str) -> str:
-    """One message saying what to change, from what this machine says."""
+def permission_advice(pid: int, why: str, tid: int | None = None) -> str:
+    """One message saying what to change, from what this machine says; tid: the thread the dump could not
+    stop (another tracer may hold it)."""
     scope = _read_text("/proc/sys/kernel/yama/ptrace_scope")
     owner = _owner(pid)
     text = f"cannot read process {pid}: {why}. "
+    tracer = _tracer(pid, tid) if tid is not None else None
+    if tracer:
+        return text + (f"It is {tracer}: a thread has one tracer at a time. Detach that one (gdb: detach; "
+                       "strace: Ctrl-C) or let it finish, then dump again.")
     if os.geteuid() != 0 and owner is not None and owner != os.geteuid():
         return text + (f"It belongs to uid {owner}, this dump runs as uid {os.geteuid()}: "
                        "run the dump as root (sudo) or as the target's user.")
@@ -69,6 +74,17 @@ def permission_advice(pid: int, why: str) -> str:
     return text + ("This process lacks CAP_SYS_PTRACE (a container?): run the container with "
                    "--cap-add=SYS_PTRACE (docker, podman) or add SYS_PTRACE to its securityContext "
                    "capabilities (Kubernetes).")
+
+
+def _tracer(pid: int, tid: int) -> str | None:
+    """"traced by process N (its name)" if another process traces thread tid of pid, else None."""
+    for line in (_read_text(f"/proc/{pid}/task/{tid}/status") or "").splitlines():
+        if line.startswith("TracerPid:") and line.split()[1:2] != ["0"]:
+            tracer = int(line.split()[1])
+            name = "this process: another dump of it" if tracer == os.getpid() else \
+                _read_text(f"/proc/{tracer}/comm") or "gone since"
+            return f"traced by process {tracer} ({name})"
+    return None
 
 
 def _owner(pid: int):
@@ -874,10 +890,14 @@ def stop_threads(pid: int, timeout: float, stopped: dict) -> dict:
         regs, pending = ffi.new("uintptr_t[4]"), ffi.new("int *")
         rc = lib.btc_ptrace_stop(tid, max(1, int(timeout * 1000)), regs, pending)
         if rc in (-errno.EPERM, -errno.EACCES) and not stopped:
-            raise DumpPermissionError(permission_advice(pid, os.strerror(-rc)))
+            raise DumpPermissionError(permission_advice(pid, os.strerror(-rc), tid))
         if rc not in (-errno.EPERM, -errno.ESRCH):
             stopped[tid] = pending[0]   # seized: detached whatever happened next
-        regs_of[tid] = tuple(regs) if rc == 0 else f"not stopped: {os.strerror(-rc)}"
+        if rc == 0:
+            regs_of[tid] = tuple(regs)
+        else:
+            traced = _tracer(pid, tid) if rc == -errno.EPERM else None
+            regs_of[tid] = f"not stopped: {os.strerror(-rc)}" + (f" ({traced})" if traced else "")
     return regs_of
 
 
