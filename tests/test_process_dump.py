@@ -549,6 +549,24 @@ def test_ctrl_c_in_the_stopped_window_still_resumes_the_target(tmp_path, where):
             dumper.kill()
 
 
+def test_a_target_named_with_bytes_that_are_not_utf8_is_dumped(tmp_path):
+    # guards: /proc's texts of the target (stat, status: its name in them) are read whatever bytes it named
+    # itself with (prctl PR_SET_NAME); the dump failed with UnicodeDecodeError after every stop.
+    ready = tmp_path / "ready"
+    renamed = "import ctypes\nctypes.CDLL(None).prctl(15, b'w\\xff\\xfeorker', 0, 0, 0)\n"   # PR_SET_NAME
+    source = renamed + PARKED
+    proc = subprocess.Popen([sys.executable, "-c", source, str(ready)])
+    try:
+        conftest.wait_until_ready(proc, ready, WAIT)
+        assert open(f"/proc/{proc.pid}/comm", "rb").read() == b"w\xff\xfeorker\n"
+        done = subprocess.run([sys.executable, "-m", "btcore", "dump", str(proc.pid)], capture_output=True,
+                              text=True, timeout=WAIT, cwd="/")
+        assert done.returncode == 0 and "=== stack 1: 3 greenlets, suspended ===" in done.stdout, done.stderr
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
 def test_a_target_another_tracer_holds_is_refused_naming_that_tracer(tmp_path):
     # guards: a thread has one tracer at a time; a dump of a target that another process traces (gdb, strace,
     # another dump: here a dump paused inside its stopped window) says which process holds it, not that this

@@ -28,6 +28,8 @@ from . import greenlet_offsets
 
 from . import spawn as remote_spawn
 
+from .names import shown
+
 from . import tasks as remote_tasks
 from .._native import ffi, lib
 from ..codec import file_build_id
@@ -82,7 +84,7 @@ def _tracer(pid: int, tid: int) -> str | None:
         if line.startswith("TracerPid:") and line.split()[1:2] != ["0"]:
             tracer = int(line.split()[1])
             name = "this process: another dump of it" if tracer == os.getpid() else \
-                _read_text(f"/proc/{tracer}/comm") or "gone since"
+                shown(_read_text(f"/proc/{tracer}/comm") or "gone since")
             return f"traced by process {tracer} ({name})"
     return None
 
@@ -96,7 +98,7 @@ def _owner(pid: int):
 
 def _read_text(path: str):
     try:
-        with open(path) as f:
+        with open(path, errors="replace") as f:   # a process names itself with any bytes (prctl PR_SET_NAME)
             return f.read().strip()
     except OSError:
         return None
