@@ -567,6 +567,59 @@ def test_a_target_named_with_bytes_that_are_not_utf8_is_dumped(tmp_path):
         proc.wait(timeout=WAIT)
 
 
+PARKED_IN_FILES_OF_ITS_OWN = """
+import os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import parked_here
+""" + PARKED_IN_C.replace("gevent.spawn(event.wait)]", "gevent.spawn(parked_here.park, event)]").replace(
+    "with open(sys.argv[2]", """import btcore
+with open(sys.argv[2] + ".inside", "w", encoding="utf-8", errors="strict") as inside:
+    btcore.dump_all(inside)
+with open(sys.argv[2] + ".json", "w", encoding="utf-8") as inside:
+    btcore.dump_all(inside, format="json")
+with open(sys.argv[2]""")
+
+
+def _strings_of(document: str) -> str:
+    """A JSON document's strings as they are (a lone surrogate of a path too), in one text."""
+    return json.dumps(json.loads(document), ensure_ascii=False)
+
+
+def test_a_target_whose_files_are_named_with_bytes_that_are_not_utf8_is_dumped(chain, tmp_path):
+    # guards: paths are the file system's bytes, not UTF-8 text (os.fsdecode / os.fsencode): the target's maps
+    # are read as such (snapshot.open_live: a mapped file named so failed every dump, UnicodeDecodeError), its
+    # module is opened by that very name (its C frames named), its code's file name is read exactly as the
+    # target holds it (bounds.Names.string), and text goes out escaped where the stream's codec cannot write a
+    # lone surrogate (dump.write_text), inside the target as from outside, as Python's tracebacks do.
+    where = tmp_path / os.fsdecode(b"caf\xe9\xff")
+    where.mkdir()
+    so, ready, source = where / "_btfix_chain.so", tmp_path / "ready", where / "parked_here.py"
+    shutil.copy(chain.so_path, so)
+    source.write_text("def park(event):\n    event.wait()\n")
+    escaped = str(source).encode("utf-8", "backslashreplace").decode()   # .../caf\udce9\udcff/parked_here.py
+    proc = subprocess.Popen([sys.executable, "-c", PARKED_IN_FILES_OF_ITS_OWN, str(so), str(ready)])
+    try:
+        conftest.wait_until_ready(proc, ready, WAIT)
+        inside = (tmp_path / "ready.inside").read_text()
+        assert f'File "{escaped}", line 2, in park' in inside and "chain_entry" in inside, inside
+        assert str(so) in _strings_of((tmp_path / "ready.json").read_text())
+        from btcore.remote.process import process_stacks
+        _, stacks = process_stacks(proc.pid)
+        frames = [f for s in stacks if s.kind == "greenlet" for f in s.frames]
+        assert any(f.module == str(so) and f.function == "chain_entry" for f in frames)
+        assert any(f.file == str(source) and f.function == "park" and f.line == 2 for f in frames)
+        strict = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+        text = subprocess.run([sys.executable, "-m", "btcore", "dump", str(proc.pid)], capture_output=True,
+                              text=True, timeout=WAIT, cwd="/", env=strict)
+        assert text.returncode == 0 and f'File "{escaped}", line 2, in park' in text.stdout, text.stderr
+        doc = subprocess.run([sys.executable, "-m", "btcore", "dump", "--json", str(proc.pid)], capture_output=True,
+                             text=True, timeout=WAIT, cwd="/", env=strict)
+        assert doc.returncode == 0 and str(so) in _strings_of(doc.stdout), doc.stderr
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
 def test_a_target_another_tracer_holds_is_refused_naming_that_tracer(tmp_path):
     # guards: a thread has one tracer at a time; a dump of a target that another process traces (gdb, strace,
     # another dump: here a dump paused inside its stopped window) says which process holds it, not that this

@@ -296,3 +296,17 @@ def test_concurrent_requests_share_one_render(start, mode):
     print(f"{mode}: 8 requests, {renders} renders, {len(distinct)} distinct bodies")
     assert [status for status, _ in answers] == [200] * 8
     assert len(distinct) == renders < 8
+
+
+def test_a_file_name_with_undecodable_bytes_is_served_escaped():
+    # guards: the page's text form is UTF-8 bytes whatever file names the program's code has: a name the file
+    # system gave with bytes that are not UTF-8 holds lone surrogates (os.fsdecode), served escaped as
+    # Python's tracebacks print them, not a failed render.
+    import greenlet
+    from btcore import snapshot, web
+    scope = {"greenlet": greenlet}
+    exec(compile("def park():\n    greenlet.getcurrent().parent.switch()\n", "/nowhere/caf\udce9.py", "exec"), scope)
+    parked = greenlet.greenlet(scope["park"])
+    parked.switch()
+    body = web._render_bytes(snapshot(), "text")
+    assert b'File "/nowhere/caf\\udce9.py", line 2, in park' in body

@@ -1076,12 +1076,12 @@ def identify(build_id: bytes, path: str | None, loaded: list, search: tuple = ()
 def _check_file(path: str, build_id: bytes) -> tuple:
     """(status, detail): whether the file at path has build_id."""
     try:
-        path.encode()   # what the native layer will be handed: no lone surrogates, no NUL
+        os.fsencode(path)   # what the native layer will be handed: a file system path, no NUL
         if "\0" in path:
             raise OSError(0, "a NUL character in the path")
         on_disk = file_build_id(path)
     except (OSError, UnicodeEncodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a UTF-8 path"
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a file system path"
         return "missing", f"cannot be read here ({reason})"
     if on_disk is None:
         return "mismatch", "build-id mismatch: the file here has no build-id"

@@ -86,7 +86,7 @@ def _plain_answer(status, text, extra=()):
 # ---- rendering: one at a time, shared, off the event loop ----
 
 def _render_bytes(infos, fmt) -> bytes:
-    return render(infos, True, True, fmt, stack_text).encode("utf-8")
+    return render(infos, True, True, fmt, stack_text).encode("utf-8", "backslashreplace")   # see dump.write_text
 
 
 class _Renders:

@@ -150,7 +150,7 @@ def _module_files(module) -> list:
     files = [module.__file__] if getattr(module, "__file__", None) else []
     files += ["/proc/self/exe", sys.executable]
     try:
-        with open("/proc/self/maps") as maps:
+        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as maps:
             files.extend(sorted({line.split(None, 5)[5].strip() for line in maps
                                  if line.count(" ") >= 5 and "/libpython3" in line}))
     except OSError:

@@ -159,7 +159,11 @@ class Names:
         if raw is None:
             return None
         self.left -= len(raw)
-        return raw.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], "replace")
+        codec = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind]
+        try:   # exactly the target's text: a path's undecodable bytes are lone surrogates there too
+            return raw.decode(codec, "surrogatepass")
+        except UnicodeDecodeError:   # not text (beyond U+10FFFF): garbage memory
+            return raw.decode(codec, "replace")
 
     def _linetable(self, obj: int | None) -> bytes | None:
         size = self._m.word(obj + self._lay.bytes_size) if obj and self._is(obj, self._types.bytes) else None

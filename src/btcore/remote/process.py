@@ -714,9 +714,7 @@ def dump_process(pid: int | None = None, file=None, *, core: str | None = None, 
         finally:
             if ahead is not None:
                 ahead.end()
-    out = sys.stdout if file is None else file
-    out.write(text)
-    out.flush()
+    dump.write_text(sys.stdout if file is None else file, text)
 
 
 class RemoteInfo:

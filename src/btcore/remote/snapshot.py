@@ -201,7 +201,7 @@ class Modules:
                 first[m.path] = m
         for path, m in first.items():
             bias = ffi.new("uintptr_t *")
-            rc = lib.btc_rmodules_add(self._set, memory.handle if memory else ffi.NULL, path.encode(),
+            rc = lib.btc_rmodules_add(self._set, memory.handle if memory else ffi.NULL, os.fsencode(path),
                                       m.lo, m.offset, bias)
             if rc == -3:
                 notes.append(f"{path}: the file on disk is not the one the target loaded "
@@ -977,7 +977,7 @@ def open_live(pid: int) -> Target:
     greenlet layout), read while it runs: snapshot it once (snapshot_live) or
     many times (stop_and_copy: the outside profiler); close its memory when done."""
     try:
-        with open(f"/proc/{pid}/maps") as f:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="surrogateescape") as f:   # paths are bytes
             mappings = _rooted(pid, parse_maps(f.read()))
     except FileNotFoundError:
         raise DumpError(f"no process {pid}") from None

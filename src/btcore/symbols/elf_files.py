@@ -13,7 +13,7 @@ from .._native import ffi, lib
 def _elf(path: str, mtime: float):
     """The file's btc_elf (sections and symbol tables, read once), kept open
     while cached; None if it is not a readable ELF file."""
-    e = lib.btc_elf_open(path.encode())
+    e = lib.btc_elf_open(os.fsencode(path))
     return None if e == ffi.NULL else ffi.gc(e, lib.btc_elf_close)
 
 

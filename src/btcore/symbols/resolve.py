@@ -98,6 +98,12 @@ def _text(p) -> str | None:
     return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else None
 
 
+def _path(p) -> str | None:
+    """A file's path: its bytes as Python keeps paths (os.fsdecode), so that the
+    file can be opened again by that name."""
+    return os.fsdecode(ffi.string(p)) if p != ffi.NULL else None
+
+
 def demangle(name: str | None) -> str | None:
     """Readable form of a symbol name: C++ (Itanium) and Rust demangled,
     Cython-generated names as dotted paths; the name itself otherwise."""
@@ -116,8 +122,8 @@ def source_levels(module: str, vaddr: int, fd: int = -1) -> list:
     """(function, file, line) per level from DWARF, innermost inlined call
     first; read from the file open as fd (named module), else from module."""
     out = ffi.new("btc_srcframe[]", _MAX_INLINE_LEVELS)
-    n = lib.btc_symbolize_fd(fd, module.encode(), vaddr, out, _MAX_INLINE_LEVELS, _buffer(), _NAME_BUFFER)
-    return [(_text(f.function), _text(f.file), f.line or None) for f in out[0:max(n, 0)]]
+    n = lib.btc_symbolize_fd(fd, os.fsencode(module), vaddr, out, _MAX_INLINE_LEVELS, _buffer(), _NAME_BUFFER)
+    return [(_text(f.function), _path(f.file), f.line or None) for f in out[0:max(n, 0)]]
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
@@ -133,7 +139,7 @@ def open_regular(path: str) -> int:
     if "\0" in path:
         raise OSError(0, "a NUL character in the path", path)
     mode = ffi.new("uint32_t *")
-    fd = lib.btc_open_regular(path.encode(), mode)
+    fd = lib.btc_open_regular(os.fsencode(path), mode)
     if fd >= 0:
         return fd
     err = ffi.errno
@@ -154,12 +160,12 @@ def _resolve_native(pc: int, flags: int) -> tuple:
     buf = ffi.new("char[]", _NAME_BUFFER)
     n = lib.btc_resolve_native(pc, flags, info, levels, _MAX_INLINE_LEVELS, buf, _NAME_BUFFER)
     if n < 0:   # in no loaded module (or, never in practice, names longer than the buffer)
-        return info.module_id, (Frame(NATIVE, pc, _text(info.module) if n == -1 else None,
+        return info.module_id, (Frame(NATIVE, pc, _path(info.module) if n == -1 else None,
                                       None, None, None, None),)
-    module, symbol = _text(info.module), _text(info.symbol)
+    module, symbol = _path(info.module), _text(info.symbol)
     offset = pc - info.symbol_addr if symbol else pc - info.module_base
     return info.module_id, _frames(pc, module, symbol, offset,
-                                   [(_text(f.function), _text(f.file), f.line or None) for f in levels[0:n]])
+                                   [(_text(f.function), _path(f.file), f.line or None) for f in levels[0:n]])
 
 
 def native_frames(pc: int, module: str | None, symbol: str | None, offset: int, vaddr: int, fd: int = -1) -> tuple:
@@ -190,7 +196,7 @@ def file_symbol(path: str, vaddr: int, fd: int = -1) -> tuple:
     ELF file at path (a module that need not be loaded), or in the file
     open as fd (named path), or (None, None)."""
     start = ffi.new("uintptr_t *")
-    if lib.btc_file_symbol_fd(fd, path.encode(), vaddr, _buffer(), _NAME_BUFFER, start) != 0:
+    if lib.btc_file_symbol_fd(fd, os.fsencode(path), vaddr, _buffer(), _NAME_BUFFER, start) != 0:
         return None, None
     return _text(_buffer()), start[0]
 

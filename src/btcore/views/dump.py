@@ -434,10 +434,21 @@ def render(infos, group, tree, format, stack_text) -> str:
     raise ValueError(f"format must be 'text', 'json' or 'html', not {format!r}")
 
 
+def write_text(file, text: str) -> None:
+    """text written to file, then flushed.  Paths in it are the file system's
+    bytes, an undecodable one a lone surrogate as Python keeps it (os.fsdecode):
+    where file's codec cannot write one, the text is written with it escaped
+    (\\udce9), as Python's own tracebacks are."""
+    try:
+        file.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(file, "encoding", None) or "utf-8"
+        file.write(text.encode(encoding, "backslashreplace").decode(encoding))
+    file.flush()
+
+
 def _write(file, text: str) -> None:
-    out = sys.stderr if file is None else file
-    out.write(text)
-    out.flush()
+    write_text(sys.stderr if file is None else file, text)
 
 
 _registered = {}   # signum -> (file, chain, previous handler), or _STUCK (a C handler, watch/watchdog.py)
