@@ -321,6 +321,24 @@ def test_a_process_that_is_gone_is_a_clear_error():
     assert done.returncode == 1 and f"no process {proc.pid}" in done.stderr
 
 
+@pytest.mark.parametrize("kind, why", [("missing", "No such file or directory"), ("directory", "a directory"),
+                                       ("fifo", "a FIFO"), ("text", "is not a core file")])
+def test_a_core_path_that_is_not_a_core_file_is_a_clear_error(kind, why, tmp_path):
+    # guards: --core names a regular file or is refused in one line, never a traceback, and a FIFO is not opened
+    # (opening it would wait for a writer that never comes: the command hung).
+    path = tmp_path / kind
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "text":
+        path.write_text("not a core\n" * 100)
+    done = subprocess.run([sys.executable, "-m", "btcore", "dump", "--core", str(path)], capture_output=True,
+                          text=True, timeout=WAIT / 4)   # hang detection: the command takes about a second
+    assert done.returncode == 1 and done.stderr.startswith("btcore dump: ") and why in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
 DUMPER = """
 import io, sys, btcore
 pid, count = int(sys.argv[1]), int(sys.argv[2])

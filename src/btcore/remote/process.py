@@ -36,7 +36,7 @@ from ..capture.introspect import place_in_tree
 from ..capture.records import PYFRAME, record_struct
 from .snapshot import (DumpError, DumpPermissionError, Mapping, Memory, Room, Snapshot, Target, gather,
                      greenlet_copies, snapshot_live, spawn_chains, vdso_file)
-from ..symbols.resolve import F_EXACT, file_symbol, native_frames
+from ..symbols.resolve import F_EXACT, file_symbol, native_frames, open_regular
 from ..views.schema import RemoteGreenlet
 from ..capture.spawn import SpawnChain, join_chain
 from ..capture.threads import fallback_name, real_thread
@@ -539,7 +539,10 @@ def _greenlet_bytes(g, thread):
 # ---- core files ----
 
 def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
-    f = open(core, "rb")
+    try:   # a regular file only: opening a FIFO would wait for its writer
+        f = os.fdopen(open_regular(core), "rb")
+    except OSError as e:
+        raise DumpError(f"cannot read the core file {core}: {e.strerror or e}") from None
     memory = Memory(lib.btc_rmem_open_segments(), [f])
     try:
         mappings, regs_of, vdso = _read_core(core, f, memory)
