@@ -247,9 +247,9 @@ def test_the_dump_reads_a_core_that_needs_more_room_than_its_first_guess(core_fi
             return process._read_core(path, f, memory)
         finally:
             memory.close()
-    mappings, regs_of, vdso = read()
+    mappings, regs_of, vdso, cut = read()
     monkeypatch.setattr(process, "_CORE_ROOM", (1, 1, 1, 8))
-    assert read() == (mappings, regs_of, vdso)
+    assert read() == (mappings, regs_of, vdso, None) and cut is None
     assert next(iter(regs_of)) == pid and len(mappings) > 10 and vdso
 
 
@@ -260,6 +260,27 @@ def test_core_read_refuses_what_is_not_a_core(fixture_so, tmp_path):
     (tmp_path / "text").write_bytes(b"x" * 200)
     with open(tmp_path / "text", "rb") as f:
         assert lib.btc_core_read(f.fileno(), c) == -1
+
+
+def test_a_cut_core_or_another_elf_file_is_named_for_what_it_is(core_file, fixture_so, tmp_path):
+    # guards: remote/process.py's core messages: a core cut inside its headers, or before its notes, said
+    # "process 0 is not a CPython process" or "not a core file"; an executable "not a core file of an x86-64
+    # process" (it is x86-64: it is not a core).
+    path, _ = core_file
+    data = open(path, "rb").read()
+
+    def dump(name, content):
+        (tmp_path / name).write_bytes(content)
+        return subprocess.run([sys.executable, "-m", "btcore", "dump", "--core", str(tmp_path / name)],
+                              capture_output=True, text=True, timeout=120)
+    headers = dump("headers", data[:int.from_bytes(data[32:40], "little") + 2 * 56])   # e_phoff: 2 headers of many
+    assert headers.returncode == 1 and "is a core file cut short (truncated) before the end of its headers" \
+        in headers.stderr, headers.stderr
+    notes = dump("notes", data[:len(data) // 2])
+    assert notes.returncode == 1 and "holds no thread (no NT_PRSTATUS note): it is truncated (" in notes.stderr, \
+        notes.stderr
+    other = dump("so", open(fixture_so, "rb").read())
+    assert other.returncode == 1 and "is not a core file (it is a shared object or executable)" in other.stderr
 
 
 @pytest.mark.parametrize("xnum", [False, True], ids=["phnum", "PN_XNUM"])

@@ -119,21 +119,77 @@ def decode_text(lines, out, verbose: bool = False) -> None:
                 done[token] = f"{token} (btcore: {e})"
         return done[token]
 
-    for line in lines:
-        out.write(TOKEN_IN_TEXT.sub(resolved, line))
+    for piece in _pieces(lines):
+        out.write(TOKEN_IN_TEXT.sub(resolved, piece))
+
+
+def _pieces(f):
+    """The text of f (a text file) in pieces of at most _PIECE characters
+    more than a token's most, each ending where no token can go on: a line,
+    or a part of a longer line (a file without newlines, /dev/zero)."""
+    from .codec import MAX_TOKEN_CHARS
+    most, carry = MAX_TOKEN_CHARS + _PIECE, ""
+    while piece := _read_piece(f):
+        piece, carry = carry + piece, ""
+        if not piece.endswith("\n") and len(piece) < most:
+            cut = len(piece.rstrip(_TOKEN_CHARACTERS))   # after it, maybe a token the next piece goes on with
+            piece, carry = piece[:cut], piece[cut:]
+        yield piece
+    yield carry
+
+
+def _read_piece(f) -> str:
+    try:
+        return f.readline(_PIECE)
+    except OSError as e:   # told apart from a failed write of the output
+        raise _Unreadable(e.errno, e.strerror) from None
+
+
+class _Unreadable(OSError):
+    """An input file's read failed."""
+
+
+_PIECE = 1 << 16
+_TOKEN_CHARACTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
 
 
 def decode_files(paths, verbose: bool) -> int:
-    if not paths:
-        decode_text(sys.stdin, sys.stdout, verbose)
-        return 0
-    for path in paths:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            decode_text(f, sys.stdout, verbose)
-    return 0
+    """decode's work: the text of each file (standard input: none, or "-"), its tokens resolved, to standard
+    output; a file that cannot be read is said on standard error, and the others are decoded."""
+    failed = False
+    sys.stdout.reconfigure(errors="surrogateescape")
+    for path in paths or ["-"]:
+        if path == "-":
+            if sys.stdin is None:
+                return _say("decode", "standard input is closed")
+            sys.stdin.reconfigure(errors="surrogateescape", newline="")   # the bytes out as they came in
+            decode_text(sys.stdin, sys.stdout, verbose)
+            continue
+        try:
+            f = open(path, encoding="utf-8", errors="surrogateescape", newline="")
+        except OSError as e:
+            failed = _say("decode", f"{path}: {_reason(e)}") != 0
+            continue
+        with f:
+            try:
+                decode_text(f, sys.stdout, verbose)
+            except _Unreadable as e:
+                failed = _say("decode", f"{path}: {_reason(e)}") != 0
+    return 1 if failed else 0
 
 
-def _add_dump_parser(sub) -> None:
+def _say(command: str, text: str) -> int:
+    """text said on standard error as command's; 1 (an exit status)."""
+    if sys.stderr is not None:
+        print(f"btcore {command}: {text}", file=sys.stderr)
+    return 1
+
+
+def _reason(e: Exception) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
+def _add_dump_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("dump", help="every thread's stack and every suspended greenlet of another process "
                        "(or of a core file), native and Python frames merged; nothing runs inside it")
     p.add_argument("pid", nargs="?", type=int, help="the process to dump (stopped only while its state is copied)")
@@ -148,12 +204,24 @@ def _add_dump_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each thread to stop (default 5)")
     p.add_argument("--tokens", action="store_true", help="text: each stack followed by its token "
                    "(python -m btcore decode reads it back)")
-    p.add_argument("--crash-record", type=lambda s: int(s, 0), metavar="ADDRESS",
+    p.add_argument("--crash-record", type=_address, metavar="ADDRESS",
                    help="the crash report's helper: the handler's record at this address of the crashed process, "
                    "named and encoded, first (implies --tokens)")
+    return p
 
 
-def _add_profile_parser(sub) -> None:
+def _address(text: str) -> int:
+    """An address argument: 0x7f..., or decimal."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an address: {text!r} (0x... or decimal)") from None
+    if not 0 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"not an address: {text!r} (0 to 2**64 - 1)")
+    return value
+
+
+def _add_profile_parser(sub) -> argparse.ArgumentParser:
     from .profile.rates import DEFAULT_RATE, OUTSIDE_RATE
     p = sub.add_parser("profile", help="btcore's sampling profiler: where every greenlet spends its time, running "
                        "or parked, of a Python program run under it (-- COMMAND) or of a running process, sampled "
@@ -175,40 +243,42 @@ def _add_profile_parser(sub) -> None:
     p.add_argument("--mode", choices=("wall", "cpu"), default="wall",
                    help="collapsed stacks only: every greenlet (wall) or the running ones (cpu); pprof and html "
                    "hold both (default wall)")
+    return p
 
 
 def profile_command(args, parser) -> int:
     from .profile.rates import DEFAULT_RATE, MAX_RATE, OUTSIDE_RATE
-    from .profile.formats import format_for
+    from .profile.formats import check_output, format_for
     from .profile.run import run
     command = args.program
     if not command and args.pid is None:
-        parser.error("profile: give the program to run after --, e.g. python -m btcore profile -- python app.py, "
+        parser.error("give the program to run after --, e.g. python -m btcore profile -- python app.py, "
                      "or the PID of a running process")
     if command and args.pid is not None:
-        parser.error("profile: give a PID or a program to run after --, not both")
-    if args.pid is not None and not args.pid.isdigit():
-        parser.error(f"profile: {args.pid!r} is not a PID (a program to run goes after --)")
+        parser.error("give a PID or a program to run after --, not both")
+    if args.pid is not None and not re.fullmatch(r"[0-9]+", args.pid):
+        parser.error(f"{args.pid!r} is not a PID (a program to run goes after --)")
     if args.rate is None:
         args.rate = DEFAULT_RATE if command else OUTSIDE_RATE
     if not 1 <= args.rate <= MAX_RATE:
-        parser.error(f"profile: --rate must be from 1 to {MAX_RATE}, got {args.rate}")
+        parser.error(f"--rate must be from 1 to {MAX_RATE}, got {args.rate}")
     if args.duration is not None and not 0 < args.duration < float("inf"):
-        parser.error(f"profile: --duration must be a positive number of seconds, got {args.duration}")
+        parser.error(f"--duration must be a positive number of seconds, got {args.duration}")
     try:
         fmt = format_for(args.output, args.format)
     except ValueError as e:
-        parser.error(f"profile: {e}")
-    folder = os.path.dirname(os.path.abspath(args.output))
-    if not os.access(folder, os.W_OK):
-        parser.error(f"profile: cannot write to {folder!r}")
+        parser.error(str(e))
+    try:   # before the recording, not after it: a FIFO, a directory, a device, a folder not there or not ours
+        check_output(args.output)
+    except OSError as e:
+        parser.error(f"cannot write {args.output}: {e.strerror or e}")
     settings = {"output": os.path.abspath(args.output), "format": fmt, "rate": args.rate,
                 "duration": args.duration, "mode": args.mode,
                 "group_by": None if args.group_by == "none" else args.group_by}
     if command:
         return run(command, settings)
     if settings["group_by"] == "spawn":
-        parser.error("profile: --group-by spawn needs the program run under the profiler (-- COMMAND): "
+        parser.error("--group-by spawn needs the program run under the profiler (-- COMMAND): "
                      "spawn sites are not read from outside")
     from .profile.remote import profile_command_outside
     _as_a_tool()
@@ -238,11 +308,20 @@ def _raise_terminated(signum, frame):
 
 def dump_command(args, parser) -> int:
     if (args.pid is None) == (args.core is None):
-        parser.error("dump: give a PID or --core CORE (not both)")
-    from .remote.process import DumpError, dump_process
+        parser.error("give a PID or --core CORE (not both)")
+    if args.json and args.format not in ("text", "json"):
+        parser.error(f"--json and --format {args.format} say different things: give one")
+    fmt = "json" if args.json else args.format
+    if args.crash_record is not None and fmt != "text":
+        parser.error("--crash-record writes text (the record's token first): not with --format " + fmt)
+    from .remote.process import DumpError, check_target, dump_process
+    try:
+        check_target(args.pid, args.core, args.exe, args.timeout)
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
     _as_a_tool()
     try:
-        dump_process(args.pid, core=args.core, exe=args.exe, format="json" if args.json else args.format,
+        dump_process(args.pid, core=args.core, exe=args.exe, format=fmt,
                      native=not args.no_native, threads_only=args.threads_only, timeout=args.timeout,
                      tokens=args.tokens or args.crash_record is not None, crash_record=args.crash_record)
     except DumpError as e:
@@ -274,18 +353,23 @@ def main(argv=None) -> int:
                                    "(or standard input) by the backtrace it holds, resolved here")
     decode_parser.add_argument("files", nargs="*", metavar="FILE")
     decode_parser.add_argument("--verbose", action="store_true", help="every frame, with addresses (format(verbose=True))")
-    _add_dump_parser(sub)
-    _add_profile_parser(sub)
+    parsers = {"dump": _add_dump_parser(sub), "profile": _add_profile_parser(sub)}   # (their errors, usages)
     args = parser.parse_args(argv)
     args.program = program
+    if sys.stdout is None and args.command != "profile":
+        return _say(args.command, "standard output is closed: nothing to write to")
     try:
-        return _run_command(args, parser)
+        return _run_command(args, parsers.get(args.command, parser))
     except KeyboardInterrupt as e:   # a dump's target runs again first (remote.signals_deferred)
         from .errors import Terminated
         sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
-        print(f"btcore {args.command}: {'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted (Ctrl-C)'}",
-              file=sys.stderr)
+        _say(args.command, "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted (Ctrl-C)")
         return 128 + sig
+    except BrokenPipeError:   # what reads the output went away (| head): nothing more to say, as a C tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (the flush at exit fails no more)
+        return 128 + signal.SIGPIPE
+    except OSError as e:   # the output not written (a full disk, a closed descriptor), a file not read
+        return _say(args.command, f"{_reason(e)}" + (f": {e.filename}" if e.filename else ""))
 
 
 def _run_command(args, parser) -> int:

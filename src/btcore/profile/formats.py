@@ -14,8 +14,11 @@ escapes, so a name's ";", "%", CR and LF are written %3B, %25, %0D, %0A
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import os
+import stat
+import tempfile
 import time
 
 FORMATS = ("pprof", "collapsed", "html")
@@ -49,9 +52,56 @@ def write(profile, path, format: str | None = None, mode: str = "wall", group_by
         data = collapsed(profile, mode, group_by, verbose).encode("utf-8")
     else:
         data = html(profile, group_by, verbose).encode("utf-8")
-    with open(path, "wb") as f:
+    with os.fdopen(open_output(path), "wb") as f:
+        f.truncate()
         f.write(data)
     return format
+
+
+def open_output(path) -> int:
+    """A descriptor open for writing on the regular file path (made if it is
+    missing), else OSError: a FIFO would wait for a reader (O_NONBLOCK: ENXIO
+    instead), a directory or a device cannot hold a profile."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ENXIO:   # a FIFO no process reads
+            raise OSError(errno.EINVAL, "not a regular file: a FIFO", os.fspath(path)) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+            "a socket" if stat.S_ISSOCK(mode) else "a special file"
+        raise OSError(errno.EINVAL, f"not a regular file: {kind}", os.fspath(path))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def check_output(path) -> None:
+    """OSError unless path can be written as write() will (checked before a
+    recording, not after it): a regular file, or one that can be made there
+    (made and removed again)."""
+    existed = os.path.lexists(path)
+    os.close(open_output(path))
+    if not existed:
+        os.unlink(path)
+
+
+def write_somewhere(profile, path, format: str | None = None, mode: str = "wall", group_by: str | None = "name",
+                    verbose: bool = False) -> tuple:
+    """(format, the file written, why path was not or None): write() to path,
+    else to a new file in the temporary directory, so that a recording is not
+    lost to a full disk or a file made unwritable meanwhile; OSError if
+    neither could be written."""
+    try:
+        return write(profile, path, format, mode, group_by, verbose), os.fspath(path), None
+    except OSError as e:
+        why = f"cannot write {os.fspath(path)}: {e.strerror or e}"
+    name = os.path.basename(os.fspath(path)) or "profile"
+    fd, other = tempfile.mkstemp(prefix="btcore-profile-", suffix="-" + name)
+    os.close(fd)
+    return write(profile, other, format_for(path, format), mode, group_by, verbose), other, why
 
 
 # ---- collapsed ----

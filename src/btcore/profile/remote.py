@@ -38,6 +38,7 @@ from ..capture.backtrace import KIND_NATIVE, RECORD
 from ..errors import Terminated
 from ..remote.process import DumpError, Walker, check_architecture
 from .sampler import DEFAULT_MAX_STACKS, PARKED_STATE, RUNNING_STATE, Profile, group_name, past_missed
+from .formats import write_somewhere
 from .rates import MAX_RATE, OUTSIDE_RATE
 from ..remote.snapshot import exited, open_live, rehearse, stop_and_copy
 from ..remote.names import Labels
@@ -302,8 +303,7 @@ def profile_command_outside(pid: int, settings: dict) -> int:
     try:
         profiler = ProcessProfiler(pid, settings["rate"])
     except (DumpError, ValueError) as e:
-        gone = isinstance(e, DumpError) and exited(pid)   # (a zombie's maps are empty: "not a CPython process")
-        print(f"btcore profile: {f'no process {pid} (it exited)' if gone else e}", file=sys.stderr)
+        print(f"btcore profile: {e}", file=sys.stderr)
         return 1
     output = settings["output"]
     print(f"btcore profile: recording process {pid} at {settings['rate']} Hz (Ctrl-C writes {output})",
@@ -316,15 +316,17 @@ def profile_command_outside(pid: int, settings: dict) -> int:
         # a second Ctrl-C or SIGTERM does not cut the file short
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            fmt = profiler.profile.write(output, settings["format"], mode=settings["mode"],
-                                         group_by=settings["group_by"])
+            fmt, output, unwritten = write_somewhere(profiler.profile, output, settings["format"],
+                                                     settings["mode"], settings["group_by"])
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     finally:
         profiler.close()
+    if unwritten:
+        print(f"btcore profile: {unwritten}; what was recorded is in {output} instead", file=sys.stderr)
     _report(profiler, output, fmt, ended)
-    return 0 if profiler.profile.ticks else 1
+    return 0 if profiler.profile.ticks and not unwritten else 1
 
 
 def _progress(profiler: ProcessProfiler, output: str) -> None:

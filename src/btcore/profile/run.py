@@ -21,7 +21,10 @@ import subprocess
 import sys
 import tempfile
 
+from .formats import write_somewhere
+
 ENV = "BTCORE_PROFILE"
+UNWRITTEN = "no profile written"   # in a status line: the command exits non-zero
 _SITECUSTOMIZE = '''\
 # btcore profile's bootstrap (btcore/profile/run.py); then the program's own sitecustomize.
 import os as _os, sys as _sys
@@ -66,11 +69,19 @@ class _Run:
             return
         self.written = True
         s = self.settings
-        fmt = profile.write(self.output, s["format"], mode=s["mode"], group_by=s["group_by"])
-        line = (f"wrote {self.output} ({fmt}): {profile.ticks} samples over {profile.duration:.1f} s, "
+        try:
+            fmt, output, unwritten = write_somewhere(profile, self.output, s["format"], s["mode"], s["group_by"])
+        except OSError as e:
+            self.status(f"{UNWRITTEN}: {e}")
+            raise
+        line = (f"wrote {output} ({fmt}): {profile.ticks} samples over {profile.duration:.1f} s, "
                 f"{len(profile)} stacks" + (f", {profile.other / 1e6:.3f} s past max_stacks in (other)"
                                              if profile.other else ""))
-        with open(s["status"], "a", encoding="utf-8") as f:
+        self.status(f"{unwritten}; {UNWRITTEN} there, {line}" if unwritten else line)
+
+    def status(self, line: str) -> None:
+        """A line for the command to print (run() reads them once the program has ended)."""
+        with open(self.settings["status"], "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
     def progress(self, profile) -> None:
@@ -84,7 +95,7 @@ class _Run:
         try:
             self.write(stop_profiler())   # stop_profiler() waits for a write the duration's end began
         except Exception as e:
-            sys.stderr.write(f"btcore profile: no profile written: {e}\n")
+            sys.stderr.write(f"btcore profile: {UNWRITTEN}: {e}\n")
 
 
 _run = None
@@ -134,6 +145,8 @@ def run(command: list, settings: dict) -> int:
         lines = _read(status)
     for line in lines:
         print(f"btcore profile: {line}", file=sys.stderr)
+    if any(UNWRITTEN in line for line in lines):
+        return code if code > 0 else 128 - code if code < 0 else 1
     if not lines:
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         print(f"btcore profile: the program ended ({how}) without writing a profile: was it a Python program, "

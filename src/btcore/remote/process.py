@@ -9,6 +9,7 @@ happen after it runs again.
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import operator
@@ -540,13 +541,17 @@ def _greenlet_bytes(g, thread):
 
 def _snapshot_core(core: str, exe: str | None, threads_only: bool) -> Snapshot:
     try:   # a regular file only: opening a FIFO would wait for its writer
+        if exe is not None:
+            os.close(open_regular(exe))
         f = os.fdopen(open_regular(core), "rb")
     except OSError as e:
-        raise DumpError(f"cannot read the core file {core}: {e.strerror or e}") from None
+        raise DumpError(f"cannot read the {'core file' if e.filename == core else 'executable'} {e.filename}: "
+                        f"{e.strerror or e}") from None
     memory = Memory(lib.btc_rmem_open_segments(), [f])
     try:
-        mappings, regs_of, vdso = _read_core(core, f, memory)
-        return _snapshot_core_memory(memory, mappings, regs_of, vdso, exe, threads_only)
+        mappings, regs_of, vdso, cut = _read_core(core, f, memory)
+        notes = [f"the core file {cut}: the memory past its end is missing"] if cut else []
+        return _snapshot_core_memory(memory, mappings, regs_of, vdso, exe, threads_only, notes)
     except BaseException:
         memory.close()
         raise
@@ -568,16 +573,37 @@ def _core_notes(core: str, f):
         rc = lib.btc_core_read(f.fileno(), c)
         if rc == 0:
             return c, keep
+        if rc != -3 and _is_core(f):
+            raise DumpError(f"{core} is the core file of another machine than x86-64" if rc == -2 else
+                            f"{core} is a core file cut short (truncated) before the end of its headers")
         if rc != -3:
-            raise DumpError(f"{core} is not a core file" + (" of an x86-64 process" if rc == -2 else ""))
+            raise DumpError(f"{core} is not a core file" + _what_else(f))
         segments, threads, files, paths = c.nsegments, c.nthreads, c.nfiles, c.paths_used
     raise DumpError(f"{core}: its notes changed while read")
 
 
+def _is_core(f) -> bool:
+    head = os.pread(f.fileno(), 18, 0)
+    return len(head) == 18 and int.from_bytes(head[16:18], "little") == 4   # e_type ET_CORE
+
+
+def _what_else(f) -> str:
+    head = os.pread(f.fileno(), 18, 0)
+    if head[:4] != b"\x7fELF":
+        return ""
+    kinds = {1: "a relocatable object", 2: "an executable", 3: "a shared object or executable"}
+    return f" (it is {kinds.get(int.from_bytes(head[16:18], 'little'), 'another ELF file')})" if len(head) == 18 else ""
+
+
 def _read_core(core: str, f, memory: Memory) -> tuple:
-    """(mappings, tid -> registers (the first thread listed is the process's), vDSO address) of
-    a core file; its PT_LOAD data becomes memory's first segments."""
+    """(mappings, tid -> registers (the first thread listed is the process's), vDSO address, what is wrong
+    with the file or None) of a core file; its PT_LOAD data becomes memory's first segments."""
     c, _keep = _core_notes(core, f)
+    size, needed = os.fstat(f.fileno()).st_size, max((s.offset + s.filesz for s in c.segments[0:c.nsegments]),
+                                                      default=0)
+    cut = f"it is truncated ({size:,} of {needed:,} bytes)" if size < needed else None
+    if not c.nthreads:
+        raise DumpError(f"{core} holds no thread (no NT_PRSTATUS note)" + (f": {cut}" if cut else ""))
     mappings = []
     for seg in c.segments[0:c.nsegments]:
         lib.btc_rmem_add_segment(memory.handle, seg.vaddr, seg.filesz, f.fileno(), seg.offset)
@@ -588,20 +614,29 @@ def _read_core(core: str, f, memory: Memory) -> tuple:
     regs_of = {}
     for t in c.threads[0:c.nthreads]:
         regs_of[t.tid] = tuple(t.regs)
-    return mappings, regs_of, c.vdso or None
+    return mappings, regs_of, c.vdso or None, cut
 
 
-def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, exe, threads_only) -> Snapshot:
-    notes = []
-    for m in mappings:   # the mappings the core left out: from the files themselves
-        if m.path.startswith("/") and os.path.exists(m.path):
-            fm = open(m.path, "rb")
-            memory.keep.append(fm)
-            lib.btc_rmem_add_segment(memory.handle, m.lo, m.hi - m.lo, fm.fileno(), m.offset)
+def _snapshot_core_memory(memory: Memory, mappings: list, regs_of: dict, vdso, exe, threads_only,
+                          notes: list) -> Snapshot:
+    unread = {}
+    for m in mappings:   # the mappings the core left out: from the files themselves (regular ones only: a
+        if not m.path.startswith("/"):   # core's paths are another machine's, maybe a FIFO or a device here)
+            continue
+        try:
+            fm = os.fdopen(open_regular(m.path), "rb")
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                unread.setdefault(m.path, e.strerror or str(e))
+            continue
+        memory.keep.append(fm)
+        lib.btc_rmem_add_segment(memory.handle, m.lo, m.hi - m.lo, fm.fileno(), m.offset)
+    notes += [f"{path} cannot be read here ({why}): only what the core holds of it is read" for path, why in
+              unread.items()]
     segment = next((m for m in mappings if not m.path and vdso is not None and m.lo <= vdso < m.hi), None)
     if segment is not None:   # a thread may be stopped inside the vDSO (clock_gettime)
         mappings += vdso_file(Mapping(segment.lo, segment.hi, "", 0, "[vdso]"), memory)
-    if exe and not any(m.path == exe for m in mappings):
+    if exe and not any(os.path.realpath(m.path) == os.path.realpath(exe) for m in mappings if m.path):
         notes.append(f"{exe} is not among the core's mapped files")
     pid = next(iter(regs_of), 0)
     target = Target(pid, memory, [m for m in mappings if m.path] + [m for m in mappings if not m.path], notes)
@@ -629,20 +664,39 @@ def process_stacks(pid: int | None = None, *, core: str | None = None, exe: str 
     return snap, stacks
 
 
+MAX_TIMEOUT = 3600.0   # seconds a dump may wait for a thread to stop
+
+
+def check_target(pid, core, exe, timeout) -> None:
+    """TypeError or ValueError for arguments no dump can use (the command's and the API's checks)."""
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int)):
+        raise TypeError(f"pid must be an int, not {type(pid).__name__}")
+    for name, path in (("core", core), ("exe", exe)):
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"{name} must be a path (str or os.PathLike), not {type(path).__name__}")
+    if exe is not None and core is None:
+        raise ValueError("the executable (exe) is checked against a core file's mapped files: give the core file")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if not 0 < timeout <= MAX_TIMEOUT:   # (NaN fails too)
+        raise ValueError(f"timeout must be more than 0 and at most {MAX_TIMEOUT:.0f} seconds, got {timeout}")
+
+
 def _read(pid, core, exe, native: bool, threads_only: bool, timeout: float, crash_record: int | None,
           frames: bool) -> tuple:
     """(Snapshot, [ProcessStack], the crash record's text or "", the naming started ahead (end() it) or
     None); frames: see _stacks()."""
     if (pid is None) == (core is None):
         raise ValueError("give either a pid or a core file")
+    check_target(pid, core, exe, timeout)
     check_architecture()
-    snap = _snapshot_core(core, exe, threads_only) if core else \
+    snap = _snapshot_core(os.fspath(core), exe and os.fspath(exe), threads_only) if core is not None else \
         snapshot_live(pid, threads_only=threads_only, timeout=timeout)
     ahead = None
     try:
         merger = _Merger(snap, native)
         stacks, ahead = _stacks(snap, merger, native, frames)
-        return snap, stacks, _crash_text(snap, merger, crash_record) if crash_record else "", ahead
+        return snap, stacks, _crash_text(snap, merger, crash_record) if crash_record is not None else "", ahead
     except BaseException:
         if ahead is not None:
             ahead.end()

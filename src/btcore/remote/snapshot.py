@@ -34,6 +34,7 @@ from . import tasks as remote_tasks
 from .._native import ffi, lib
 from ..codec import file_build_id
 from ..symbols.elf_files import symbol_value
+from ..symbols.resolve import open_regular
 from ..capture.records import GREENLET, PYFRAME, record_struct
 from ..capture.threads import is_main_thread, real_thread
 
@@ -73,9 +74,23 @@ def permission_advice(pid: int, why: str, tid: int | None = None) -> str:
         return text + "kernel.yama.ptrace_scope is 2 (only CAP_SYS_PTRACE may read a process): run the dump as root."
     if scope == "3":
         return text + "kernel.yama.ptrace_scope is 3: no process may read another until the next reboot."
+    if _has_cap_sys_ptrace():
+        return text + ("This process has CAP_SYS_PTRACE and the kernel still refused: a security module "
+                       "(AppArmor, SELinux, a seccomp filter) or the target itself (a setuid program, prctl "
+                       "PR_SET_DUMPABLE 0) forbids it.")
     return text + ("This process lacks CAP_SYS_PTRACE (a container?): run the container with "
                    "--cap-add=SYS_PTRACE (docker, podman) or add SYS_PTRACE to its securityContext "
                    "capabilities (Kubernetes).")
+
+
+_CAP_SYS_PTRACE = 19
+
+
+def _has_cap_sys_ptrace() -> bool:
+    for line in (_read_text("/proc/self/status") or "").splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> _CAP_SYS_PTRACE & 1)
+    return False
 
 
 def _tracer(pid: int, tid: int) -> str | None:
@@ -319,6 +334,15 @@ def _pyframes(reader, memory: Memory, layout, addr: int) -> list:
     return [(code, lasti, bool(entry)) for code, lasti, entry in PYFRAME.iter_unpack(raw)]
 
 
+def _unreadable(path: str) -> str:
+    """Why the file at path cannot be read (strerror), or that it is another build."""
+    try:
+        os.close(open_regular(path))
+    except OSError as e:
+        return e.strerror or str(e)
+    return "not the build the process loaded"
+
+
 class Target:
     """What a dump needs to know about the target before stopping it."""
 
@@ -342,6 +366,12 @@ class Target:
                         symbol_value(mod.path, name) for name in ("PyCode_Type", "PyUnicode_Type", "PyBytes_Type",
                                                                   "PyFrame_Type"))))
                     return mod.bias + value, self._layout(mod, mod.bias + value)
+        named = {mod.path for mod in self.modules.list}
+        unread = next((m.path for m in self.mappings if m.path not in named and
+                       os.path.basename(m.path).startswith(("libpython", "python"))), None)
+        if unread:
+            raise DumpError(f"process {self.pid}'s interpreter cannot be read here: {unread}: {_unreadable(unread)} "
+                            "(a dump reads its symbols from the file)")
         raise DumpError(f"process {self.pid} is not a CPython process (no _PyRuntime symbol in its modules)")
 
     def _layout(self, mod: Module, runtime: int):
@@ -976,6 +1006,7 @@ def open_live(pid: int) -> Target:
     """The Target of live process pid (its mappings, modules, interpreter and
     greenlet layout), read while it runs: snapshot it once (snapshot_live) or
     many times (stop_and_copy: the outside profiler); close its memory when done."""
+    pid, notes = _process_of(pid)
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="surrogateescape") as f:   # paths are bytes
             mappings = _rooted(pid, parse_maps(f.read()))
@@ -991,10 +1022,23 @@ def open_live(pid: int) -> Target:
             code = lib.btc_rmem_last_errno(memory.handle)
             if code in (errno.EPERM, errno.EACCES):
                 raise DumpPermissionError(permission_advice(pid, os.strerror(code)))
-        return Target(pid, memory, mappings, [])
+        return Target(pid, memory, mappings, notes)
     except BaseException:
         memory.close()
         raise
+
+
+def _process_of(pid: int) -> tuple:
+    """(the process that pid names, [a note]): a thread's id names its process (the whole process is read);
+    DumpError for this very process (stopping its own threads would stop the dump) and for a zombie."""
+    status = _read_text(f"/proc/{pid}/status")
+    tgid = next((int(line.split()[1]) for line in (status or "").splitlines() if line.startswith("Tgid:")), pid)
+    if tgid == os.getpid():
+        raise DumpError(f"process {tgid} is this process: a dump from outside stops the threads of the process it "
+                        "reads, so it cannot read its own (inside it, call btcore.dump_all())")
+    if status is not None and exited(tgid):
+        raise DumpError(f"process {tgid} has exited (a zombie: its parent has not reaped it yet)")
+    return tgid, [f"{pid} is a thread of process {tgid}: the whole process is read"] if tgid != pid else []
 
 
 def stop_and_copy(target: Target, chunks, room: Room, threads_only: bool, timeout: float) -> Snapshot:
