@@ -586,9 +586,10 @@ def test_a_target_named_with_bytes_that_are_not_utf8_is_dumped(tmp_path):
 
 
 PARKED_IN_FILES_OF_ITS_OWN = """
-import os, sys
-sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[3])
 import parked_here
+ctypes.CDLL(os.path.join(sys.argv[3], "_btfix_chain.so"))   # loaded by this name: the import below finds it loaded
 """ + PARKED_IN_C.replace("gevent.spawn(event.wait)]", "gevent.spawn(parked_here.park, event)]").replace(
     "with open(sys.argv[2]", """import btcore
 with open(sys.argv[2] + ".inside", "w", encoding="utf-8", errors="strict") as inside:
@@ -609,13 +610,17 @@ def test_a_target_whose_files_are_named_with_bytes_that_are_not_utf8_is_dumped(c
     # module is opened by that very name (its C frames named), its code's file name is read exactly as the
     # target holds it (bounds.Names.string), and text goes out escaped where the stream's codec cannot write a
     # lone surrogate (dump.write_text), inside the target as from outside, as Python's tracebacks do.
+    # (3.13+ import an extension only by a UTF-8 path: it is loaded by its own path first, then imported through
+    # a symbolic link, which the loader finds loaded)
     where = tmp_path / os.fsdecode(b"caf\xe9\xff")
     where.mkdir()
     so, ready, source = where / "_btfix_chain.so", tmp_path / "ready", where / "parked_here.py"
     shutil.copy(chain.so_path, so)
+    (tmp_path / "_btfix_chain.so").symlink_to(so)
     source.write_text("def park(event):\n    event.wait()\n")
     escaped = str(source).encode("utf-8", "backslashreplace").decode()   # .../caf\udce9\udcff/parked_here.py
-    proc = subprocess.Popen([sys.executable, "-c", PARKED_IN_FILES_OF_ITS_OWN, str(so), str(ready)])
+    proc = subprocess.Popen([sys.executable, "-c", PARKED_IN_FILES_OF_ITS_OWN, str(tmp_path / "_btfix_chain.so"),
+                             str(ready), str(where)])
     try:
         conftest.wait_until_ready(proc, ready, WAIT)
         inside = (tmp_path / "ready.inside").read_text()

@@ -135,8 +135,11 @@ def test_wall_clock_time_of_each_waiting_greenlet_is_where_it_waits(split):
 
 
 def test_samples_weigh_the_time_they_stand_for(split):
-    # 1.5 s recorded: the weights and the ticks' own time add up to it, whatever the number of ticks
-    assert 1.4e6 <= split.sampled + split.busy * 1e6 <= 2.0e6, (split.sampled, split.busy)
+    # 1.5 s recorded: the weights and the ticks' own time add up to the time recorded (up to the last tick's end),
+    # whatever the number of ticks and however long the machine's load stretched it
+    accounted = split.sampled + split.busy * 1e6
+    assert split.duration >= 1.4 and 0.8 * split.duration * 1e6 <= accounted <= split.duration * 1e6 + 1, \
+        (split.sampled, split.busy, split.duration)
     assert split.ticks > 100
 
 

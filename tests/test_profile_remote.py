@@ -154,8 +154,11 @@ def test_a_greenlet_parking_in_turn_at_two_places_shows_both(split):
 
 
 def test_samples_weigh_the_time_they_stand_for(split):
-    # 2 s recorded: the weights and the stops add up to it, whatever the number of samples
-    assert 1.8e6 <= split.sampled + split.busy * 1e6 <= 2.4e6, (split.sampled, split.busy, split.ticks)
+    # 2 s asked for: the weights and the stops add up to the time recorded (up to the last stop's end: what
+    # follows it, its walk, is the only part not counted), however long the machine's load stretched it
+    accounted = split.sampled + split.busy * 1e6
+    assert split.duration >= 1.8 and 0.8 * split.duration * 1e6 <= accounted <= split.duration * 1e6 + 1, \
+        (split.sampled, split.busy, split.duration, split.ticks)
     assert split.ticks >= 20
 
 
