@@ -377,6 +377,10 @@ int btc_watchdog_stop(void)
         PyEval_RestoreThread(gil);
     close(dog.fd);
     dog.running = false;
+    /* Every thread it watched, whichever thread stops it: a later watchdog
+     * watches the threads it is asked to, not this one's. */
+    for (int i = 0; i < BTC_WATCHED_THREADS; i++)
+        atomic_store(&watched[i].watched, 0);
     return 1;
 }
 

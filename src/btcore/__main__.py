@@ -248,7 +248,8 @@ def _add_profile_parser(sub) -> argparse.ArgumentParser:
 
 def profile_command(args, parser) -> int:
     from .profile.rates import DEFAULT_RATE, MAX_RATE, OUTSIDE_RATE
-    from .profile.formats import check_output, format_for
+    from .output import check_output
+    from .profile.formats import format_for
     from .profile.run import run
     command = args.program
     if not command and args.pid is None:

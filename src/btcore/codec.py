@@ -969,6 +969,10 @@ class _FrameWriter:
 
 # ---- decoding ----
 
+def _not_a_place(place):
+    raise TypeError(f"search holds directories (str or os.PathLike), not {type(place).__name__}")
+
+
 def decode(token: str, search=None) -> DecodedBacktrace:
     """The Backtrace a token holds, resolvable like any other.
 
@@ -986,6 +990,11 @@ def decode(token: str, search=None) -> DecodedBacktrace:
         raise TypeError(f"decode() takes a str, not {type(token).__name__}")
     if search is None:
         search = os.environ.get(SEARCH_PATH_VARIABLE, "").split(os.pathsep)
+    elif isinstance(search, (str, bytes, os.PathLike)):
+        raise TypeError("search is a list of directories: give [directory] for one")
+    else:
+        search = [os.fsdecode(place) if isinstance(place, (str, bytes, os.PathLike)) else _not_a_place(place)
+                  for place in search]
     version, data = _body(token)
     r = _Reader(data, version)
     truncated = bool(r.get(1))

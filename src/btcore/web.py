@@ -36,7 +36,7 @@ import greenlet
 
 from .views.dump import render, stack_text
 from .capture.introspect import snapshot
-from .capture.threads import real_thread
+from .capture.threads import is_main_thread, real_thread
 
 LOOPBACK = "127.0.0.1"
 MAX_CONNECTIONS = 16     # connections serve() handles at once; more get a 503 and are closed at once
@@ -214,14 +214,37 @@ def serve(host: str = LOOPBACK, port: int = 0, *, token: str | bool = True, allo
     and Origin headers may carry.  A program that has imported gevent is
     served by greenlets of its hub; otherwise by OS threads.
     """
+    _check_serve(host, port, allowed_hosts, max_connections, timeout)
     runtime = _Gevent() if "gevent" in sys.modules else _Threads()
     if token is True:
         token = secrets.token_urlsafe(18)
     if token is not False and not (isinstance(token, str) and token):
         raise ValueError("token must be True, False or a non-empty string")
-    if max_connections < 1 or not timeout > 0:
-        raise ValueError("max_connections must be at least 1 and timeout above 0")
-    return Server(runtime, host, port, token or None, allowed_hosts, max_connections, timeout)
+    return Server(runtime, host, port, token or None, list(allowed_hosts), max_connections, timeout)
+
+
+def _check_serve(host, port, allowed_hosts, max_connections, timeout) -> None:
+    """TypeError or ValueError for serve()'s arguments that cannot work (before anything is bound)."""
+    if not isinstance(host, str):
+        raise TypeError(f"host must be a str, not {type(host).__name__}")
+    if not host:
+        raise ValueError(f"host must be an address (\"{LOOPBACK}\"; \"0.0.0.0\" for every interface, on purpose), "
+                         f"not {host!r}")
+    for name, value, low, high in (("port", port, 0, 65535), ("max_connections", max_connections, 1, 1 << 16)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name} must be an int from {low} to {high}, not {value!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+        raise ValueError(f"timeout must be more than 0 and at most 3600 seconds, not {timeout!r}")
+    if isinstance(allowed_hosts, (str, bytes)) or not all(isinstance(name, str) for name in allowed_hosts):
+        raise TypeError(f"allowed_hosts must be a list of names (str), not {allowed_hosts!r}")
+    if "gevent" in sys.modules and not is_main_thread() and not _has_hub():
+        raise RuntimeError("serve() runs on the calling thread's gevent hub, and this thread has none that runs: "
+                           "call it in the thread whose hub runs the program's loop (or before gevent is imported)")
+
+
+def _has_hub() -> bool:
+    from gevent import _hub_local
+    return _hub_local.get_hub_if_exists() is not None
 
 
 class _Threads:
@@ -256,7 +279,7 @@ class Server:
     address with the token; `token` (None when off); stop() closes it."""
 
     def __init__(self, runtime, host, port, token, allowed_hosts, max_connections, timeout):
-        self._runtime, self.token = runtime, token
+        self._runtime, self.token, self._pid = runtime, token, os.getpid()
         self._max_connections, self._timeout = max_connections, timeout
         self._connections = set()      # set.add/discard and len() are atomic under the GIL
         self._stopped = False
@@ -284,8 +307,13 @@ class Server:
         self._acceptor = runtime.spawn(self._accept_loop)
 
     def stop(self) -> None:
-        """Stop accepting, close every connection, wait for the accept loop to end."""
+        """Stop accepting, close every connection, wait for the accept loop to end.
+        In a forked child: close its copies only (shutdown() would end the parent's)."""
         self._stopped = True
+        if os.getpid() != self._pid:
+            for sock in [self._listener, *self._connections]:
+                sock.close()
+            return
         for sock in [self._listener, *self._connections]:
             try:
                 sock.shutdown(socket.SHUT_RDWR)     # wakes a thread blocked in accept()/recv()

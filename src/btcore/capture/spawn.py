@@ -175,7 +175,13 @@ def spawn_chain(g) -> SpawnChain | None:
     """g's spawn chain (see SpawnChain), or None if g was not created while
     tracking was on.  Costs a tuple per generation: cheap enough to take for
     every greenlet of a snapshot."""
-    chain = raw_spawn_chain(g, GENERATIONS)
+    try:
+        chain = raw_spawn_chain(g, GENERATIONS)
+    except TypeError:
+        asyncio = sys.modules.get("asyncio")
+        if asyncio is not None and isinstance(g, asyncio.Future):   # tracking never on: no task has a record
+            return None
+        raise
     return None if chain is None else SpawnChain(*chain)
 
 
@@ -185,6 +191,8 @@ def chain_backtrace(chain: SpawnChain, capacity: int | None = None) -> Backtrace
     headed "spawned by <spawner> at:".  Truncated when the capacity or the
     generation bound is reached (the oldest generation's header says so),
     or when a site recorded only its innermost SITE_FRAMES (its header says so)."""
+    if not isinstance(chain, SpawnChain):
+        raise TypeError(f"chain_backtrace() takes a SpawnChain (spawn_chain()), not {type(chain).__name__}")
     capacity = lib.btc_spawn_capacity() if capacity is None else check_capacity(capacity)
     return join_chain(Backtrace(capacity), chain)
 

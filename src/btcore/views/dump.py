@@ -419,6 +419,7 @@ def dump_all(file=None, *, group: bool = True, tree: bool = True, format: str = 
     docs/api.md (version JSON_VERSION); `tree` does not apply.  html: one
     self-contained page (btcore/views/html.py), always grouped, with the tree.
     """
+    check_file(file)
     _write(file, render(snapshot(), group, tree, format, stack_text))
 
 
@@ -432,6 +433,14 @@ def render(infos, group, tree, format, stack_text) -> str:
         from .html import page
         return page(infos)
     raise ValueError(f"format must be 'text', 'json' or 'html', not {format!r}")
+
+
+def check_file(file) -> None:
+    """TypeError unless file (None: sys.stderr) can be written to."""
+    out = sys.stderr if file is None else file
+    if not callable(getattr(out, "write", None)):
+        raise TypeError("file must have a write() method" if file is not None else
+                        "sys.stderr is None (no standard error): give a file")
 
 
 def write_text(file, text: str) -> None:
@@ -459,6 +468,23 @@ _STUCK = ("stuck",)
 DEFAULT_DUMP_SIGNAL = signal.SIGPWR
 
 
+# A fault's signal comes back at once if its handler returns (the faulting instruction runs again): a dump
+# there loops for ever; enable_crash_report() is what reports a fault.  SIGKILL and SIGSTOP cannot be handled.
+_NOT_DUMP_SIGNALS = {signal.SIGSEGV: "a fault", signal.SIGBUS: "a fault", signal.SIGILL: "a fault",
+                     signal.SIGFPE: "a fault", signal.SIGKILL: "not catchable", signal.SIGSTOP: "not catchable"}
+
+
+def _check_dump_signal(signum) -> None:
+    if isinstance(signum, bool) or not isinstance(signum, int):
+        raise TypeError(f"signum must be a signal number, not {type(signum).__name__}")
+    if signum in _NOT_DUMP_SIGNALS:
+        raise ValueError(f"{signal.Signals(signum).name} cannot be the dump's signal ({_NOT_DUMP_SIGNALS[signum]}"
+                         + ("; btcore.enable_crash_report() reports faults)" if "fault" in _NOT_DUMP_SIGNALS[signum]
+                            else ")"))
+    if not 0 < signum < signal.NSIG:
+        raise ValueError(f"signum must be a signal number from 1 to {signal.NSIG - 1}, not {signum}")
+
+
 def register_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL, file=None, *, chain: bool = False,
                          stuck: bool = False) -> None:
     """Dump every greenlet (dump_all) to file (default: sys.stderr at that time) on signal signum.
@@ -482,6 +508,7 @@ def register_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL, file=None, *, chain:
     GIL (not every greenlet: that needs the interpreter).  file must have a
     fileno().
     """
+    _check_dump_signal(signum)
     if stuck:
         unregister_dump_signal(signum)
         _refuse_foreign(signum, chain, c_chainable=True)

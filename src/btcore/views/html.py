@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 import json
 import linecache
+import os
 
 from .dump import json_frames, json_document
+from ..output import open_output
 from .fold import Folded, fold
 from ..capture.introspect import is_hub, snapshot
 
@@ -60,9 +62,13 @@ def _as_rows(doc: dict) -> dict:
 
 
 def write_html(path) -> None:
-    """Write the HTML page of every greenlet of the process (a new snapshot()) to path."""
+    """Write the HTML page of every greenlet of the process (a new snapshot()) to path
+    (a regular file: a FIFO, a directory or a device is refused with OSError)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):   # (an int would be taken for a descriptor)
+        raise TypeError(f"write_html() takes a path, not {type(path).__name__}")
     text = page()
-    with open(path, "w", encoding="utf-8") as f:
+    with os.fdopen(open_output(path), "w", encoding="utf-8") as f:
+        f.truncate()
         f.write(text)
 
 

@@ -15,7 +15,7 @@ from ..errors import BacktraceError
 from ..capture.greenlets import layout_known
 from .watchdog import last_native_error
 
-_file = None   # kept alive: the handler writes to its descriptor
+_fd = None     # the handler's own duplicate of its descriptor (closed when replaced or disabled)
 
 # The helper: this interpreter, isolated from the crashed program's
 # environment and directory (-I), importing this btcore (its folder first),
@@ -54,12 +54,24 @@ def enable_crash_report(file=None, *, helper: bool = True, helper_timeout: float
     helper's part shows every thread).  Calling it again changes the file
     and the helper."""
     file = sys.stderr if file is None else file
-    try:
-        fd = file.fileno()
-    except (AttributeError, OSError, ValueError) as e:
-        raise ValueError(f"enable_crash_report() needs a file with a descriptor: {e}") from None
     if not 0 <= helper_timeout <= 3600:
         raise ValueError(f"helper_timeout must be 0 to 3600 seconds, not {helper_timeout!r}")
+    try:   # a descriptor of its own: the file may be closed, and its number given to another file
+        fd = os.dup(file.fileno())
+    except (AttributeError, OSError, ValueError) as e:
+        raise ValueError(f"enable_crash_report() needs a file with an open descriptor: {e}") from None
+    try:
+        _enable(file, fd, helper, helper_timeout)
+    except BaseException:
+        os.close(fd)
+        raise
+    global _fd
+    previous, _fd = _fd, fd
+    if previous is not None:
+        os.close(previous)
+
+
+def _enable(file, fd: int, helper: bool, helper_timeout: float) -> None:
     command = helper_command() if helper else None
     layout_known()   # greenlet's layout: how the handler finds the crashing greenlet's spawn record
     if lib.btc_thread_register() < 0:
@@ -71,16 +83,16 @@ def enable_crash_report(file=None, *, helper: bool = True, helper_timeout: float
         raise ValueError("the crash report's helper command is too long")
     if lib.btc_crash_enable(fd) != 0:
         raise BacktraceError("cannot install the crash report's signal handlers")
-    global _file
-    _file = file
 
 
 def disable_crash_report() -> None:
     """Put back the handlers found when the report was enabled (where a later
     handler has not replaced ours)."""
-    global _file
+    global _fd
     lib.btc_crash_disable()
-    _file = None
+    if _fd is not None:
+        os.close(_fd)
+    _fd = None
 
 
 def crash_report_enabled() -> bool:

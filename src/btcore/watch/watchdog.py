@@ -71,7 +71,9 @@ def _fileno(file) -> int:
     file = sys.stderr if file is None else file
     try:
         file.flush()
-        return file.fileno()
+        fd = file.fileno()
+        os.fstat(fd)   # open
+        return fd
     except (AttributeError, OSError, ValueError) as e:
         raise ValueError("the watchdog writes from a C thread with write(2): file must have a fileno()") from e
 
@@ -103,12 +105,12 @@ class Watchdog:
         return lib.btc_watchdog_reports()
 
     def stop(self) -> None:
-        """Stop the watchdog thread and stop watching the calling thread.  Idempotent."""
+        """Stop the watchdog thread and stop watching every thread it watched (from
+        any thread).  Idempotent."""
         global _running
         if _running is not self:
             return
         lib.btc_watchdog_stop()
-        _unwatch_calling_thread()
         _running = None
 
     def __enter__(self) -> Watchdog:
@@ -138,6 +140,8 @@ def start_watchdog(threshold: float = 1.0, file=None, *, repeat: bool = True) ->
     """
     if not threshold > 0:
         raise ValueError("threshold must be > 0 seconds")
+    if not isinstance(repeat, bool):
+        raise TypeError(f"repeat must be True or False, not {type(repeat).__name__}")
     dog = Watchdog(float(threshold), file, repeat)
     dog._start()
     return dog
