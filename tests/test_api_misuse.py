@@ -14,14 +14,15 @@ import textwrap
 import pytest
 
 import btcore
+import conftest
 from btcore import web
 
 WAIT = 60   # seconds: hang detection only
 
 
-def run(source: str, *args):
+def run(source: str, *args, env=None):
     return subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args], capture_output=True, text=True,
-                          timeout=WAIT)
+                          timeout=WAIT, env=env)
 
 
 def test_write_html_takes_a_regular_file_path_only(tmp_path):
@@ -56,7 +57,7 @@ def test_the_crash_report_keeps_writing_to_its_file_after_the_caller_closed_it(t
             btcore.enable_crash_report(f, helper=False)
         data = open(sys.argv[2], "w")   # gets the number the report's file had
         ctypes.string_at(0)
-    """, str(report), str(other))
+    """, str(report), str(other), env={**os.environ, **conftest.ASAN_CRASH_CHILD_ENV})   # (ASan: its SIGSEGV ours)
     assert done.returncode == -signal.SIGSEGV, done.stderr
     assert other.read_text() == ""
     assert "SIGSEGV" in report.read_text()

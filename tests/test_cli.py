@@ -58,6 +58,7 @@ def test_profile_refuses_an_output_it_could_not_write_before_recording(kind, say
     assert "recording" not in done.stderr
 
 
+@pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
 def test_profile_whose_output_went_away_writes_the_recording_elsewhere_and_says_where(tmp_path):
     # guards: a write that fails after the recording (the folder removed meanwhile; a full disk alike) puts what
     # was recorded in a new file of the temporary directory, says so, and exits 1 (formats.write_somewhere):
@@ -113,8 +114,8 @@ def test_decode_reads_a_line_without_end_in_bounded_pieces_and_keeps_the_bytes(t
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith(b"a" * 1000) and done.stdout.endswith(b" \xff\r\nnext\r")
         assert token.encode() not in done.stdout and b"Backtrace (most recent call last)" in done.stdout
-    if conftest.UNDER_ASAN:   # (its shadow memory needs terabytes of address space)
-        return
+    if conftest.UNDER_ASAN or conftest.UNDER_QEMU:   # (ASan's shadow needs terabytes of address space; qemu-user
+        return                                        # does not apply RLIMIT_AS)
     zeros = subprocess.Popen(["prlimit", f"--as={256 << 20}", sys.executable, "-m", "btcore", "decode", "/dev/zero"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -173,6 +174,7 @@ def test_dump_options_that_cannot_work_are_refused(args, says):
     one_line(btcore("dump", *args, "1"), 2, says)
 
 
+@pytest.mark.skipif(not conftest.DUMPS_OTHER_PROCESSES, reason=conftest.NO_DUMP_HERE)
 def test_dump_of_this_process_a_thread_or_a_zombie_says_what_it_is():
     # guards: remote/snapshot._process_of: a dump of its own process stops its own threads (it said "lacks
     # CAP_SYS_PTRACE"); a thread's id reads its whole process, under that process's id; a zombie has exited (it
