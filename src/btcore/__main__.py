@@ -360,7 +360,10 @@ def main(argv=None) -> int:
     if sys.stdout is None and args.command != "profile":
         return _say(args.command, "standard output is closed: nothing to write to")
     try:
-        return _run_command(args, parsers.get(args.command, parser))
+        status = _run_command(args, parsers.get(args.command, parser))
+        if sys.stdout is not None:
+            sys.stdout.flush()   # what is still buffered fails here (a full disk), not at the interpreter's exit
+        return status
     except KeyboardInterrupt as e:   # a dump's target runs again first (remote.signals_deferred)
         from .errors import Terminated
         sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
