@@ -127,12 +127,12 @@ def _pieces(f):
     """The text of f (a text file) in pieces of at most _PIECE characters
     more than a token's most, each ending where no token can go on: a line,
     or a part of a longer line (a file without newlines, /dev/zero)."""
-    from .codec import MAX_TOKEN_CHARS
+    from .codec import MAX_TOKEN_CHARS, WORD_CHARACTERS
     most, carry = MAX_TOKEN_CHARS + _PIECE, ""
     while piece := _read_piece(f):
         piece, carry = carry + piece, ""
         if not piece.endswith("\n") and len(piece) < most:
-            cut = len(piece.rstrip(_TOKEN_CHARACTERS))   # after it, maybe a token the next piece goes on with
+            cut = len(piece.rstrip(WORD_CHARACTERS))   # after it, maybe a token the next piece goes on with
             piece, carry = piece[:cut], piece[cut:]
         yield piece
     yield carry
@@ -150,7 +150,6 @@ class _Unreadable(OSError):
 
 
 _PIECE = 1 << 16
-_TOKEN_CHARACTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
 
 
 def decode_files(paths, verbose: bool) -> int:

@@ -45,6 +45,8 @@ READ_VERSIONS = (2, 3, 4)   # formats 2 and 3: the same stream without copies (d
 TOKEN = re.compile(r"btc(\d+)\.([A-Za-z0-9_-]*)")
 # A token inside text: not the tail of a longer word.
 TOKEN_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])btc\d+\.[A-Za-z0-9_-]*")
+# What a token is made of, and what may stand before one in a word (TOKEN_IN_TEXT's two classes together).
+WORD_CHARACTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
 MAX_TOKEN_CHARS = 1 << 20
 MAX_MODULES = 4096
 MAX_STRING_BYTES = 1 << 24  # the new strings of one token, together (names and files)

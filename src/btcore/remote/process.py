@@ -573,27 +573,24 @@ def _core_notes(core: str, f):
         rc = lib.btc_core_read(f.fileno(), c)
         if rc == 0:
             return c, keep
-        if rc != -3 and _is_core(f):
-            raise DumpError(f"{core} is the core file of another machine than x86-64" if rc == -2 else
-                            f"{core} is a core file cut short (truncated) before the end of its headers")
         if rc != -3:
-            raise DumpError(f"{core} is not a core file" + _what_else(f))
+            raise DumpError(_not_read(core, f, rc))
         segments, threads, files, paths = c.nsegments, c.nthreads, c.nfiles, c.paths_used
     raise DumpError(f"{core}: its notes changed while read")
 
 
-def _is_core(f) -> bool:
+_ELF_KINDS = {1: "a relocatable object", 2: "an executable", 3: "a shared object or executable"}   # e_type
+
+
+def _not_read(core: str, f, rc: int) -> str:
+    """Why btc_core_read() refused the file (rc -1: unreadable headers, -2: not an x86-64 core), from its
+    ELF header's e_type."""
     head = os.pread(f.fileno(), 18, 0)
-    return len(head) == 18 and int.from_bytes(head[16:18], "little") == 4   # e_type ET_CORE
-
-
-def _what_else(f) -> str:
-    head = os.pread(f.fileno(), 18, 0)
-    if head[:4] != b"\x7fELF":
-        return ""
-    kinds = {1: "a relocatable object", 2: "an executable", 3: "a shared object or executable"}
-    return f" (it is {kinds.get(int.from_bytes(head[16:18], 'little'), 'another ELF file')})" if len(head) == 18 else ""
-
+    kind = int.from_bytes(head[16:18], "little") if len(head) == 18 and head[:4] == b"\x7fELF" else None
+    if kind == 4:   # ET_CORE
+        return (f"{core} is the core file of another machine than x86-64" if rc == -2 else
+                f"{core} is a core file cut short (truncated) before the end of its headers")
+    return f"{core} is not a core file" + (f" (it is {_ELF_KINDS.get(kind, 'another ELF file')})" if kind else "")
 
 def _read_core(core: str, f, memory: Memory) -> tuple:
     """(mappings, tid -> registers (the first thread listed is the process's), vDSO address, what is wrong
