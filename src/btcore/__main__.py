@@ -369,10 +369,23 @@ def main(argv=None) -> int:
         _say(args.command, "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted (Ctrl-C)")
         return 128 + sig
     except BrokenPipeError:   # what reads the output went away (| head): nothing more to say, as a C tool
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (the flush at exit fails no more)
+        _drop_output()
         return 128 + signal.SIGPIPE
     except OSError as e:   # the output not written (a full disk, a closed descriptor), a file not read
-        return _say(args.command, f"{_reason(e)}" + (f": {e.filename}" if e.filename else ""))
+        status = _say(args.command, f"{_reason(e)}" + (f": {e.filename}" if e.filename else ""))
+        try:   # a file not read: what was written so far goes out
+            if sys.stdout is not None:
+                sys.stdout.flush()
+        except OSError:
+            _drop_output()
+        return status
+
+
+def _drop_output() -> None:
+    """Standard output onto /dev/null, once writing to it failed: on 3.14 a failed flush keeps its bytes
+    (3.11 drops them), and the interpreter's flush at exit would fail again ("Exception ignored while
+    flushing sys.stdout", status 120 instead of the command's)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _run_command(args, parser) -> int:
