@@ -258,6 +258,44 @@ def test_merged_order_through_native_chain(chain, chain_symbols):
     assert bc.NAME_CHAIN_STATIC == "chain_static"
 
 
+def test_eval_calls_longer_than_the_merges_batch_keep_their_place(chain):
+    """An eval-loop call running more Python frames than the merge takes from
+    the chain at once (capture.c's PY_BATCH, 32), on both sides of native
+    code: 70 frames of one eval-loop call inside the fixture's callback, 100
+    of another outside it.  Every Python frame stays on its side of the
+    fixture's C frames: a batch that ended an eval-loop call early would hand
+    its remaining frames to the next eval-loop frame, beyond the C ones."""
+    ffi, lib, so_path = chain
+    got = {}
+
+    def deep(n, fn):
+        return fn() if n == 0 else deep(n - 1, fn)
+
+    def in_callback(tag):
+        def capture():
+            got["bt"], got["oracle"] = btcore.collect(capacity=BIG), interp_chain(sys._getframe())
+        deep(70, capture)
+        return 0
+
+    chain.set_callback(in_callback)
+    deep(100, lambda: lib.chain_entry(1))
+    chain.finish()
+
+    frames, oracle = got["bt"].frames(), got["oracle"]
+    assert not got["bt"].truncated
+    assert py_view(frames) == oracle
+    fixture = [i for i, f in enumerate(frames) if f.kind == "native" and f.module
+               and os.path.realpath(f.module) == so_path]
+    assert fixture and fixture == list(range(fixture[0], fixture[-1] + 1))
+    inner = [f for f in frames[:fixture[0]] if f.kind == "python"]
+    outer = [f for f in frames[fixture[-1] + 1:] if f.kind == "python"]
+    assert [f.function.rsplit(".", 1)[-1] for f in inner] == \
+        ["capture"] + ["deep"] * 71 + ["in_callback", "_chain_dispatch"]
+    assert [f.function.rsplit(".", 1)[-1] for f in outer[:102]] == \
+        ["<lambda>"] + ["deep"] * 101
+    assert len(inner) + len(outer) == len(oracle)
+
+
 @conftest.skip_under_asan
 def test_native_addresses_match_glibc_backtrace(chain, chain_symbols):
     """Differential test against glibc's backtrace().

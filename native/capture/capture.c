@@ -5,6 +5,7 @@
  * the frame chain and the code objects' reference counts belong to it.
  */
 #include <Python.h>
+#include <string.h>
 #include <structmember.h>
 
 #include "capture/capture.h"
@@ -38,30 +39,32 @@ static bool emit(sink *s, uintptr_t addr, int lasti, int kind, int flags)
     return true;
 }
 
-/* One Python frame from the chain: dropped if tracebacks hide it or it is
- * btcore's own (skip_python), else counted in *users and, if emit_it,
- * emitted (its code object noted for the Backtrace to hold).  False when
- * the output is full. */
-static bool take_python(sink *s, const btc_pyframe *pf, int flags, bool emit_it, int *users)
+/* Python records rec[0..n) from the chain (the frames tracebacks hide are
+ * left out already): btcore's own first (skip_python) dropped, the others
+ * counted in *users and, if emit_it, emitted with flags added (their code
+ * objects noted for the Backtrace to hold).  False when the output filled. */
+static bool take_python(sink *s, const btc_frame *rec, int n, int flags, bool emit_it, int *users)
 {
-    if (pf->hidden)
-        return true;
-    if (s->skip_python > 0) {
-        s->skip_python--;
-        return true;
-    }
-    (*users)++;
+    int own = s->skip_python < n ? s->skip_python : n;
+    s->skip_python -= own;
+    rec += own;
+    n -= own;
+    *users += n;
     if (!emit_it)
         return true;
-    if (pf->entry)
-        flags |= BTC_F_ENTRY;
-    if (!emit(s, (uintptr_t)pf->code, pf->lasti, BTC_KIND_PYTHON, flags))
-        return false;
+    int room = s->max - s->n, k = n < room ? n : room;
+    btc_frame *out = s->out + s->n;
+    memcpy(out, rec, (size_t)k * sizeof *out);
+    for (int i = 0; flags && i < k; i++)
+        out[i].flags |= (uint8_t)flags;
     /* Held from now on: the allocations that build the Backtrace may run a
      * collection, and finalizers may let another thread end these frames. */
-    if (s->codes)
-        s->codes[s->ncodes++] = Py_NewRef(pf->code);
-    return true;
+    for (int i = 0; s->codes && i < k; i++)
+        s->codes[s->ncodes++] = Py_NewRef((PyObject *)out[i].addr);
+    s->n += k;
+    if (k < n)
+        s->truncated = true;
+    return k == n;
 }
 
 /* Where the merge takes Python frames from: this process's chain, read as
@@ -79,48 +82,53 @@ static bool py_stopped(const py_source *src)
     return src->live && src->live->stopped;
 }
 
-/* btc_py_next, ending the chain after the cursor's stop frame, if any
- * (a spawn site of an asyncio task ends at the creating task's bottom).
- * On 3.12+ the cursor may step over a shim frame first: the stop is then
- * not seen, and the site's Python frames go on to the thread's bottom. */
-static bool py_next(py_source *src, btc_pyframe *pf)
+/* Frames the merge takes from the chain at a time: most eval-loop calls
+ * run fewer. */
+#define PY_BATCH 32
+
+/* Up to max of src's next frames as raw records into rec
+ * (btc_py_next_records: one_call ends after an entry frame; a live chain
+ * also ends after the cursor's stop frame, the creating task's bottom of an
+ * asyncio task's spawn site); how many, *read the frames read (0: none
+ * left). */
+static int py_records(py_source *src, btc_frame *rec, int max, bool one_call, int *read)
 {
-    btc_pycursor *py = src->live;
-    if (!py) {
-        if (src->at == src->n)
-            return false;
-        *pf = src->frames[src->at++];
-        return true;
+    if (src->live)
+        return btc_py_next_records(src->live, rec, max, one_call, read);
+    int n = 0, frames = 0;
+    while (n < max && src->at < src->n) {
+        const btc_pyframe *f = &src->frames[src->at++];
+        frames++;
+        if (!f->hidden)
+            rec[n++] = btc_py_record(f);
+        if (one_call && f->entry)
+            break;
     }
-    const void *at = py->frame;
-    if (!btc_py_next(py, pf))
-        return false;
-    if (py->stop && at == py->stop) {
-        py->frame = NULL;
-        py->stopped = true;
-    }
-    return true;
+    *read = frames;
+    return n;
 }
 
 /* The Python frames one eval-loop call runs: up to and including its entry
  * frame.  Returns how many frames the chain gave (0: chain exhausted). */
 static int take_eval_call(sink *s, py_source *py, bool emit_it, int *users)
 {
-    btc_pyframe pf;
-    int taken = 0;
-    while (py_next(py, &pf)) {
-        taken++;
-        if (!take_python(s, &pf, 0, emit_it, users) || pf.entry)
-            break;
-    }
+    btc_frame rec[PY_BATCH];
+    int taken = 0, read, n;
+    do {
+        n = py_records(py, rec, PY_BATCH, true, &read);
+        taken += read;
+        if (!take_python(s, rec, n, 0, emit_it, users))
+            break;   /* the output is full */
+    } while (n == PY_BATCH && !(rec[n - 1].flags & BTC_F_ENTRY) && !py_stopped(py));
     return taken;
 }
 
 static void emit_rest(sink *s, py_source *py, int flags)
 {
-    btc_pyframe pf;
-    int users = 0;
-    while (py_next(py, &pf) && take_python(s, &pf, flags, true, &users))
+    btc_frame rec[PY_BATCH];
+    int users = 0, read, n;
+    while (((n = py_records(py, rec, PY_BATCH, false, &read)) > 0 || read > 0) &&
+           take_python(s, rec, n, flags, true, &users))
         ;
 }
 

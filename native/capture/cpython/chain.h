@@ -148,15 +148,34 @@ BTC_HOT bool step(btc_pycursor *c, btc_pyframe *f, bool plain)
     f->lasti = lasti;
     /* CPython's _PyFrame_IsIncomplete for a frame that is not a shim. */
     f->hidden = owner != FRAME_OWNED_BY_GENERATOR &&
-                lasti / (int)sizeof(_Py_CODEUNIT) < code_at->_co_firsttraceable;
+                lasti < code_at->_co_firsttraceable * (int)sizeof(_Py_CODEUNIT);   /* no signed division */
     f->entry = entry_frame(r, at, prev);
     c->frame = prev;
     return true;
 }
 
-bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
+BTC_HOT bool step_in_place(btc_pycursor *c, btc_pyframe *f) { return step(c, f, true); }
+BTC_HOT bool step_through_reader(btc_pycursor *c, btc_pyframe *f) { return step(c, f, false); }
+
+/* The two loops in functions of their own: inlined side by side, they
+ * shared one register allocation, and the plain loop kept its counters in
+ * memory. */
+static __attribute__((noinline)) int records_in_place(btc_pycursor *c, btc_frame *out, int max, bool one_call,
+                                                      int *read)
 {
-    return !c->check && !c->mem && !c->exposed ? step(c, f, true) : step(c, f, false);
+    return btc_py_records_by(c, out, max, one_call, read, step_in_place);
+}
+
+static __attribute__((noinline)) int records_through_reader(btc_pycursor *c, btc_frame *out, int max,
+                                                            bool one_call, int *read)
+{
+    return btc_py_records_by(c, out, max, one_call, read, step_through_reader);
+}
+
+int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max, bool one_call, int *read)
+{
+    return !c->check && !c->mem && !c->exposed ? records_in_place(c, out, max, one_call, read)
+                                                : records_through_reader(c, out, max, one_call, read);
 }
 
 /* The C-stack address of the eval-loop call that runs `frame`, a frame of

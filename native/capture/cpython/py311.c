@@ -43,14 +43,18 @@ uintptr_t btc_py_eval_call_address(const void *frame)
     return 0;
 }
 
-bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
+/* One frame of cursor c, read as reader r says: r is c, or (plain) a
+ * cursor without reader, whose checks fold away when this is inlined with
+ * plain constant (the calling thread's own chain). */
+BTC_HOT bool step(btc_pycursor *c, btc_pyframe *f, bool plain)
 {
+    const btc_pycursor in_place = {0}, *r = plain ? &in_place : c;
     const _PyInterpreterFrame *frame = c->frame, *fr;
     const PyCodeObject *code;
-    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES || !(fr = btc_py_frame_at(c, frame)))
+    if (!frame || ++c->steps > BTC_PY_MAX_FRAMES || !(fr = btc_py_frame_at(r, frame)))
         return false;
     f->code = (PyObject *)fr->f_code;
-    if (!f->code || !(code = btc_py_code_at(c, f->code)) || !PyCode_Check((PyObject *)code))
+    if (!f->code || !(code = btc_py_code_at(r, f->code)) || !PyCode_Check((PyObject *)code))
         return false;
     f->lasti = _PyInterpreterFrame_LASTI(fr) * (int)sizeof(_Py_CODEUNIT);   /* pointer arithmetic only */
     f->entry = fr->is_entry;
@@ -59,6 +63,30 @@ bool btc_py_next(btc_pycursor *c, btc_pyframe *f)
                 fr->prev_instr < _PyCode_CODE(fr->f_code) + code->_co_firsttraceable;
     c->frame = fr->previous;
     return true;
+}
+
+BTC_HOT bool step_in_place(btc_pycursor *c, btc_pyframe *f) { return step(c, f, true); }
+BTC_HOT bool step_through_reader(btc_pycursor *c, btc_pyframe *f) { return step(c, f, false); }
+
+/* The two loops in functions of their own: inlined side by side, they
+ * shared one register allocation, and the plain loop kept its counters in
+ * memory. */
+static __attribute__((noinline)) int records_in_place(btc_pycursor *c, btc_frame *out, int max, bool one_call,
+                                                      int *read)
+{
+    return btc_py_records_by(c, out, max, one_call, read, step_in_place);
+}
+
+static __attribute__((noinline)) int records_through_reader(btc_pycursor *c, btc_frame *out, int max,
+                                                            bool one_call, int *read)
+{
+    return btc_py_records_by(c, out, max, one_call, read, step_through_reader);
+}
+
+int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max, bool one_call, int *read)
+{
+    return !c->check ? records_in_place(c, out, max, one_call, read)
+                     : records_through_reader(c, out, max, one_call, read);
 }
 
 #endif

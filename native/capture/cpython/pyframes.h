@@ -98,8 +98,54 @@ bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame);
  * boundaries from the links greenlet saved.  False if frame is not a frame
  * object. */
 bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview *mem);
-/* Step to the next (outer) frame; false at the end of the chain. */
-bool btc_py_next(btc_pycursor *c, btc_pyframe *f);
+/* The raw record a Backtrace holds for Python frame f (code object,
+ * instruction offset, BTC_F_ENTRY on the first frame of an eval-loop call). */
+BTC_HOT btc_frame btc_py_record(const btc_pyframe *f)
+{
+    return (btc_frame){.addr = (uintptr_t)f->code, .lasti = f->lasti, .kind = BTC_KIND_PYTHON,
+                       .flags = f->entry ? BTC_F_ENTRY : 0};
+}
+
+/* The next frames of c's chain, outward, as raw records (btc_py_record)
+ * into out[0..max): how many.  A frame tracebacks hide (not started yet) is
+ * read but not written; *read counts every frame read (0: the chain has
+ * ended).  one_call: end after the first entry frame (the frames one
+ * eval-loop call runs).  The chain ends after the cursor's stop frame
+ * (c->stopped).  A batch, written where the merge wants it: the cursor and
+ * each frame's fields stay in registers (walked one frame a call through a
+ * btc_pyframe, the walk and the merge cost ~120 instructions a Python frame
+ * on 3.14). */
+int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max, bool one_call, int *read);
+
+/* btc_py_next_records over a family unit's one-frame step `next` (false at
+ * the end of the chain), inlined into the unit's loop.  The stop is the
+ * frame the cursor stood at before a step (on 3.12+ a shim may stand
+ * before it: then it is not seen, and the chain goes on). */
+BTC_HOT int btc_py_records_by(btc_pycursor *c, btc_frame *out, int max, bool one_call, int *read,
+                              bool (*next)(btc_pycursor *, btc_pyframe *))
+{
+    const void *stop = c->stop;
+    int n = 0, frames = 0;
+    while (n < max) {
+        const void *was = c->frame;
+        btc_pyframe f;
+        if (!next(c, &f))
+            break;
+        frames++;
+        if (!f.hidden)
+            out[n++] = btc_py_record(&f);
+        if (stop && was == stop) {
+            c->frame = NULL;
+            c->stopped = true;
+            break;
+        }
+        if (one_call && f.entry)
+            break;
+    }
+    *read = frames;
+    return n;
+}
+
 /* The interpreter frame of frame object `frame` (borrowed: live while
  * `frame` runs or is suspended), or NULL. */
 const void *btc_py_interpreter_frame(PyObject *frame);
