@@ -100,7 +100,7 @@ static int py_records(py_source *src, btc_frame *rec, int max, bool one_call, in
         const btc_pyframe *f = &src->frames[src->at++];
         frames++;
         if (!f->hidden)
-            rec[n++] = btc_py_record(f);
+            btc_py_record(&rec[n++], f);
         if (one_call && f->entry)
             break;
     }
