@@ -258,13 +258,13 @@ def test_merged_order_through_native_chain(chain, chain_symbols):
     assert bc.NAME_CHAIN_STATIC == "chain_static"
 
 
-def test_eval_calls_longer_than_the_merges_batch_keep_their_place(chain):
-    """An eval-loop call running more Python frames than the merge takes from
-    the chain at once (capture.c's PY_BATCH, 32), on both sides of native
+def test_eval_calls_longer_than_a_read_ahead_keep_every_frame_in_place(chain):
+    """Eval-loop calls running more Python frames than the merge reads from
+    the chain at once (capture.c's PY_AHEAD, 32), on both sides of native
     code: 70 frames of one eval-loop call inside the fixture's callback, 100
-    of another outside it.  Every Python frame stays on its side of the
-    fixture's C frames: a batch that ended an eval-loop call early would hand
-    its remaining frames to the next eval-loop frame, beyond the C ones."""
+    of another outside it.  Every Python frame is there, in order, on its
+    side of the fixture's C frames: frames lost or misplaced where one batch
+    ends and the next begins would show."""
     ffi, lib, so_path = chain
     got = {}
 

@@ -157,25 +157,19 @@ BTC_HOT bool step(btc_pycursor *c, btc_pyframe *f, bool plain)
 BTC_HOT bool step_in_place(btc_pycursor *c, btc_pyframe *f) { return step(c, f, true); }
 BTC_HOT bool step_through_reader(btc_pycursor *c, btc_pyframe *f) { return step(c, f, false); }
 
-/* The two loops in functions of their own: inlined side by side, they
- * shared one register allocation, and the plain loop kept its counters in
- * memory. */
-static __attribute__((noinline)) int records_in_place(btc_pycursor *c, btc_frame *out, int max, bool one_call,
-                                                      int *read)
+/* The loop through a reader in a function of its own: inlined beside the
+ * plain one, both shared one register allocation and the plain loop kept
+ * its counters in memory. */
+static __attribute__((noinline)) int records_through_reader(btc_pycursor *c, btc_frame *out, int max)
 {
-    return btc_py_records_by(c, out, max, one_call, read, step_in_place);
+    return btc_py_records_by(c, out, max, step_through_reader);
 }
 
-static __attribute__((noinline)) int records_through_reader(btc_pycursor *c, btc_frame *out, int max,
-                                                            bool one_call, int *read)
+int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max)
 {
-    return btc_py_records_by(c, out, max, one_call, read, step_through_reader);
-}
-
-int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max, bool one_call, int *read)
-{
-    return !c->check && !c->mem && !c->exposed ? records_in_place(c, out, max, one_call, read)
-                                                : records_through_reader(c, out, max, one_call, read);
+    if (BTC_UNLIKELY(c->check || c->mem || c->exposed))
+        return records_through_reader(c, out, max);
+    return btc_py_records_by(c, out, max, step_in_place);
 }
 
 /* The C-stack address of the eval-loop call that runs `frame`, a frame of

@@ -98,56 +98,50 @@ bool btc_py_cursor_frame(btc_pycursor *c, PyObject *frame);
  * boundaries from the links greenlet saved.  False if frame is not a frame
  * object. */
 bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame, const btc_memview *mem);
+/* A record's `reserved` while the merge holds it: a frame read but hidden
+ * from tracebacks (not started yet), left out of every Backtrace. */
+#define BTC_PY_HIDDEN 1
+
 /* The raw record a Backtrace holds for Python frame f (code object,
- * instruction offset, BTC_F_ENTRY on the first frame of an eval-loop call),
- * stored field by field: a compound literal was built with a mask per field
- * over the previous record's word (gcc 12, ~20 instructions a frame). */
+ * instruction offset, BTC_F_ENTRY on the first frame of an eval-loop
+ * call; BTC_PY_HIDDEN for the merge), stored field by field: a compound
+ * literal was built with a mask per field over the previous record's word
+ * (gcc 12, ~20 instructions a frame). */
 BTC_HOT void btc_py_record(btc_frame *out, const btc_pyframe *f)
 {
     out->addr = (uintptr_t)f->code;
     out->lasti = f->lasti;
     out->kind = BTC_KIND_PYTHON;
     out->flags = f->entry ? BTC_F_ENTRY : 0;
-    out->reserved = 0;
+    out->reserved = f->hidden ? BTC_PY_HIDDEN : 0;
 }
 
-/* The next frames of c's chain, outward, as raw records (btc_py_record)
- * into out[0..max): how many.  A frame tracebacks hide (not started yet) is
- * read but not written; *read counts every frame read (0: the chain has
- * ended).  one_call: end after the first entry frame (the frames one
- * eval-loop call runs).  The chain ends after the cursor's stop frame
- * (c->stopped).  A batch, written where the merge wants it: the cursor and
- * each frame's fields stay in registers (walked one frame a call through a
- * btc_pyframe, the walk and the merge cost ~120 instructions a Python frame
- * on 3.14). */
-int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max, bool one_call, int *read);
+/* The next frames of c's chain, outward, as records (btc_py_record) into
+ * out[0..max): how many (0: the chain has ended).  The chain ends after the
+ * cursor's stop frame (c->stopped).  In batches, not a frame a call: the
+ * cursor stays in registers from one frame to the next. */
+int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max);
 
 /* btc_py_next_records over a family unit's one-frame step `next` (false at
  * the end of the chain), inlined into the unit's loop.  The stop is the
  * frame the cursor stood at before a step (on 3.12+ a shim may stand
  * before it: then it is not seen, and the chain goes on). */
-BTC_HOT int btc_py_records_by(btc_pycursor *c, btc_frame *out, int max, bool one_call, int *read,
-                              bool (*next)(btc_pycursor *, btc_pyframe *))
+BTC_HOT int btc_py_records_by(btc_pycursor *c, btc_frame *out, int max, bool (*next)(btc_pycursor *, btc_pyframe *))
 {
     const void *stop = c->stop;
-    int n = 0, frames = 0;
+    int n = 0;
     while (n < max) {
         const void *was = c->frame;
         btc_pyframe f;
         if (!next(c, &f))
             break;
-        frames++;
-        if (!f.hidden)
-            btc_py_record(&out[n++], &f);
+        btc_py_record(&out[n++], &f);
         if (stop && was == stop) {
             c->frame = NULL;
             c->stopped = true;
             break;
         }
-        if (one_call && f.entry)
-            break;
     }
-    *read = frames;
     return n;
 }
 

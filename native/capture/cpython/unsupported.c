@@ -27,11 +27,6 @@ bool btc_py_cursor_greenlet(btc_pycursor *c, PyObject *frame BTC_UNUSED, const b
     return false;
 }
 
-int btc_py_next_records(btc_pycursor *c BTC_UNUSED, btc_frame *out BTC_UNUSED, int max BTC_UNUSED,
-                        bool one_call BTC_UNUSED, int *read)
-{
-    *read = 0;
-    return 0;
-}
+int btc_py_next_records(btc_pycursor *c BTC_UNUSED, btc_frame *out BTC_UNUSED, int max BTC_UNUSED) { return 0; }
 
 #endif
