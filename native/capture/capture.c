@@ -5,7 +5,6 @@
  * the frame chain and the code objects' reference counts belong to it.
  */
 #include <Python.h>
-#include <string.h>
 #include <structmember.h>
 
 #include "capture/capture.h"
@@ -43,11 +42,11 @@ static bool emit(sink *s, uintptr_t addr, int lasti, int kind, int flags)
  * the merge goes (live), or frames another process's walker read already
  * (native/remote/: their code objects are the target's addresses, never
  * dereferenced here, since the sink then takes no references).  Either way
- * as raw records, read ahead in batches: one frame a call went through
- * three functions and a btc_pyframe (~120 instructions a Python frame on
- * 3.14), and a batch a call per eval-loop call cost as much again on
- * stacks of one Python frame per call (Python called through C at every
- * level). */
+ * as raw records, read ahead in batches across eval-loop calls: one frame a
+ * call went through three functions and a btc_pyframe (~120 instructions a
+ * Python frame on 3.14), and one batch per eval-loop call, read straight
+ * into the output, cost more than it saved on stacks of one Python frame
+ * per call (Python called through C at every level; docs/design.md). */
 #define PY_AHEAD 32
 
 typedef struct {

@@ -118,8 +118,8 @@ BTC_HOT void btc_py_record(btc_frame *out, const btc_pyframe *f)
 
 /* The next frames of c's chain, outward, as records (btc_py_record) into
  * out[0..max): how many (0: the chain has ended).  The chain ends after the
- * cursor's stop frame (c->stopped).  In batches, not a frame a call: the
- * cursor stays in registers from one frame to the next. */
+ * cursor's stop frame (c->stopped).  In batches, not a frame a call: one
+ * loop reads them, with the family's step inlined. */
 int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max);
 
 /* btc_py_next_records over a family unit's one-frame step `next` (false at
