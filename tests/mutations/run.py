@@ -179,6 +179,11 @@ MUTATIONS = [
              "tests/test_process_dump.py::test_the_stop_reads_the_target_in_a_few_syscalls",
              "the stop does not re-read the rehearsal's chunks in batches: it reads the gc lists chunk by chunk "
              "while the target is stopped"),
+    Mutation("src/btcore/remote/snapshot.py",
+             "        remote_tasks.learn(target)   # before the gathering", "        (lambda target: None)(target)   #", "tests/test_remote_stop.py::test_the_stop_reads_again_what_the_rehearsal_gathered_not_what_learning_"
+             "the_target_walked",
+             "the stop reads again every chunk of the heap that learning the target's asyncio tasks walked (3.14, one "
+             "greenlet: 1,441 chunks instead of 299, the stop 1.3 ms instead of 0.6)"),
     Mutation("native/remote/rmem.c", "        read(pid, job, lo, hi, &stats);", "        read(pid, job, lo, hi - 1, &stats);",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
              "the two readers of a shared job leave the last page of each slice unread"),

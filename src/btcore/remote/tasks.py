@@ -203,12 +203,20 @@ class _Copied:
         self.tasks, self.kept, self.frames, self.loops, self.note = tasks, kept, frames, loops, note
 
 
-def gather(target, threads, room) -> None:
-    """Read every pending task while the target is stopped (threads: the
-    ThreadCopies, their thread states found)."""
+def learn(target):
+    """What reading target's tasks needs (its _Reader), learned once while
+    it runs: 3.13+ walks every gc list for the task types, 3.11-3.13 for the
+    registries."""
     reader = _readers.get(target)
     if reader is None:
         reader = _readers[target] = _Reader(target)
+    return reader
+
+
+def gather(target, threads, room) -> None:
+    """Read every pending task while the target is stopped (threads: the
+    ThreadCopies, their thread states found)."""
+    reader = learn(target)
     lay = reader.layout
     if lay is None:
         _gathered[target.memory] = _Copied(b"", 0, b"", {}, reader.note)
