@@ -240,6 +240,41 @@ def test_faulthandler_enabled_after_us_passes_the_signal_on(fixture_dir, fixture
         assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != []
 
 
+# The thread's alternate stack as faulthandler left it (its size), moved above a page no one may touch: a
+# handler that needs more than that size faults on the guard page instead of writing into whatever the heap
+# holds below faulthandler's malloc'd one.
+GUARDED_ALTERNATE_STACK = """
+import ctypes, mmap
+class stack_t(ctypes.Structure):
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+current = stack_t()
+assert libc.sigaltstack(None, ctypes.byref(current)) == 0 and current.ss_size, "no alternate stack"
+size = -(-current.ss_size // mmap.PAGESIZE) * mmap.PAGESIZE
+base = libc.mmap(None, mmap.PAGESIZE + size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                 -1, 0)
+assert base not in (None, ctypes.c_void_p(-1).value) and libc.mprotect(base, mmap.PAGESIZE, 0) == 0   # PROT_NONE
+guarded = stack_t(base + mmap.PAGESIZE, 0, current.ss_size)
+assert libc.sigaltstack(ctypes.byref(guarded), None) == 0
+print("alternate stack:", current.ss_size, "bytes", file=sys.stderr, flush=True)
+"""
+
+
+def test_the_report_fits_on_faulthandler_s_alternate_stack(fixture_dir):
+    # guards: report.c add_python_crashed's line table in static memory: faulthandler enabled after us puts its
+    # own alternate stack in place (SIGSTKSZ * 2, malloc'd: ~16 KB here), and our handler runs on it; a line
+    # table copied onto that stack (16 KB) wrote below its bottom into the heap: a parked greenlet's saved
+    # stack, whose walk the core's dump then cut short (test_crash_matrix, 1 run in 5 with some builds).
+    out = crash(fixture_dir, "lib.crash_null_write()", faulthandler="",
+                setup="btcore.enable_crash_report()\nfaulthandler.enable()\n" + GUARDED_ALTERNATE_STACK)
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert "alternate stack:" in out.stderr and PASSED_ON in out.stderr, out.stderr
+    assert btcore_python_frames(out.stderr) == faulthandler_frames(out.stderr) != [], out.stderr   # with lines
+
+
 def test_a_reraising_handler_s_siginfo_gives_the_fault_address(fixture_dir, fixture_symbols):
     # guards: arch btc_siginfo_beside (where the kernel puts the siginfo beside a frame's ucontext): a handler
     # installed after ours that asked for a siginfo (SA_SIGINFO, as in-process crash reporters do; faulthandler

@@ -127,27 +127,28 @@ void btc_text_add_cstr_own(btc_text *t, uintptr_t s, size_t max)
 }
 
 /* The line of instruction offset lasti in code, a copy of a code object:
- * its line table is copied too (at most LINE_TABLE_BYTES: a longer table's
- * later lines are "?", as is a table that cannot be read), and decoded by
- * PyCode_Addr2Line on the copies. */
+ * its line table is copied too, into table (at most LINE_TABLE_BYTES: a
+ * longer table's later lines are "?", as is a table that cannot be read),
+ * and decoded by PyCode_Addr2Line on the copies. */
 #define LINE_TABLE_BYTES 16384   /* all but 1 of the 58,209 code objects of 3.11's stdlib */
 
-static int line_of(PyCodeObject *code, int lasti, object_reader read)
+typedef union {
+    PyBytesObject object;
+    char bytes[sizeof(PyBytesObject) + LINE_TABLE_BYTES];
+} line_table;
+
+static int line_of(PyCodeObject *code, int lasti, object_reader read, line_table *table)
 {
     PyBytesObject header;
-    union {
-        PyBytesObject object;
-        char bytes[sizeof(PyBytesObject) + LINE_TABLE_BYTES];
-    } table;
     uintptr_t at = (uintptr_t)code->co_linetable;
     if (!at || !read(&header, at, sizeof header) || header.ob_base.ob_base.ob_type != &PyBytes_Type ||
         header.ob_base.ob_size < 0)
         return -1;
     size_t n = header.ob_base.ob_size < LINE_TABLE_BYTES ? (size_t)header.ob_base.ob_size : LINE_TABLE_BYTES;
-    if (!read(table.bytes, at, offsetof(PyBytesObject, ob_sval) + n))
+    if (!read(table->bytes, at, offsetof(PyBytesObject, ob_sval) + n))
         return -1;
-    table.object.ob_base.ob_size = (Py_ssize_t)n;
-    code->co_linetable = (PyObject *)&table.object;
+    table->object.ob_base.ob_size = (Py_ssize_t)n;
+    code->co_linetable = (PyObject *)&table->object;
 #if PY_VERSION_HEX < 0x030C0000
     code->_co_linearray = NULL;   /* 3.11's cache of decoded lines: not copied */
 #else
@@ -165,7 +166,7 @@ static int line_of(PyCodeObject *code, int lasti, object_reader read)
  * the GIL) and may have freed it (module code after its import), and a
  * crashed process's heap may be corrupt: either gives "?" or a note, never
  * a read of freed or unmapped memory. */
-static void add_python(btc_text *t, const btc_frame *f, object_reader read)
+static void add_python(btc_text *t, const btc_frame *f, object_reader read, line_table *table)
 {
     PyCodeObject code;
     if (!read(&code, f->addr, sizeof code) || !PyCode_Check((PyObject *)&code)) {
@@ -177,7 +178,7 @@ static void add_python(btc_text *t, const btc_frame *f, object_reader read)
     btc_text_add(t, "  File \"");
     add_str_read(t, (uintptr_t)code.co_filename, read);
     btc_text_add(t, "\", line ");
-    int line = line_of(&code, f->lasti, read);
+    int line = line_of(&code, f->lasti, read, table);
     if (line < 0)
         btc_text_add(t, "?");
     else
@@ -191,13 +192,21 @@ static void add_python(btc_text *t, const btc_frame *f, object_reader read)
  * place, as the capture read it (btc_read_sampled). */
 static void add_python_sampled(btc_text *t, const btc_frame *f)
 {
-    add_python(t, f, btc_read_sampled);
+    line_table table;   /* (on the stack of the thread that formats: the watchdog's, the signal dump's) */
+    add_python(t, f, btc_read_sampled, &table);
 }
 
-/* A crashed process's frame: copied or not read at all (a corrupt heap). */
+/* A crashed process's frame: copied or not read at all (a corrupt heap).
+ * Its line table goes to static memory, not the stack: the crash handler
+ * runs on the thread's alternate stack, which may be faulthandler's (~16 KB,
+ * malloc'd: enabled after btcore, it replaces ours), and a 16 KB copy there
+ * wrote past its bottom into the heap below it: a parked greenlet's saved
+ * stack, seen in the core as that greenlet's walk cut short.  One report
+ * at a time per process (crash.c's reporter), so one table serves. */
 static void add_python_crashed(btc_text *t, const btc_frame *f)
 {
-    add_python(t, f, btc_read_own);
+    static line_table table;
+    add_python(t, f, btc_read_own, &table);
 }
 
 /* The module's file name without its directory. */

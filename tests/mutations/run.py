@@ -184,6 +184,11 @@ MUTATIONS = [
              "the_target_walked",
              "the stop reads again every chunk of the heap that learning the target's asyncio tasks walked (3.14, one "
              "greenlet: 1,441 chunks instead of 299, the stop 1.3 ms instead of 0.6)"),
+    Mutation("native/watch/report.c", "    static line_table table;\n    add_python(t, f, btc_read_own, &table);",
+             "    line_table table;\n    add_python(t, f, btc_read_own, &table);",
+             "tests/test_crash.py::test_the_report_fits_on_faulthandler_s_alternate_stack",
+             "the crash report copies a 16 KB line table onto faulthandler's 16 KB alternate stack, past its bottom "
+             "into the heap (a parked greenlet's saved stack)"),
     Mutation("native/remote/rmem.c", "        read(pid, job, lo, hi, &stats);", "        read(pid, job, lo, hi - 1, &stats);",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
              "the two readers of a shared job leave the last page of each slice unread"),
