@@ -704,6 +704,11 @@ void btc_rmem_prefetch(btc_rmem *m, const uintptr_t *addr, int n);
  * process is read by two threads at once (rmem.c, "two readers"). */
 void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, uint8_t *const *dest, int n,
                         uint8_t *ok);
+/* n ranges of one size, [addr[i], addr[i] + size) into dest + i * size,
+ * through the cache, the chunks under them prefetched together first
+ * (many small objects, which lie near each other: a few syscalls); ok[i]
+ * says whether range i was read whole. */
+void btc_rmem_read_each(btc_rmem *m, const uintptr_t *addr, int n, size_t size, uint8_t *dest, uint8_t *ok);
 void btc_rmem_close(btc_rmem *m);
 int btc_rmem_last_errno(btc_rmem *m);
 uint64_t btc_rmem_syscalls(btc_rmem *m);

@@ -122,6 +122,27 @@ def test_many_ranges_read_at_once_equal_the_process_memory(target, memory):
             assert ffi.buffer(dest[i], size)[:] == want, f"range {i}: other bytes than the process holds"
 
 
+def test_ranges_of_one_size_read_at_once_equal_the_process_memory(target, memory):
+    # guards: btc_rmem_read_each reads range i into dest + i * size, also one that straddles two chunks (both
+    # prefetched), says not ok for a range over a hole, at 0 or wrapping past the address space's end, and reads
+    # the chunks together: a few syscalls, not one per chunk.
+    pid, base, oracle = target
+    size, rng = 448, random.Random(3)
+    addresses = [base + rng.randrange(0, REGION - size) for _ in range(3000)]
+    addresses += [base + 5 * PAGE - 100, base + 300 * PAGE - 100, base + 2900 * PAGE + 8, 0, (1 << 64) - 64]
+    rng.shuffle(addresses)
+    dest, ok = ffi.new("uint8_t[]", len(addresses) * size), ffi.new("uint8_t[]", len(addresses))
+    lib.btc_rmem_read_each(memory, addresses, len(addresses), size, dest, ok)
+    got = ffi.buffer(dest)[:]
+    for i, addr in enumerate(addresses):
+        want = oracle(addr, size) if 0 < addr < base + REGION else None
+        assert bool(ok[i]) == (want is not None), f"range {i} at {addr:#x}"
+        if want is not None:
+            assert got[i * size:(i + 1) * size] == want, f"range {i}: other bytes than the process holds"
+    if process_vm_readv_works(pid, base):
+        assert lib.btc_rmem_syscalls(memory) <= 64, f"{lib.btc_rmem_syscalls(memory)} syscalls: not batched"
+
+
 REFUSE = """
 #include <errno.h>
 #include <sys/uio.h>

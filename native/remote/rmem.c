@@ -627,6 +627,24 @@ void btc_rmem_read_many(btc_rmem *m, const uintptr_t *addr, const size_t *size, 
             ok[i] = btc_rmem_read(m, addr[i], dest[i], size[i]) == 0;
 }
 
+void btc_rmem_read_each(btc_rmem *m, const uintptr_t *addr, int n, size_t size, uint8_t *dest, uint8_t *ok)
+{
+    if (n <= 0 || size == 0)
+        return;
+    uintptr_t *under = malloc((size_t)n * 2 * sizeof *under);   /* a range's first and last byte */
+    if (under) {   /* (else each chunk is read when first asked) */
+        for (int i = 0; i < n; i++) {
+            bool fits = addr[i] && addr[i] <= UINTPTR_MAX - (size - 1);
+            under[2 * i] = fits ? addr[i] : 0;
+            under[2 * i + 1] = fits ? addr[i] + (size - 1) : 0;
+        }
+        btc_rmem_prefetch(m, under, 2 * n);
+        free(under);
+    }
+    for (int i = 0; i < n; i++)
+        ok[i] = btc_rmem_read(m, addr[i], dest + (size_t)i * size, size) == 0;
+}
+
 bool btc_rmem_word(btc_rmem *m, uintptr_t addr, uintptr_t *out)
 {
     return btc_rmem_read(m, addr, out, sizeof *out) == 0;

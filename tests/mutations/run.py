@@ -189,6 +189,9 @@ MUTATIONS = [
              "tests/test_crash.py::test_the_report_fits_on_faulthandler_s_alternate_stack",
              "the crash report copies a 16 KB line table onto faulthandler's 16 KB alternate stack, past its bottom "
              "into the heap (a parked greenlet's saved stack)"),
+    Mutation("native/remote/rmem.c", "        btc_rmem_prefetch(m, under, 2 * n);", "        (void)under;",
+             "tests/test_remote_memory.py::test_ranges_of_one_size_read_at_once_equal_the_process_memory",
+             "learning a target's greenlet layout reads its 4,096 sampled objects chunk by chunk, a syscall each"),
     Mutation("native/remote/rmem.c", "        read(pid, job, lo, hi, &stats);", "        read(pid, job, lo, hi - 1, &stats);",
              "tests/test_remote_memory.py::test_prefetched_pages_equal_the_process_memory_around_holes",
              "the two readers of a shared job leave the last page of each slice unread"),
