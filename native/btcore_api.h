@@ -143,6 +143,11 @@ int btc_spawn_watch_creation(int on);
 /* The most generations a chain is read to (older ones are dropped, and a
  * live greenlet keeps at most twice as many records alive). */
 int btc_spawn_generations(void);
+/* Test-only: the hook's sites seen before (spawn.c): how many captures
+ * their proofs answered without walking since the last call (the count
+ * starts again), and in *last_place the place of the last capture (equal
+ * places: the same sp and pc, innermost Python instruction and stop). */
+uint64_t btc_test_spawn_memo(uintptr_t *last_place);
 /* What a dump from outside (remote/rspawn.c) needs to read this process's
  * spawn records: where the live list is, the target's own type objects the
  * records, nodes and sites are checked against, and every field offset.

@@ -18,7 +18,7 @@ import pytest
 from greenlet import greenlet as EarlyGreenlet   # imported before tracking is ever enabled
 
 import btcore
-from btcore._native import lib
+from btcore._native import ffi, lib
 from btcore.capture.spawn import GENERATIONS, _counts, raw_spawn_chain
 
 from conftest import in_interpreter
@@ -265,6 +265,88 @@ def test_site_created_in_a_c_callback_has_the_c_frames(chain, chain_symbols, tra
     # and the Python frame that created the greenlet comes before the C frames
     first_python = next(f for f in frames if f.kind == "python")
     assert short(first_python.function) == "<lambda>"
+
+
+# ---- sites seen before (spawn.c: a proof instead of a walk) ----
+
+# Calls before a place settles: the interpreter specializes a call
+# instruction after its first few runs, and its native path changes.
+WARM_UP = 64
+
+
+def memo_since_last():
+    """(captures the memo answered since the last call, the last capture's place)."""
+    place = ffi.new("uintptr_t *")
+    hits = lib.btc_test_spawn_memo(place)
+    return hits, place[0]
+
+
+def test_a_site_seen_before_is_not_taken_for_one_whose_c_frames_differ(chain, chain_symbols, tracking):
+    """Greenlets made at one place (the same stack depth, pc and Python
+    frames) under two C frames alike but for the return addresses a walk
+    reads there: each site holds its own frame; the memo answers the
+    repeats of one, never the other from its proof."""
+    _, lib_chain, so_path = chain
+    made, places, hits = [], [], []
+    twins = [i % 2 for i in range(WARM_UP)] + [0] * 6 + [(i + 1) % 2 for i in range(20)]
+
+    def spawner():   # in a greenlet of its own: its sites end at its start
+        for which in twins:
+            lib_chain.chain_twins(which)
+            hit, place = memo_since_last()
+            hits.append(hit)
+            places.append(place)
+
+    chain.set_callback(lambda tag: made.append(greenlet.greenlet(park)) or 0)
+    try:
+        greenlet.greenlet(spawner).switch()
+    finally:
+        chain.finish()
+    del places[:WARM_UP], hits[:WARM_UP]
+    assert len(set(places)) == 1   # one place: only the twins' frames tell the sites apart
+    assert sum(hits[:6]) >= 3 and sum(hits[6:]) == 0, hits
+    for which, g in zip(twins, made):
+        ips = [f.ip for f in btcore.spawn_backtrace(g).frames() if f.kind == "native" and f.module == so_path]
+        twin = [name for name in ("twin_a", "twin_b") if any(in_fn(ip, chain_symbols, name) for ip in ips)]
+        assert twin == ["twin_b" if which else "twin_a"]
+
+
+def spawn_at_one_place():
+    return greenlet.greenlet(park)
+
+
+def started_by_a():
+    return spawn_at_one_place()
+
+
+def started_by_b():
+    return spawn_at_one_place()
+
+
+def test_a_site_seen_before_serves_other_greenlets_on_the_same_path_only(tracking):
+    """Greenlets that each create one greenlet at one place, started from
+    two functions in turn: each site names its own outer function, the
+    greenlets on one path share the site the memo answers, the other path
+    is never answered from its proof."""
+    bodies = [(started_by_a, started_by_b)[i % 2] for i in range(WARM_UP)] + [started_by_a] * 6 + \
+             [(started_by_b, started_by_a)[i % 2] for i in range(20)]
+    made, places, hits = [], [], []
+    for body in bodies:
+        runner = greenlet.greenlet(body)
+        memo_since_last()   # (runner's own site left out)
+        made.append(runner.switch())
+        hit, place = memo_since_last()
+        hits.append(hit)
+        places.append(place)
+    del places[:WARM_UP], hits[:WARM_UP]
+    assert len(set(places)) == 1
+    assert sum(hits[:6]) >= 3 and sum(hits[6:]) == 0, hits
+    sites = []
+    for body, g in zip(bodies, made):
+        site = raw_spawn_chain(g, 1)[0][0][0]
+        sites.append(site)
+        assert [short(f.function) for f in site.frames() if f.kind == "python"] == ["spawn_at_one_place", body.__name__]
+    assert len({id(site) for body, site in zip(bodies[WARM_UP:WARM_UP + 6], sites[WARM_UP:])}) == 1
 
 
 class Numbered(greenlet.greenlet):

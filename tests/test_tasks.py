@@ -450,6 +450,52 @@ def test_a_sites_walk_ends_in_the_eval_loop_call_of_its_creator():
     thread.join()
 
 
+def create_here():
+    return asyncio.create_task(leaf())
+
+
+def created_under_a():
+    return create_here()
+
+
+def created_under_b():
+    return create_here()
+
+
+def test_a_task_site_seen_before_is_not_taken_for_one_made_under_another_function():
+    """Tasks made by one task at one place (spawn.c's sites seen before:
+    the same stack depth, the same innermost instruction) under two
+    functions in turn: each site names its own, the repeats of one are
+    answered without a walk, the other never from its proof."""
+    from btcore._native import ffi, lib
+
+    makers = [(created_under_a, created_under_b)[i % 2] for i in range(64)] + [created_under_a] * 6 + \
+             [(created_under_b, created_under_a)[i % 2] for i in range(20)]   # 64: calls specialized by then
+    place = ffi.new("uintptr_t *")
+
+    async def creator():
+        made, places, hits = [], [], []
+        for make in makers:
+            made.append(make())
+            hits.append(lib.btc_test_spawn_memo(place))
+            places.append(place[0])
+        for task in made:
+            task.cancel()
+        return made, places[64:], hits[64:]
+
+    btcore.enable_spawn_tracking()
+    try:
+        made, places, hits = asyncio.run(creator())
+    finally:
+        btcore.disable_spawn_tracking()
+    assert len(set(places)) == 1
+    assert sum(hits[:6]) >= 3 and sum(hits[6:]) == 0, hits
+    for make, task in zip(makers, made):
+        site = btcore.spawn_chain(task).links[0][0]
+        names = [f.function for f in site.frames() if f.kind == "python"]
+        assert make.__name__ in names and {"created_under_a", "created_under_b"} - {make.__name__} - set(names)
+
+
 def test_direct_construction_and_custom_factories_are_tracked():
     """The hook sits where every Task registers: Task(...) itself, any task factory,
     the pure-Python Task as well as the C one."""

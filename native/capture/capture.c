@@ -300,8 +300,9 @@ static void merge_walked(btc_pycursor *py, sink *s, int want, bool own_first, bo
     merge_walk(&src, s, want, w);
 }
 
+/* walk: NULL, or where to prove the native walk (its n -1: not proven). */
 static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, bool own_first,
-                   bool greenlet)
+                   bool greenlet, btc_walk_proof *walk)
 {
     if (!(want & BTC_WANT_NATIVE)) {
         py_source src;
@@ -319,7 +320,10 @@ static int capture(const btc_context *ctx, btc_pycursor *py, sink *s, int want, 
         return btc_fail(BTC_E_NOMEMORY, "out of memory");
     btc_modules_acquire();
     btc_eval_ranges_init();
-    merge_walked(py, s, want, own_first, greenlet, nat, btc_unwind(ctx, nat, max), max);
+    int walked = btc_unwind(ctx, nat, max);
+    if (walk && !btc_unwind_proof(ctx, nat, walked, walk))
+        walk->n = -1;
+    merge_walked(py, s, want, own_first, greenlet, nat, walked, max);
     btc_modules_release();
     free(heap);
     return 0;
@@ -352,35 +356,39 @@ void btc_capture_python_only(btc_raw_capture *c, btc_pycursor *py)
     c->truncated = s.truncated;
 }
 
-/* The calling thread's stack, walked from regs (of a frame still live);
- * in a greenlet, down to that greenlet's own outermost frame: below it lie
- * frames of whoever started the greenlet. */
-static int collect_from(sink *s, int want, const btc_regs *regs, const void *stop)
+/* The calling thread's stack as a context walked from regs (of a frame
+ * still live), and its Python cursor, ending at stop if given: in a
+ * greenlet, down to that greenlet's own outermost frame (below it lie
+ * frames of whoever started the greenlet).  Whether it runs in a greenlet
+ * (1) or not (0), or a BTC_E_* code. */
+static int current_context(btc_context *ctx, btc_pycursor *py, const btc_regs *regs, const void *stop)
 {
-    btc_context ctx = {.regs = *regs};
+    *ctx = (btc_context){.regs = *regs};
     uintptr_t lo;
-    if (!btc_thread_stack(&lo, &ctx.mem.hi))
+    if (!btc_thread_stack(&lo, &ctx->mem.hi))
         return btc_fail(BTC_E_UNSUPPORTED, "cannot find the thread's stack");
-    ctx.mem.lo = ctx.regs.sp;
-    int in_greenlet = btc_greenlet_current_end(&ctx);
+    ctx->mem.lo = ctx->regs.sp;
+    int in_greenlet = btc_greenlet_current_end(ctx);
     if (in_greenlet < 0)
         return in_greenlet;
-    btc_pycursor py;
-    btc_py_cursor_current(&py);
+    btc_py_cursor_current(py);
     if (stop) {   /* the walk ends in the eval-loop call running stop: frames beyond it are not read */
-        py.stop = stop;
+        py->stop = stop;
         uintptr_t call = btc_py_eval_call_address(stop);
-        if (call > ctx.regs.sp && call < ctx.mem.hi)
-            ctx.mem.hi = call;
+        if (call > ctx->regs.sp && call < ctx->mem.hi)
+            ctx->mem.hi = call;
     }
-    return capture(&ctx, &py, s, want, !(want & BTC_WANT_FROM_HOOK), in_greenlet);
+    return in_greenlet;
 }
 
 static int collect_current(sink *s, int want)
 {
     btc_regs regs;
     btc_get_regs(&regs);   /* this frame stays live during the walk */
-    return collect_from(s, want, &regs, NULL);
+    btc_context ctx;
+    btc_pycursor py;
+    int in_greenlet = current_context(&ctx, &py, &regs, NULL);
+    return in_greenlet < 0 ? in_greenlet : capture(&ctx, &py, s, want, true, in_greenlet, NULL);
 }
 
 /* A greenlet other than the calling thread's current one.  Its state is
@@ -410,7 +418,7 @@ static int collect_greenlet(sink *s, int want, PyObject *g, btc_context *ctx)
     if (rc == 0) {
         btc_pycursor py;
         btc_py_cursor_greenlet(&py, frame, &ctx->mem);   /* None: no Python frames */
-        rc = capture(ctx, &py, s, want, false, true);
+        rc = capture(ctx, &py, s, want, false, true, NULL);
     }
     Py_DECREF(frame);
     return rc;
@@ -635,13 +643,39 @@ uint64_t btc_greenlet_stamp(uintptr_t target)
 
 /* ---- spawn sites (spawn.c): raw frames of the creating stack ---- */
 
-int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop)
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop,
+                     btc_site_proof *proof)
 {
     sink s = {.out = c->frames, .max = c->max};
-    int rc = btc_py_supported() ? collect_from(&s, want | BTC_WANT_FROM_HOOK, regs, stop) : BTC_E_UNSUPPORTED;
+    btc_context ctx;
+    btc_pycursor py;
+    int in_greenlet = btc_py_supported() ? current_context(&ctx, &py, regs, stop) : BTC_E_UNSUPPORTED;
+    if (proof)
+        *proof = (btc_site_proof){.want = want, .max = c->max, .regs = *regs, .stop = stop,
+                                  .hi = in_greenlet < 0 ? 0 : ctx.mem.hi, .in_greenlet = in_greenlet};
+    int rc = in_greenlet < 0 ? in_greenlet
+                             : capture(&ctx, &py, &s, want | BTC_WANT_FROM_HOOK, false, in_greenlet,
+                                       proof ? &proof->walk : NULL);
     c->n = s.n;
     c->truncated = s.truncated;
+    if (proof && rc == 0 && !s.truncated && proof->walk.n >= 0)
+        proof->valid = (proof->nchain = btc_py_chain_proof(stop, proof->chain, BTC_CHAIN_PROOF_WORDS)) >= 0;
     return rc;
+}
+
+bool btc_site_proven(const btc_site_proof *p, int want, int max, const btc_regs *regs, const void *stop)
+{
+    if (!p->valid || p->want != want || p->max != max || p->stop != stop)
+        return false;
+    if (want & BTC_WANT_NATIVE) {   /* the walk's start and its view's end, then its words */
+        btc_context ctx;
+        btc_pycursor py;
+        if (p->regs.ip != regs->ip || p->regs.sp != regs->sp || (p->walk.uses_fp && p->regs.fp != regs->fp) ||
+            current_context(&ctx, &py, regs, stop) != p->in_greenlet || ctx.mem.hi != p->hi ||
+            !btc_unwind_proven(&p->walk, regs->sp, ctx.mem.hi))
+            return false;
+    }
+    return btc_py_chain_proven(stop, p->chain, p->nchain);
 }
 
 PyObject *btc_backtrace_from_site(const btc_raw_capture *c, PyObject **codes, int capacity)

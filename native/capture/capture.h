@@ -27,6 +27,25 @@ typedef struct {
     bool truncated;
 } btc_raw_capture;
 
+/* What decided a spawn site's capture (docs/design.md, "A site seen
+ * before"): where it started, its view's end, the words of its walk and of
+ * the Python chain it read.  A capture whose proof still holds would give
+ * the same frames: the hook then takes the site it interned last time
+ * (which holds the code objects the chain's words name) instead of
+ * walking and merging again. */
+#define BTC_CHAIN_PROOF_WORDS 288   /* 96 frames */
+typedef struct {
+    bool valid;          /* false: the capture could not be proven (failed, truncated, too long, ...) */
+    int want, max;
+    btc_regs regs;       /* fp counts only if the walk computed a CFA from it */
+    const void *stop;
+    uintptr_t hi;        /* the walk's view ends here */
+    int in_greenlet;
+    btc_walk_proof walk;
+    int nchain;
+    uintptr_t chain[BTC_CHAIN_PROOF_WORDS];
+} btc_site_proof;
+
 /* The calling thread's stack (in a greenlet, down to its outermost frame)
  * as seen from inside btcore's creation hook, walked from regs (taken by
  * btc_get_regs() in a frame that is still live): only btcore's own native
@@ -34,8 +53,15 @@ typedef struct {
  * those of frames running below the hook, alive until it returns.  stop:
  * NULL, or the interpreter frame the site ends with (an asyncio task's
  * coroutine: native frames beyond its eval-loop call are not walked).
+ * proof: NULL, or where to write what decided the capture (above).
  * 0 or a BTC_E_* code. */
-int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop);
+int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop,
+                     btc_site_proof *proof);
+/* Would btc_capture_site(c of room max, want, regs, stop) give the frames
+ * of the capture that made proof?  Costs a walk of the Python chain and a
+ * read of each proof word, no native walk, no merge. */
+bool btc_site_proven(const btc_site_proof *proof, int want, int max, const btc_regs *regs, const void *stop);
+
 /* ---- a signal handler's capture (signal_capture.c) ---- */
 
 /* The interrupted thread's stack from ctx (its registers at the signal)

@@ -326,6 +326,103 @@ static PyObject *intern_site(const btc_raw_capture *c, PyObject **codes)
     return fresh;
 }
 
+/* ---- sites seen before ----
+ *
+ * A loop that spawns from one place captures the same site each time: the
+ * same native frames at the same stack depth, the same Python frames at
+ * the same instructions (in any greenlet: they run on the same C stack).
+ * Proving that (btc_site_proven: a walk of the Python chain and a read of
+ * each stack word the native walk read) costs a fraction of walking,
+ * merging and interning again, so the hook keeps, per place (its sp and
+ * pc, its innermost Python instruction, its stop), the
+ * proof of the last capture there and the site interned for it.  A proof
+ * is made at the second capture from a place only: places seen once (the
+ * tasks of ever new creators) pay nothing for it.  Bounded: MEMO_PLACES
+ * entries, each a weak reference to its site: a proof holds while its site
+ * lives, which holds the code objects the proof names (a site still dies
+ * with its last greenlet, once out of the ring of recent sites). */
+#define MEMO_PLACES 8
+
+typedef struct {
+    uintptr_t place;        /* the last capture's place here */
+    unsigned installs;      /* moves at every install: a check across one is not believed */
+    PyObject *site;         /* a weak reference to what `proof` gave, interned; NULL: none */
+    btc_site_proof proof;
+} memo_entry;
+
+static memo_entry memo[MEMO_PLACES];
+static uint64_t memo_hits;        /* btc_test_spawn_memo() */
+static uintptr_t memo_last_place;
+
+static uintptr_t place_of(const btc_regs *regs, const void *stop)
+{
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    return (uintptr_t)((((regs->sp * k) ^ regs->ip) * k ^ (uintptr_t)stop) * k ^
+                       (uintptr_t)btc_py_current_instr()) * k;
+}
+
+static memo_entry *memo_entry_of(uintptr_t place)
+{
+    return &memo[place >> (8 * sizeof place - 3)];   /* MEMO_PLACES = 2^3 */
+}
+
+/* The memo's site for a capture from regs at place, ending at stop (a new
+ * reference), or NULL. */
+static PyObject *memo_site(memo_entry *m, uintptr_t place, int max, const btc_regs *regs, const void *stop)
+{
+    unsigned installs = m->installs;
+    /* The check may run Python code (the thread's first greenlet made), and
+     * another thread install meanwhile: then its answer is not believed. */
+    if (!m->site || m->place != place || !btc_referent(m->site) ||
+        !btc_site_proven(&m->proof, site_want, max, regs, stop) || m->installs != installs)
+        return NULL;
+    PyObject *site = btc_referent(m->site);   /* (gone meanwhile: a capture) */
+    return site ? Py_NewRef(site) : NULL;
+}
+
+/* Keep site, interned from the capture that proof decided, for place.  No
+ * Python code runs from the weak reference's making until the entry is
+ * whole again. */
+static void memo_install(memo_entry *m, uintptr_t place, const btc_site_proof *proof, PyObject *site)
+{
+    PyObject *ref = PyWeakref_NewRef(site, NULL);
+    if (!ref) {
+        PyErr_Clear();
+        return;
+    }
+    m->installs++;
+    m->place = place;
+    m->proof = *proof;
+    Py_XSETREF(m->site, ref);
+}
+
+/* The site of a capture from regs ending at stop (a new reference in
+ * *site; NULL if it could not be interned): the memo's, or captured and
+ * interned.  0, or the capture's BTC_E_* code. */
+static int site_at(const btc_regs *regs, const void *stop, PyObject **site)
+{
+    btc_frame frames[BTC_SPAWN_SITE_FRAMES];
+    PyObject *codes[BTC_SPAWN_SITE_FRAMES];
+    btc_raw_capture c = {.frames = frames,
+                         .max = capacity < BTC_SPAWN_SITE_FRAMES ? capacity : BTC_SPAWN_SITE_FRAMES};
+    uintptr_t place = memo_last_place = place_of(regs, stop);
+    memo_entry *m = memo_entry_of(place);
+    if ((*site = memo_site(m, place, c.max, regs, stop))) {
+        memo_hits++;
+        return 0;
+    }
+    bool seen = m->place == place;
+    m->place = place;
+    btc_site_proof proof;
+    int rc = btc_capture_site(&c, site_want, regs, stop, seen ? &proof : NULL);
+    if (rc != 0)
+        return rc;
+    *site = intern_site(&c, codes);
+    if (seen && proof.valid && *site)
+        memo_install(m, place, &proof, *site);
+    return 0;
+}
+
 /* ---- ancestry nodes ----
  *
  * A node is a record with a site, or a tuple (site, spawner repr, parent)
@@ -417,27 +514,26 @@ static const void *task_bottom(PyObject *task);
  * list holds another), or NULL if g is not tracked. */
 static record *track(PyObject *g, PyObject *current, bool by_task, const btc_regs *regs, PyObject *died)
 {
-    btc_frame frames[BTC_SPAWN_SITE_FRAMES];
-    PyObject *codes[BTC_SPAWN_SITE_FRAMES];
-    btc_raw_capture c = {.frames = frames,
-                         .max = capacity < BTC_SPAWN_SITE_FRAMES ? capacity : BTC_SPAWN_SITE_FRAMES};
     record *spawner = current ? spawner_record(current) : NULL;
     record *r = NULL;
+    PyObject *site = NULL;
     if (spawner) {
         Py_INCREF(spawner);
         /* A task's coroutine, and its frame, are the same for the task's life. */
         if (by_task && !spawner->bottom)
             spawner->bottom = task_bottom(current);
     }
-    if (spawner && bounded_chain(spawner) &&
-        btc_capture_site(&c, site_want, regs, by_task ? spawner->bottom : NULL) == 0 && (r = new_record(g, died))) {
+    if (spawner && bounded_chain(spawner) && site_at(regs, by_task ? spawner->bottom : NULL, &site) == 0 &&
+        (r = new_record(g, died))) {
         r->spawner = Py_NewRef(spawner->name);
         /* NULL on failure: an untracked greenlet, and then no parent (a
          * site-less record ends every chain, holding none). */
-        if ((r->site = intern_site(&c, codes)))
+        if ((r->site = site))
             r->parent = Py_NewRef((PyObject *)spawner);
+        site = NULL;   /* the record's */
         r->creator = Py_NewRef((PyObject *)spawner);
     }
+    Py_XDECREF(site);
     Py_XDECREF((PyObject *)spawner);
     return r;
 }
@@ -969,6 +1065,14 @@ int btc_spawn_watch_creation(int on)
 }
 
 int btc_spawn_enabled(void) { return enabled; }
+
+uint64_t btc_test_spawn_memo(uintptr_t *last_place)
+{
+    uint64_t hits = memo_hits;
+    memo_hits = 0;
+    *last_place = memo_last_place;
+    return hits;
+}
 
 int btc_spawn_capacity(void) { return capacity; }
 

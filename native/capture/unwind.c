@@ -452,6 +452,90 @@ int btc_unwind(const btc_context *ctx, btc_native_frame *out, int max)
     return n;
 }
 
+/* The CFA of a plain frame at r, whether it fits a region or not. */
+static uintptr_t plain_cfa(const plain_rule *p, const btc_regs *r)
+{
+    return p->size & PLAIN_FROM_FP ? r->fp + (p->size - PLAIN_FROM_FP) : r->sp + p->size;
+}
+
+/* The thread's first frame (_start, clone): a row that restores no return
+ * address, whose CFA the rule interpreter computes without a read; its
+ * step then ends the walk, reading nothing. */
+static bool outermost(const pc_info *info)
+{
+    return info->kind == PC_ROW && info->row.ra_rule == BTC_RULE_UNDEFINED && info->row.cfa_kind == BTC_CFA_REG &&
+           !(info->row.flags & BTC_ROW_SIGNAL);
+}
+
+/* Replays the walk with step_plain, from the row cache (which holds every
+ * pc the walk just met), noting each word a step reads that decides the
+ * walk: every return address, and a saved fp only where a later CFA is
+ * computed from it (the other saved registers decide nothing a plain step
+ * does).  A frame whose plain step fails must be the last, its CFA
+ * beyond the view, or the thread's outermost: the rule interpreter then
+ * ends the walk too, reading nothing (a step that fails otherwise, from a misaligned fp say, is not
+ * replayed: the interpreter could still take it, through other reads). */
+static bool note_word(btc_walk_proof *proof, uintptr_t at, uintptr_t value)
+{
+    if (proof->n == BTC_WALK_PROOF_WORDS)
+        return false;
+    proof->at[proof->n] = at;
+    proof->value[proof->n++] = value;
+    return true;
+}
+
+bool btc_unwind_proof(const btc_context *ctx, const btc_native_frame *nat, int n, btc_walk_proof *proof)
+{
+    btc_regs r = ctx->regs;
+    plain_region g;
+    /* Where fp came from: the walk's start (uses_fp then says it decides),
+     * or a slot noted once a CFA is computed from it (fp_noted). */
+    uintptr_t fp_from = 0;
+    bool fp_noted = false;
+    *proof = (btc_walk_proof){.modules = btc_modules_generation, .eval_ranges = btc_eval_ranges_found()};
+    if (ctx->ip_is_exact || ctx->rows || ctx->last_cfa || !region_at(&ctx->mem, r.sp, &g) || g.delta ||
+        g.hi != ctx->mem.hi)
+        return false;
+    for (int i = 0; i < n; i++) {
+        const pc_info *info = nat[i].pc == r.ip && !nat[i].exact && !nat[i].signal ? cached_info(r.ip - 1) : NULL;
+        if (info && i == n - 1 && outermost(info))
+            return true;
+        if (!info || info->kind != PC_ROW || info->plain.size == PLAIN_NEVER)
+            return false;
+        const plain_rule *p = &info->plain;
+        bool from_fp = p->size & PLAIN_FROM_FP;
+        if (from_fp && !fp_from)
+            proof->uses_fp = true;
+        else if (from_fp && !fp_noted && !(fp_noted = note_word(proof, fp_from, r.fp)))
+            return false;
+        if (!step_plain(p, &g, &r))
+            return i == n - 1 && plain_cfa(p, &r) > g.hi;
+        if (!note_word(proof, r.sp + 8 * (intptr_t)p->ra_word, r.ip))
+            return false;
+        if (p->fp_word) {
+            fp_from = r.sp + 8 * (intptr_t)p->fp_word;
+            fp_noted = false;
+        }
+    }
+    return true;
+}
+
+bool btc_unwind_proven(const btc_walk_proof *proof, uintptr_t lo, uintptr_t hi)
+{
+    /* The rows and eval flags a walk would use now are those of the proof's
+     * walk while the module list is the same one (as for the row cache). */
+    if (proof->modules != btc_modules_generation || proof->eval_ranges != btc_eval_ranges_found())
+        return false;
+    uintptr_t differ = 0;
+    for (int i = 0; i < proof->n; i++) {
+        uintptr_t at = proof->at[i];
+        if ((at & 7) || at < lo || at > hi - 8)
+            return false;
+        differ |= *(const uintptr_t *)at ^ proof->value[i];
+    }
+    return differ == 0;
+}
+
 /* Test-only (btcore_api.h): a row's plain form against the rule
  * interpreter, on one frame; a row with no plain form must be refused by
  * the plain step (its size, PLAIN_NEVER, fits no view). */

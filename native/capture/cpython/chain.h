@@ -172,6 +172,62 @@ int btc_py_next_records(btc_pycursor *c, btc_frame *out, int max)
     return btc_py_records_by(c, out, max, step_in_place);
 }
 
+/* step()'s reads, in place, three words a frame: its owner (and whether
+ * the cursor meets the stop there), code and instruction (a shim's too,
+ * though the cursor reads only its owner and link).  From each cursor
+ * position (the first frame, and each frame after a Python frame) the
+ * shims, then a Python frame, whose entry flag is the next frame's owner
+ * (the next frame is read when the cursor stops there too).  No address:
+ * another greenlet's frames at the same code and instructions give the
+ * same records.  check: compare with a proof made here, out[0..max) (-1 at
+ * the first difference); equal words name the same live code objects (the
+ * proof's holder keeps them), so its frames are neither hidden nor
+ * foreign, as when the proof was made.  Bounded by max, a proof's room. */
+BTC_HOT int chain_words(const void *stop, uintptr_t *out, int max, bool check)
+{
+    bool at_position = true, stop_read = false, stopped = false;
+    int n = 0;
+    for (const btc_iframe *f = btc_thread_frame(PyThreadState_Get()); f; f = f->previous, n += 3) {
+        if (n + 3 > max)
+            return -1;
+        bool stop_here = at_position && f == stop;
+        PyObject *code = BTC_FRAME_CODE(f);
+        uintptr_t w0 = (uintptr_t)(unsigned char)f->owner | (uintptr_t)stop_here << 8, w1 = (uintptr_t)code,
+                  w2 = (uintptr_t)BTC_FRAME_INSTR(f);
+        if (check && ((out[n] ^ w0) | (out[n + 1] ^ w1) | (out[n + 2] ^ w2)))
+            return -1;
+        if (!check)
+            out[n] = w0, out[n + 1] = w1, out[n + 2] = w2;
+        if (stopped)
+            return n + 3;
+        bool python = f->owner < BTC_BOUNDARY_OWNER;
+        if (!check && python && (!code || !PyCode_Check(code) || (f->owner != FRAME_OWNED_BY_GENERATOR &&
+            (const char *)BTC_FRAME_INSTR(f) - ((const char *)code + offsetof(PyCodeObject, co_code_adaptive)) <
+                ((PyCodeObject *)code)->_co_firsttraceable * (int)sizeof(_Py_CODEUNIT))))
+            return -1;   /* not a code object's, or hidden: its code is held by nobody */
+        stop_read |= stop_here;
+        stopped = python && stop_read;
+        at_position = python;
+    }
+    return n;
+}
+
+const void *btc_py_current_instr(void)
+{
+    const btc_iframe *f = btc_thread_frame(PyThreadState_Get());
+    return f ? (const void *)BTC_FRAME_INSTR(f) : NULL;
+}
+
+int btc_py_chain_proof(const void *stop, uintptr_t *out, int max)
+{
+    return chain_words(stop, out, max, false);
+}
+
+bool btc_py_chain_proven(const void *stop, const uintptr_t *proof, int n)
+{
+    return chain_words(stop, (uintptr_t *)proof, n, true) == n;
+}
+
 /* The C-stack address of the eval-loop call that runs `frame`, a frame of
  * the calling thread's chain (a running task's coroutine), or 0: the shim
  * frame that call pushed before it (its `previous`, past any other shim), a

@@ -32,4 +32,7 @@ const void *btc_py_interpreter_frame(PyObject *frame) { (void)frame; return NULL
 
 #if BTC_PY_FAMILY == 0
 uintptr_t btc_py_eval_call_address(const void *frame) { (void)frame; return 0; }
+int btc_py_chain_proof(const void *stop, uintptr_t *out, int max) { (void)stop, (void)out, (void)max; return -1; }
+bool btc_py_chain_proven(const void *stop, const uintptr_t *proof, int n) { (void)stop, (void)proof, (void)n; return false; }
+const void *btc_py_current_instr(void) { return NULL; }
 #endif

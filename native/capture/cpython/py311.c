@@ -65,6 +65,51 @@ BTC_HOT bool step(btc_pycursor *c, btc_pyframe *f, bool plain)
     return true;
 }
 
+/* step()'s reads, in place (pyframes.h), three words a frame: its owner
+ * with its entry flag (and whether it is the stop), code and instruction;
+ * no address (another greenlet's frames at the same code and instructions
+ * give the same records).  check: compared with a proof made here,
+ * out[0..max) (equal words name the same live code objects: neither
+ * hidden nor foreign, as when the proof was made). */
+BTC_HOT int chain_words(const void *stop, uintptr_t *out, int max, bool check)
+{
+    const _PyInterpreterFrame *f = PyThreadState_Get()->cframe ? PyThreadState_Get()->cframe->current_frame : NULL;
+    int n = 0;
+    for (; f; f = f->previous, n += 3) {
+        if (n + 3 > max)
+            return -1;
+        if (!check && (!f->f_code || !PyCode_Check((PyObject *)f->f_code) ||
+                       (f->owner != FRAME_OWNED_BY_GENERATOR &&
+                        f->prev_instr < _PyCode_CODE(f->f_code) + f->f_code->_co_firsttraceable)))
+            return -1;   /* hidden: its code is held by nobody */
+        uintptr_t w0 = (uintptr_t)(unsigned char)f->owner | (uintptr_t)f->is_entry << 8 | (uintptr_t)(f == stop) << 9,
+                  w1 = (uintptr_t)f->f_code, w2 = (uintptr_t)f->prev_instr;
+        if (check && ((out[n] ^ w0) | (out[n + 1] ^ w1) | (out[n + 2] ^ w2)))
+            return -1;
+        if (!check)
+            out[n] = w0, out[n + 1] = w1, out[n + 2] = w2;
+        if (f == stop)
+            return n + 3;
+    }
+    return n;
+}
+
+const void *btc_py_current_instr(void)
+{
+    const _PyInterpreterFrame *f = PyThreadState_Get()->cframe ? PyThreadState_Get()->cframe->current_frame : NULL;
+    return f ? (const void *)f->prev_instr : NULL;
+}
+
+int btc_py_chain_proof(const void *stop, uintptr_t *out, int max)
+{
+    return chain_words(stop, out, max, false);
+}
+
+bool btc_py_chain_proven(const void *stop, const uintptr_t *proof, int n)
+{
+    return chain_words(stop, (uintptr_t *)proof, n, true) == n;
+}
+
 BTC_HOT bool step_in_place(btc_pycursor *c, btc_pyframe *f) { return step(c, f, true); }
 BTC_HOT bool step_through_reader(btc_pycursor *c, btc_pyframe *f) { return step(c, f, false); }
 

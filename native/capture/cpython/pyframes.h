@@ -145,6 +145,23 @@ BTC_HOT int btc_py_records_by(btc_pycursor *c, btc_frame *out, int max, bool (*n
     return n;
 }
 
+/* The words that decide the records btc_py_next_records gives for the
+ * calling thread's chain, read by a cursor from its innermost frame that
+ * stops at `stop` (or NULL), into out[0..max): how many, or -1 (more than
+ * max, or a frame no proof covers: one tracebacks hide, or whose code is
+ * not a code object).  Each frame's owner (where the cursor meets the
+ * stop), and its code object and instruction pointer: equal words later
+ * mean equal records, as long as the code objects named stay alive (the
+ * comparer holds them: an address then names one object).  Spawn sites
+ * seen before (capture.c). */
+int btc_py_chain_proof(const void *stop, uintptr_t *out, int max);
+/* Does the chain read so now give proof[0..n), made by btc_py_chain_proof
+ * (the caller holding the code objects it names)? */
+bool btc_py_chain_proven(const void *stop, const uintptr_t *proof, int n);
+/* The instruction pointer of the calling thread's innermost frame (what
+ * it runs, wherever its frame lies), or NULL. */
+const void *btc_py_current_instr(void);
+
 /* The interpreter frame of frame object `frame` (borrowed: live while
  * `frame` runs or is suspended), or NULL. */
 const void *btc_py_interpreter_frame(PyObject *frame);
