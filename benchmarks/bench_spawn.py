@@ -54,6 +54,7 @@ import gevent
 from gevent import config
 
 import btcore
+import btcore.capture.spawn  # DEFAULT_CAPACITY (not imported by btcore itself)
 
 
 # CPU time of this thread: the machine is shared, and wall time would count
