@@ -467,6 +467,25 @@ static bool outermost(const pc_info *info)
            !(info->row.flags & BTC_ROW_SIGNAL);
 }
 
+/* The plain form a replay steps info's frame with: its row's, or for a
+ * row whose only difference from a plain one is a signed return address
+ * (aarch64's pointer authentication), that of the row unsigned: the rule
+ * interpreter reads the same slots, then strips the address.  False if
+ * neither. */
+static bool replay_rule(const pc_info *info, plain_rule *p, bool *signed_ra)
+{
+    *p = info->plain;
+    *signed_ra = false;
+    if (p->size != PLAIN_NEVER)
+        return true;
+    if (info->kind != PC_ROW || !(info->row.flags & BTC_ROW_RA_SIGNED))
+        return false;
+    btc_cfi_row row = info->row;
+    row.flags &= (uint8_t)~BTC_ROW_RA_SIGNED;
+    *signed_ra = true;
+    return plain_form(&row, p);
+}
+
 /* Replays the walk with step_plain, from the row cache (which holds every
  * pc the walk just met), noting each word a step reads that decides the
  * walk: every return address, and a saved fp only where a later CFA is
@@ -500,9 +519,10 @@ bool btc_unwind_proof(const btc_context *ctx, const btc_native_frame *nat, int n
         const pc_info *info = nat[i].pc == r.ip && !nat[i].exact && !nat[i].signal ? cached_info(r.ip - 1) : NULL;
         if (info && i == n - 1 && outermost(info))
             return true;
-        if (!info || info->kind != PC_ROW || info->plain.size == PLAIN_NEVER)
+        plain_rule rule, *p = &rule;
+        bool signed_ra;
+        if (!info || !replay_rule(info, p, &signed_ra))
             return false;
-        const plain_rule *p = &info->plain;
         bool from_fp = p->size & PLAIN_FROM_FP;
         if (from_fp && !fp_from)
             proof->uses_fp = true;
@@ -512,6 +532,11 @@ bool btc_unwind_proof(const btc_context *ctx, const btc_native_frame *nat, int n
             return i == n - 1 && plain_cfa(p, &r) > g.hi;
         if (!note_word(proof, r.sp + 8 * (intptr_t)p->ra_word, r.ip))
             return false;
+        if (signed_ra) {   /* as step() strips it (and a link register gets it back stripped) */
+            r.ip = btc_strip_ra(r.ip);
+            if (BTC_LINK_REGISTER)
+                r.aux = r.ip;
+        }
         if (p->fp_word) {
             fp_from = r.sp + 8 * (intptr_t)p->fp_word;
             fp_noted = false;
