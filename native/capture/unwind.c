@@ -486,14 +486,8 @@ static bool replay_rule(const pc_info *info, plain_rule *p, bool *signed_ra)
     return plain_form(&row, p);
 }
 
-/* Replays the walk with step_plain, from the row cache (which holds every
- * pc the walk just met), noting each word a step reads that decides the
- * walk: every return address, and a saved fp only where a later CFA is
- * computed from it (the other saved registers decide nothing a plain step
- * does).  A frame whose plain step fails must be the last, its CFA
- * beyond the view, or the thread's outermost: the rule interpreter then
- * ends the walk too, reading nothing (a step that fails otherwise, from a misaligned fp say, is not
- * replayed: the interpreter could still take it, through other reads). */
+/* Note the word at `at` and the value the replay read there; false when
+ * the proof is full. */
 static bool note_word(btc_walk_proof *proof, uintptr_t at, uintptr_t value)
 {
     if (proof->n == BTC_WALK_PROOF_WORDS)
@@ -503,6 +497,15 @@ static bool note_word(btc_walk_proof *proof, uintptr_t at, uintptr_t value)
     return true;
 }
 
+/* Replays the walk with step_plain, from the row cache (which holds every
+ * pc the walk just met), noting each word a step reads that decides the
+ * walk: every return address, and a saved fp only where a later CFA is
+ * computed from it (the other saved registers decide nothing a plain step
+ * does).  A frame whose plain step fails must be the last, its CFA beyond
+ * the view, or the thread's outermost: the rule interpreter then ends the
+ * walk too, reading nothing (a step that fails otherwise, from a
+ * misaligned fp say, is not replayed: the interpreter could still take it,
+ * through other reads). */
 bool btc_unwind_proof(const btc_context *ctx, const btc_native_frame *nat, int n, btc_walk_proof *proof)
 {
     btc_regs r = ctx->regs;
