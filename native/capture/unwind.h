@@ -33,10 +33,11 @@ typedef struct {
     uintptr_t at[BTC_WALK_PROOF_WORDS], value[BTC_WALK_PROOF_WORDS];
 } btc_walk_proof;
 
-/* The proof of the walk of ctx that gave nat[0..n), right after it, module lock still held: false when some step was not a
- * plain one (the rule interpreter reads more than a replay records), or
- * the walk did not start in this process's own stack (a view with a spill,
- * another process's modules). */
+/* The proof of the walk of ctx that gave nat[0..n), made right after it
+ * with the module lock still held: false when some step was not a plain
+ * one (the rule interpreter reads more than a replay notes), or the walk
+ * was not of this process's own stack (a view with a spill, another
+ * process's modules). */
 bool btc_unwind_proof(const btc_context *ctx, const btc_native_frame *nat, int n, btc_walk_proof *proof);
 /* Do the proof's words still hold their values, with the same module
  * list?  Read in place, without the module lock, each only if it lies in

@@ -115,6 +115,21 @@ static bool chain_end(btc_pycursor *c)
     return false;
 }
 
+/* The instruction offset of Python frame f (read at `at`), in bytes. */
+BTC_HOT int frame_lasti(const btc_iframe *at, const PyObject *code)
+{
+    const char *first = (const char *)code + offsetof(PyCodeObject, co_code_adaptive);
+    return (int)((const char *)BTC_FRAME_INSTR(at) - first);
+}
+
+/* CPython's _PyFrame_IsIncomplete for a frame that is not a shim, with the
+ * code object's field read from code_at. */
+BTC_HOT bool hidden_frame(int owner, int lasti, const PyCodeObject *code_at)
+{
+    return owner != FRAME_OWNED_BY_GENERATOR &&
+           lasti < code_at->_co_firsttraceable * (int)sizeof(_Py_CODEUNIT);   /* no signed division */
+}
+
 /* One step of cursor c, whose frames are read as reader r says: r is c,
  * or (plain) a cursor without reader, memory view or exposed links, in
  * which the checks of those fold away when this is inlined with plain
@@ -142,13 +157,10 @@ BTC_HOT bool step(btc_pycursor *c, btc_pyframe *f, bool plain)
     const PyCodeObject *code_at;
     if (!code || !(code_at = btc_py_code_at(r, code)) || !PyCode_Check((PyObject *)code_at))
         return chain_end(c);
-    const char *first = (const char *)code + offsetof(PyCodeObject, co_code_adaptive);
-    int lasti = (int)((const char *)BTC_FRAME_INSTR(at) - first);
+    int lasti = frame_lasti(at, code);
     f->code = code;
     f->lasti = lasti;
-    /* CPython's _PyFrame_IsIncomplete for a frame that is not a shim. */
-    f->hidden = owner != FRAME_OWNED_BY_GENERATOR &&
-                lasti < code_at->_co_firsttraceable * (int)sizeof(_Py_CODEUNIT);   /* no signed division */
+    f->hidden = hidden_frame(owner, lasti, code_at);
     f->entry = entry_frame(r, at, prev);
     c->frame = prev;
     return true;
@@ -201,9 +213,8 @@ BTC_HOT int chain_words(const void *stop, uintptr_t *out, int max, bool check)
         if (stopped)
             return n + 3;
         bool python = f->owner < BTC_BOUNDARY_OWNER;
-        if (!check && python && (!code || !PyCode_Check(code) || (f->owner != FRAME_OWNED_BY_GENERATOR &&
-            (const char *)BTC_FRAME_INSTR(f) - ((const char *)code + offsetof(PyCodeObject, co_code_adaptive)) <
-                ((PyCodeObject *)code)->_co_firsttraceable * (int)sizeof(_Py_CODEUNIT))))
+        if (!check && python && (!code || !PyCode_Check(code) ||
+                                 hidden_frame(f->owner, frame_lasti(f, code), (const PyCodeObject *)code)))
             return -1;   /* not a code object's, or hidden: its code is held by nobody */
         stop_read |= stop_here;
         stopped = python && stop_read;

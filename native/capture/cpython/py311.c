@@ -13,9 +13,15 @@ const char *const btc_py_eval_functions[] = {"_PyEval_EvalFrameDefault", NULL};
 
 bool btc_py_supported(void) { return true; }
 
+/* The innermost frame of thread state ts. */
+static const _PyInterpreterFrame *thread_frame(const PyThreadState *ts)
+{
+    return ts->cframe ? ts->cframe->current_frame : NULL;
+}
+
 void btc_py_cursor_thread(btc_pycursor *c, PyThreadState *ts)
 {
-    *c = (btc_pycursor){.frame = ts->cframe ? ts->cframe->current_frame : NULL};
+    *c = (btc_pycursor){.frame = thread_frame(ts)};
 }
 
 /* greenlet does not relink frames on 3.11: a suspended chain is a chain. */
@@ -43,6 +49,13 @@ uintptr_t btc_py_eval_call_address(const void *frame)
     return 0;
 }
 
+/* _PyFrame_IsIncomplete for frame fr, with the code object's field read
+ * from code_at. */
+BTC_HOT bool hidden_frame(const _PyInterpreterFrame *fr, const PyCodeObject *code_at)
+{
+    return fr->owner != FRAME_OWNED_BY_GENERATOR && fr->prev_instr < _PyCode_CODE(fr->f_code) + code_at->_co_firsttraceable;
+}
+
 /* One frame of cursor c, read as reader r says: r is c, or (plain) a
  * cursor without reader, whose checks fold away when this is inlined with
  * plain constant (the calling thread's own chain). */
@@ -58,9 +71,7 @@ BTC_HOT bool step(btc_pycursor *c, btc_pyframe *f, bool plain)
         return false;
     f->lasti = _PyInterpreterFrame_LASTI(fr) * (int)sizeof(_Py_CODEUNIT);   /* pointer arithmetic only */
     f->entry = fr->is_entry;
-    /* _PyFrame_IsIncomplete, with the code object's field read from `code` */
-    f->hidden = fr->owner != FRAME_OWNED_BY_GENERATOR &&
-                fr->prev_instr < _PyCode_CODE(fr->f_code) + code->_co_firsttraceable;
+    f->hidden = hidden_frame(fr, code);
     c->frame = fr->previous;
     return true;
 }
@@ -73,15 +84,13 @@ BTC_HOT bool step(btc_pycursor *c, btc_pyframe *f, bool plain)
  * hidden nor foreign, as when the proof was made). */
 BTC_HOT int chain_words(const void *stop, uintptr_t *out, int max, bool check)
 {
-    const _PyInterpreterFrame *f = PyThreadState_Get()->cframe ? PyThreadState_Get()->cframe->current_frame : NULL;
+    const _PyInterpreterFrame *f = thread_frame(PyThreadState_Get());
     int n = 0;
     for (; f; f = f->previous, n += 3) {
         if (n + 3 > max)
             return -1;
-        if (!check && (!f->f_code || !PyCode_Check((PyObject *)f->f_code) ||
-                       (f->owner != FRAME_OWNED_BY_GENERATOR &&
-                        f->prev_instr < _PyCode_CODE(f->f_code) + f->f_code->_co_firsttraceable)))
-            return -1;   /* hidden: its code is held by nobody */
+        if (!check && (!f->f_code || !PyCode_Check((PyObject *)f->f_code) || hidden_frame(f, f->f_code)))
+            return -1;   /* not a code object's, or hidden: its code is held by nobody */
         uintptr_t w0 = (uintptr_t)(unsigned char)f->owner | (uintptr_t)f->is_entry << 8 | (uintptr_t)(f == stop) << 9,
                   w1 = (uintptr_t)f->f_code, w2 = (uintptr_t)f->prev_instr;
         if (check && ((out[n] ^ w0) | (out[n + 1] ^ w1) | (out[n + 2] ^ w2)))
@@ -96,7 +105,7 @@ BTC_HOT int chain_words(const void *stop, uintptr_t *out, int max, bool check)
 
 const void *btc_py_current_instr(void)
 {
-    const _PyInterpreterFrame *f = PyThreadState_Get()->cframe ? PyThreadState_Get()->cframe->current_frame : NULL;
+    const _PyInterpreterFrame *f = thread_frame(PyThreadState_Get());
     return f ? (const void *)f->prev_instr : NULL;
 }
 
