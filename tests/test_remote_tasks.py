@@ -29,9 +29,9 @@ WAIT = 120   # seconds: hang detection only
 KNOWN = sys.version_info[:2] in ((3, 11), (3, 13), (3, 14), (3, 15))
 
 
-def start(folder, *args):
+def start(folder, *args, env=None):
     oracle, ready = folder / "oracle.json", folder / "ready"
-    proc = subprocess.Popen([sys.executable, TARGET, str(oracle), str(ready), *args])
+    proc = subprocess.Popen([sys.executable, TARGET, str(oracle), str(ready), *args], env=env)
     conftest.wait_until_ready(proc, ready, WAIT)
     return proc, json.loads(oracle.read_text())
 
@@ -101,6 +101,31 @@ def test_outside_tasks_equal_dump_all_inside(target):
     assert parked_tasks(outside) == expected
     # the nine parked, gather's two, the group's two, the chain's three, extra, wait_for's (3.11)
     assert len(expected) == 9 + 2 + 2 + 3 + 8 + len(waited)
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11) or not shutil.which("strip"),
+                    reason="3.11's task types are static: found in _asyncio's data (binutils strips a copy)")
+def test_tasks_are_listed_when_asyncio_is_stripped_of_its_local_symbols(tmp_path):
+    # guards: _static_types() in btcore/remote/tasks.py.  A distribution's _asyncio (Debian's) keeps no
+    # .symtab, so TaskType and FutureType have no symbol there: a copy stripped as Debian strips it
+    # shadows this interpreter's own, and the outside dump must list the same tasks as dump_all().
+    import importlib.util
+    original = importlib.util.find_spec("_asyncio").origin   # not imported: 3.11's _asyncio imported before
+    folder = tmp_path / "stripped"                            # asyncio has no current task
+    folder.mkdir()
+    copy = folder / os.path.basename(original)
+    subprocess.run(["strip", "--strip-unneeded", "-o", str(copy), original], check=True)
+    assert b"TaskType" not in subprocess.run(["nm", str(copy)], capture_output=True).stdout
+    proc, inside = start(tmp_path, "0", env={**os.environ, "PYTHONPATH": str(folder)})
+    try:
+        with open(f"/proc/{proc.pid}/maps") as maps:
+            assert str(copy) in maps.read()   # the stripped copy is the one the target runs
+        expected = parked_tasks(inside)
+        assert len(expected) >= 9
+        assert parked_tasks(json.loads(dump(proc.pid, "--format", "json"))) == expected
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
 
 
 def spawn_sites(doc) -> dict:

@@ -1285,6 +1285,9 @@ MUTATIONS = [
              "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
              "a task waiting in a method of any object is taken for the awaiter of the tasks whose callback is "
              "another method of it (a TaskGroup's rule applied to every object): edges dump_all() does not draw"),
+    Mutation("src/btcore/remote/tasks.py", "            tp = lo + at - 8", "            tp = lo + at",
+             "tests/test_remote_tasks.py::test_tasks_are_listed_when_asyncio_is_stripped_of_its_local_symbols",
+             "3.11's task types are looked for a word past their heads: the outside dump lists no tasks"),
     Mutation("src/btcore/remote/tasks.py", "        awaiting += (holder_task,)", "        pass",
              "tests/test_remote_tasks.py::test_outside_tasks_equal_dump_all_inside",
              "a TaskGroup's members are not paired with the task suspended in the group's __aexit__"),

@@ -12,7 +12,7 @@ Found while the target is stopped (gather(), from remote.gather()):
   would need each version's dicts, managed dicts and instance values;
   instead, before the stop, the gc lists' sets are looked through for
   (weak references to) tasks, and the stop reads only those tables.
-Task types: 3.11's static TaskType and FutureType by their symbols, 3.13+'s
+Task types: 3.11's static TaskType and FutureType by name in _asyncio's data, 3.13+'s
 heap types by name among the gc lists' types (before the stop too).
 The task, its coroutine chain (what the interpreter resumes: the awaited
 object on each suspended frame's stack) and its awaiters (the wakeup bound
@@ -89,8 +89,8 @@ class _Reader:
         for field, symbol in _SYMBOLS.items():
             value = symbol_value(interpreter.path, symbol)
             setattr(lay, field, interpreter.bias + value if value else 0)
-        if lay.version_hex >> 16 == 0x030B:   # static types, named by their symbols
-            tasks, futures = (_static_type(target, asyncio_files, name) for name in ("TaskType", "FutureType"))
+        if lay.version_hex >> 16 == 0x030B:   # static types, in _asyncio's data (the interpreter's if built in)
+            tasks, futures = _static_types(target, interpreter, asyncio_files[:1], (_TASK_NAME, _FUTURE_NAME))
         else:
             tasks, futures = _heap_types(target, interpreter, (_TASK_NAME, _FUTURE_NAME))
         if not tasks or not futures or not all(getattr(lay, field) for field in _SYMBOLS):
@@ -120,13 +120,48 @@ class _Reader:
         return found
 
 
-def _static_type(target, files, symbol) -> list:
-    for path in files:
-        mod = next((m for m in target.modules.list if m.path == path), None)
-        value = symbol_value(path, symbol) if mod else None
-        if value:
-            return [mod.bias + value]
-    return []
+def _static_types(target, interpreter, files, names) -> tuple:
+    """([types named names[0]], ...) among the static type objects in the writable data of the modules
+    at files (3.11's TaskType and FutureType).  Found by their names, not their symbols: those are local,
+    and a distribution's build strips them (Debian's _asyncio keeps only .dynsym)."""
+    type_type = symbol_value(interpreter.path, "PyType_Type")
+    found = {name: [] for name in names}
+    if not type_type:
+        return tuple(found.values())
+    needle = struct.pack("<Q", interpreter.bias + type_type)   # a static type's ob_type, after ob_refcnt
+    for lo, data in _module_data(target, files):
+        at = data.find(needle)
+        while at >= 0:
+            tp = lo + at - 8
+            name = _tp_name(target.memory, target.layout, tp) if at % 8 == 0 else None
+            if name in found and len(found[name]) < lib.BTC_REMOTE_TASK_TYPES - 1:
+                found[name].append(tp)
+            at = data.find(needle, at + 1)
+    return tuple(found.values())
+
+
+_MAX_MODULE_DATA = 64 << 20   # bytes of one module's writable mappings looked through for static types
+
+
+def _module_data(target, files):
+    """(address, bytes) of each writable (in a core: each) mapping of the files at files, as far as readable."""
+    for m in target.mappings:
+        if m.path in files and ("w" in m.perms or not m.perms) and m.hi - m.lo <= _MAX_MODULE_DATA:
+            data = _readable_part(target.memory, m.lo, m.hi)
+            if data:
+                yield m.lo, data
+
+
+def _readable_part(memory, lo: int, hi: int) -> bytes:
+    """The bytes of [lo, hi) up to the first page that cannot be read (64 KiB at a time, else a page)."""
+    parts = []
+    while lo < hi:
+        raw = memory.read(lo, min(hi - lo, 1 << 16)) or memory.read(lo, min(hi - lo, 4096))
+        if raw is None:
+            break
+        parts.append(raw)
+        lo += len(raw)
+    return b"".join(parts)
 
 
 def _heap_types(target, interpreter, names) -> tuple:
