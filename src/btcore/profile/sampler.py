@@ -392,6 +392,7 @@ class Profiler:
         # write failed with gevent's "cannot release un-acquired lock" (3.13, and 3.11 under ASan).
         from . import formats as profile_formats
         from ..capture import threads  # noqa: F401
+        from ..views import html  # noqa: F401  (formats.html() imports it: the duration's .html write, seen on CI)
         if not self.threads_only and lib.btc_spawn_watch_creation(1) != 0:   # before the first tick's heap scan
             raise RuntimeError("btcore profiler: cannot watch greenlet creation (out of memory?)")
         _original("_thread", "start_new_thread")(self._run, ())
