@@ -130,7 +130,7 @@ def _static_types(target, interpreter, files, names) -> tuple:
         return tuple(found.values())
     needle = struct.pack("<Q", interpreter.bias + type_type)   # a static type's ob_type, after ob_refcnt
     for lo, data in _module_data(target, files):
-        at = data.find(needle)
+        at = data.find(needle, 8)   # at 8: a type's head lies inside the mapping
         while at >= 0:
             tp = lo + at - 8
             name = _tp_name(target.memory, target.layout, tp) if at % 8 == 0 else None
