@@ -642,6 +642,56 @@ def test_threads(tracking):
         assert python_names(outer)[0] == "in_thread"
 
 
+# A gevent Greenlet is made by its Cython tp_new, which calls greenlet's
+# (the hook) first and fills its own fields after: NULL until then, and its
+# spawning_greenlet getter reads them unchecked.  Python code run inside the
+# hook after greenlet's tp_new could find the half-made object (a signal's
+# dump at the next bytecode, as in a loaded gunicorn worker, which died of
+# SIGSEGV at 0): the hook must run none there.  Each child dumps from such
+# Python code; a crash is its exit status.
+_DUMP_WHILE_SPAWNING = """
+    import gc, sys, gevent, greenlet, btcore
+    btcore.enable_spawn_tracking()
+    dumps = []
+    def dump(*_):
+        if armed:
+            dumps.append(sum(1 for info in btcore.snapshot() if isinstance(info.greenlet, gevent.Greenlet)))
+    armed = False
+    {setup}
+    def spawner():
+        global armed
+        armed = True
+        g = gevent.spawn(lambda: None)
+        armed = False
+        lines = btcore.spawn_backtrace(g).format().splitlines()
+        print(len(dumps) > 0, [line.strip() for line in lines if "spawned by" in line][-1])   # g's spawner
+    {spawner}
+"""
+
+
+def test_a_dump_run_by_the_spawners_repr_sees_no_half_made_greenlet():
+    """The spawner's repr, the hook's first Python code, runs before the
+    greenlet is made (it is what a dump sees then)."""
+    r = run_child(_DUMP_WHILE_SPAWNING.format(
+        setup="class Dumping(greenlet.greenlet):\n        def __repr__(self):\n"
+              "            dump()\n            return '<dumping spawner>'",
+        spawner="Dumping(spawner).switch()"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[0] == "True spawned by <dumping spawner> at:", r.stdout
+
+
+def test_a_dump_run_by_a_collection_while_recording_sees_no_half_made_greenlet():
+    """A collection set off by the record's allocation runs gc.callbacks
+    (Python code): the collector is held off while the record is made.
+    With a threshold of 1 every allocation collects."""
+    r = run_child(_DUMP_WHILE_SPAWNING.format(
+        setup="gc.callbacks.append(dump)",
+        spawner="gc.set_threshold(1)\n    greenlet.greenlet(spawner).switch()"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[0].startswith("True spawned by <greenlet.greenlet object at 0x"), r.stdout
+    assert " main>" not in r.stdout, r.stdout   # the greenlet that ran spawner(), not the main one
+
+
 # ---- gevent's own tracking ----
 
 @pytest.mark.parametrize("gevent_tree", [True, False])

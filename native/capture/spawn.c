@@ -508,33 +508,56 @@ static record *spawner_record(PyObject *current)
 
 static const void *task_bottom(PyObject *task);
 
-/* Record g as created by current, a greenlet or (by_task) a running
- * asyncio task, whose bottom then ends the site; from the stack at regs,
- * died the record's callback.  The record (a new reference: the live
- * list holds another), or NULL if g is not tracked. */
-static record *track(PyObject *g, PyObject *current, bool by_task, const btc_regs *regs, PyObject *died)
+/* What a creation's record is made of, all of it taken before the
+ * creation where it can be (see tracked_new): the spawner's record, its
+ * name taken and its chain cut, and the site. */
+typedef struct {
+    record *spawner;   /* a new reference; NULL: the creation is not tracked */
+    PyObject *site;    /* a new reference; NULL: none (the record is site-less) */
+} spawn_parts;
+
+static void drop_parts(spawn_parts *p)
 {
-    record *spawner = current ? spawner_record(current) : NULL;
-    record *r = NULL;
-    PyObject *site = NULL;
-    if (spawner) {
-        Py_INCREF(spawner);
-        /* A task's coroutine, and its frame, are the same for the task's life. */
-        if (by_task && !spawner->bottom)
-            spawner->bottom = task_bottom(current);
-    }
-    if (spawner && bounded_chain(spawner) && site_at(regs, by_task ? spawner->bottom : NULL, &site) == 0 &&
-        (r = new_record(g, died))) {
-        r->spawner = Py_NewRef(spawner->name);
-        /* NULL on failure: an untracked greenlet, and then no parent (a
-         * site-less record ends every chain, holding none). */
-        if ((r->site = site))
-            r->parent = Py_NewRef((PyObject *)spawner);
-        site = NULL;   /* the record's */
-        r->creator = Py_NewRef((PyObject *)spawner);
-    }
-    Py_XDECREF(site);
-    Py_XDECREF((PyObject *)spawner);
+    Py_CLEAR(p->site);
+    Py_CLEAR(p->spawner);
+}
+
+/* The parts of a creation by current, a greenlet or (by_task) a running
+ * asyncio task, whose bottom then ends the site, from the stack at regs.
+ * This is the part that may run Python code (the spawner's __repr__, the
+ * collections and finalizers its allocations set off).  False if the
+ * creation is not tracked. */
+static bool take_parts(PyObject *current, bool by_task, const btc_regs *regs, spawn_parts *p)
+{
+    p->site = NULL;
+    p->spawner = NULL;
+    if (!current || !(p->spawner = spawner_record(current)))
+        return false;
+    Py_INCREF(p->spawner);
+    /* A task's coroutine, and its frame, are the same for the task's life. */
+    if (by_task && !p->spawner->bottom)
+        p->spawner->bottom = task_bottom(current);
+    if (bounded_chain(p->spawner) && site_at(regs, by_task ? p->spawner->bottom : NULL, &p->site) == 0)
+        return true;
+    drop_parts(p);
+    return false;
+}
+
+/* g's record from its parts, died its callback (a new reference: the live
+ * list holds another), or NULL.  Runs no Python code but what a
+ * collection set off by its allocation would. */
+static record *record_from(PyObject *g, spawn_parts *p, PyObject *died)
+{
+    record *r = new_record(g, died);
+    if (!r)
+        return NULL;
+    r->spawner = Py_NewRef(p->spawner->name);
+    /* No site: an untracked greenlet, and then no parent (a site-less
+     * record ends every chain, holding none). */
+    if ((r->site = p->site))
+        r->parent = Py_NewRef((PyObject *)p->spawner);
+    p->site = NULL;   /* the record's */
+    r->creator = Py_NewRef((PyObject *)p->spawner);
     return r;
 }
 
@@ -556,25 +579,56 @@ static void note_created(PyObject *g)
     PyErr_Restore(type_, value, tb);
 }
 
+/* greenlet's tp_new while tracking is on.  What original_new makes is
+ * only greenlet's part of the object when a subclass's tp_new (gevent's
+ * Cython Greenlet) calls this one first: the subclass's fields are NULL
+ * until it fills them, after this returns, and its getters read them
+ * unchecked.  Python code run in between can find the object
+ * (gc.get_objects(): a signal's dump run at the next bytecode, another
+ * thread's snapshot) and read gevent's spawning_greenlet, a SIGSEGV at 0
+ * (a gunicorn worker, dumped by signal while spawning under load).  So
+ * everything that may run Python code is done before the object exists,
+ * and after it only C with the collector held off (a collection runs
+ * finalizers and gc.callbacks, Python code). */
+/* What tracked_new and tracked_task_new do once the object o is made: note
+ * its creation (note) and make its record from parts (none if parts has no
+ * spawner), with the collector held off. */
+static void finish_new(PyObject *o, bool note, spawn_parts *parts)
+{
+    if (!note && !parts->spawner)
+        return;
+    int collecting = PyGC_Disable();
+    if (note)
+        note_created(o);
+    if (parts->spawner) {
+        Py_XDECREF(record_from(o, parts, record_died));
+        PyErr_Clear();   /* (none was set before: the tp_new succeeded) */
+    }
+    if (collecting)
+        PyGC_Enable();
+}
+
 static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
+    spawn_parts parts = {0};
+    if (enabled && !in_hook) {
+        /* The walk starts here: the frames of the work below are not unwound. */
+        btc_regs regs;
+        btc_get_regs(&regs);
+        in_hook = true;
+        PyObject *type_, *value, *tb;   /* a failure to record is not the caller's */
+        PyErr_Fetch(&type_, &value, &tb);
+        PyObject *current = btc_current_greenlet();
+        take_parts(current, false, &regs, &parts);
+        Py_XDECREF(current);
+        PyErr_Clear();
+        PyErr_Restore(type_, value, tb);
+        in_hook = false;
+    }
     PyObject *g = original_new(type, args, kwds);
-    if (g && created)
-        note_created(g);
-    if (!g || !enabled || in_hook)
-        return g;
-    /* The walk starts here: the frames of the work below are not unwound. */
-    btc_regs regs;
-    btc_get_regs(&regs);
-    in_hook = true;
-    PyObject *type_, *value, *tb;   /* a failure to record is not the caller's */
-    PyErr_Fetch(&type_, &value, &tb);
-    PyObject *current = btc_current_greenlet();
-    Py_XDECREF(track(g, current, false, &regs, record_died));
-    Py_XDECREF(current);
-    PyErr_Clear();
-    PyErr_Restore(type_, value, tb);
-    in_hook = false;
+    if (g)
+        finish_new(g, created != NULL, &parts);
+    drop_parts(&parts);
     return g;
 }
 
@@ -605,7 +659,8 @@ static bool trackable(PyObject *o)
 }
 
 /* The running task of the loop of a task made now (a new reference), or
- * NULL.  3.14+ keeps a running C task in the thread state; a pure-Python
+ * NULL; task_made NULL: a task about to be made (3.14+'s C task at tp_new,
+ * which has no loop yet: its thread's).  3.14+ keeps a running C task in the thread state; a pure-Python
  * one (and every task before 3.14) is in current_tasks (NULL: not looked
  * up) under its loop.  The task's loop, not the calling
  * thread's running loop: asyncio's _get_running_loop() calls getpid() (a
@@ -620,8 +675,8 @@ static PyObject *running_task(PyObject *task_made, PyObject *current_tasks)
         return Py_NewRef(running);
     if (!current_tasks || (!loop_name && !(loop_name = PyUnicode_InternFromString("_loop"))))
         return NULL;
-    PyObject *loop = PyObject_GetAttr(task_made, loop_name);
-    if (!loop || loop == Py_None) {   /* a C task at tp_new (3.14+): no loop yet, its thread's then */
+    PyObject *loop = task_made ? PyObject_GetAttr(task_made, loop_name) : NULL;
+    if (!loop || loop == Py_None) {   /* no loop (yet): its thread's then */
         PyErr_Clear();
         Py_XSETREF(loop, Py_XNewRef(thread_loop));
     }
@@ -652,11 +707,11 @@ static const void *task_bottom(PyObject *task)
     return bottom;
 }
 
-/* Record task as created by the running task (else the current greenlet),
- * from the stack at regs; current_tasks: asyncio's dict (NULL: not read);
- * died: the record's callback.  The record (a new reference), or NULL if
- * the task is not tracked. */
-static record *record_task(PyObject *task, PyObject *current_tasks, const btc_regs *regs, PyObject *died)
+/* The parts of the record of task (NULL: a task about to be made) as
+ * created by the running task (else the current greenlet), from the stack
+ * at regs; current_tasks: asyncio's dict (NULL: not read).  False if the
+ * task is not tracked. */
+static bool task_parts(PyObject *task, PyObject *current_tasks, const btc_regs *regs, spawn_parts *p)
 {
     in_hook = true;
     PyObject *type_, *value, *tb;
@@ -665,12 +720,30 @@ static record *record_task(PyObject *task, PyObject *current_tasks, const btc_re
     bool by_task = creator != NULL;
     if (!creator)
         creator = btc_current_greenlet();
-    record *r = creator && Py_TYPE(creator)->tp_weaklistoffset != 0   /* weakly referenceable */
-                    ? track(task, creator, by_task, regs, died) : NULL;
+    *p = (spawn_parts){0};
+    bool tracked = creator && Py_TYPE(creator)->tp_weaklistoffset != 0   /* weakly referenceable */
+                   && take_parts(creator, by_task, regs, p);
     Py_XDECREF(creator);
     PyErr_Clear();
     PyErr_Restore(type_, value, tb);
     in_hook = false;
+    return tracked;
+}
+
+/* Record task, made already (see task_parts), died the record's callback;
+ * the record (a new reference), or NULL if the task is not tracked. */
+static record *record_task(PyObject *task, PyObject *current_tasks, const btc_regs *regs, PyObject *died)
+{
+    spawn_parts parts;
+    record *r = NULL;
+    if (task_parts(task, current_tasks, regs, &parts)) {
+        PyObject *type_, *value, *tb;
+        PyErr_Fetch(&type_, &value, &tb);
+        r = record_from(task, &parts, died);
+        PyErr_Clear();
+        PyErr_Restore(type_, value, tb);
+    }
+    drop_parts(&parts);
     return r;
 }
 
@@ -764,14 +837,20 @@ static PyObject *task_current_tasks;   /* asyncio.tasks._current_tasks: pure-Pyt
 
 static void swap_new(PyTypeObject *t, newfunc from, newfunc to);
 
+/* As tracked_new, for the same reason (a subclass's fields are NULL until
+ * its own tp_new fills them): the parts before the task exists. */
 static PyObject *tracked_task_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
+    spawn_parts parts = {0};
+    if (enabled && !in_hook) {
+        btc_regs regs;
+        btc_get_regs(&regs);
+        task_parts(NULL, task_current_tasks, &regs, &parts);
+    }
     PyObject *task = task_original_new(type, args, kwds);
-    if (!task || !enabled || in_hook)
-        return task;
-    btc_regs regs;
-    btc_get_regs(&regs);
-    Py_XDECREF(record_task(task, task_current_tasks, &regs, record_died));
+    if (task)
+        finish_new(task, false, &parts);
+    drop_parts(&parts);
     return task;
 }
 
