@@ -337,11 +337,16 @@ static PyObject *intern_site(const btc_raw_capture *c, PyObject **codes)
  * pc, its innermost Python instruction, its stop), the
  * proof of the last capture there and the site interned for it.  A proof
  * is made at the second capture from a place only: places seen once (the
- * tasks of ever new creators) pay nothing for it.  Bounded: MEMO_PLACES
+ * tasks of ever new creators) pay nothing for it.  Bounded: 8 places'
  * entries, each a weak reference to its site: a proof holds while its site
  * lives, which holds the code objects the proof names (a site still dies
- * with its last greenlet, once out of the ring of recent sites). */
-#define MEMO_PLACES 8
+ * with its last greenlet, once out of the ring of recent sites).
+ * Two-way: a place's set is its hash's top bits, and two places whose
+ * hashes share them keep a proof each (direct-mapped, a loop spawning at
+ * two such places, as a spawner and what it spawns do, evicted each
+ * other's entry for ever: no proof, every capture a walk). */
+#define MEMO_SETS_LOG2 2
+#define MEMO_WAYS 2   /* 4 x 2: 8 places */
 
 typedef struct {
     uintptr_t place;        /* the last capture's place here */
@@ -350,7 +355,8 @@ typedef struct {
     btc_site_proof proof;
 } memo_entry;
 
-static memo_entry memo[MEMO_PLACES];
+static memo_entry memo[1 << MEMO_SETS_LOG2][MEMO_WAYS];
+static unsigned char memo_newer[1 << MEMO_SETS_LOG2];   /* each set's way used last */
 static uint64_t memo_hits;        /* btc_test_spawn_memo() */
 static uintptr_t memo_last_place;
 
@@ -361,9 +367,14 @@ static uintptr_t place_of(const btc_regs *regs, const void *stop)
                        (uintptr_t)btc_py_current_instr()) * k;
 }
 
+/* place's entry: the one of its set that holds it, else the older one
+ * (which it is about to take). */
 static memo_entry *memo_entry_of(uintptr_t place)
 {
-    return &memo[place >> (8 * sizeof place - 3)];   /* MEMO_PLACES = 2^3 */
+    uintptr_t set = place >> (8 * sizeof place - MEMO_SETS_LOG2);
+    int way = memo[set][1].place == place ? 1 : memo[set][0].place == place ? 0 : !memo_newer[set];
+    memo_newer[set] = (unsigned char)way;
+    return &memo[set][way];
 }
 
 /* The memo's site for a capture from regs at place, ending at stop (a new
