@@ -3,7 +3,8 @@
 # 8 threads capturing and resolving for a minute, a 1 kHz timer handler
 # capturing for a minute while the main thread loads/unloads a library,
 # allocates and switches greenlets (a Python handler, then btcore's
-# signal-safe capture in a C handler), 1 000 000 collect + resolve cycles and
+# signal-safe capture in a C handler), a 1 kHz handler's snapshots while
+# tracked gevent greenlets spawn, 1 000 000 collect + resolve cycles and
 # 100 000 spawn-tracked greenlets with RSS before/after.  ~5 minutes.
 # Run it in a venv with btcore installed ('.[test]').
 set -euo pipefail

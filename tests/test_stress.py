@@ -6,7 +6,9 @@ the suite short; ci/stress.sh runs the same scenarios at full size
 (BTCORE_STRESS_SECONDS, BTCORE_STRESS_SIGNAL_SECONDS, BTCORE_STRESS_CYCLES,
 BTCORE_STRESS_GREENLETS) and prints the figures.
 
-Two timer scenarios: a Python-level handler (it runs between bytecodes) and
+Three timer scenarios: a Python-level handler (it runs between bytecodes),
+one that snapshots every greenlet while tracked gevent greenlets are
+spawned (a handler run inside the spawn hook), and
 the signal-safe capture (native/capture/signal_capture.c) run inside the
 C handler wherever the signal lands -- in malloc, in the loader, in a
 greenlet switch, in btcore's own capture -- while another thread also
@@ -155,46 +157,58 @@ def test_spawn_tracked_greenlets_do_not_grow_memory():
     assert int(out.split()[-1]) < RSS_GROWTH_BOUND, out
 
 
-SIGNAL_SCRIPT = r"""
-    import _ctypes, ctypes, signal, sys, time
+TIMER = r"""
+    import signal, time
+
+    def under_timer(seconds, capture, step):
+        # step() again and again for seconds, capture() from a SIGALRM handler
+        # every millisecond meanwhile; (captures, steps)
+        counts, busy = [0, 0], [False]
+
+        def on_alarm(signum, frame):
+            if busy[0]:   # Python handlers nest; one at a time is enough
+                return
+            busy[0] = True
+            try:
+                assert capture()
+                counts[0] += 1
+            finally:
+                busy[0] = False
+
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                step()
+                counts[1] += 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        assert all(counts), counts
+        return counts
+"""
+
+SIGNAL_SCRIPT = TIMER + r"""
+    import _ctypes, ctypes, sys
     import btcore, greenlet
 
     library, seconds = sys.argv[1], float(sys.argv[2])
-    handled = busy = 0
-
-    def on_alarm(signum, frame):
-        global handled, busy
-        if busy:   # Python handlers nest; one at a time is enough
-            return
-        busy = 1
-        try:
-            assert btcore.collect().frames()
-            handled += 1
-        finally:
-            busy = 0
 
     def ping():
         while True:
             greenlet.getcurrent().parent.switch()
 
+    def load_allocate_switch():
+        junk = [bytearray(4096) for _ in range(64)]   # the allocator, under the handler
+        lib = ctypes.CDLL(library)                      # the module list changes under the handler
+        assert lib.fixture_add(2, 3) == 5
+        _ctypes.dlclose(lib._handle)
+        g.switch()
+        btcore.collect(g).frames()
+
     g = greenlet.greenlet(ping)
     btcore.collect().frames()   # the first resolution reads libpython's DWARF: not under the timer
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
-    loads = 0
-    deadline = time.monotonic() + seconds
-    try:
-        while time.monotonic() < deadline:
-            junk = [bytearray(4096) for _ in range(64)]   # the allocator, under the handler
-            lib = ctypes.CDLL(library)                      # the module list changes under the handler
-            assert lib.fixture_add(2, 3) == 5
-            _ctypes.dlclose(lib._handle)
-            loads += 1
-            g.switch()
-            btcore.collect(g).frames()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
-    assert handled > 0 and loads > 0
+    handled, loads = under_timer(seconds, lambda: btcore.collect().frames(), load_allocate_switch)
     print("signals: %d handler captures at 1 kHz, %d load/unload cycles in %.0f s" % (handled, loads, seconds))
 """
 
@@ -206,6 +220,36 @@ def test_timer_signal_while_loading_allocating_switching(tmp_path):
     so = tmp_path / "fixture.so"
     subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
     run_child(SIGNAL_SCRIPT, so, SIGNAL_SECONDS, bound=SIGNAL_SECONDS + 120)
+
+
+DUMP_WHILE_SPAWNING_SCRIPT = TIMER + r"""
+    import sys
+    import btcore, gevent
+
+    seconds = float(sys.argv[1])
+
+    def child():
+        pass
+
+    def spawner():   # a new spawner each time: the hook takes its repr, where a handler runs
+        gevent.spawn(child).join()
+
+    def spawn_twenty():
+        gevent.joinall([gevent.spawn(spawner) for _ in range(20)])
+
+    btcore.enable_spawn_tracking()
+    # what a signal's dump does in the handler: snapshot() every greenlet
+    handled, rounds = under_timer(seconds, btcore.snapshot, spawn_twenty)
+    print("dumps while spawning: %d handler snapshots at 1 kHz, %d tracked spawners in %.0f s"
+          % (handled, 20 * rounds, seconds))
+"""
+
+
+def test_timer_dumps_while_tracked_gevent_greenlets_are_spawned():
+    """Guards the spawn hook: a dump from a handler that runs inside it (at
+    the spawner's repr) never meets a gevent Greenlet half made (a SIGSEGV
+    in under 3 s before the hook took the repr first)."""
+    run_child(DUMP_WHILE_SPAWNING_SCRIPT, SIGNAL_SECONDS, bound=SIGNAL_SECONDS + 120)
 
 
 SIGNAL_SAFE_SCRIPT = r"""
