@@ -103,8 +103,8 @@ def test_outside_tasks_equal_dump_all_inside(target):
     assert len(expected) == 9 + 2 + 2 + 3 + 8 + len(waited)
 
 
-@pytest.mark.skipif(sys.version_info[:2] != (3, 11) or not shutil.which("strip"),
-                    reason="3.11's task types are static: found in _asyncio's data (binutils strips a copy)")
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="3.11's task types are static (found in _asyncio's data)")
+@pytest.mark.skipif(not shutil.which("strip"), reason="binutils' strip is not installed (it strips a copy)")
 def test_tasks_are_listed_when_asyncio_is_stripped_of_its_local_symbols(tmp_path):
     # guards: _static_types() in btcore/remote/tasks.py.  A distribution's _asyncio (Debian's) keeps no
     # .symtab, so TaskType and FutureType have no symbol there: a copy stripped as Debian strips it
