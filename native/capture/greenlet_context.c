@@ -50,6 +50,15 @@ static void *pimpl_of(PyObject *g)
     return *(void **)((char *)g + layout.pimpl_off);
 }
 
+/* Where PyGreenlet.pimpl is in type's objects: PyGreenlet is {PyObject_HEAD;
+ * weakreflist; dict; pimpl}, pimpl last.  False if type's objects do not
+ * have that shape (greenlet before 3.x). */
+static bool pimpl_offset(PyTypeObject *type, size_t *off)
+{
+    *off = (size_t)type->tp_basicsize - sizeof(void *);
+    return type->tp_basicsize == sizeof(PyObject) + 3 * sizeof(void *);
+}
+
 static stack_state state_at(const void *pimpl, size_t off)
 {
     const uintptr_t *w = (const uintptr_t *)((const char *)pimpl + off);
@@ -194,10 +203,7 @@ int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1, u
     PyObject *a = (PyObject *)g1, *b = (PyObject *)g2;
     int rc = 0, found = 0;
     layout.ok = false;
-    /* PyGreenlet is {PyObject_HEAD; weakreflist; dict; pimpl}: pimpl is last. */
-    layout.pimpl_off = (size_t)type->tp_basicsize - sizeof(void *);
-    if (type->tp_basicsize != sizeof(PyObject) + 3 * sizeof(void *) ||
-        !PyObject_TypeCheck(a, type) || !PyObject_TypeCheck(b, type)) {
+    if (!pimpl_offset(type, &layout.pimpl_off) || !PyObject_TypeCheck(a, type) || !PyObject_TypeCheck(b, type)) {
         rc = btc_fail(BTC_E_LAYOUT, "greenlet objects do not have the layout of greenlet 3.x");
         goto out;
     }
@@ -312,12 +318,21 @@ static PyObject *current_greenlet(void)
     return g;
 }
 
+bool btc_greenlet_made(PyTypeObject *greenlet_type, PyObject *g)
+{
+    size_t off;
+    return !pimpl_offset(greenlet_type, &off) || *(void **)((char *)g + off) != NULL;
+}
+
 int btc_greenlet_active(PyObject *g)
 {
     if (!have_api())
         return -1;
-    if (!PyObject_TypeCheck(g, (PyTypeObject *)greenlet_api[GREENLET_TYPE]))
+    PyTypeObject *type = (PyTypeObject *)greenlet_api[GREENLET_TYPE];
+    if (!PyObject_TypeCheck(g, type))
         return btc_fail(-1, "not a greenlet");
+    if (!btc_greenlet_made(type, g))
+        return 0;   /* being made: not started (greenlet's own check would read its missing C++ object) */
     return ((int (*)(PyObject *))greenlet_api[GREENLET_ACTIVE])(g);
 }
 

@@ -34,8 +34,18 @@ int btc_greenlet_target(PyObject *target);
 /* Does greenlet g belong to the calling thread (the same root of the parent
  * chain as its current greenlet)?  1, 0, or -1 if greenlet is unusable. */
 int btc_greenlet_in_calling_thread(PyObject *g);
+/* Has greenlet g (of greenlet_type, greenlet.greenlet) been made: has it its
+ * C++ object yet?  greenlet's tp_new runs code while the object is already
+ * in the gc's lists but has none: a collection (its instance dict's
+ * allocation), and the finalizers of the greenlets other threads dropped
+ * (their deleteme list, cleared when it borrows the current greenlet); a dump
+ * run there finds it.  greenlet's own accessors (active, dead, __bool__) read
+ * that object unchecked.  True too when greenlet's object layout is not
+ * 3.x's (then nothing can tell). */
+bool btc_greenlet_made(PyTypeObject *greenlet_type, PyObject *g);
 /* greenlet's own "started and not dead" (its C API, not g.__bool__, which
- * subclasses override): 1 or 0; -1 if g is not a greenlet (reason set). */
+ * subclasses override): 1 or 0 (0 too while g is being made); -1 if g is
+ * not a greenlet (reason set). */
 int btc_greenlet_active(PyObject *g);
 /* g's gr_frame read through greenlet's own descriptor (new reference; None
  * when it has no Python frame); NULL with the reason set on failure.  Call

@@ -11,13 +11,14 @@
  * proxy object for its __class__, which may run and raise anything). */
 #include <Python.h>
 
-#include "btcore_api.h"
+#include "capture/greenlet_context.h"   /* (and btcore_api.h) */
 #include "common/builtins.h"
 #include "common/referent.h"
 
 static PyTypeObject *greenlet_type;
 
-/* _greenlets_among(objects): the greenlets of the list objects, in order. */
+/* _greenlets_among(objects): the greenlets of the list objects, in order;
+ * one still being made (a dump run inside greenlet's tp_new) is not one yet. */
 static PyObject *greenlets_among(PyObject *self, PyObject *objects)
 {
     (void)self;
@@ -26,7 +27,8 @@ static PyObject *greenlets_among(PyObject *self, PyObject *objects)
     PyObject *found = PyList_New(0);
     for (Py_ssize_t i = 0; found && i < PyList_GET_SIZE(objects); i++) {
         PyObject *o = PyList_GET_ITEM(objects, i);
-        if (PyObject_TypeCheck(o, greenlet_type) && PyList_Append(found, o) < 0)
+        bool made_greenlet = PyObject_TypeCheck(o, greenlet_type) && btc_greenlet_made(greenlet_type, o);
+        if (made_greenlet && PyList_Append(found, o) < 0)
             Py_CLEAR(found);
     }
     return found;
@@ -52,7 +54,8 @@ static PyMethodDef greenlets_among_def = {"_greenlets_among", greenlets_among, M
  * one greenlet runs at a time, and a thread started from Python always has
  * frames in its main greenlet, so a frameless main greenlet is the one
  * running there (two frameless greenlets in one such thread cannot be told
- * apart: g is taken as the one running). */
+ * apart: g is taken as the one running).  A greenlet still being made (a
+ * dump run inside greenlet's tp_new) is not started. */
 
 static getter base_dead, base_frame, base_parent;
 static inquiry base_bool;
@@ -88,6 +91,8 @@ static enum state state_of(PyObject *g, PyObject *current, PyObject *current_roo
 {
     if (g == current)
         return RUNNING;
+    if (!btc_greenlet_made(greenlet_type, g))
+        return NOT_STARTED;   /* being made: greenlet's accessors would read its missing C++ object */
     int dead = truth_of(base_dead, g), active = dead ? 0 : base_bool(g), framed = active > 0 ? truth_of(base_frame, g) : 0;
     if (dead < 0 || active < 0 || framed < 0)
         return ERROR;
