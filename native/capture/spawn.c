@@ -55,6 +55,30 @@ static bool enabled;
 static int capacity = BTC_SPAWN_DEFAULT_CAPACITY;   /* frames of a whole chain's Backtrace */
 static int site_want = BTC_WANT_PYTHON | BTC_WANT_NATIVE;
 static __thread bool in_hook;   /* greenlets created by the hook's own work are not tracked */
+
+/* The hooks' own work, kept apart from their caller: greenlets it creates
+ * are not tracked (in_hook), its failures are not the caller's (the
+ * caller's exception, if one is set, is put aside and restored, and the
+ * work's own is dropped). */
+typedef struct {
+    PyObject *type, *value, *tb;
+    bool was_in_hook;
+} hook_work;
+
+static hook_work hook_work_begin(void)
+{
+    hook_work w = {.was_in_hook = in_hook};
+    PyErr_Fetch(&w.type, &w.value, &w.tb);
+    in_hook = true;
+    return w;
+}
+
+static void hook_work_end(hook_work w)
+{
+    PyErr_Clear();
+    PyErr_Restore(w.type, w.value, w.tb);
+    in_hook = w.was_in_hook;
+}
 /* Creations watched (the profiler, btc_spawn_watch_creation): a weak
  * reference to every greenlet made since the watcher last took the list,
  * at most CREATED_MAX (beyond, `lost`: the watcher scans the heap instead);
@@ -580,27 +604,14 @@ static void note_created(PyObject *g)
         created_lost = true;
         return;
     }
-    PyObject *type_, *value, *tb;
-    PyErr_Fetch(&type_, &value, &tb);
+    hook_work w = hook_work_begin();
     PyObject *ref = PyWeakref_NewRef(g, NULL);
     if (!ref || PyList_Append(created, ref) < 0)
         created_lost = true;
     Py_XDECREF(ref);
-    PyErr_Clear();
-    PyErr_Restore(type_, value, tb);
+    hook_work_end(w);
 }
 
-/* greenlet's tp_new while tracking is on.  What original_new makes is
- * only greenlet's part of the object when a subclass's tp_new (gevent's
- * Cython Greenlet) calls this one first: the subclass's fields are NULL
- * until it fills them, after this returns, and its getters read them
- * unchecked.  Python code run in between can find the object
- * (gc.get_objects(): a signal's dump run at the next bytecode, another
- * thread's snapshot) and read gevent's spawning_greenlet, a SIGSEGV at 0
- * (a gunicorn worker, dumped by signal while spawning under load).  So
- * everything that may run Python code is done before the object exists,
- * and after it only C with the collector held off (a collection runs
- * finalizers and gc.callbacks, Python code). */
 /* What tracked_new and tracked_task_new do once the object o is made: note
  * its creation (note) and make its record from parts (none if parts has no
  * spawner), with the collector held off. */
@@ -619,6 +630,17 @@ static void finish_new(PyObject *o, bool note, spawn_parts *parts)
         PyGC_Enable();
 }
 
+/* greenlet's tp_new while tracking is on.  What original_new makes is
+ * only greenlet's part of the object when a subclass's tp_new (gevent's
+ * Cython Greenlet) calls this one first: the subclass's fields are NULL
+ * until it fills them, after this returns, and its getters read them
+ * unchecked.  Python code run in between can find the object
+ * (gc.get_objects(): a signal's dump run at the next bytecode, another
+ * thread's snapshot) and read gevent's spawning_greenlet, a SIGSEGV at 0
+ * (a gunicorn worker, dumped by signal while spawning under load).  So
+ * everything that may run Python code is done before the object exists,
+ * and after it only C with the collector held off (a collection runs
+ * finalizers and gc.callbacks, Python code). */
 static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     spawn_parts parts = {0};
@@ -626,15 +648,11 @@ static PyObject *tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         /* The walk starts here: the frames of the work below are not unwound. */
         btc_regs regs;
         btc_get_regs(&regs);
-        in_hook = true;
-        PyObject *type_, *value, *tb;   /* a failure to record is not the caller's */
-        PyErr_Fetch(&type_, &value, &tb);
+        hook_work w = hook_work_begin();
         PyObject *current = btc_current_greenlet();
         take_parts(current, false, &regs, &parts);
         Py_XDECREF(current);
-        PyErr_Clear();
-        PyErr_Restore(type_, value, tb);
-        in_hook = false;
+        hook_work_end(w);
     }
     PyObject *g = original_new(type, args, kwds);
     if (g)
@@ -724,9 +742,7 @@ static const void *task_bottom(PyObject *task)
  * task is not tracked. */
 static bool task_parts(PyObject *task, PyObject *current_tasks, const btc_regs *regs, spawn_parts *p)
 {
-    in_hook = true;
-    PyObject *type_, *value, *tb;
-    PyErr_Fetch(&type_, &value, &tb);
+    hook_work w = hook_work_begin();
     PyObject *creator = running_task(task, current_tasks);
     bool by_task = creator != NULL;
     if (!creator)
@@ -735,9 +751,7 @@ static bool task_parts(PyObject *task, PyObject *current_tasks, const btc_regs *
     bool tracked = creator && Py_TYPE(creator)->tp_weaklistoffset != 0   /* weakly referenceable */
                    && take_parts(creator, by_task, regs, p);
     Py_XDECREF(creator);
-    PyErr_Clear();
-    PyErr_Restore(type_, value, tb);
-    in_hook = false;
+    hook_work_end(w);
     return tracked;
 }
 
@@ -748,11 +762,9 @@ static record *record_task(PyObject *task, PyObject *current_tasks, const btc_re
     spawn_parts parts;
     record *r = NULL;
     if (task_parts(task, current_tasks, regs, &parts)) {
-        PyObject *type_, *value, *tb;
-        PyErr_Fetch(&type_, &value, &tb);
+        hook_work w = hook_work_begin();
         r = record_from(task, &parts, died);
-        PyErr_Clear();
-        PyErr_Restore(type_, value, tb);
+        hook_work_end(w);
     }
     drop_parts(&parts);
     return r;
