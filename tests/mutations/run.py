@@ -1340,6 +1340,9 @@ MUTATIONS = [
              "    room.finish()\n",
              "tests/test_process_dump.py::test_outside_text_equals_dump_all_inside",
              "a live target's spawn records are not read after its stop: no spawn site is shown"),
+    Mutation("native/capture/spawn.c", "0 : !memo_newer[set];", "0 : memo_newer[set];",
+             "tests/test_spawn.py::test_two_places_of_one_memo_set_keep_a_proof_each",
+             "a place new to its set takes the way used last: two places of one set evict each other, every spawn walks"),
     Mutation("native/capture/spawn.c",
              "    spawn_parts parts = {0};\n    if (enabled && !in_hook) {\n        /* The walk starts here",
              "    spawn_parts parts = {0};\n    PyObject *made = original_new(type, args, kwds);\n"
