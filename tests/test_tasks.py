@@ -9,7 +9,9 @@ import asyncio
 import gc
 import io
 import json
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -199,6 +201,59 @@ def test_a_deep_await_chain_keeps_its_innermost_frames():
     functions = [f.function for f in info.backtrace.frames()]
     assert len(functions) == CAPACITY and info.backtrace.truncated
     assert functions[:2] == ["sleep", "deep"] and set(functions[1:]) == {"deep"}
+
+class _RunningCoroutine:
+    """A coroutine as coroutine_frames() reads one, running: its cr_await
+    must not be read (3.11-3.12's getter misreads a running frame)."""
+    cr_running = True
+
+    def __init__(self, frame):
+        self.cr_frame = frame
+
+    @property
+    def cr_await(self):
+        raise AssertionError("cr_await of a running coroutine read")
+
+
+def test_a_running_coroutines_await_is_not_read():
+    """Guards coroutine_frames(): a running coroutine ends the chain at its
+    own frame, its cr_await unread (the SIGSEGV of a snapshot from a
+    collection inside a running task: 3.11 took a specialized call's inline
+    cache for a RESUME and returned a word below the frame's stack)."""
+    from btcore.capture.tasks import coroutine_frames
+    here = sys._getframe()
+    assert coroutine_frames(_RunningCoroutine(here)) == ([here], False)
+
+
+def test_a_snapshot_inside_the_import_of_its_task_reader_leaves_tasks_out():
+    """A dump run while the first snapshot imports btcore.capture.tasks (a
+    signal's handler, here a trace function, runs between the module's
+    lines) finds that module half made: it lists no tasks instead of
+    failing (AttributeError: partially initialized module, before)."""
+    r = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent("""
+        import asyncio, sys, btcore
+        nested = []
+        def local(frame, event, arg):
+            if event == "line" and not nested and "TaskInfo" in frame.f_globals:   # partway through
+                try:
+                    nested.append([type(i).__name__ for i in btcore.snapshot()])
+                except Exception as e:
+                    nested.append(repr(e))
+            return local
+        def tracer(frame, event, arg):
+            code = frame.f_code
+            return local if code.co_name == "<module>" and code.co_filename.endswith("tasks.py") else None
+        async def main():
+            sys.settrace(tracer)
+            infos = btcore.snapshot()   # imports the task reader
+            sys.settrace(None)
+            return [i.task.get_name() for i in infos if type(i).__name__ == "TaskInfo"]
+        names = asyncio.run(main())
+        print(nested, names)
+    """)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "[['GreenletInfo']] ['Task-1']", r.stdout   # the dump inside: no tasks
+
 
 def test_await_chain_follows_awaiters():
     """After its own frames, a task's stack holds the frames of the task awaiting

@@ -418,6 +418,8 @@ def _asyncio_tasks():
         from . import tasks
     except ImportError:   # asyncio half imported: a signal's dump came during its import
         return None
+    if getattr(tasks.__spec__, "_initializing", False):
+        return None   # a dump run inside this thread's import of tasks (a signal's): it is half made
     return tasks
 
 

@@ -184,6 +184,19 @@ def _coroutine_state(coro) -> str | None:
     return SUSPENDED if getattr(coro, prefix + "suspended", True) else NOT_STARTED
 
 
+def _running(coro) -> bool:
+    """Is coro (a coroutine, generator or async generator) running?  What
+    one awaits is the top of its frame's stack, kept only while it is
+    suspended; a running one's await chain is its thread's stack.  And its
+    cr_await is not to be read: 3.11-3.12's getter decides "awaiting" from
+    the code unit after the frame's last instruction, which for a running
+    frame is often a specialized call's inline cache, whose data can read
+    as a RESUME, and then returns the word below the unkept stack (a
+    SIGSEGV: a snapshot from a collection set off inside a running task)."""
+    return bool(getattr(coro, "cr_running", False) or getattr(coro, "gi_running", False)
+                or getattr(coro, "ag_running", False))
+
+
 def coroutine_frames(coro, limit: int = CAPACITY) -> tuple[list, bool]:
     """The frames of coro's await chain (coro, what it awaits, ...),
     innermost first: the innermost limit of them, and whether outer ones
@@ -196,6 +209,8 @@ def coroutine_frames(coro, limit: int = CAPACITY) -> tuple[list, bool]:
             break
         frames.append(frame)
         walked += 1
+        if _running(coro):
+            break   # it awaits nothing yet (see _running)
         coro = (getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
                 or getattr(coro, "ag_await", None))
     frames.reverse()
