@@ -311,33 +311,38 @@ def test_a_site_seen_before_is_not_taken_for_one_whose_c_frames_differ(chain, ch
         assert twin == ["twin_b" if which else "twin_a"]
 
 
-def spawn_at_c_depth(levels):
-    """A greenlet made under `levels` more C frames (each level a map()
-    calling back into Python): the same code at another stack depth, so
-    at another place of the memo."""
-    if levels == 0:
+def spawn_at_line(k):
+    """A greenlet made at one of five call instructions: the same stack,
+    another innermost Python instruction, so another place of the memo."""
+    if k == 0:
         return greenlet.greenlet(park)
-    return next(map(spawn_at_c_depth, [levels - 1]))
+    if k == 1:
+        return greenlet.greenlet(park)
+    if k == 2:
+        return greenlet.greenlet(park)
+    if k == 3:
+        return greenlet.greenlet(park)
+    return greenlet.greenlet(park)
 
 
 def test_two_places_of_one_memo_set_keep_a_proof_each(tracking):
     """The memo is two-way: two places whose hashes pick the same set,
     spawning in turn, each keep their entry (direct-mapped, each evicted
     the other's at every capture: no proof ever, a walk at every spawn).
-    Of five depths two share a set (four sets); which ones, ASLR decides."""
-    def place_at(levels):
+    Of five places two share a set (four sets); which ones, ASLR decides."""
+    def place_at(k):
         for _ in range(WARM_UP):   # the calls' specialization settles
-            spawn_at_c_depth(levels)
+            spawn_at_line(k)
         memo_since_last()
-        spawn_at_c_depth(levels)
+        spawn_at_line(k)
         return memo_since_last()[1]
 
     sets_log2 = 2   # spawn.c's MEMO_SETS_LOG2: a place's set is its top 2 bits
-    set_of = {levels: place_at(levels) >> (8 * ffi.sizeof("uintptr_t") - sets_log2) for levels in range(5)}
+    set_of = {k: place_at(k) >> (8 * ffi.sizeof("uintptr_t") - sets_log2) for k in range(5)}
     a, b = next((a, b) for a in set_of for b in set_of if a < b and set_of[a] == set_of[b])
     hits = []
-    for levels in [a, b] * 20:
-        spawn_at_c_depth(levels)
+    for k in [a, b] * 20:
+        spawn_at_line(k)
         hits.append(memo_since_last()[0])
     assert sum(hits[4:]) == len(hits) - 4, (a, b, hits)   # each proven by its second capture in the turns
 
