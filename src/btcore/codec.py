@@ -34,6 +34,7 @@ from typing import NamedTuple
 from ._native import ffi, lib
 from .capture.backtrace import DEFAULT_CAPACITY, F_JOIN, KIND_PYTHON, MAX_CAPACITY, RECORD, Backtrace
 from .capture.frame import NATIVE, PYTHON, Frame
+from .capture.modules import Module, loaded_modules
 from .symbols.resolve import (F_EXACT, FrameCache, cache, file_symbol, module_key, modules_generation, native_frames,
                       open_regular, resolve_python)
 
@@ -368,31 +369,7 @@ def _text(data: bytes) -> str:
 
 # ---- where a pc is: module identity from the loaded objects ----
 
-class _Module(NamedTuple):
-    lo: int
-    hi: int
-    bias: int
-    build_id: bytes
-    path: str
-
-
-def loaded_modules() -> list:
-    """The loaded objects with their build-ids (read from memory), sorted by lo."""
-    size = 64
-    while True:
-        out = ffi.new("btc_modinfo[]", size)
-        buf = ffi.new("char[]", size * 512)
-        n = lib.btc_loaded_modules(out, size, buf, size * 512)
-        if 0 <= n <= size:
-            break
-        size = max(n, size * 2)
-    mods = [_Module(m.lo, m.hi, m.bias, bytes(ffi.buffer(m.build_id, m.build_id_len)),
-                    ffi.string(m.path).decode("utf-8", "surrogateescape") if m.path != ffi.NULL else "")
-            for m in out[0:n]]
-    return sorted(mods)
-
-
-def module_entry_key(mod: _Module) -> tuple:
+def module_entry_key(mod: Module) -> tuple:
     """What a token says about a module: (build-id prefix or b"", path or
     None).  The path is left out when the decoder's search finds the file
     by its build-id (searched()); a module without a build-id keeps it."""
