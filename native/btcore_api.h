@@ -636,9 +636,13 @@ int btc_capture_signal(void);
 
 /* Watch the calling thread (registers it): the watchdog reads its switch
  * count (btc_switch_count) without the GIL.  idle_code: the code object
- * of gevent's Hub.run (0: none); a thread sampled with it as the innermost
- * Python frame waits for events, it is not stuck.  Its slot or a BTC_E_* code. */
-int btc_watch_thread(uintptr_t idle_code);
+ * a thread waiting for events is sampled in, as its innermost Python
+ * frame (gevent's Hub.run, an asyncio selector's select(); 0: none): it is
+ * not stuck.  [wait_lo, wait_hi): empty, or the code of an event loop
+ * written in C (uvloop), whose wait has no Python frame of its own: idle
+ * then also needs the call the signal interrupted to be made from there.
+ * Its slot or a BTC_E_* code. */
+int btc_watch_thread(uintptr_t idle_code, uintptr_t wait_lo, uintptr_t wait_hi);
 /* Stop watching the calling thread. */
 void btc_unwatch_thread(void);
 /* The calling thread's switch count as greenlet keeps it: the thread

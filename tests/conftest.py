@@ -344,6 +344,10 @@ ALLOWED_SKIPS = [
      "the FIFO-over-a-library tests bind-mount in a private mount namespace; unshare -m needs root and "
      "fails inside the sid and arm64 chroots (their root is no mount point); the host suite, root in CI, "
      "runs them"),
+    (r"^uvloop is not installed$",
+     "uvloop (an event loop written in C: the watchdog's rule for a wait with no Python frame) is a test extra "
+     "of the host lane only, as the recipe servers below are (pyproject.toml: its wheels lag new CPythons and "
+     "a source build needs libuv's toolchain); the other lanes run the same tests on asyncio's own loop"),
     (r"^(locust|celery|uWSGI) is not installed$",
      "the servers of the signal-dump recipes are test extras of the host lane only (CPython 3.11 on x86-64, "
      "pyproject.toml says why); the sid and arm64 lanes skip those recipe tests, the host lane runs them"),

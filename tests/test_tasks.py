@@ -695,27 +695,52 @@ LOOP_WATCHED = r"""
     asyncio.run(main())
 """
 
+# The loops: asyncio's own, and uvloop's, written in C (libuv): its idle wait has no Python frame of its own.
+LOOPS = ["asyncio", "uvloop"]
 
+
+def on_loop(body, loop):
+    """body run on `loop` (its asyncio.run(main()) replaced for uvloop)."""
+    if loop == "asyncio":
+        return body
+    pytest.importorskip("uvloop", reason="uvloop is not installed")
+    return body.replace("asyncio.run(main())", "import uvloop; uvloop.run(main())")
+
+
+def outer_loop_frame(loop):
+    """What names the loop's own frames in a report, outside the stuck task."""
+    return "in BaseEventLoop._run_once" if loop == "asyncio" else "[loop.cpython-"
+
+
+def assert_reported_only_while_stuck(err):
+    """Every report came before RETURNED (none while idle after it), and the count the watchdog gives is theirs."""
+    lines = err.splitlines()
+    reports = [line for line in lines if " has not switched greenlets" in line or " still has not switched" in line]
+    assert int(lines[-1].split()[-1]) == len(reports), err
+    assert all(lines.index(line) < lines.index("RETURNED") for line in reports), err
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("function, innermost", [
     ("stuck_in_c", "stuck_busy_loop"),      # C code holding the GIL
     ("stuck_in_syscall", "stuck_sleep"),    # a blocking call, the GIL released
     ("stuck_in_python", None),              # a CPU loop
     ("time.sleep", None),                   # a blocking call of the standard library
 ])
-def test_watchdog_reports_a_loop_stuck_in_one_callback(stuck_so, function, innermost):
-    """Guards the asyncio rules: an idle loop (in its selector) and a loop running
-    many short callbacks are not stuck; one stuck in a task is reported while
-    stuck, with the task's coroutine and the blocking function in the stack."""
+def test_watchdog_reports_a_loop_stuck_in_one_callback(stuck_so, function, innermost, loop):
+    """Guards the asyncio rules: an idle loop (in its selector, or in uvloop's
+    libuv wait) and a loop running many short callbacks are not stuck; one
+    stuck in a task is reported while stuck, with the task's coroutine and
+    the blocking function in the stack."""
     if function == "time.sleep" and not conftest.INTERPRETER_HAS_SYMTAB:
         pytest.skip("stripped interpreter: the example names its static C functions")   # time_sleep
     if conftest.UNDER_QEMU and sys.version_info >= (3, 12):
         # a coroutine's frame lies in its object, on the heap: the signal-context reader reads it only after
         # probing it with process_vm_readv, which qemu-user does not emulate (the chain ends, noted partial)
         pytest.skip("qemu-user: process_vm_readv is not emulated: a coroutine's frame is not read in a signal")
+    body = on_loop(LOOP_WATCHED, loop)
     if function == "time.sleep":
-        body = LOOP_WATCHED.replace("globals()[sys.argv[3]]()", "time.sleep(seconds)")
-    else:
-        body = LOOP_WATCHED
+        body = body.replace("globals()[sys.argv[3]]()", "time.sleep(seconds)")
     # stuck 1 s, the report due after 0.2 s: under ASan on a slow machine the report took longer than the
     # rest of the second (ci16), so the loop stays stuck 3 s there
     err = run_child(body, stuck_so, seconds=3.0 if conftest.UNDER_ASAN else 1.0, args=[function])
@@ -729,7 +754,37 @@ def test_watchdog_reports_a_loop_stuck_in_one_callback(stuck_so, function, inner
         assert any("in stuck_in_python" in line for line in report[:blocked]), report
     else:
         assert any("time_sleep" in line or "clock_nanosleep" in line for line in report[:blocked]), report
-    assert any("in BaseEventLoop._run_once" in line for line in report[blocked:]), report
-    assert int(lines[-1].split()[-1]) == sum(1 for line in lines if " has not switched greenlets" in line
-                                              or " still has not switched" in line), err
-    assert all(lines.index(line) < lines.index("RETURNED") for line in lines if "has not switched" in line), err
+    assert any(outer_loop_frame(loop) in line for line in report[blocked:]), report
+    assert_reported_only_while_stuck(err)
+
+
+C_CALLBACK_WATCHED = r"""
+    import asyncio
+
+    async def main():
+        with btcore.start_watchdog(threshold=0.2, file=sys.stderr) as dog:
+            await asyncio.sleep(0.5)                                   # idle
+            asyncio.get_running_loop().call_soon(time.sleep, seconds)  # a callback in C: no Python frame
+            await asyncio.sleep(0)                                     # it runs before this task again
+            os.write(2, b"RETURNED\n")
+            await asyncio.sleep(0.5)                                   # idle
+        print("REPORTS", dog.reports, file=sys.stderr)
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_watchdog_reports_a_loop_stuck_in_a_callback_written_in_c(stuck_so, loop):
+    """Guards the rule for uvloop's wait: a C callback (time.sleep given to
+    call_soon) that blocks uvloop's loop leaves no Python frame either, so the
+    innermost one is the frame that runs the loop, as when it waits for
+    events; it is stuck all the same (its sleep is called through the
+    interpreter, not from the loop's own code), and reported while stuck."""
+    if conftest.UNDER_QEMU and sys.version_info >= (3, 12):
+        pytest.skip("qemu-user: process_vm_readv is not emulated: a coroutine's frame is not read in a signal")
+    err = run_child(on_loop(C_CALLBACK_WATCHED, loop), stuck_so, seconds=3.0 if conftest.UNDER_ASAN else 1.0)
+    report = first_report(err)
+    assert err.splitlines().index(report[0]) < err.splitlines().index("RETURNED"), err   # written while stuck
+    assert any("clock_nanosleep" in line or "time_sleep" in line for line in report[1:4]), report
+    assert_reported_only_while_stuck(err)

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "capture/capture.h"
+#include "capture/modules.h"
 #include "capture/signal_capture.h"
 #include "common/errors.h"
 #include "common/own_thread.h"
@@ -42,7 +43,10 @@ typedef struct {
     _Atomic int reading;                  /* the watchdog is reading *progress (the clearing waits) */
     _Atomic int watched;
     _Atomic uintptr_t thread;             /* the watched thread: a slot reused by another thread is not watched */
-    _Atomic uintptr_t idle_code;          /* gevent's Hub.run code object (a reference kept for good), or 0 */
+    _Atomic uintptr_t idle_code;          /* the code a waiting thread is sampled in (a reference kept for
+                                           * good), or 0: see btc_watch_thread */
+    _Atomic uintptr_t wait_lo, wait_hi;   /* a C event loop's code, where its wait is called from; empty: any */
+    _Atomic uintptr_t interpreter_lo, interpreter_hi;   /* the interpreter's code */
 } watched_thread;
 
 /* The watchdog thread's own view of each watched thread. */
@@ -117,7 +121,18 @@ static int follow_thread_state(watched_thread *w)
     return rc;
 }
 
-int btc_watch_thread(uintptr_t idle_code)
+/* The span of the module holding the interpreter's code (libpython, or the
+ * executable it is linked into); empty if not found. */
+static void interpreter_code(_Atomic uintptr_t *lo, _Atomic uintptr_t *hi)
+{
+    btc_modules_acquire();
+    const btc_module *m = btc_module_find((uintptr_t)&PyObject_Call);
+    atomic_store(lo, m ? m->lo : 0);
+    atomic_store(hi, m ? m->hi : 0);
+    btc_modules_release();
+}
+
+int btc_watch_thread(uintptr_t idle_code, uintptr_t wait_lo, uintptr_t wait_hi)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     int slot = btc_thread_register();
@@ -127,6 +142,9 @@ int btc_watch_thread(uintptr_t idle_code)
             PyErr_Clear();
             slot = btc_fail(BTC_E_UNSUPPORTED, "cannot follow the thread state's switch counter");
         } else {
+            interpreter_code(&w->interpreter_lo, &w->interpreter_hi);
+            atomic_store(&w->wait_lo, wait_lo);
+            atomic_store(&w->wait_hi, wait_hi);
             if (idle_code && atomic_load(&w->idle_code) != idle_code)
                 atomic_store(&w->idle_code, (uintptr_t)Py_NewRef((PyObject *)idle_code));   /* kept for good */
             atomic_store(&w->thread, (uintptr_t)pthread_self());
@@ -262,18 +280,40 @@ static void report_recovered(const stuck_state *s, const char *how, double stuck
     btc_text_write(&t, dog.fd);
 }
 
-/* Is the sampled thread waiting for events?  Its innermost Python frame is
- * then the slot's idle code: gevent's Hub.run (under the loop's C code), or
- * an asyncio loop's selector's select() (over epoll_wait).  A loop running
- * a callback that does not return is stuck, and is reported.  (An asyncio
- * loop moves the switch counter itself: each callback it runs goes through
- * Context.run, which bumps context_ver on entry and exit.) */
+static bool in_code(uintptr_t pc, uintptr_t lo, uintptr_t hi)
+{
+    return pc - lo < hi - lo;
+}
+
+/* Does the thread wait in a C event loop's own wait?  Its innermost frame
+ * (where the signal interrupted it: libc's epoll_pwait) is outside the
+ * loop's code [wait_lo, wait_hi), and the calls inward from the loop's
+ * code (uvloop's own, or a libuv.so it links) went through no frame of the
+ * interpreter's: a C callback the loop runs (time.sleep given to
+ * call_soon) has no Python frame either, but is called through the
+ * interpreter's call machinery. */
+static bool waits_in_loop(const watched_thread *w, const btc_sigsample *sample, int first_python)
+{
+    uintptr_t lo = atomic_load(&w->wait_lo), hi = atomic_load(&w->wait_hi);
+    for (int i = 0; i < first_python; i++) {
+        const btc_frame *f = &sample->frames[i];
+        uintptr_t pc = f->flags & BTC_F_EXACT ? f->addr : f->addr - 1;   /* in the call, not after it */
+        if (in_code(pc, lo, hi))
+            return i > 0;
+        if (in_code(pc, atomic_load(&w->interpreter_lo), atomic_load(&w->interpreter_hi)))
+            return false;
+    }
+    return false;
+}
+
 static bool idle(int slot, const btc_sigsample *sample)
 {
-    uintptr_t idle_code = atomic_load(&watched[slot].idle_code);
+    const watched_thread *w = &watched[slot];
+    uintptr_t idle_code = atomic_load(&w->idle_code);
+    bool c_loop = atomic_load(&w->wait_lo) != atomic_load(&w->wait_hi);
     for (int i = 0; i < sample->n && i < BTC_SIGNAL_FRAMES; i++)
         if (sample->frames[i].kind == BTC_KIND_PYTHON)
-            return idle_code && sample->frames[i].addr == idle_code;
+            return idle_code && sample->frames[i].addr == idle_code && (!c_loop || waits_in_loop(w, sample, i));
     return false;
 }
 

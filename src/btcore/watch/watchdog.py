@@ -12,6 +12,7 @@ more.  See docs/design.md, "Stuck threads".
 from __future__ import annotations
 
 import atexit
+import importlib.machinery
 import os
 import sys
 
@@ -19,21 +20,57 @@ import greenlet
 
 from .._native import ffi, lib
 from ..capture.greenlets import BacktraceError
+from ..capture.modules import loaded_modules
 
 _running = None                # the Watchdog whose C thread runs (one per process)
 
 
-def _idle_code():
-    """The code of the function a thread sampled in (its innermost Python
-    frame) waits for events in, not stuck: the select() of the selector of
-    the asyncio loop the calling thread runs, else gevent's Hub.run if
-    gevent is imported."""
+def _idle_point() -> tuple:
+    """(code, lo, hi): where a thread sampled while waiting for events is,
+    not stuck, for the asyncio loop the calling thread runs, else for
+    gevent's hub if gevent is imported: the code of its innermost Python
+    frame (the loop's selector's select(), gevent's Hub.run; None: not
+    known), and for a loop written in C (uvloop: its wait has no Python
+    frame of its own) the span [lo, hi) of that loop's code, from which the
+    wait must be called (else empty)."""
     loop = _running_asyncio_loop()
-    select = getattr(type(getattr(loop, "_selector", None)), "select", None)
-    if loop is not None and hasattr(select, "__code__"):
-        return select.__code__
+    if loop is not None:
+        select = getattr(type(getattr(loop, "_selector", None)), "select", None)
+        if hasattr(select, "__code__"):
+            return select.__code__, 0, 0
+        return _compiled_loop_point(loop)
     hub = sys.modules.get("gevent.hub")
-    return getattr(getattr(getattr(hub, "Hub", None), "run", None), "__code__", None)
+    return getattr(getattr(getattr(hub, "Hub", None), "run", None), "__code__", None), 0, 0
+
+
+def _compiled_loop_point(loop) -> tuple:
+    """_idle_point() of a loop without a selector of Python's: one written in
+    C waits in its own code, under the frame that runs the loop (the frame
+    the running task's coroutine was resumed from: the C task and the loop
+    have none); (None, 0, 0) if either is not found."""
+    span = _compiled_code_of(type(loop))
+    task = sys.modules["asyncio"].current_task(loop)
+    frame = getattr(getattr(task, "get_coro", lambda: None)(), "cr_frame", None)
+    runner = frame.f_back if frame is not None else None
+    if span is None or runner is None:
+        return None, 0, 0
+    return (runner.f_code, *span)
+
+
+def _compiled_code_of(cls):
+    """(lo, hi): the executable span of the extension module that defines the
+    first class of cls's MRO written in C, or None."""
+    for klass in cls.__mro__:
+        path = getattr(sys.modules.get(klass.__module__), "__file__", None)
+        if path and path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            for module in loaded_modules():
+                try:
+                    if module.path and os.path.samefile(module.path, path):
+                        return module.lo, module.hi
+                except OSError:
+                    continue
+            return None
+    return None
 
 
 def _running_asyncio_loop():
@@ -58,8 +95,8 @@ def _watch_calling_thread() -> None:
     if not _switches_are_counted():
         raise BacktraceError(f"cannot watch this thread: greenlet {greenlet.__version__} does not count "
                              "switches in the thread state's context_ver")
-    idle = _idle_code()
-    if lib.btc_watch_thread(0 if idle is None else id(idle)) < 0:
+    code, lo, hi = _idle_point()
+    if lib.btc_watch_thread(0 if code is None else id(code), lo, hi) < 0:
         raise BacktraceError(f"cannot watch this thread: {last_native_error()}")
 
 
@@ -134,7 +171,8 @@ def start_watchdog(threshold: float = 1.0, file=None, *, repeat: bool = True) ->
     hub is idle, not stuck (import gevent before starting).  An asyncio
     loop: call it from a coroutine running on that loop; every callback
     the loop runs counts as a switch, a loop stuck in one callback is
-    reported, and one waiting in its selector is idle.  The report is
+    reported, and one waiting in its selector (uvloop's: in libuv) is
+    idle.  The report is
     written by a C thread with write(2) on file's descriptor.  One watchdog
     per process; call Watchdog.watch() in other threads to watch them too.
     """
