@@ -782,7 +782,7 @@ MUTATIONS = [
     Mutation("src/btcore/watch/watchdog.py", "            return select.__code__, 0, 0", "            return None, 0, 0",
              "tests/test_tasks.py::test_watchdog_reports_a_loop_stuck_in_one_callback[time.sleep-None-asyncio]",
              "an asyncio loop waiting in its selector is reported as stuck"),
-    Mutation("src/btcore/watch/watchdog.py", "    return (runner.f_code, *span)", "    return None, 0, 0",
+    Mutation("src/btcore/watch/watchdog.py", "    return (runner.f_code, *span)", "    return None",
              "tests/test_tasks.py::test_watchdog_reports_a_loop_stuck_in_one_callback[time.sleep-None-uvloop]",
              "a uvloop loop waiting for events in libuv is reported as stuck"),
     Mutation("native/watch/watchdog.c", "        if (in_code(pc, atomic_load(&w->interpreter_lo), atomic_load(&w->interpreter_hi)))\n"

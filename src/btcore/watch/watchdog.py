@@ -38,22 +38,24 @@ def _idle_point() -> tuple:
         select = getattr(type(getattr(loop, "_selector", None)), "select", None)
         if hasattr(select, "__code__"):
             return select.__code__, 0, 0
-        return _compiled_loop_point(loop)
+        compiled = _compiled_loop_point(loop)
+        if compiled is not None:
+            return compiled
     hub = sys.modules.get("gevent.hub")
     return getattr(getattr(getattr(hub, "Hub", None), "run", None), "__code__", None), 0, 0
 
 
-def _compiled_loop_point(loop) -> tuple:
+def _compiled_loop_point(loop):
     """_idle_point() of a loop without a selector of Python's: one written in
     C waits in its own code, under the frame that runs the loop (the frame
     the running task's coroutine was resumed from: the C task and the loop
-    have none); (None, 0, 0) if either is not found."""
+    have none); None if either is not found."""
     span = _compiled_code_of(type(loop))
     task = sys.modules["asyncio"].current_task(loop)
     frame = getattr(getattr(task, "get_coro", lambda: None)(), "cr_frame", None)
     runner = frame.f_back if frame is not None else None
     if span is None or runner is None:
-        return None, 0, 0
+        return None
     return (runner.f_code, *span)
 
 
