@@ -285,13 +285,12 @@ static bool in_code(uintptr_t pc, uintptr_t lo, uintptr_t hi)
     return pc - lo < hi - lo;
 }
 
-/* Does the thread wait in a C event loop's own wait?  Its innermost frame
- * (where the signal interrupted it: libc's epoll_pwait) is outside the
- * loop's code [wait_lo, wait_hi), and the calls inward from the loop's
- * code (uvloop's own, or a libuv.so it links) went through no frame of the
- * interpreter's: a C callback the loop runs (time.sleep given to
- * call_soon) has no Python frame either, but is called through the
- * interpreter's call machinery. */
+/* Does the thread wait in a C event loop's own code?  The calls inward
+ * from the loop's code [wait_lo, wait_hi) (uvloop's own, or a libuv.so it
+ * links: libc's epoll_pwait, or the loop between two waits) went through
+ * no frame of the interpreter's: a C callback the loop runs (time.sleep
+ * given to call_soon) has no Python frame either, but is called through
+ * the interpreter's call machinery. */
 static bool waits_in_loop(const watched_thread *w, const btc_sigsample *sample, int first_python)
 {
     uintptr_t lo = atomic_load(&w->wait_lo), hi = atomic_load(&w->wait_hi);
@@ -299,21 +298,63 @@ static bool waits_in_loop(const watched_thread *w, const btc_sigsample *sample, 
         const btc_frame *f = &sample->frames[i];
         uintptr_t pc = f->flags & BTC_F_EXACT ? f->addr : f->addr - 1;   /* in the call, not after it */
         if (in_code(pc, lo, hi))
-            return i > 0;
+            return true;
         if (in_code(pc, atomic_load(&w->interpreter_lo), atomic_load(&w->interpreter_hi)))
             return false;
     }
     return false;
 }
 
+/* The index of the sample's innermost Python frame, or -1. */
+static int innermost_python(const btc_sigsample *sample)
+{
+    for (int i = 0; i < sample->n && i < BTC_SIGNAL_FRAMES; i++)
+        if (sample->frames[i].kind == BTC_KIND_PYTHON)
+            return i;
+    return -1;
+}
+
+/* Is the sampled thread waiting for events?  Its innermost Python frame is
+ * then the slot's idle code: gevent's Hub.run (under the loop's C code), an
+ * asyncio loop's selector's select() (over epoll_wait), or for a loop
+ * written in C (uvloop: libuv's epoll_pwait under no Python frame of the
+ * loop's) the frame that runs the loop, the thread in the loop's own code
+ * (waits_in_loop).  A loop running a callback that does not return is
+ * stuck, and is reported.  (An asyncio loop moves the switch counter
+ * itself: each callback it runs goes through Context.run, which bumps
+ * context_ver on entry and exit.) */
 static bool idle(int slot, const btc_sigsample *sample)
 {
     const watched_thread *w = &watched[slot];
     uintptr_t idle_code = atomic_load(&w->idle_code);
     bool c_loop = atomic_load(&w->wait_lo) != atomic_load(&w->wait_hi);
-    for (int i = 0; i < sample->n && i < BTC_SIGNAL_FRAMES; i++)
-        if (sample->frames[i].kind == BTC_KIND_PYTHON)
-            return idle_code && sample->frames[i].addr == idle_code && (!c_loop || waits_in_loop(w, sample, i));
+    int i = innermost_python(sample);
+    return i >= 0 && idle_code && sample->frames[i].addr == idle_code && (!c_loop || waits_in_loop(w, sample, i));
+}
+
+/* A C loop's sample under the frame that runs it, not idle: the thread may
+ * be stuck in a C callback, or only passing through a call of the
+ * interpreter's the loop makes between two waits (seen on a loaded
+ * machine: its thread preempted there).  An idle loop is in its wait
+ * nearly all the time: it is sampled again, IDLE_RESAMPLES times at most,
+ * IDLE_RESAMPLE_GAP s apart, and is idle if one of them is. */
+#define IDLE_RESAMPLES 3
+#define IDLE_RESAMPLE_GAP 0.005
+
+static bool idle_on_second_look(int slot, const btc_sigsample *sample)
+{
+    const watched_thread *w = &watched[slot];
+    int i = innermost_python(sample);
+    if (atomic_load(&w->wait_lo) == atomic_load(&w->wait_hi) || i < 0 ||
+        sample->frames[i].addr != atomic_load(&w->idle_code))
+        return false;
+    static btc_sigsample again;   /* the watchdog thread's own, as dog.sample */
+    for (int n = 0; n < IDLE_RESAMPLES; n++) {
+        struct timespec gap = {0, (long)(IDLE_RESAMPLE_GAP * 1e9)};
+        nanosleep(&gap, NULL);
+        if (btc_signal_sample_slot(slot, 1000, &again) == 0 && idle(slot, &again))
+            return true;
+    }
     return false;
 }
 
@@ -339,7 +380,8 @@ static void check(int slot, double now)
         *s = (stuck_state){.since = now, .next = dog.threshold};
         return;
     }
-    if (answered && idle(slot, &dog.sample)) {   /* waiting, not stuck: look again in a threshold */
+    /* waiting, not stuck: look again in a threshold */
+    if (answered && (idle(slot, &dog.sample) || idle_on_second_look(slot, &dog.sample))) {
         if (s->stuck)
             report_recovered(s, "waits for events again", stuck_for);
         *s = (stuck_state){.seen = switches, .since = now, .next = dog.threshold};
