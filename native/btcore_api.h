@@ -670,6 +670,17 @@ int btc_dump_signal_install(int signum, int fd, int chain);
 /* Put the previous handler back; 0 if none was installed for signum. */
 int btc_dump_signal_uninstall(int signum);
 
+/* register_dump_signal(): signum's handler (Python's, installed just
+ * before, from the main thread) wrapped so that a main thread blocked in a
+ * wait is interrupted until its Python handler has started (seen).
+ * 0 or -1. */
+int btc_prompt_signal_install(int signum);
+/* Called first thing by that Python handler. */
+void btc_prompt_signal_seen(int signum);
+/* Python's handler back, no nudge left queued; 1, 0 if not installed, -1
+ * from a thread other than the one that installed. */
+int btc_prompt_signal_uninstall(int signum);
+
 /* Test-only: a handler on signal signum (a timer) that captures the
  * interrupted thread (registered here) and checks each sample inside the
  * handler, until btc_test_signal_stress_stop(), which writes 12 counts:

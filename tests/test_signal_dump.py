@@ -434,3 +434,71 @@ def test_signals_while_the_writer_is_stuck_are_counted_not_queued():
     assert text.count("btcore: 5 dump signals skipped: earlier dumps were still being written\n") == 1
     last = text.rindex("Greenlet dump, pid ")
     assert text.index("btcore: 5 dump signals skipped") < last
+
+
+# The main thread blocked in a wait (time.sleep, gevent's idle hub, asyncio's
+# selector) while the dump signal's C handler runs in another thread: Python
+# then owes the main thread a handler call, but nothing interrupts its wait.
+# The same happens when the signal lands in the main thread just after the
+# loop last checked for signals and before it blocks (seen 1 signal in 200
+# on uWSGI's idle gevent worker, tests/test_signal_recipes.py): libev then
+# sleeps up to a minute.
+WAITS = {
+    "time.sleep": "signal_from_another_thread(); time.sleep(60)",
+    "gevent": "import gevent; signal_from_another_thread(); gevent.sleep(60)",
+    "asyncio": "import asyncio; signal_from_another_thread(); asyncio.run(asyncio.sleep(60))",
+    # the child of a fork, whose main thread is the one that forked (the timer is made again there)
+    "fork": "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    signal_from_another_thread(); time.sleep(60)\n"
+            "else:\n"
+            "    sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))",
+}
+
+
+@pytest.mark.parametrize("wait", WAITS)
+def test_a_pending_dump_interrupts_the_main_threads_wait(wait):
+    """Guards the nudge (native/watch/prompt_signal.c): the handler is owed to
+    a main thread blocked in a wait, and the dump is written while that wait
+    still has most of a minute to go (the process leaves as soon as the dump
+    is whole)."""
+    if wait in ("gevent", "asyncio"):
+        pytest.importorskip(wait)
+    proc = _run_child("""
+    import os, signal, sys, threading, time
+    import btcore
+
+    class File:
+        def __init__(self):
+            self.parts = []
+        def write(self, text):
+            self.parts.append(text)
+        def flush(self):
+            text = "".join(self.parts)
+            if "=== thread " in text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                os._exit(0)
+
+    def signal_from_another_thread():
+        main = threading.get_native_id()
+
+        def send():
+            # once the main thread sleeps in a system call, the signal for this thread
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with open(f"/proc/self/task/{main}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                        break
+                time.sleep(0.01)
+            time.sleep(0.2)
+            signal.pthread_kill(threading.get_ident(), btcore.DEFAULT_DUMP_SIGNAL)
+        threading.Thread(target=send, daemon=True).start()
+
+    btcore.register_dump_signal(file=File())
+""" + textwrap.indent(WAITS[wait], "    ") + """
+    print("the main thread woke before the dump")
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "woke before" not in proc.stdout
+    assert proc.stdout.startswith("Greenlet dump, pid ") and "=== thread " in proc.stdout, proc.stdout

@@ -13,6 +13,7 @@ from functools import partial
 import greenlet
 
 from . import dumpwriter
+from .._native import lib
 
 from ..symbols import resolve
 
@@ -490,8 +491,9 @@ def register_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL, file=None, *, chain:
     """Dump every greenlet (dump_all) to file (default: sys.stderr at that time) on signal signum.
 
     Python runs signal handlers in the main thread, between two bytecodes:
-    a main thread blocked inside C code dumps only when it returns to
-    Python.  The handler only captures (snapshot()); a writer thread of
+    a main thread waiting (a sleep, an idle event loop) is interrupted for
+    it (native/watch/prompt_signal.c); one blocked inside C code dumps only
+    when it returns to Python.  The handler only captures (snapshot()); a writer thread of
     btcore's names, renders and writes the dump, in signal order, while the
     interrupted code (the event loop) goes on.  Must be called from the
     main thread (signal.signal's rule).
@@ -521,10 +523,19 @@ def register_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL, file=None, *, chain:
         _refuse_foreign(signum, chain, c_chainable=False)
     layout_known()   # learn greenlet's layout now: learning takes a lock a handler must not wait for
     dumpwriter.start()   # now, not in the handler: no thread start inside a signal
+    _unwrap(signum)
     previous = signal.signal(signum, _on_signal)
+    lib.btc_prompt_signal_install(signum)   # if it cannot, dumps still come, when the main thread next runs Python
     if signum in _registered:   # re-registering: keep the handler from before the first call
         previous = _registered[signum][2]
     _registered[signum] = (file, chain, previous)
+
+
+def _unwrap(signum: int) -> None:
+    """Python's own C handler back on signum (native/watch/prompt_signal.c),
+    before Python changes signum's handler."""
+    if lib.btc_prompt_signal_uninstall(signum) < 0:
+        raise ValueError("signal only works in main thread of the main interpreter")
 
 
 def _refuse_foreign(signum: int, chain: bool, c_chainable: bool) -> None:
@@ -579,11 +590,14 @@ def unregister_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL) -> bool:
     """Restore the handler signum had before register_dump_signal(), after
     the dumps already signalled are written (at most dumpwriter.DRAIN_TIMEOUT
     seconds); False if none was registered."""
-    entry = _registered.pop(signum, None)
+    entry = _registered.get(signum)
     if entry is None:
         return False
     if entry is _STUCK:
+        del _registered[signum]
         return uninstall_stuck_dump(signum)
+    _unwrap(signum)
+    del _registered[signum]
     signal.signal(signum, entry[2])
     if any(other is not _STUCK for other in _registered.values()):
         dumpwriter.drain()
@@ -595,6 +609,7 @@ def unregister_dump_signal(signum: int = DEFAULT_DUMP_SIGNAL) -> bool:
 def _on_signal(signum, frame) -> None:
     """Only the capture here (it is what must see the greenlets as they are
     now); naming and writing go to the writer thread, else are done here."""
+    lib.btc_prompt_signal_seen(signum)   # no more nudges: the main thread is here
     file, chain, previous = _registered.get(signum, (None, False, None))
     out = sys.stderr if file is None else file
     try:
