@@ -9,6 +9,8 @@ import ast
 import functools
 import importlib.util
 import os
+import subprocess
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -49,3 +51,16 @@ def test_every_entry_names_a_test_that_exists():
         if not os.path.exists(os.path.join(ROOT, path)) or (name and name not in _test_names(path)):
             missing.append(f"{m.killer}: {m.breaks}")
     assert not missing, "\n".join(missing)
+
+
+def test_every_parametrized_killer_is_collected():
+    """A killer's parameters ([...]) name one collected test: a renamed
+    parameter left a killer that pytest ran as no test at all, and the
+    mutation lane reported it alive (stop 47's first CI)."""
+    wanted = sorted({m.killer for m in RUNNER.MUTATIONS if "[" in m.killer})
+    files = sorted({k.partition("::")[0] for k in wanted})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    collected = set(proc.stdout.split())
+    missing = [k for k in wanted if k not in collected]
+    assert wanted and not missing, "\n".join(missing) or proc.stdout[-2000:]
