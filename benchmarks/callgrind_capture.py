@@ -19,8 +19,14 @@ counted alone, from the first entry into the recursion on (callgrind's
   greenlet    btc_collect() under collect(g) of a greenlet suspended at the
               bottom of such a recursion
 
+btcore's captures use the capacity a caller sizing it for this stack would
+pass: the smallest of 64 (collect()'s default), 256 and 1024 that holds the
+whole stack, found by an uncounted capture first (printed).  Above 256
+frames a capture allocates its buffers (~1,700 instructions a call: three
+mallocs and their frees); --capacity N forces N.
+
 Usage (prints instructions per call and per frame for each method):
-  python benchmarks/callgrind_capture.py [--depth 250] [--calls 200]
+  python benchmarks/callgrind_capture.py [--depth 250] [--calls 200] [--capacity N]
 The script re-runs itself under valgrind once per method.
 """
 import argparse
@@ -65,7 +71,19 @@ def driver():
     return mod.ffi, mod.lib
 
 
-def child(method, depth, calls):
+CAPACITIES = (64, 256, 1024)
+
+
+def fitting(capacity, capture):
+    """capacity if given, else the smallest of CAPACITIES that holds what
+    capture(largest) captures."""
+    if capacity:
+        return capacity
+    n = capture(CAPACITIES[-1])
+    return next((c for c in CAPACITIES if n < c), CAPACITIES[-1])
+
+
+def child(method, depth, calls, capacity):
     import btcore
     from btcore._native import ffi as bffi, lib as blib
     import peers
@@ -87,13 +105,18 @@ def child(method, depth, calls):
                 frames.append(blib.btc_backtrace(buf, 1024))
             return 0
     elif method == "collect":
+        size = []
+        zero = ffi.callback("int(void)", lambda: 0)
+
         @ffi.callback("int(void)")
         def body():
+            size[:] = [fitting(capacity, lambda c: len(btcore.collect(python=False, capacity=c)))]
+            lib.recurse_call(0, zero)   # callgrind zeroes its counts here: the fitting capture is not counted
             for _ in range(calls):
-                frames.append(len(btcore.collect(python=False, capacity=1024)))
+                frames.append(len(btcore.collect(python=False, capacity=size[0])))
             return 0
     else:
-        return python_stack(method, depth, calls, frames, plib, ffi, lib)
+        return python_stack(method, depth, calls, frames, plib, ffi, lib, capacity)
     body_calls = calls
     calls = 1
     # Warm, from inside the recursion: every module's table is built (the
@@ -104,16 +127,16 @@ def child(method, depth, calls):
     frames.clear()
     calls = body_calls
     lib.recurse_call(depth, body)
-    print("FRAMES", frames[-1])
+    print("FRAMES", frames[-1], "CAPACITY", size[0] if method == "collect" else "-")
 
 
-def python_stack(method, depth, calls, frames, plib, ffi, lib):
+def python_stack(method, depth, calls, frames, plib, ffi, lib, capacity):
     """The mixed stacks: a Python recursion `depth` deep; 'greenlet' runs it
     in a greenlet and captures that greenlet, suspended, from outside."""
     import btcore
     import greenlet
-    capture = {"merged": lambda: len(btcore.collect(capacity=1024)),
-               "libunwind-py": lambda: plib.unw_bt(1024)}
+    capture = {"merged": lambda c: len(btcore.collect(capacity=c)),
+               "libunwind-py": lambda c: plib.unw_bt(1024)}
 
     # Each level goes through C (operator.call: the interpreter's call
     # machinery and a new eval-loop call), as Python code calling Python
@@ -128,25 +151,30 @@ def python_stack(method, depth, calls, frames, plib, ffi, lib):
         g = greenlet.greenlet(lambda: rec(depth, greenlet.getcurrent().parent.switch))
         g.switch()
         btcore.collect(g)   # warm: greenlet's layout learned
+        size = fitting(capacity, lambda c: len(btcore.collect(g, capacity=c)))
         lib.recurse_call(0, ffi.callback("int(void)", lambda: 0))   # callgrind zeroes its counts here
         for _ in range(calls):
-            frames.append(len(btcore.collect(g, capacity=1024)))
+            frames.append(len(btcore.collect(g, capacity=size)))
     else:
+        size = []
+
         def bottom():
+            size.append(fitting(capacity, capture[method]) if method == "merged" else "-")
             lib.recurse_call(0, ffi.callback("int(void)", lambda: 0))   # zero here
             for _ in range(calls):
-                frames.append(capture[method]())
+                frames.append(capture[method](size[0]))
         rec(depth, bottom)
-    print("FRAMES", frames[-1])
+        size = size[0]
+    print("FRAMES", frames[-1], "CAPACITY", size)
 
 
-def measure(method, depth, calls):
+def measure(method, depth, calls, capacity):
     out = tempfile.mktemp(prefix="cg-", suffix=".out")
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
            f"--toggle-collect={TOGGLES[method]}", "--zero-before=recurse_call", sys.executable, __file__, "--child", method,
-           "--depth", str(depth), "--calls", str(calls)]
+           "--depth", str(depth), "--calls", str(calls), "--capacity", str(capacity)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    m = re.search(r"FRAMES (\d+)", p.stdout)
+    m = re.search(r"FRAMES (\d+) CAPACITY (\S+)", p.stdout)
     if not m:
         raise RuntimeError(p.stdout + p.stderr)
     total = None
@@ -155,23 +183,24 @@ def measure(method, depth, calls):
             if line.startswith("totals:") or line.startswith("summary:"):
                 total = int(line.split()[1])
     os.unlink(out)
-    return total / calls, int(m.group(1))
+    return total / calls, int(m.group(1)), m.group(2)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depth", type=int, default=250)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--capacity", type=int, default=0, help="btcore's capture capacity (0: the smallest that fits)")
     ap.add_argument("--child")
     ap.add_argument("--methods", default="libunwind,btcore,collect,libunwind-py,merged,greenlet")
     args = ap.parse_args()
     if args.child:
-        return child(args.child, args.depth, args.calls)
+        return child(args.child, args.depth, args.calls, args.capacity)
     print(f"C recursion {args.depth} deep (libunwind-py, merged, greenlet: Python recursion), {args.calls} calls each")
-    print(f"{'method':12} {'instr/call':>12} {'frames':>7} {'instr/frame':>12}")
+    print(f"{'method':12} {'instr/call':>12} {'frames':>7} {'instr/frame':>12} {'capacity':>9}")
     for method in args.methods.split(","):
-        per_call, frames = measure(method, args.depth, args.calls)
-        print(f"{method:12} {per_call:12.0f} {frames:7d} {per_call / frames:12.1f}")
+        per_call, frames, capacity = measure(method, args.depth, args.calls, args.capacity)
+        print(f"{method:12} {per_call:12.0f} {frames:7d} {per_call / frames:12.1f} {capacity:>9}")
 
 
 if __name__ == "__main__":
