@@ -502,3 +502,27 @@ def test_a_pending_dump_interrupts_the_main_threads_wait(wait):
     assert proc.returncode == 0, proc.stderr
     assert "woke before" not in proc.stdout
     assert proc.stdout.startswith("Greenlet dump, pid ") and "=== thread " in proc.stdout, proc.stdout
+
+
+def test_the_nudge_is_gone_before_the_interpreter_ends():
+    """Guards the unwrap at exit: the interpreter's end puts SIG_DFL back
+    on the signals it handled, and a nudge still armed then would end the
+    process by SIGPWR's default action; by then the kernel's handler is
+    Python's own again (compared with the one Python installs for SIGUSR2)."""
+    proc = _run_child("""
+    import atexit, ctypes, signal
+
+    def kernel_handler(signum):
+        old = ctypes.create_string_buffer(512)   # glibc's struct sigaction starts with the handler
+        assert ctypes.CDLL(None).sigaction(signum, None, old) == 0
+        return ctypes.c_void_p.from_buffer(old).value
+
+    # registered before btcore's own exit hooks: runs after them
+    atexit.register(lambda: print("at exit: Python's", kernel_handler(signal.SIGPWR) == kernel_handler(signal.SIGUSR2)))
+    import btcore
+    signal.signal(signal.SIGUSR2, lambda *args: None)
+    btcore.register_dump_signal()
+    print("registered: wrapped", kernel_handler(signal.SIGPWR) != kernel_handler(signal.SIGUSR2))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "registered: wrapped True\nat exit: Python's True\n", proc.stdout

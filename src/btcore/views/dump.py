@@ -2,6 +2,7 @@
 register_dump_signal(): the same on a signal, the way faulthandler.register works."""
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
@@ -536,6 +537,16 @@ def _unwrap(signum: int) -> None:
     before Python changes signum's handler."""
     if lib.btc_prompt_signal_uninstall(signum) < 0:
         raise ValueError("signal only works in main thread of the main interpreter")
+
+
+@atexit.register
+def _unwrap_at_exit() -> None:
+    # Before the interpreter's end puts SIG_DFL back on every signal it handled: a nudge
+    # still armed then (a dump signalled just before, its handler not run) would end the
+    # process by the signal's default action.  Python's handler stays until then.
+    for signum, entry in list(_registered.items()):
+        if entry is not _STUCK:
+            lib.btc_prompt_signal_uninstall(signum)
 
 
 def _refuse_foreign(signum: int, chain: bool, c_chainable: bool) -> None:
