@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "capture/signal_capture.h"
+#include "common/chain_handler.h"
 #include "common/own_thread.h"
 #include "watch/report.h"
 
@@ -40,11 +41,8 @@ static void on_dump_signal(int signum, siginfo_t *si, void *ucontext)
 {
     int saved_errno = errno;
     sem_post(&dumper.wake);
-    const struct sigaction *p = &dumper.previous;
-    if (dumper.chain && (p->sa_flags & SA_SIGINFO) && p->sa_sigaction)
-        p->sa_sigaction(signum, si, ucontext);
-    else if (dumper.chain && !(p->sa_flags & SA_SIGINFO) && p->sa_handler != SIG_DFL && p->sa_handler != SIG_IGN)
-        p->sa_handler(signum);
+    if (dumper.chain)
+        btc_call_handler(&dumper.previous, signum, si, ucontext);
     errno = saved_errno;
 }
 

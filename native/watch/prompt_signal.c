@@ -30,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/chain_handler.h"
+
 #define FIRST_NS 10000000L   /* 10 ms: a main thread running bytecode has run the handler by then */
 #define NUDGES 6             /* 10 + 20 + ... + 320 ms, then the main thread is left alone */
 
@@ -63,16 +65,6 @@ static bool owed(prompt_slot *p)
     return atomic_load(&p->seen) != atomic_load(&p->signalled);
 }
 
-static void call_python(int signum, siginfo_t *si, void *ucontext, const struct sigaction *h)
-{
-    if (h->sa_flags & SA_SIGINFO) {
-        if (h->sa_sigaction)
-            h->sa_sigaction(signum, si, ucontext);
-    } else if (h->sa_handler != SIG_DFL && h->sa_handler != SIG_IGN) {
-        h->sa_handler(signum);
-    }
-}
-
 static void on_signal(int signum, siginfo_t *si, void *ucontext)
 {
     int saved_errno = errno;
@@ -82,7 +74,7 @@ static void on_signal(int signum, siginfo_t *si, void *ucontext)
         if (owed(p) && n < NUDGES)
             arm(p, FIRST_NS << n);
     } else {
-        call_python(signum, si, ucontext, &p->python);
+        btc_call_handler(&p->python, signum, si, ucontext);
         atomic_fetch_add(&p->signalled, 1);
         atomic_store(&p->nudges, 0);
         if (p->timer_made)
