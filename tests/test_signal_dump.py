@@ -444,13 +444,13 @@ def test_signals_while_the_writer_is_stuck_are_counted_not_queued():
 # on uWSGI's idle gevent worker, tests/test_signal_recipes.py): libev then
 # sleeps up to a minute.
 WAITS = {
-    "time.sleep": "signal_from_another_thread(); time.sleep(30)",
-    "gevent": "import gevent; signal_from_another_thread(); gevent.sleep(30)",
-    "asyncio": "import asyncio; signal_from_another_thread(); asyncio.run(asyncio.sleep(30))",
+    "time.sleep": "signal_from_another_thread(); time.sleep(10)",
+    "gevent": "import gevent; signal_from_another_thread(); gevent.sleep(10)",
+    "asyncio": "import asyncio; signal_from_another_thread(); asyncio.run(asyncio.sleep(10))",
     # the child of a fork, whose main thread is the one that forked (the timer is made again there)
     "fork": "pid = os.fork()\n"
             "if pid == 0:\n"
-            "    signal_from_another_thread(); time.sleep(30)\n"
+            "    signal_from_another_thread(); time.sleep(10)\n"
             "else:\n"
             "    sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))",
 }
@@ -460,7 +460,7 @@ WAITS = {
 def test_a_pending_dump_interrupts_the_main_threads_wait(wait):
     """Guards the nudge (native/watch/prompt_signal.c): the handler is owed to
     a main thread blocked in a wait, and the dump is written while that wait
-    still has most of its 30 s to go (the process leaves as soon as the dump
+    still has most of its 10 s to go (the process leaves as soon as the dump
     is whole)."""
     if wait in ("gevent", "asyncio"):
         pytest.importorskip(wait)
@@ -485,7 +485,7 @@ def test_a_pending_dump_interrupts_the_main_threads_wait(wait):
 
         def send():
             # once the main thread sleeps in a system call, the signal for this thread
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 with open(f"/proc/self/task/{main}/stat") as f:
                     if f.read().rsplit(")", 1)[1].split()[0] == "S":
