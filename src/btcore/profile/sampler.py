@@ -42,7 +42,6 @@ from ..capture.introspect import (RUNNING, SUSPENDED, base_frame, collect_suspen
                                   threads_of_greenlets)
 from .rates import DEFAULT_RATE, MAX_RATE
 from ..symbols.resolve import resolve_native, resolve_python
-from ..capture.greenlets import layout_known
 from ..capture.spawn import spawn_chain, take_created
 from ..capture.threads import MAX_THREADS, current_ident
 
@@ -394,12 +393,8 @@ class Profiler:
         from . import formats as profile_formats
         from ..capture import threads  # noqa: F401
         from ..views import html  # noqa: F401  (formats.html() imports it: the duration's .html write, seen on CI)
-        if not self.threads_only:
-            # greenlet's layout, learned before the first tick: it tells which greenlet each thread
-            # runs; until then one parked without Python frames reads as running (greenlet_objects.c)
-            layout_known()
-            if lib.btc_spawn_watch_creation(1) != 0:   # before the first tick's heap scan
-                raise RuntimeError("btcore profiler: cannot watch greenlet creation (out of memory?)")
+        if not self.threads_only and lib.btc_spawn_watch_creation(1) != 0:   # before the first tick's heap scan
+            raise RuntimeError("btcore profiler: cannot watch greenlet creation (out of memory?)")
         _original("_thread", "start_new_thread")(self._run, ())
 
     def _run(self) -> None:
