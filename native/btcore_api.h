@@ -290,6 +290,9 @@ uintptr_t btc_test_eval_call_address(uintptr_t frame);
 /* Test-only: btc_mem_read() through the stack view [lo, hi) (no spill):
  * 1 and *out set if the aligned 8-byte word at addr may be read, else 0. */
 int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out);
+/* Test-only: btc_read_piped(): 1 and n bytes at src copied to out, or 0
+ * (src not readable, or n above what a pipe takes). */
+int btc_test_read_piped(uintptr_t src, size_t n, uint8_t *out);
 /* Test-only: btc_main_stack_end(): the end of the main thread's stack if
  * addr lies in it, else 0. */
 uintptr_t btc_test_main_stack_end(uintptr_t addr);

@@ -9,6 +9,7 @@
 #include "capture/context.h"
 #include "capture/cpython/pyframes.h"
 #include "capture/modules.h"
+#include "capture/signal_capture.h"
 #include "capture/unwind.h"
 
 uintptr_t btc_test_eval_call_address(uintptr_t frame)
@@ -21,6 +22,11 @@ int btc_test_mem_read(uintptr_t lo, uintptr_t hi, uintptr_t addr, uintptr_t *out
 {
     btc_memview view = {.lo = lo, .hi = hi};
     return btc_mem_read(&view, addr, out) ? 1 : 0;
+}
+
+int btc_test_read_piped(uintptr_t src, size_t n, uint8_t *out)
+{
+    return btc_read_piped(out, src, n) ? 1 : 0;
 }
 
 uintptr_t btc_test_main_stack_end(uintptr_t addr)

@@ -6,6 +6,9 @@ product must fail; tests/mutations/run.py checks that they do):
   addresses and addresses below lo are refused;
 * the walker refuses a frame whose CFA lies past the view's end, even when
   the return address itself would be readable;
+* a read through a pipe (where process_vm_readv is missing: qemu-user)
+  copies what is readable, exactly, and refuses an unreadable page and a
+  size above a pipe's;
 * the main thread's stack end is learnt once and given for addresses in
   that stack only (the kernel's [stack] mapping is the oracle);
 * a thread's CPU clock is the kernel's for that thread (glibc's
@@ -15,7 +18,9 @@ product must fail; tests/mutations/run.py checks that they do):
 * a cached Python entry keeps its code object alive (its key holds the code
   object's address) until the cache drops the entry.
 """
+import ctypes
 import gc
+import mmap
 import platform
 import subprocess
 import sys
@@ -55,6 +60,27 @@ def test_stack_view_reads_exactly_lo_to_hi(view):
     assert read(lo, hi, hi - WORD + 4) is None      # misaligned, straddling hi
     assert read(lo, hi, lo + 4) is None             # misaligned inside
     assert read(lo, hi, lo - WORD) is None          # below lo
+
+
+def test_piped_read_copies_readable_memory_and_refuses_the_rest():
+    """Guards btc_read_piped: the kernel checks the source, as for
+    process_vm_readv; an unreadable page is refused, never faulted on."""
+    src = bytes(range(256)) * 16   # 4,096 bytes: the most a pipe read takes
+    at = ctypes.cast(ctypes.c_char_p(src), ctypes.c_void_p).value
+    out = ffi.new("uint8_t[]", len(src) + 1)
+    assert lib.btc_test_read_piped(at, len(src), out) == 1
+    assert ffi.buffer(out, len(src))[:] == src
+    assert lib.btc_test_read_piped(at, len(src) + 1, out) == 0   # above a pipe's size
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    page = libc.mmap(None, mmap.PAGESIZE, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)   # PROT_NONE
+    assert page not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert lib.btc_test_read_piped(page, WORD, out) == 0
+    finally:
+        libc.munmap(ctypes.c_void_p(page), ctypes.c_size_t(mmap.PAGESIZE))
+    assert lib.btc_test_read_piped(0, WORD, out) == 0
 
 
 def _stack_mapping():

@@ -491,6 +491,39 @@ def test_snapshot_from_another_thread_shows_the_main_thread_running():
     assert infos[0] is mine                              # the calling thread's greenlets first
 
 
+def test_of_two_greenlets_without_python_frames_in_another_thread_the_one_it_runs_is_running():
+    """Guards the state rule's thread-state read: in a thread whose main greenlet is
+    switched away from (it has a frame), a greenlet parked in C and one running C code have
+    no Python frame either (greenlet's own rule calls both running); the one the thread runs
+    is running, the other suspended, captured with its native frames.  Oracle: the thread's
+    own switches."""
+    ready, blocked, there = threading.Event(), threading.Lock(), {}
+    blocked.acquire()
+
+    def two_without_frames():
+        there["parked"] = greenlet.greenlet(greenlet.getcurrent().switch)   # parks inside switch(), in C
+        there["parked"].switch()
+        there["runner"] = greenlet.greenlet(blocked.acquire)               # runs C, no Python frame
+        ready.set()
+        there["runner"].switch()
+
+    thread = threading.Thread(target=two_without_frames)
+    thread.start()
+    try:
+        assert ready.wait(TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while not there["runner"] and time.monotonic() < deadline:
+            time.sleep(0.001)   # until the thread has switched into it
+        infos = {id(i.greenlet): i for i in btcore.snapshot()}
+        parked, runner = infos[id(there["parked"])], infos[id(there["runner"])]
+        assert (parked.state, runner.state) == ("suspended", "running"), (parked, runner)
+        assert parked.thread_id == runner.thread_id == thread.ident
+        assert any(f.kind == "native" for f in parked.backtrace.frames()), parked.backtrace.frames()
+    finally:
+        blocked.release()
+        thread.join(TIMEOUT)
+
+
 def test_switch_timing_records_when_each_greenlet_last_ran():
     """Guards enable_switch_timing(): the greenlet parked first has waited longest; the tracer
     installed before still sees every switch, and comes back on disable."""
@@ -736,13 +769,15 @@ def test_known_states_sorts_the_profilers_greenlets_as_they_are():
     from a greenlet that is not its thread's main one (the sampler's case):
     the greenlets made here in each state land in the phase turns
     (suspended, each in the phase of its address; parked without Python
-    frames too, in Cython here, in C in a thread whose main greenlet runs),
-    running (the reader; a greenlet running in another thread) or gone (ended; collected), a not-started one in none;
+    frames too, in Cython here, in C in a thread whose main greenlet runs
+    and in one where another greenlet runs), running (the reader; a
+    greenlet running in another thread) or gone (ended; collected), a not-started one in none;
     gevent's Greenlet, whose __bool__ and dead are its own, is read by
     greenlet's rule.  Bad arguments raise TypeError.  Oracle: the states
     this test made."""
     import weakref
     from btcore.capture import introspect
+    assert introspect.layout_known()   # greenlet's layout, which tells each thread's current greenlet
     parked = [greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch()) for _ in range(16)]
     for g in parked:
         g.switch()
@@ -766,27 +801,43 @@ def test_known_states_sorts_the_profilers_greenlets_as_they_are():
         ready.release()
         release.wait()
 
+    blocked = threading.Lock()
+    blocked.acquire()
+
+    def two_without_frames():   # one parked in C, and a non-main greenlet running
+        there["parked frameless"] = greenlet.greenlet(greenlet.getcurrent().switch)
+        there["parked frameless"].switch()
+        there["running frameless"] = greenlet.greenlet(lambda: ready.release() or blocked.acquire())
+        there["running frameless"].switch()
+
     def read(known, phases):
         return [introspect.known_states(known, greenlet.getcurrent(), phases, phase) for phase in range(phases)]
 
-    threads = [threading.Thread(target=a_child_runs), threading.Thread(target=the_main_greenlet_runs)]
+    threads = [threading.Thread(target=f) for f in (a_child_runs, the_main_greenlet_runs, two_without_frames)]
     for thread in threads:
         thread.start()
     try:
-        assert ready.acquire(timeout=10) and ready.acquire(timeout=10)
+        assert all(ready.acquire(timeout=10) for _ in threads)
         child, frameless, here = there["running"], there["frameless"], greenlet.getcurrent()
         its_main = child.parent
         assert frameless.gr_frame is None and frameless and not frameless.dead
+        # both frameless to greenlet's own rule (a running greenlet's frames are its thread's), and the
+        # thread's main greenlet has its frame: only the thread's state tells which of the two runs
+        parked_frameless, runner = there["parked frameless"], there["running frameless"]
+        assert parked_frameless.gr_frame is None and parked_frameless and runner.gr_frame is None
         reader = greenlet.greenlet(read)
-        every = parked + [sleeper, in_cython, fresh, ended, collected, child, its_main, frameless, here, reader]
+        every = parked + [sleeper, in_cython, fresh, ended, collected, child, its_main, frameless, here, reader,
+                          parked_frameless, runner]
         known = {id(g): (weakref.ref(g), None, None) for g in every}
         del collected, every
-        suspended = {id(g) for g in parked + [sleeper, in_cython, its_main, frameless, here]}
+        suspended = {id(g) for g in parked + [sleeper, in_cython, its_main, frameless, here, parked_frameless]}
         turns = reader.switch(known, 4)
         for phase, (turn, running, gone) in enumerate(turns):
             assert all(key == id(g) and (key >> 4) % 4 == phase for key, g in turn)
-            assert {key for key, _ in running} == {id(reader), id(child)} and all(key == id(g) for key, g in running)
-            assert set(gone) == set(known) - suspended - {id(fresh), id(reader), id(child)} and id(ended) in gone
+            assert {key for key, _ in running} == {id(reader), id(child), id(runner)}
+            assert all(key == id(g) for key, g in running)
+            assert set(gone) == set(known) - suspended - {id(fresh), id(reader), id(child), id(runner)}
+            assert id(ended) in gone
         assert sorted(key for turn, _, _ in turns for key, _ in turn) == sorted(suspended)
         for bad in [([], here, 1, 0), (known, here, 0, 0), (known, here, 2, 2), (known, 1, 1, 0), (known, here, 1),
                     ({1: (weakref.ref(threads[0]), None)}, here, 1, 0), ({1: 2}, here, 1, 0)]:
@@ -794,9 +845,45 @@ def test_known_states_sorts_the_profilers_greenlets_as_they_are():
                 introspect.known_states(*bad)
     finally:
         release.set()
+        blocked.release()
         for thread in threads:
             thread.join()
         gevent.killall([sleeper, in_cython])
+
+
+def test_known_states_before_greenlets_layout_is_learned_take_a_frameless_main_greenlet_as_its_runner():
+    """Guards the state rule's fallback, used until greenlet's layout (and with it each thread's
+    current greenlet) is learned, and wherever it cannot be: one greenlet runs per thread, and in
+    a thread started from Python a frameless main greenlet is that one.  A fresh process, which
+    has learned nothing: in a thread whose main greenlet runs, the greenlet parked in C is
+    suspended and the main greenlet running.  Oracle: the thread's own switches."""
+    proc = _run_child("""
+        import threading, weakref
+        import greenlet
+        from btcore.capture import greenlets, introspect
+        ready, release, there = threading.Event(), threading.Event(), {}
+
+        def the_main_greenlet_runs():
+            there["parked"] = greenlet.greenlet(greenlet.getcurrent().switch)   # parks inside switch()
+            there["parked"].switch()
+            there["main"] = greenlet.getcurrent()
+            ready.set()
+            release.wait()
+
+        thread = threading.Thread(target=the_main_greenlet_runs)
+        thread.start()
+        assert ready.wait(60)
+        parked, main = there["parked"], there["main"]
+        known = {id(g): (weakref.ref(g), None, None) for g in (parked, main)}
+        turn, running, gone = greenlet.greenlet(introspect.known_states).switch(known, greenlet.getcurrent(), 1, 0)
+        assert greenlets._learned is None, "learned already: this test would not read the fallback"
+        print(sorted(("parked" if g is parked else "main", state)
+                     for state, pairs in (("suspended", turn), ("running", running)) for _, g in pairs))
+        release.set()
+        thread.join()
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[0] == "[('main', 'running'), ('parked', 'suspended')]", proc.stdout
 
 
 def test_python_frames_of_another_thread_are_cpythons_chain():

@@ -20,6 +20,7 @@ import pytest
 import conftest
 
 gevent = pytest.importorskip("gevent")
+import gevent.event  # noqa: E402
 import gevent.lock  # noqa: E402
 import gevent.socket  # noqa: E402
 
@@ -424,6 +425,36 @@ def test_a_greenlet_parking_in_turn_at_two_places_shows_both():
     first = sum(us for stack, us in parked.items() if any(f.startswith("_first (") for f in stack))
     second = sum(us for stack, us in parked.items() if any(f.startswith("_second (") for f in stack))
     assert first > 0.25 * sum(parked.values()) and second > 0.25 * sum(parked.values()), parked
+
+
+def test_greenlets_parked_without_python_frames_in_a_thread_of_their_own_are_parked():
+    """gevent.spawn(event.wait) parks in gevent's Cython: no Python frame, as its thread's
+    running hub has none either.  Which of them runs is the thread's own record (the sampler
+    reads from a thread of its own): the waiters are parked the whole time, the hub runs."""
+    started, done = threading.Event(), threading.Event()
+
+    def worker():
+        event = gevent.event.Event()
+        waiters = [gevent.spawn(event.wait) for _ in range(3)]
+        gevent.sleep(0.01)
+        started.set()
+        while not done.is_set():
+            gevent.sleep(0.05)
+        event.set()
+        gevent.joinall(waiters)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert started.wait(60)
+    with btcore.profiling(rate=200) as p:
+        time.sleep(0.5)
+    done.set()
+    thread.join(60)
+    groups = _by_group(p.profile.stacks("wall"), 2)
+    assert groups.get(("Greenlet (wait)", "parked")) == 3 * p.profile.sampled, groups
+    assert ("Greenlet (wait)", "running") not in groups, groups
+    hub = sum(us for (name, state), us in groups.items() if name.startswith("<gevent.hub.Hub>") and state == "running")
+    assert hub >= 0.8 * p.profile.sampled, groups   # the rest: the thread's main greenlet, awake every 50 ms
 
 
 def _spawn_here():

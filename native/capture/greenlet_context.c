@@ -35,6 +35,7 @@ static struct {
     size_t state_off;          /* StackState within the C++ object */
     size_t object_size;        /* the C++ object's size, as greenlet allocated it */
     size_t scan_end;           /* the learning scan read [pimpl, pimpl + scan_end) */
+    size_t thread_state_off;   /* MainGreenlet's ThreadState pointer; 0: not found */
     btc_switch_shape shape;    /* slp_switch: where it resumes, where it keeps fp/aux */
     uintptr_t module_lo, module_hi;
     uintptr_t stub_lo[2], stub_hi[2];   /* g_initialstub: the outermost frame of a greenlet's own */
@@ -194,6 +195,8 @@ static size_t allocated_object_size(PyObject *type)
     return size;
 }
 
+static void learn_thread_state(void);   /* below: it needs greenlet's C API */
+
 /* ---- learning StackState's place from greenlets in known states ---- */
 
 int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1, uintptr_t g2, intptr_t saved2)
@@ -233,6 +236,8 @@ int btc_greenlet_learn(uintptr_t greenlet_type, uintptr_t g1, intptr_t saved1, u
     }
     rc = learn_code(type);
     layout.ok = rc == 0;
+    if (layout.ok)
+        learn_thread_state();
 out:
     PyGILState_Release(gil);
     return rc;
@@ -369,6 +374,54 @@ static PyObject *root_of(PyObject *g)
         g = p;
     }
     return g;   /* the root: no parent, and no exception (GET_PARENT sets none there) */
+}
+
+/* ---- where a thread's current greenlet is kept ----
+ *
+ * greenlet's per-thread state, ThreadState, begins {main_greenlet,
+ * current_greenlet} (two PyGreenlet pointers), and a thread's MainGreenlet
+ * points to it.  That is the only record of which greenlet a thread runs:
+ * greenlet's own rule ("running" = active without a saved frame) also fits
+ * one parked where there is no Python frame (gevent.spawn(event.wait)).
+ * The pointer's place in MainGreenlet is learned from the calling thread,
+ * while a greenlet other than its main one runs (btc_greenlet_learn's
+ * caller): the one word of its main greenlet's object that points to
+ * {main, current}.  Every read is btc_read_own_anywhere: the scan may
+ * pass the object's end, and a word that is no pointer is only read
+ * through (under qemu-user, which has no process_vm_readv, through a pipe:
+ * read in place, such a word could fault). */
+
+#define THREAD_STATE_SCAN_WORDS 64   /* MainGreenlet: Greenlet's members, then its own two */
+
+static void learn_thread_state(void)
+{
+    PyObject *current = current_greenlet(), *root = current ? root_of(current) : NULL;
+    int found = 0;
+    for (size_t off = 0; root && root != current && off < THREAD_STATE_SCAN_WORDS * sizeof(void *);
+         off += sizeof(void *)) {
+        uintptr_t ts, pair[2];
+        if (btc_read_own_anywhere(&ts, (uintptr_t)pimpl_of(root) + off, sizeof ts) && ts && !(ts & 7) &&
+            btc_read_own_anywhere(pair, ts, sizeof pair) && pair[0] == (uintptr_t)root && pair[1] == (uintptr_t)current) {
+            layout.thread_state_off = off;
+            found++;
+        }
+    }
+    if (found != 1)
+        layout.thread_state_off = 0;   /* unknown: greenlet's own rule stays */
+    Py_XDECREF(root);
+    Py_XDECREF(current);
+    PyErr_Clear();
+}
+
+int btc_greenlet_runs_in_thread(PyObject *g, PyObject *root)
+{
+    uintptr_t ts, current;
+    if (!layout.ok || !layout.thread_state_off || !pimpl_of(root) ||
+        !btc_read_own_anywhere(&ts, (uintptr_t)pimpl_of(root) + layout.thread_state_off, sizeof ts))
+        return -1;
+    if (!ts)
+        return 0;   /* its thread has ended */
+    return btc_read_own_anywhere(&current, ts + sizeof(void *), sizeof current) ? current == (uintptr_t)g : -1;
 }
 
 int btc_greenlet_target(PyObject *target)

@@ -51,11 +51,13 @@ static PyMethodDef greenlets_among_def = {"_greenlets_among", greenlets_among, M
  * saved Python frame.  That rule is wrong for a greenlet suspended in code
  * that has no Python frames (gevent.spawn(event.wait) parks in Cython), so:
  * in the calling thread only the current greenlet runs; in another thread,
- * one greenlet runs at a time, and a thread started from Python always has
- * frames in its main greenlet, so a frameless main greenlet is the one
- * running there (two frameless greenlets in one such thread cannot be told
- * apart: g is taken as the one running).  A greenlet still being made (a
- * dump run inside greenlet's tp_new) is not started. */
+ * the one greenlet's thread state names current (btc_greenlet_runs_in_thread).
+ * Until greenlet's layout is learned (or where it cannot be), one greenlet
+ * runs at a time, and a thread started from Python always has frames in
+ * its main greenlet, so a frameless main greenlet is the one running there
+ * (two frameless greenlets in one such thread cannot then be told apart: g
+ * is taken as the one running).  A greenlet still being made (a dump run
+ * inside greenlet's tp_new) is not started. */
 
 static getter base_dead, base_frame, base_parent;
 static inquiry base_bool;
@@ -107,6 +109,9 @@ static enum state state_of(PyObject *g, PyObject *current, PyObject *current_roo
         return ERROR;
     if (root == current_root)
         return SUSPENDED;
+    int runs = btc_greenlet_runs_in_thread(g, root);
+    if (runs >= 0)
+        return runs ? RUNNING : SUSPENDED;
     if (g == root)
         return RUNNING;
     int root_framed = truth_of(base_frame, root);   /* its thread's main greenlet runs (no frame): g is suspended */

@@ -20,6 +20,7 @@
  */
 #include <Python.h>   /* first: it sets the feature macros */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -149,6 +150,26 @@ bool btc_read_sampled(void *dst, uintptr_t src, size_t n)
         return false;
     memcpy(dst, (const void *)src, n);
     return true;
+}
+
+/* A pipe's write copies from the caller's memory as process_vm_readv
+ * does, checked by the kernel (or by qemu-user, against the guest's own
+ * mappings): EFAULT, not a fault, where src is not readable.  One pipe per
+ * call: no state shared between threads or with a handler. */
+bool btc_read_piped(void *dst, uintptr_t src, size_t n)
+{
+    int fds[2];
+    if (n > BTC_READ_PIPED_MAX || pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+        return false;
+    bool ok = write(fds[1], (const void *)src, n) == (ssize_t)n && read(fds[0], dst, n) == (ssize_t)n;
+    close(fds[0]);
+    close(fds[1]);
+    return ok;
+}
+
+bool btc_read_own_anywhere(void *dst, uintptr_t src, size_t n)
+{
+    return own_reads_work() ? btc_read_own(dst, src, n) : btc_read_piped(dst, src, n);
 }
 
 static const void *code_at(btc_read_check *self, const void *code)

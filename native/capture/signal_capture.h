@@ -37,6 +37,14 @@ int btc_thread_slot_of(uint64_t ident);
  * mapped.  Async-signal-safe: how a crash handler reads what it cannot
  * trust (a corrupt heap). */
 bool btc_read_own(void *dst, uintptr_t src, size_t n);
+/* btc_read_own's checked copy made through a pipe (written from src, read
+ * into dst): 5 system calls, at most BTC_READ_PIPED_MAX bytes (what a pipe
+ * takes without blocking).  Async-signal-safe. */
+#define BTC_READ_PIPED_MAX 4096
+bool btc_read_piped(void *dst, uintptr_t src, size_t n);
+/* btc_read_own, or btc_read_piped where process_vm_readv is not emulated
+ * (qemu-user): for reads made rarely. */
+bool btc_read_own_anywhere(void *dst, uintptr_t src, size_t n);
 /* A signal sample's objects, read after the capture: copied with
  * btc_read_own where process_vm_readv works; in place under qemu-user,
  * which does not emulate it (as the capture itself reads them there). */

@@ -366,16 +366,17 @@ def snapshot(*, pause=None) -> list[GreenletInfo]:
     current = greenlet.getcurrent()
     current_root = root_of(current)
     writer_root = dumpwriter.root()   # btcore's own thread: left out, as threads_of_greenlets() leaves it out
+    try:
+        # greenlet's layout (learned once) tells which greenlet each thread runs, and stack marks
+        layout_known()
+    except BacktraceError:   # being learned on this thread: greenlet's own rule, and threads told without marks
+        pass
     found, roots = [], {}
     for g in live_greenlets():
         state = state_of(g, current)
         if state != DEAD and g is not writer_root:
             found.append((g, state))
             roots.setdefault(root_of(g), []).append(g)
-    try:
-        layout_known()   # stack marks need greenlet's layout (learned once)
-    except BacktraceError:   # being learned on this thread: threads are then told without marks
-        pass
     threads = threads_of_greenlets([g for g, _ in found])
     thread_of = thread_of_roots(roots, current_root, threads)
     spawn_chain = _spawn_chain_reader()

@@ -42,6 +42,7 @@ from ..capture.introspect import (RUNNING, SUSPENDED, base_frame, collect_suspen
                                   threads_of_greenlets)
 from .rates import DEFAULT_RATE, MAX_RATE
 from ..symbols.resolve import resolve_native, resolve_python
+from ..capture.greenlets import layout_known
 from ..capture.spawn import spawn_chain, take_created
 from ..capture.threads import MAX_THREADS, current_ident
 
@@ -399,6 +400,11 @@ class Profiler:
 
     def _run(self) -> None:
         try:
+            if not self.threads_only:
+                # greenlet's layout, learned before the first tick (here: the sampler's thread has a
+                # main greenlet anyway, the caller's may have none): it tells which greenlet each
+                # thread runs; until then one parked without Python frames reads as running
+                layout_known()
             ended = self._loop()
             self._parked_rest()
             if ended:   # the duration ended
