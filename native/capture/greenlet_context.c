@@ -413,15 +413,14 @@ static void learn_thread_state(void)
     PyErr_Clear();
 }
 
-int btc_greenlet_runs_in_thread(PyObject *g, PyObject *root)
+int btc_greenlet_thread_current(PyObject *root, uintptr_t *current)
 {
-    uintptr_t ts, current;
+    uintptr_t ts;
     if (!layout.ok || !layout.thread_state_off || !pimpl_of(root) ||
         !btc_read_own_anywhere(&ts, (uintptr_t)pimpl_of(root) + layout.thread_state_off, sizeof ts))
         return -1;
-    if (!ts)
-        return 0;   /* its thread has ended */
-    return btc_read_own_anywhere(&current, ts + sizeof(void *), sizeof current) ? current == (uintptr_t)g : -1;
+    *current = 0;   /* its thread has ended */
+    return !ts || btc_read_own_anywhere(current, ts + sizeof(void *), sizeof *current) ? 1 : -1;
 }
 
 int btc_greenlet_target(PyObject *target)

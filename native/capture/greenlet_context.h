@@ -34,12 +34,12 @@ int btc_greenlet_target(PyObject *target);
 /* Does greenlet g belong to the calling thread (the same root of the parent
  * chain as its current greenlet)?  1, 0, or -1 if greenlet is unusable. */
 int btc_greenlet_in_calling_thread(PyObject *g);
-/* Is g the greenlet its thread runs now?  root: g's parent chain's root,
- * its thread's main greenlet.  Read from greenlet's thread state (where its
- * place was learned with the layout; GIL held: a thread switches greenlets
- * only with it): 1 or 0 (0 too once the thread has ended); -1 when not
- * learned (then only greenlet's own state tells). */
-int btc_greenlet_runs_in_thread(PyObject *g, PyObject *root);
+/* The greenlet the thread of root (a main greenlet) runs now: 1 and its
+ * address in *current (0 once the thread has ended), read from greenlet's
+ * thread state (where its place was learned with the layout; GIL held: a
+ * thread switches greenlets only with it); -1 when not learned (then only
+ * greenlet's own state tells).  Two checked reads (system calls). */
+int btc_greenlet_thread_current(PyObject *root, uintptr_t *current);
 /* Has greenlet g (of greenlet_type, greenlet.greenlet) been made: has it its
  * C++ object yet?  greenlet's tp_new runs code while the object is already
  * in the gc's lists but has none: a collection (its instance dict's

@@ -51,7 +51,7 @@ static PyMethodDef greenlets_among_def = {"_greenlets_among", greenlets_among, M
  * saved Python frame.  That rule is wrong for a greenlet suspended in code
  * that has no Python frames (gevent.spawn(event.wait) parks in Cython), so:
  * in the calling thread only the current greenlet runs; in another thread,
- * the one greenlet's thread state names current (btc_greenlet_runs_in_thread).
+ * the one greenlet's thread state names current (btc_greenlet_thread_current).
  * Until greenlet's layout is learned (or where it cannot be), one greenlet
  * runs at a time, and a thread started from Python always has frames in
  * its main greenlet, so a frameless main greenlet is the one running there
@@ -89,7 +89,42 @@ static PyObject *root_of(PyObject *g)
     return NULL;
 }
 
-static enum state state_of(PyObject *g, PyObject *current, PyObject *current_root)
+/* Which greenlet each thread runs, read once per call for the first
+ * RUNNERS_KEPT threads (roots) met: a tick of the profiler asks it of
+ * every frameless greenlet, most of them of one or two threads. */
+#define RUNNERS_KEPT 8
+typedef struct {
+    PyObject *root;   /* a reference: its address is not another's while kept */
+    int known;        /* btc_greenlet_thread_current's answer */
+    uintptr_t current;
+} runner;
+
+typedef struct {
+    int n;
+    runner of[RUNNERS_KEPT];
+} runners;
+
+static void runners_clear(runners *seen)
+{
+    for (int i = 0; i < seen->n; i++)
+        Py_DECREF(seen->of[i].root);
+    seen->n = 0;
+}
+
+/* Is g what its thread (its root's) runs: 1, 0, or -1 if unknown. */
+static int runs_in_thread(PyObject *g, PyObject *root, runners *seen)
+{
+    for (int i = 0; i < seen->n; i++)
+        if (seen->of[i].root == root)
+            return seen->of[i].known < 0 ? -1 : seen->of[i].current == (uintptr_t)g;
+    uintptr_t current = 0;
+    int known = btc_greenlet_thread_current(root, &current);
+    if (seen->n < RUNNERS_KEPT)
+        seen->of[seen->n++] = (runner){Py_NewRef(root), known, current};
+    return known < 0 ? -1 : current == (uintptr_t)g;
+}
+
+static enum state state_of(PyObject *g, PyObject *current, PyObject *current_root, runners *seen)
 {
     if (g == current)
         return RUNNING;
@@ -109,7 +144,7 @@ static enum state state_of(PyObject *g, PyObject *current, PyObject *current_roo
         return ERROR;
     if (root == current_root)
         return SUSPENDED;
-    int runs = btc_greenlet_runs_in_thread(g, root);
+    int runs = runs_in_thread(g, root, seen);
     if (runs >= 0)
         return runs ? RUNNING : SUSPENDED;
     if (g == root)
@@ -128,8 +163,8 @@ static int append_pair(PyObject *list, PyObject *key, PyObject *g)
 }
 
 /* Sort one entry of known (key -> (weakref, ...)) into turn, running or gone. */
-static int sort_entry(PyObject *key, PyObject *entry, PyObject *current, PyObject *current_root, long phases,
-                      long phase, PyObject **lists)
+static int sort_entry(PyObject *key, PyObject *entry, PyObject *current, PyObject *current_root, runners *seen,
+                      long phases, long phase, PyObject **lists)
 {
     PyObject *ref = PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) ? PyTuple_GET_ITEM(entry, 0) : NULL;
     if (ref == NULL || !PyWeakref_CheckRef(ref) || !PyLong_Check(key)) {
@@ -142,7 +177,7 @@ static int sort_entry(PyObject *key, PyObject *entry, PyObject *current, PyObjec
     if (!PyObject_TypeCheck(g, greenlet_type))
         return PyErr_Format(PyExc_TypeError, "_known_states(): not a greenlet: %s", Py_TYPE(g)->tp_name), -1;
     Py_INCREF(g);   /* its getters may run code that drops the last other reference */
-    enum state state = state_of(g, current, current_root);
+    enum state state = state_of(g, current, current_root, seen);
     int rc = 0;
     if (state == ERROR)
         rc = -1;
@@ -177,9 +212,11 @@ static PyObject *known_states(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
     PyObject *key, *entry, *out = NULL;
     Py_ssize_t at = 0;
+    runners seen = {0};
     int ok = current_root && lists[0] && lists[1] && lists[2];
     while (ok && PyDict_Next(known, &at, &key, &entry))
-        ok = sort_entry(key, entry, args[1], current_root, phases, phase, lists) == 0;
+        ok = sort_entry(key, entry, args[1], current_root, &seen, phases, phase, lists) == 0;
+    runners_clear(&seen);
     if (ok)
         out = PyTuple_Pack(3, lists[0], lists[1], lists[2]);
     Py_XDECREF(known);
@@ -201,7 +238,9 @@ static PyObject *state_of_one(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (nargs != 2 || !PyObject_TypeCheck(args[0], greenlet_type) || !PyObject_TypeCheck(args[1], greenlet_type))
         return PyErr_Format(PyExc_TypeError, "_state_of(g: greenlet, current: greenlet)");
     PyObject *current_root = root_of(args[1]);   /* (the caller holds g for the call: no getter frees it) */
-    enum state state = current_root ? state_of(args[0], args[1], current_root) : ERROR;
+    runners seen = {0};
+    enum state state = current_root ? state_of(args[0], args[1], current_root, &seen) : ERROR;
+    runners_clear(&seen);
     return state == ERROR ? NULL : Py_NewRef(state_names[state]);
 }
 
