@@ -407,7 +407,7 @@ static void learn_thread_state(void)
         }
     }
     if (found != 1)
-        layout.thread_state_off = 0;   /* unknown: greenlet's own rule stays */
+        layout.thread_state_off = 0;   /* unknown: greenlet_objects.c's fallback rule stays */
     Py_XDECREF(root);
     Py_XDECREF(current);
     PyErr_Clear();

@@ -37,8 +37,9 @@ int btc_greenlet_in_calling_thread(PyObject *g);
 /* The greenlet the thread of root (a main greenlet) runs now: 1 and its
  * address in *current (0 once the thread has ended), read from greenlet's
  * thread state (where its place was learned with the layout; GIL held: a
- * thread switches greenlets only with it); -1 when not learned (then only
- * greenlet's own state tells).  Two checked reads (system calls). */
+ * thread switches greenlets only with it); -1 when not learned (then
+ * greenlet_objects.c's fallback rule applies).  Two checked reads (system
+ * calls). */
 int btc_greenlet_thread_current(PyObject *root, uintptr_t *current);
 /* Has greenlet g (of greenlet_type, greenlet.greenlet) been made: has it its
  * C++ object yet?  greenlet's tp_new runs code while the object is already
