@@ -856,7 +856,9 @@ def test_known_states_before_greenlets_layout_is_learned_take_a_frameless_main_g
     current greenlet) is learned, and wherever it cannot be: one greenlet runs per thread, and in
     a thread started from Python a frameless main greenlet is that one.  A fresh process, which
     has learned nothing: in a thread whose main greenlet runs, the greenlet parked in C is
-    suspended and the main greenlet running.  Oracle: the thread's own switches."""
+    suspended and the main greenlet running; in the reader's own thread, whose main greenlet is
+    switched away (it has a frame), one parked in C is suspended too: there only the reader
+    runs.  Oracle: the threads' own switches."""
     proc = _run_child("""
         import threading, weakref
         import greenlet
@@ -874,16 +876,20 @@ def test_known_states_before_greenlets_layout_is_learned_take_a_frameless_main_g
         thread.start()
         assert ready.wait(60)
         parked, main = there["parked"], there["main"]
-        known = {id(g): (weakref.ref(g), None, None) for g in (parked, main)}
+        own = greenlet.greenlet(greenlet.getcurrent().switch)   # parked in C in the reader's own thread
+        own.switch()
+        names = {id(parked): "parked", id(main): "main", id(own): "own"}
+        known = {id(g): (weakref.ref(g), None, None) for g in (parked, main, own)}
         turn, running, gone = greenlet.greenlet(introspect.known_states).switch(known, greenlet.getcurrent(), 1, 0)
         assert greenlets._learned is None, "learned already: this test would not read the fallback"
-        print(sorted(("parked" if g is parked else "main", state)
-                     for state, pairs in (("suspended", turn), ("running", running)) for _, g in pairs))
+        print(sorted((names[id(g)], state) for state, pairs in (("suspended", turn), ("running", running))
+                     for _, g in pairs))
         release.set()
         thread.join()
     """)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[0] == "[('main', 'running'), ('parked', 'suspended')]", proc.stdout
+    assert proc.stdout.split("\n")[0] == "[('main', 'running'), ('own', 'suspended'), ('parked', 'suspended')]", \
+        proc.stdout
 
 
 def test_python_frames_of_another_thread_are_cpythons_chain():

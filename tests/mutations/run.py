@@ -1041,7 +1041,7 @@ MUTATIONS = [
              "tests/test_introspect.py::test_a_snapshot_in_steps_pauses_and_leaves_out_greenlets_that_ended",
              "a greenlet that ended during a pause of the snapshot is listed, as a dead greenlet's stack"),
     Mutation("native/capture/greenlet_objects.c", "    if (root == current_root)\n        return SUSPENDED;", "",
-             "tests/test_introspect.py::test_known_states_sorts_the_profilers_greenlets_as_they_are",
+             "tests/test_introspect.py::test_known_states_before_greenlets_layout_is_learned_take_a_frameless_main_greenlet_as_its_runner",
              "a frameless greenlet of the sampler's own thread (parked in C) is taken as running"),
     Mutation("native/capture/greenlet_objects.c", "    return root_framed < 0 ? ERROR : root_framed ? RUNNING : SUSPENDED;",
              "    return root_framed < 0 ? ERROR : RUNNING;",
