@@ -369,7 +369,7 @@ def snapshot(*, pause=None) -> list[GreenletInfo]:
     try:
         # greenlet's layout (learned once) tells which greenlet each thread runs, and stack marks
         layout_known()
-    except BacktraceError:   # being learned on this thread: greenlet's own rule, and threads told without marks
+    except BacktraceError:   # being learned on this thread: the fallback rule, and threads told without marks
         pass
     found, roots = [], {}
     for g in live_greenlets():
