@@ -457,6 +457,64 @@ def test_greenlets_parked_without_python_frames_in_a_thread_of_their_own_are_par
     assert hub >= 0.8 * p.profile.sampled, groups   # the rest: the thread's main greenlet, awake every 50 ms
 
 
+def _spin_and_park(seconds):
+    while True:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+        greenlet.getcurrent().parent.switch()
+
+
+def _spin_first(seconds):
+    _spin_and_park(seconds)
+
+
+def _spin_second(seconds):
+    _spin_and_park(seconds)
+
+
+def test_a_thread_switching_between_two_computing_greenlets_shows_each_running():
+    """Which greenlet another thread runs is read from greenlet's thread state
+    at every tick (both are frameless to greenlet's own rule while they run
+    there): a real thread switches between two greenlets that compute in
+    turn, beside an idle one, and each of the two gets running time (an
+    answer kept from an earlier tick would give one of them the other's
+    turns, or the thread's label)."""
+    idle, done, ready = threading.Lock(), threading.Event(), threading.Semaphore(0)
+    idle.acquire()
+
+    def idler():
+        greenlet.getcurrent()
+        ready.release()
+        idle.acquire()
+
+    def switcher():
+        first, second = greenlet.greenlet(_spin_first), greenlet.greenlet(_spin_second)
+        first.switch(0.03)
+        second.switch(0.03)
+        ready.release()
+        while not done.is_set():
+            first.switch()
+            second.switch()
+
+    threads = [threading.Thread(target=idler), threading.Thread(target=switcher)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert ready.acquire(timeout=60) and ready.acquire(timeout=60)
+        with btcore.profiling(rate=100) as p:
+            time.sleep(0.6)
+    finally:
+        done.set()
+        idle.release()
+        for thread in threads:
+            thread.join(60)
+    groups = _by_group(p.profile.stacks("cpu"), 1)
+    spun = {name: us for (name,), us in groups.items() if name.startswith("<greenlet.greenlet> (_spin_")}
+    assert set(spun) == {"<greenlet.greenlet> (_spin_first)", "<greenlet.greenlet> (_spin_second)"}, groups
+    assert max(spun.values()) <= 3 * min(spun.values()), spun
+
+
 def _spawn_here():
     return gevent.spawn(on_sleep)
 

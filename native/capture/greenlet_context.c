@@ -386,10 +386,11 @@ static PyObject *root_of(PyObject *g)
  * The pointer's place in MainGreenlet is learned from the calling thread,
  * while a greenlet other than its main one runs (btc_greenlet_learn's
  * caller): the one word of its main greenlet's object that points to
- * {main, current}.  Every read is btc_read_own_anywhere: the scan may
- * pass the object's end, and a word that is no pointer is only read
+ * {main, current}.  Every read of the scan is btc_read_own_anywhere: it
+ * may pass the object's end, and a word that is no pointer is only read
  * through (under qemu-user, which has no process_vm_readv, through a pipe:
- * read in place, such a word could fault). */
+ * read in place, such a word could fault).  The place found is then read
+ * in place (btc_greenlet_thread_current says why that is safe). */
 
 #define THREAD_STATE_SCAN_WORDS 64   /* MainGreenlet: Greenlet's members, then its own two */
 
@@ -406,21 +407,41 @@ static void learn_thread_state(void)
             found++;
         }
     }
-    if (found != 1)
+    if (found != 1 || layout.thread_state_off + sizeof(void *) > layout.object_size)
         layout.thread_state_off = 0;   /* unknown: greenlet_objects.c's fallback rule stays */
     Py_XDECREF(root);
     Py_XDECREF(current);
     PyErr_Clear();
 }
 
+/* Once learned, the two words are read in place, with the GIL: the
+ * profiler asks this of every other thread at every tick, and two system
+ * calls a thread were most of its state read (a gunicorn worker: 11 threads,
+ * 22 process_vm_readv a tick).  In place is safe there because of how
+ * greenlet ends a ThreadState (TThreadStateDestroy.cpp, 3.0 to 3.5): the
+ * dying thread first clears its main greenlet's pointer, then the state is
+ * deleted by a pending call, which runs with the GIL; so while the caller
+ * holds the GIL, a pointer still set names a live ThreadState.  The main
+ * greenlet's object lives while root does, and the learned place lies in it
+ * (learn_thread_state: within the measured size of a greenlet's object, of
+ * which MainGreenlet's is no larger).  Without a GIL (a free-threaded
+ * build) the state may be deleted meanwhile: read through a check. */
 int btc_greenlet_thread_current(PyObject *root, uintptr_t *current)
 {
-    uintptr_t ts;
-    if (!layout.ok || !layout.thread_state_off || !pimpl_of(root) ||
-        !btc_read_own_anywhere(&ts, (uintptr_t)pimpl_of(root) + layout.thread_state_off, sizeof ts))
+    if (!layout.ok || !layout.thread_state_off || !pimpl_of(root))
         return -1;
+    uintptr_t ts = *(const uintptr_t *)((const char *)pimpl_of(root) + layout.thread_state_off);
     *current = 0;   /* its thread has ended */
-    return !ts || btc_read_own_anywhere(current, ts + sizeof(void *), sizeof *current) ? 1 : -1;
+    if (!ts)
+        return 1;
+    if (ts & 7)
+        return -1;
+#ifdef Py_GIL_DISABLED
+    return btc_read_own_anywhere(current, ts + sizeof(void *), sizeof *current) ? 1 : -1;
+#else
+    *current = ((const uintptr_t *)ts)[1];
+    return 1;
+#endif
 }
 
 int btc_greenlet_target(PyObject *target)

@@ -38,8 +38,8 @@ int btc_greenlet_in_calling_thread(PyObject *g);
  * address in *current (0 once the thread has ended), read from greenlet's
  * thread state (where its place was learned with the layout; GIL held: a
  * thread switches greenlets only with it); -1 when not learned (then
- * greenlet_objects.c's fallback rule applies).  Two checked reads (system
- * calls). */
+ * greenlet_objects.c's fallback rule applies).  Two loads, in place (see
+ * greenlet_context.c for why that is safe with the GIL). */
 int btc_greenlet_thread_current(PyObject *root, uintptr_t *current);
 /* Has greenlet g (of greenlet_type, greenlet.greenlet) been made: has it its
  * C++ object yet?  greenlet's tp_new runs code while the object is already
