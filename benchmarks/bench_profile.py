@@ -21,6 +21,11 @@
    round, more than the 2% to be shown; pinned, the server's core runs the
    server and its sampler only, so the ratio is their cost.  Rounds of 3 s
    still differ by up to 15% there: use --seconds 10 (7 rounds: +-3%).
+   1c (--only windows): the same load on one worker, with the profiler
+   started and stopped in it (/profiler?start=100, ?stop=1) in turns:
+   separate workers differ by a few percent from one start to the next
+   (measured: two runs of 1b gave x0.981 and x0.944), and neighbouring
+   windows of one process do not; every window pair of 1c showed the cost.
 2. The sampler's own time per tick (Profile.busy / ticks, the time it holds
    the GIL, mostly; and its CPU time, Profile.busy_cpu) at 10, 100 and
    1,000 parked greenlets, in this process, after a warm-up profile.
@@ -31,6 +36,7 @@
 
 Runs against the installed btcore (pip install .), from any directory.
 Usage: python benchmarks/bench_profile.py [--rounds N] [--seconds S] [--connections C] [--only PART] [--no-pin]
+       (PART: pywsgi, gunicorn, windows, ticks, split)
 Prints a table; exits 0 whatever the result (a report, not a test).
 """
 import argparse
@@ -205,6 +211,37 @@ def gunicorn_cost(args):
            f"{args.seconds} s x {args.rounds} interleaved rounds (ratio to plain; median (min-max))", results)
 
 
+def gunicorn_window(target, kind, seconds, connections) -> dict:
+    """One window of load on a worker already running: with the profiler
+    (started before the window's warm-up, stopped after it) or without."""
+    if kind == "btcore":
+        target.get_ok("/profiler?start=100")   # its first tick's heap scan falls in the warm-up
+    before = {}
+    result = client_load(target.port, seconds, connections, "/io",
+                         lambda: before.update(json.loads(target.get_ok("/profiler"))))
+    result.update(json.loads(target.get_ok("/profiler?stop=1" if kind == "btcore" else "/profiler")))
+    result["cpu_per_request"] = (result["process_cpu"] - before["process_cpu"]) / result["requests"]
+    return result
+
+
+def gunicorn_windows_cost(args):
+    """The same comparison in one worker: windows of load with the profiler
+    and without, in turns.  Separate workers differ by a few percent from
+    start to start (where each one's heap and code land, its hash seed),
+    which the between-process rounds above cannot tell from the profiler's
+    cost; here each ratio compares neighbouring windows of one process."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "fixtures"))
+    import deployment
+    with tempfile.TemporaryDirectory() as folder:
+        with deployment.Gunicorn(tempfile.mkdtemp(dir=folder)) as target:
+            pin_process(target.pid, SERVER_CORE)
+            results = interleaved(["plain", "btcore"], args.rounds,
+                                  lambda kind: gunicorn_window(target, kind, args.seconds, args.connections))
+    report(f"1c. gunicorn + Flask, one gevent worker, GET /io, {args.connections} keep-alive connections: the profiler "
+           f"on and off in turns in the same worker, {args.seconds} s x {args.rounds} windows each "
+           "(ratio to the neighbouring window without it; median (min-max))", results)
+
+
 def interleaved(kinds, rounds, run) -> dict:
     """{kind: [run(kind) of each round]}, the order reversed every other round."""
     results = {kind: [] for kind in kinds}
@@ -334,14 +371,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=20)
-    parser.add_argument("--only", choices=("pywsgi", "gunicorn", "ticks", "split"), action="append",
+    parser.add_argument("--only", choices=("pywsgi", "gunicorn", "windows", "ticks", "split"), action="append",
                         help="run only these parts (repeatable); default: all")
     parser.add_argument("--no-pin", action="store_true", help="let the server and the load generator share the cores")
     args = parser.parse_args()
     PIN["on"] = not args.no_pin and len(os.sched_getaffinity(0)) >= 2 and {SERVER_CORE, CLIENT_CORE} <= os.sched_getaffinity(0)
     print("server on core %d, load generator on core %d" % (SERVER_CORE, CLIENT_CORE) if PIN["on"] else
           "server and load generator not pinned (they share the cores)")
-    parts = {"pywsgi": server_cost, "gunicorn": gunicorn_cost, "ticks": lambda _: tick_cost(),
+    parts = {"pywsgi": server_cost, "gunicorn": gunicorn_cost, "windows": gunicorn_windows_cost, "ticks": lambda _: tick_cost(),
              "split": lambda _: peers_on_the_split()}
     for name, part in parts.items():
         if not args.only or name in args.only:
