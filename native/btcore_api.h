@@ -201,6 +201,10 @@ int btc_os_threads(btc_os_thread *out, int max);
  * earlier read shows); -1 if there is no such thread or the GIL is not
  * held.  The profiler reuses an idle thread's last stack with it. */
 int64_t btc_thread_cpu_ns(uint64_t ident);
+/* Install the builtin _thread_clocks() (every other thread's CPU clock and
+ * switch count at once: threads.c) into namespace (capture/threads.py's
+ * globals).  0, or -1. */
+int btc_install_thread_clocks(uintptr_t namespace);
 /* An address inside the stack of the thread whose main greenlet is g (its
  * id): the stack pointer g was last suspended at; 0 if there is none (not a
  * main greenlet, never suspended, dead, greenlet's layout not learned, not

@@ -515,6 +515,54 @@ def test_a_thread_switching_between_two_computing_greenlets_shows_each_running()
     assert max(spun.values()) <= 3 * min(spun.values()), spun
 
 
+def _blocked_in_turn(first_park, blocked, parked_again):
+    greenlet.getcurrent().parent.switch()   # parked until the thread resumes it
+    blocked.acquire()                       # running, its thread still (its CPU clock stands)
+    parked_again.set()
+    greenlet.getcurrent().parent.switch()
+
+
+def test_a_greenlet_running_in_a_still_thread_gets_its_time_once():
+    """A known greenlet that runs in a thread that stands still (blocked in
+    a call: its CPU clock does not move) keeps the sample of the tick that
+    saw it run, and its time is counted as running, once: parked, then
+    running blocked, then parked again, its states add up to the time
+    sampled (counting a still tick in place without marking the greenlet's
+    time as counted gave its running time a second time, as parked)."""
+    blocked, resume, parked_again, done = threading.Lock(), threading.Event(), threading.Event(), threading.Event()
+    blocked.acquire()
+    made = {}
+
+    def thread_main():
+        made["g"] = g = greenlet.greenlet(_blocked_in_turn)
+        g.switch(None, blocked, parked_again)
+        resume.wait(60)
+        g.switch()
+        done.wait(60)
+
+    thread = threading.Thread(target=thread_main)
+    thread.start()
+    try:
+        with btcore.profiling(rate=100) as p:
+            time.sleep(0.3)
+            resume.set()
+            time.sleep(0.4)
+            blocked.release()
+            assert parked_again.wait(60)
+            time.sleep(0.3)
+    finally:
+        resume.set()
+        done.set()
+        if blocked.locked():
+            blocked.release()
+        thread.join(60)
+    groups = _by_group(p.profile.stacks("wall"), 2)
+    mine = {state: us for (name, state), us in groups.items() if name.endswith("(_blocked_in_turn)")}
+    assert mine.keys() == {"running", "parked"}, groups
+    assert mine["running"] >= 0.25 * p.profile.sampled, mine
+    assert sum(mine.values()) <= 1.02 * p.profile.sampled, (mine, p.profile.sampled)
+
+
 def _spawn_here():
     return gevent.spawn(on_sleep)
 
@@ -595,6 +643,8 @@ def test_an_idle_threads_stack_is_reused_until_it_runs_again(monkeypatch):
                 waited[function] = waited.get(function, 0) + us
     assert waited.keys() == {"_wait_in_first", "_wait_in_second"}, p.profile.stacks("wall", group_by=None)
     assert 0.5 <= waited["_wait_in_first"] / waited["_wait_in_second"] <= 2, waited
+    # the thread lived through the whole profile: every tick's time is its, reused stack or not
+    assert sum(waited.values()) >= 0.95 * p.profile.sampled, (waited, p.profile.sampled)
     assert p.profile.ticks >= 20
     assert captures.count(thread.ident) <= p.profile.ticks // 4, (captures.count(thread.ident), p.profile.ticks)
 

@@ -16,6 +16,8 @@
 #include <time.h>
 
 #include "capture/capture.h"
+#include "capture/cpython/pyframes.h"
+#include "common/builtins.h"
 
 uint64_t btc_os_thread_self(void)
 {
@@ -32,9 +34,8 @@ PyThreadState *btc_thread_state_of(uint64_t ident)
     return NULL;
 }
 
-int64_t btc_thread_cpu_ns(uint64_t ident)
+static int64_t cpu_ns_of(const PyThreadState *ts)
 {
-    PyThreadState *ts = btc_thread_state_of(ident);
     if (!ts || ts->native_thread_id == 0 || ts->native_thread_id > INT_MAX)
         return -1;
     /* The kernel's CPU clock of one thread (MAKE_THREAD_CPUCLOCK(tid,
@@ -44,6 +45,48 @@ int64_t btc_thread_cpu_ns(uint64_t ident)
     clockid_t clock = (clockid_t)(~(unsigned)ts->native_thread_id << 3 | 6u);
     struct timespec t;
     return clock_gettime(clock, &t) == 0 ? (int64_t)t.tv_sec * 1000000000 + t.tv_nsec : -1;
+}
+
+int64_t btc_thread_cpu_ns(uint64_t ident)
+{
+    return cpu_ns_of(btc_thread_state_of(ident));
+}
+
+/* _thread_clocks(): {ident: (CPU ns or -1, switch count)} of every thread of
+ * the interpreter but the caller that runs Python code (has a frame), in one
+ * pass: the profiler reads both for every thread at every tick, and asked
+ * sys._current_frames() for the list (a frame object made for each thread)
+ * and each thread's clock and count apart (each a walk of the thread
+ * states). */
+static PyObject *thread_clocks(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    PyThreadState *me = PyThreadState_Get();
+    PyObject *out = PyDict_New();
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(me->interp); out && t; t = PyThreadState_Next(t)) {
+        btc_pycursor top;
+        btc_py_cursor_thread(&top, t);
+        if (t == me || !t->thread_id || !top.frame)
+            continue;
+        PyObject *key = PyLong_FromUnsignedLongLong(t->thread_id);
+        PyObject *value = Py_BuildValue("(LK)", (long long)cpu_ns_of(t), (unsigned long long)t->context_ver);
+        if (!key || !value || PyDict_SetItem(out, key, value) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+    }
+    return out;
+}
+
+static PyMethodDef thread_clocks_def = {"_thread_clocks", thread_clocks, METH_NOARGS,
+                                        "_thread_clocks(): {ident: (CPU ns, switch count)} of the other threads."};
+
+int btc_install_thread_clocks(uintptr_t namespace)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = btc_put_builtin((PyObject *)namespace, &thread_clocks_def);
+    PyGILState_Release(gil);
+    return rc;
 }
 
 int btc_os_threads(btc_os_thread *out, int max)

@@ -21,6 +21,13 @@ from .._native import ffi, lib
 MAX_THREADS = 1024          # threads listed at most (the rest are not named)
 THREADPOOL_WORKER = "ThreadPool worker"   # a gevent threadpool thread (started without `threading`)
 
+if lib.btc_install_thread_clocks(id(globals())) != 0:
+    raise ImportError("btcore: cannot install _thread_clocks")
+# Installed above (native/capture/threads.c): _thread_clocks(), {ident: (CPU
+# ns or -1, switch count)} of every other thread that runs Python code, in one
+# pass (the profiler's look at every thread at every tick).
+thread_clocks = globals()["_thread_clocks"]
+
 
 class OSThread:
     """One OS thread of the interpreter.

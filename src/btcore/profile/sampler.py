@@ -44,7 +44,7 @@ from .rates import DEFAULT_RATE, MAX_RATE
 from ..symbols.resolve import resolve_native, resolve_python
 from ..capture.greenlets import layout_known
 from ..capture.spawn import spawn_chain, take_created
-from ..capture.threads import MAX_THREADS, current_ident
+from ..capture.threads import MAX_THREADS, thread_clocks
 
 RUNNING_STATE = "running"
 PARKED_STATE = "parked"
@@ -104,6 +104,11 @@ class Profile:
         """Count weight (microseconds) for stack bt (a Backtrace, raw) of group
         name in state; True when it made a new key."""
         return self.count((bytes(bt._raw), name, site, state), bt._refs, weight)
+
+    def entry(self, key: tuple):
+        """The [count, refs] of a key counted before (its count may be raised in
+        place), or None (not counted, or in "(other)")."""
+        return self._counts.get(key)
 
     def count(self, key: tuple, refs: tuple, weight: int) -> bool:
         """add() of a key made before: (raw bytes, name group, spawn site or
@@ -371,7 +376,7 @@ class Profiler:
         self._greenlets = _Greenlets()
         # Parked greenlets are looked at in turns: phase p's at ticks p, p + phases, ...: see _parked().
         self._phases = -(-rate // PARKED_RATE)   # ceil: at most PARKED_RATE looks a second at each
-        # thread ident -> ((stack, name, site), greenlet key or None) it ran at the previous tick
+        # thread ident -> (sample, greenlet key or None, CPU ns, its Profile entry or None) at the previous tick
         self._previous = {}
         self._thread_labels = {}
         # A wait for the GIL this long (us) was ended by a forced switch (see _running_threads).
@@ -473,24 +478,24 @@ class Profiler:
         to drop the GIL: the holder still runs, and the wait is its time.
         Returns the parked greenlets [(key, greenlet)] (their state is
         read once per tick, here)."""
-        frames = sys._current_frames()
-        me = current_ident()
-        running = {ident: None for ident in frames if ident != me}
-        # Before the states are read; threads running no known greenlet (found None below) need none.
-        greenlet_threads = set(self._greenlets.thread_of_root.values())
-        switches = {ident: lib.btc_thread_switch_count(ident) for ident in running if ident in greenlet_threads}
+        # Every thread's CPU clock and switch count, read before the states and stacks: a thread
+        # that runs after this read is read again at the next tick.
+        clocks = thread_clocks()
+        running = dict.fromkeys(clocks)
         parked = []
         if not self.threads_only:
             self._greenlets.refresh(current, self.profile.sampled - weight)
             parked = self._parked_states(current, running, (self.profile.ticks - 1) % self._phases)
         previous, self._previous = self._previous, {}
         for ident, found in running.items():
-            before = previous.get(ident)
-            cpu = lib.btc_thread_cpu_ns(ident)   # read before its stack: a thread that runs in between is read again
+            before, (cpu, switches) = previous.get(ident), clocks[ident]
             if before is not None and cpu >= 0 and cpu == before[2] and before[1] == (found[0] if found else None):
-                sample, key = before[0], before[1]   # it ran no instruction since: the same stack
+                if self._still(before, weight):   # it ran no instruction since: the same stack, counted
+                    self._previous[ident] = before
+                    continue
+                sample, key = before[0], before[1]
             else:
-                sample, key = self._thread_sample(ident, found, frames, current, switches.get(ident))
+                sample, key = self._thread_sample(ident, found, current, switches)
                 if sample is None:
                     continue
             early = before is not None and 0 < waited < self._forced_switch
@@ -502,22 +507,40 @@ class Profiler:
             if key is not None:
                 self._unlooked_parked(key, stack[1], stack[2], self.profile.sampled - ran)
             self.profile.count(stack, refs, ran)
-            self._previous[ident] = (sample, key, cpu)
+            self._previous[ident] = (sample, key, cpu, self.profile.entry(stack))
         return parked
 
-    def _thread_sample(self, ident, found, frames: dict, current, switches) -> tuple:
+    @staticmethod
+    def _still(before, weight: int) -> bool:
+        """Count a tick of a thread that ran nothing since the previous one
+        and runs no known greenlet (before: what was recorded for it then)
+        in place, if its stack has an entry: the whole weight goes to the
+        stack it had (the part a short wait for the GIL gives the previous
+        tick's stack is the same stack).  Most threads of a server are such
+        at most ticks (a gunicorn worker's resolver threads).  A known
+        greenlet's thread takes the general path: that greenlet's time is
+        kept count of (_unlooked_parked)."""
+        entry = before[3]
+        if entry is None or before[1] is not None:
+            return False
+        entry[0] += weight
+        return True
+
+    def _thread_sample(self, ident, found, current, switches) -> tuple:
         """(((raw, name, site, RUNNING_STATE), code refs): the Profile key of
         its running stack, key of the known greenlet it runs or None) of
-        thread ident now, or (None, None) if it has gone.  found: the known
-        greenlet read as running there, (key, greenlet) or None; switches:
-        the thread's switch count before the states were read (None when it
-        runs no known greenlet)."""
+        thread ident now, or (None, None) if it has gone (or runs no Python
+        code).  found: the known greenlet read as running there, (key,
+        greenlet) or None; switches: the thread's switch count before the
+        states were read."""
         bt = python_frames_of_thread(ident)
+        # Its innermost frame, where a name is still to be found (read before the switch count is).
+        frame = sys._current_frames().get(ident) if found and self._greenlets.known[found[0]][1] is None else None
         if found and lib.btc_thread_switch_count(ident) != switches:
-            found, bt, frames[ident] = self._unswitched_sample(ident, current)
-        if bt is None:
+            found, bt, frame = self._unswitched_sample(ident, current)
+        if bt is None or not len(bt):
             return None, None
-        name, site = self._greenlets.labels(*found, frames[ident]) if found else (self._thread_label(ident), None)
+        name, site = self._greenlets.labels(*found, frame) if found else (self._thread_label(ident), None)
         return ((bytes(bt._raw), name, site, RUNNING_STATE), bt._refs), found[0] if found else None
 
     def _counted_more(self, key, us: int) -> None:
