@@ -533,9 +533,10 @@ class Profiler:
         code).  found: the known greenlet read as running there, (key,
         greenlet) or None; switches: the thread's switch count before the
         states were read."""
-        bt = python_frames_of_thread(ident)
-        # Its innermost frame, where a name is still to be found (read before the switch count is).
+        # Its innermost frame, where a name is still to be found; read, as the stack, between the
+        # states and the switch count's second read, which tells whether the thread switched since.
         frame = sys._current_frames().get(ident) if found and self._greenlets.known[found[0]][1] is None else None
+        bt = python_frames_of_thread(ident)
         if found and lib.btc_thread_switch_count(ident) != switches:
             found, bt, frame = self._unswitched_sample(ident, current)
         if bt is None or not len(bt):
