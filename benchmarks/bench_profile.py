@@ -185,10 +185,17 @@ def gunicorn_round(kind, seconds, connections, folder):
     import deployment
     with deployment.Gunicorn(tempfile.mkdtemp(dir=folder), profile_rate=100 if kind == "btcore" else None) as target:
         pin_process(target.pid, SERVER_CORE)
-        before = {}   # the worker's CPU when the measured load starts (the warm-up's is not counted)
-        result = client_load(target.port, seconds, connections, "/io",
-                             lambda: before.update(json.loads(target.get_ok("/profiler"))))
-        result.update(json.loads(target.get_ok("/profiler")))
+        return worker_load(target, seconds, connections)
+
+
+def worker_load(target, seconds, connections, after: str = "/profiler") -> dict:
+    """client_load() on the worker's /io, with the worker's CPU per request
+    (its CPU from the end of the warm-up, which is not counted) and what its
+    /profiler says at the end (GET after: "/profiler?stop=1" stops it)."""
+    before = {}
+    result = client_load(target.port, seconds, connections, "/io",
+                         lambda: before.update(json.loads(target.get_ok("/profiler"))))
+    result.update(json.loads(target.get_ok(after)))
     result["cpu_per_request"] = (result["process_cpu"] - before["process_cpu"]) / result["requests"]
     return result
 
@@ -216,12 +223,7 @@ def gunicorn_window(target, kind, seconds, connections) -> dict:
     (started before the window's warm-up, stopped after it) or without."""
     if kind == "btcore":
         target.get_ok("/profiler?start=100")   # its first tick's heap scan falls in the warm-up
-    before = {}
-    result = client_load(target.port, seconds, connections, "/io",
-                         lambda: before.update(json.loads(target.get_ok("/profiler"))))
-    result.update(json.loads(target.get_ok("/profiler?stop=1" if kind == "btcore" else "/profiler")))
-    result["cpu_per_request"] = (result["process_cpu"] - before["process_cpu"]) / result["requests"]
-    return result
+    return worker_load(target, seconds, connections, "/profiler?stop=1" if kind == "btcore" else "/profiler")
 
 
 def gunicorn_windows_cost(args):

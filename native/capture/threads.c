@@ -57,16 +57,19 @@ int64_t btc_thread_cpu_ns(uint64_t ident)
  * pass: the profiler reads both for every thread at every tick, and asked
  * sys._current_frames() for the list (a frame object made for each thread)
  * and each thread's clock and count apart (each a walk of the thread
- * states). */
+ * states).  The switch count is the thread state's context_ver, as
+ * btc_thread_switch_count (watch/watchdog.c, which says why) reads it. */
 static PyObject *thread_clocks(PyObject *self, PyObject *unused)
 {
     (void)self, (void)unused;
     PyThreadState *me = PyThreadState_Get();
     PyObject *out = PyDict_New();
     for (PyThreadState *t = PyInterpreterState_ThreadHead(me->interp); out && t; t = PyThreadState_Next(t)) {
+        if (t == me || !t->thread_id)
+            continue;
         btc_pycursor top;
         btc_py_cursor_thread(&top, t);
-        if (t == me || !t->thread_id || !top.frame)
+        if (!top.frame)
             continue;
         PyObject *key = PyLong_FromUnsignedLongLong(t->thread_id);
         PyObject *value = Py_BuildValue("(LK)", (long long)cpu_ns_of(t), (unsigned long long)t->context_ver);
