@@ -193,3 +193,58 @@ def test_after_fork_from_a_thread_the_forking_thread_is_the_main_thread():
     t.start()
     t.join()
     assert out == ["True forker", False]
+
+
+ENDED_BY_A_FINALIZER = r'''
+import gc, sys, threading, time
+from btcore.capture.threads import thread_clocks
+
+class Ender:
+    """Cyclic garbage whose finalizer ends every other thread and waits until
+    their states are freed: what a collection inside an allocation runs."""
+    def __init__(self, stop, threads):
+        self.me, self.stop, self.threads = self, stop, threads
+    def __del__(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        time.sleep(0.02)
+
+inside = 0
+for attempt in range(40):
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.02)   # each thread in stop.wait(): it has a frame
+    gc.collect()
+    Ender(stop, threads)
+    # the collection comes at the (attempt % 8)-th allocation from here
+    gc.set_threshold(max(1, gc.get_count()[0] + attempt % 8))
+    try:
+        clocks = thread_clocks()
+    finally:
+        ran_inside = stop.is_set()
+        gc.set_threshold(700, 10, 10)
+        gc.collect()
+    inside += ran_inside
+    # read before the finalizer ended them: every one is listed, with its clock
+    assert {t.ident for t in threads} <= set(clocks), (attempt, clocks)
+    assert all(clocks[t.ident][0] > 0 for t in threads), clocks
+print("finalizer inside:", inside)
+'''
+
+
+def test_thread_clocks_survive_a_finalizer_that_ends_the_threads_read():
+    """Guards _thread_clocks() (the profiler's per-tick read of every thread)
+    against a collection inside its own allocations whose finalizer lets the
+    threads being read end, freeing their states: they were walked while
+    objects were made (a SIGSEGV on 3.11, which collects inside an allocation;
+    3.12+ collects at the next bytecode, after the call, and only the result
+    is checked there)."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", ENDED_BY_A_FINALIZER], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    inside = int(done.stdout.split("finalizer inside:")[1])
+    if sys.version_info < (3, 12):
+        assert inside > 0, done.stdout   # else the test tested nothing

@@ -58,26 +58,51 @@ int64_t btc_thread_cpu_ns(uint64_t ident)
  * sys._current_frames() for the list (a frame object made for each thread)
  * and each thread's clock and count apart (each a walk of the thread
  * states).  The switch count is the thread state's context_ver, as
- * btc_thread_switch_count (watch/watchdog.c, which says why) reads it. */
+ * btc_thread_switch_count (watch/watchdog.c, which says why) reads it.
+ *
+ * The states are read first, into plain memory, and the objects made after:
+ * an allocation may collect (3.11 collects inside it), and the finalizers
+ * a collection runs are Python code, which may hand the GIL to a thread
+ * that then ends and frees its state, the one a walk would stand on (a
+ * SIGSEGV, tests/test_threads.py). */
+typedef struct {
+    unsigned long long ident, switches;
+    long long cpu_ns;
+} thread_clock;
+
+static int read_clocks(PyThreadState *me, thread_clock *out, int max)
+{
+    int n = 0;
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(me->interp); t && n < max; t = PyThreadState_Next(t)) {
+        btc_pycursor top;
+        btc_py_cursor_thread(&top, t);
+        if (t != me && t->thread_id && top.frame)
+            out[n++] = (thread_clock){t->thread_id, t->context_ver, (long long)cpu_ns_of(t)};
+    }
+    return n;
+}
+
 static PyObject *thread_clocks(PyObject *self, PyObject *unused)
 {
     (void)self, (void)unused;
     PyThreadState *me = PyThreadState_Get();
+    int max = 0;
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(me->interp); t; t = PyThreadState_Next(t))
+        max++;
+    thread_clock *clocks = PyMem_RawMalloc((size_t)max * sizeof *clocks + 1);   /* (runs no Python code) */
+    if (!clocks)
+        return PyErr_NoMemory();
+    int n = read_clocks(me, clocks, max);
     PyObject *out = PyDict_New();
-    for (PyThreadState *t = PyInterpreterState_ThreadHead(me->interp); out && t; t = PyThreadState_Next(t)) {
-        if (t == me || !t->thread_id)
-            continue;
-        btc_pycursor top;
-        btc_py_cursor_thread(&top, t);
-        if (!top.frame)
-            continue;
-        PyObject *key = PyLong_FromUnsignedLongLong(t->thread_id);
-        PyObject *value = Py_BuildValue("(LK)", (long long)cpu_ns_of(t), (unsigned long long)t->context_ver);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *key = PyLong_FromUnsignedLongLong(clocks[i].ident);
+        PyObject *value = Py_BuildValue("(LK)", clocks[i].cpu_ns, clocks[i].switches);
         if (!key || !value || PyDict_SetItem(out, key, value) < 0)
             Py_CLEAR(out);
         Py_XDECREF(key);
         Py_XDECREF(value);
     }
+    PyMem_RawFree(clocks);
     return out;
 }
 
