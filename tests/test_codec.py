@@ -725,3 +725,45 @@ def test_cli_resolves_every_token_in_place_and_keeps_the_rest(chain, tmp_path):
     from_stdin = subprocess.run([sys.executable, "-m", "btcore", "decode"], input=log, capture_output=True,
                                 text=True, timeout=TIMEOUT, check=True).stdout
     assert from_stdin == printed
+
+# glibc's malloc with a fixed mmap threshold: a block of 64 KiB or more is
+# mapped on its own and unmapped when freed, so a read of it after its free
+# faults, whatever the process freed before (the dynamic threshold would
+# otherwise rise past the blocks these tests free and leave them readable).
+UNMAPPED_WHEN_FREED = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.mmap_threshold=65536")
+
+
+def test_encode_survives_a_truncated_flag_whose_release_rebinds_the_records():
+    """Guards read_backtrace() (encode.c) against Python code run while it
+    reads a Backtrace: a subclass's truncated flag whose release rebinds
+    _raw.  The records were read before that and the bytearray released
+    after it: the encoder then read a freed buffer (a SIGSEGV).  In a
+    subprocess; the token decodes to the records _raw held when encode()
+    began (the encoder holds them to its end)."""
+    script = textwrap.dedent('''
+        import struct
+        import btcore
+        from btcore.capture.backtrace import Backtrace
+
+        class Flag:
+            def __init__(self, bt):
+                self.bt = bt
+            def __bool__(self):
+                return False
+            def __del__(self):
+                self.bt._raw = bytearray()   # the old records are now held by the encoder only
+
+        class Sub(Backtrace):
+            __slots__ = ()
+            truncated = property(lambda self: Flag(self))
+
+        bt = Sub.__new__(Sub)
+        bt._capacity, bt._refs = 65536, ()
+        bt._raw = bytearray(struct.pack("<QiBBH", 0x1000, -1, 1, 0, 0) * 60000)   # ~960 kB: unmapped when freed
+        token = bt.encode()
+        print("frames:", len(btcore.decode(token)))
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=UNMAPPED_WHEN_FREED)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "frames: 60000" in done.stdout, done.stdout

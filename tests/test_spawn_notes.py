@@ -372,3 +372,53 @@ def test_gevent_spawn_raw(tracking):
     report = printed.getvalue()
     assert "KeyError: 'raw'" in report and report.count(NOTE_HEADER) == 1, report
     assert f"line {line}, in test_gevent_spawn_raw" in report.split(NOTE_HEADER)[1]
+
+
+# glibc's malloc with a fixed mmap threshold: a block of 64 KiB or more is
+# mapped on its own and unmapped when freed, so a read of it after its free
+# faults, whatever the process freed before (the dynamic threshold would
+# otherwise rise past the blocks these tests free and leave them readable).
+UNMAPPED_WHEN_FREED = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.mmap_threshold=65536")
+
+_REBOUND = {
+    "header": '''
+        g = greenlet.getcurrent()
+        spawn_notes.NOTE_HEADER = "H" * 400_000   # held by the module's dict only
+
+        class E(Exception):
+            @property
+            def __notes__(self):
+                spawn_notes.NOTE_HEADER = "short"   # (nothing large made after: its pages stay unmapped)
+                return ["a note"]
+    ''',
+    "rendered": '''
+        btcore.enable_spawn_tracking()
+        g = greenlet.greenlet(lambda: None)   # tracked: it has a spawn chain key
+        spawn_notes._rendered = {i: i for i in range(100_000)}
+
+        class E(Exception):
+            @property
+            def __notes__(self):
+                spawn_notes._rendered = {}
+                return []
+    ''',
+}
+
+
+@pytest.mark.parametrize("rebound", sorted(_REBOUND))
+def test_a_note_survives_code_that_rebinds_what_it_reads(rebound):
+    """Guards note_if_kept() (spawn_notes.c) against Python code run inside it
+    (an exception's __notes__ property, a collection's finalizers) that
+    rebinds the module globals it reads, NOTE_HEADER and _rendered: it read
+    them through borrowed references, which then pointed at freed memory (a
+    SIGSEGV).  In a subprocess; the exception is noted or not, never a crash."""
+    script = textwrap.dedent('''
+        import greenlet
+        import btcore
+        from btcore.capture import spawn_notes
+    ''') + textwrap.dedent(_REBOUND[rebound]) + textwrap.dedent('''
+        print("result:", spawn_notes._note_if_kept(E(), g) is not None)
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=UNMAPPED_WHEN_FREED)
+    assert done.returncode == 0 and "result: " in done.stdout, (done.returncode, done.stderr[-2000:])

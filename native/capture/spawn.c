@@ -704,11 +704,13 @@ static PyObject *running_task(PyObject *task_made, PyObject *current_tasks)
         return Py_NewRef(running);
     if (!current_tasks || (!loop_name && !(loop_name = PyUnicode_InternFromString("_loop"))))
         return NULL;
+    thread_loop = Py_XNewRef(thread_loop);   /* the attribute's lookup may run code that drops it */
     PyObject *loop = task_made ? PyObject_GetAttr(task_made, loop_name) : NULL;
     if (!loop || loop == Py_None) {   /* no loop (yet): its thread's then */
         PyErr_Clear();
         Py_XSETREF(loop, Py_XNewRef(thread_loop));
     }
+    Py_XDECREF(thread_loop);
     PyObject *task = loop && loop != Py_None && PyDict_Check(current_tasks)
                          ? PyDict_GetItemWithError(current_tasks, loop) : NULL;
     Py_XINCREF(task);

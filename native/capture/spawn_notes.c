@@ -86,17 +86,24 @@ static int has_chain_note(PyObject *exc, PyObject *header)
  * be kept; NULL with an exception set on error. */
 static PyObject *note_if_kept(PyObject *exc, PyObject *g)
 {
-    PyObject *header = PyDict_GetItemString(notes_module, "NOTE_HEADER");
-    PyObject *kept = PyDict_GetItemString(notes_module, "_rendered");
+    /* Held: the __notes__ lookup (a property) and the key's allocations (a
+     * collection's finalizers) run Python code, which may rebind the
+     * module's globals and free what a borrowed reference points to. */
+    PyObject *header = Py_XNewRef(PyDict_GetItemString(notes_module, "NOTE_HEADER"));
+    PyObject *kept = Py_XNewRef(PyDict_GetItemString(notes_module, "_rendered"));
+    int noted = -1;
     if (!header || !PyUnicode_Check(header) || !kept || !PyDict_Check(kept))
-        return PyErr_Format(PyExc_RuntimeError, "btcore.capture.spawn_notes has no NOTE_HEADER str or _rendered dict");
-    int noted = PyExceptionInstance_Check(exc) ? has_chain_note(exc, header) : 1;
+        PyErr_Format(PyExc_RuntimeError, "btcore.capture.spawn_notes has no NOTE_HEADER str or _rendered dict");
+    else
+        noted = PyExceptionInstance_Check(exc) ? has_chain_note(exc, header) : 1;
+    Py_XDECREF(header);
+    PyObject *key = noted ? NULL : btc_spawn_chain_key(g);
+    PyObject *text = key && key != Py_None ? Py_XNewRef(PyDict_GetItemWithError(kept, key)) : NULL;
+    Py_XDECREF(kept);
     if (noted)
         return noted < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *key = btc_spawn_chain_key(g);
     if (!key || key == Py_None)
         return key;
-    PyObject *text = Py_XNewRef(PyDict_GetItemWithError(kept, key));
     if (!text)
         return PyErr_Occurred() ? (Py_DECREF(key), NULL) : key;
     Py_DECREF(key);

@@ -940,39 +940,39 @@ static int encode_into(const btc_frame *frames, int n, int truncated, btc_encode
     return *token ? (int)PyUnicode_GET_LENGTH(*token) : BTC_ENCODE_ELSEWHERE;
 }
 
-/* The records and truncation of the btcore.Backtrace at address backtrace
- * (its _raw bytearray of btc_frame, its truncated attribute). */
-static int read_backtrace(PyObject *bt, const btc_frame **frames, int *n, int *truncated)
+/* The records and truncation of the btcore.Backtrace bt (its _raw
+ * bytearray of btc_frame, its truncated attribute); *raw: the bytearray,
+ * a new reference the caller drops once done with *frames.  Everything
+ * that may run Python code (a subclass's truncated, its __bool__, the
+ * flag's release) comes first, and the records are read after it: that
+ * code may rebind or resize _raw, freeing the buffer a pointer read
+ * earlier points into (a SIGSEGV, tests/test_codec.py). */
+static int read_backtrace(PyObject *bt, const btc_frame **frames, int *n, int *truncated, PyObject **raw)
 {
     static PyObject *raw_name, *truncated_name;
     if (!raw_name && !(raw_name = PyUnicode_InternFromString("_raw")))
         return -1;
     if (!truncated_name && !(truncated_name = PyUnicode_InternFromString("truncated")))
         return -1;
-    PyObject *raw = PyObject_GetAttr(bt, raw_name);
-    PyObject *flag = raw ? PyObject_GetAttr(bt, truncated_name) : NULL;
-    int ok = flag && PyByteArray_Check(raw) && PyByteArray_GET_SIZE(raw) % sizeof(btc_frame) == 0 &&
-             PyByteArray_GET_SIZE(raw) / (Py_ssize_t)sizeof(btc_frame) <= BTC_MAX_CAPACITY;
-    *truncated = ok ? PyObject_IsTrue(flag) : -1;
-    if (ok && *truncated >= 0) {
-        *frames = (const btc_frame *)PyByteArray_AS_STRING(raw);
-        *n = (int)(PyByteArray_GET_SIZE(raw) / (Py_ssize_t)sizeof(btc_frame));
-    }
+    *raw = PyObject_GetAttr(bt, raw_name);
+    PyObject *flag = *raw ? PyObject_GetAttr(bt, truncated_name) : NULL;
+    *truncated = flag ? PyObject_IsTrue(flag) : -1;
     Py_XDECREF(flag);
-    Py_XDECREF(raw);   /* the Backtrace still holds it: frames stays valid until we return */
-    if (!ok || *truncated < 0) {
+    Py_ssize_t size = *raw && PyByteArray_Check(*raw) ? PyByteArray_GET_SIZE(*raw) : -1;
+    if (*truncated < 0 || size < 0 || size % sizeof(btc_frame) != 0 ||
+        size / (Py_ssize_t)sizeof(btc_frame) > BTC_MAX_CAPACITY) {
+        Py_CLEAR(*raw);
         PyErr_Clear();
         return -1;
     }
+    *frames = (const btc_frame *)PyByteArray_AS_STRING(*raw);
+    *n = (int)(size / (Py_ssize_t)sizeof(btc_frame));
     return 0;
 }
 
-static int encode_backtrace(PyObject *bt, btc_encode_need *need, PyObject **token)
+/* Encoded by the table encoder, or BTC_ENCODE_ELSEWHERE (decoded frames, no room). */
+static int encode_records(const btc_frame *frames, int n, int truncated, btc_encode_need *need, PyObject **token)
 {
-    const btc_frame *frames;
-    int n, truncated;
-    if (read_backtrace(bt, &frames, &n, &truncated) < 0)
-        return BTC_ENCODE_ELSEWHERE;
     for (int i = 0; i < n; i++)
         if (frames[i].kind != BTC_KIND_NATIVE && frames[i].kind != BTC_KIND_PYTHON)
             return BTC_ENCODE_ELSEWHERE;   /* decoded frames: the reference encoder */
@@ -982,6 +982,18 @@ static int encode_backtrace(PyObject *bt, btc_encode_need *need, PyObject **toke
         return BTC_ENCODE_ELSEWHERE;
     int rc = encode_into(frames, n, truncated, need, token);
     release_evicted();
+    return rc;
+}
+
+static int encode_backtrace(PyObject *bt, btc_encode_need *need, PyObject **token)
+{
+    const btc_frame *frames;
+    int n, truncated;
+    PyObject *raw;
+    if (read_backtrace(bt, &frames, &n, &truncated, &raw) < 0)
+        return BTC_ENCODE_ELSEWHERE;
+    int rc = encode_records(frames, n, truncated, need, token);
+    Py_DECREF(raw);
     return rc;
 }
 
