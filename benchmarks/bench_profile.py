@@ -280,23 +280,28 @@ def tick_cost():
     import gevent
     import gevent.event
     import btcore
-    print("2. the sampler's time per tick (in this process, gevent greenlets parked in an Event)")
+    print("2. the sampler's time per tick (in this process, gevent greenlets parked in an Event: in a Python")
+    print("   function, as a handler waits, and frameless, spawned on Event.wait itself, which parks in Cython)")
     event = gevent.event.Event()
-    parked = [gevent.spawn(event.wait)]
-    gevent.sleep(0)
-    with btcore.profiling(rate=100):   # warm-up: greenlet's layout learned, the first captures (~30 ms)
-        gevent.sleep(0.2)
-    for count in (10, 100, 1000):
-        parked += [gevent.spawn(event.wait) for _ in range(count - len(parked))]
+
+    def waits():
+        event.wait()
+
+    for kind, target in (("in Python", waits), ("frameless", event.wait)):
+        parked = [gevent.spawn(target)]
         gevent.sleep(0)
-        with btcore.profiling(rate=100) as p:
-            gevent.sleep(1.0)
-        profile = p.profile
-        print(f"   {count:5d} parked: {profile.busy / max(1, profile.ticks) * 1e6:7.0f} us per tick wall-clock, "
-              f"{profile.busy_cpu / max(1, profile.ticks) * 1e6:6.0f} us CPU, {profile.ticks} ticks, "
-              f"{len(profile)} stacks")
-    event.set()
-    gevent.sleep(0)
+        with btcore.profiling(rate=100):   # warm-up: greenlet's layout learned, the first captures (~30 ms)
+            gevent.sleep(0.2)
+        for count in (10, 100, 1000):
+            parked += [gevent.spawn(target) for _ in range(count - len(parked))]
+            gevent.sleep(0)
+            with btcore.profiling(rate=100) as p:
+                gevent.sleep(1.0)
+            profile = p.profile
+            print(f"   {count:5d} parked {kind:9}: {profile.busy / max(1, profile.ticks) * 1e6:7.0f} us per tick "
+                  f"wall-clock, {profile.busy_cpu / max(1, profile.ticks) * 1e6:6.0f} us CPU, {profile.ticks} ticks, "
+                  f"{len(profile)} stacks")
+        gevent.killall(parked)
 
 
 SPLIT = '''

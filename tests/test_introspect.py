@@ -851,6 +851,54 @@ def test_known_states_sorts_the_profilers_greenlets_as_they_are():
         gevent.killall([sleeper, in_cython])
 
 
+def test_parked_unmoved_counts_only_the_greenlets_whose_stamp_is_kept_with_an_entry():
+    """_parked_unmoved() (the profiler's looks at parked greenlets, in C for
+    those that have not moved): a greenlet whose stamp is the one kept with
+    its Profile entry gets its time not counted yet (now - counted, plus its
+    unplaced time) added to that entry, is marked counted up to now and its
+    unplaced time dropped; one that moved (a new stamp), one kept with no
+    entry, one with a stamp that is not an int (a main greenlet's, or None:
+    frameless) is returned for a Python look, untouched; one with no time to
+    count is neither.  Oracle: the stamps of lib.btc_greenlet_stamp() (the
+    Python look's) and the arithmetic of sampler.Profiler._parked()."""
+    from btcore._native import lib
+    from btcore.capture import introspect
+    assert introspect.layout_known()   # greenlet's layout, without which no greenlet is stamped
+
+    def park_twice():
+        greenlet.getcurrent().parent.switch()   # first place
+        greenlet.getcurrent().parent.switch()   # second place
+
+    still, moving, entryless, tupled = (greenlet.greenlet(park_twice) for _ in range(4))
+    for g in (still, moving, entryless, tupled):
+        g.switch()
+    stamp = {g: lib.btc_greenlet_stamp(id(g)) for g in (still, moving, entryless)}
+    assert all(stamp.values()) and len(set(stamp.values())) == 1   # the same place and depth: one stamp
+    moving.switch()   # parked at its second place now
+    assert lib.btc_greenlet_stamp(id(moving)) not in (0, stamp[moving])
+    entries = {key: [100, ()] for key in range(1, 6)}
+    stacks = {1: (stamp[still], None, entries[1]), 2: (stamp[moving], None, entries[2]),
+              3: (stamp[entryless], None, None), 4: ((1, 2, 3), None, entries[4]), 5: (stamp[still], None, entries[5])}
+    counted, unplaced = {1: 40, 2: 40, 3: 40, 4: 40, 5: 1000}, {1: 5, 2: 7}
+    parked = [(1, still), (2, moving), (3, entryless), (4, tupled), (5, still)]
+    rest = introspect.parked_unmoved(parked, stacks, counted, unplaced, 1000)
+    assert rest == parked[1:4] and all(a is b for a, b in zip(rest, parked[1:4]))
+    assert entries[1][0] == 100 + (1000 - 40 + 5) and counted[1] == 1000 and 1 not in unplaced
+    assert [entries[k][0] for k in (2, 4, 5)] == [100, 100, 100]   # moved, not an int stamp, no time to count
+    assert counted == {1: 1000, 2: 40, 3: 40, 4: 40, 5: 1000} and unplaced == {2: 7}
+    # a greenlet never counted before: its time is counted from now (none yet)
+    assert introspect.parked_unmoved([(6, still)], {6: (stamp[still], None, entries[1])}, {}, {}, 1000) == []
+    assert entries[1][0] == 1065
+    for bad in [([(1, 2)], stacks, counted, unplaced, 1000), ([1], stacks, counted, unplaced, 1000),
+                (parked, stacks, counted, unplaced, -1), (parked, stacks, counted, unplaced),
+                (parked, [], counted, unplaced, 1000), ([(1, still)], stacks, {1: "x"}, unplaced, 1000)]:
+        with pytest.raises(TypeError):
+            introspect.parked_unmoved(*bad)
+    for g in (still, moving, entryless, tupled):
+        while g:
+            g.switch()
+
+
 def test_known_states_before_greenlets_layout_is_learned_take_a_frameless_main_greenlet_as_its_runner():
     """Guards the state rule's fallback, used until greenlet's layout (and with it each thread's
     current greenlet) is learned, and wherever it cannot be: one greenlet runs per thread, and in

@@ -622,14 +622,13 @@ static uint64_t fnv1a(uint64_t h, uint64_t word)
     return h;
 }
 
-uint64_t btc_greenlet_stamp(uintptr_t target)
+uint64_t btc_greenlet_stamp_held(PyObject *g)
 {
-    PyGILState_STATE gil = PyGILState_Ensure();
     btc_frame frames[STACK_FRAMES];
     sink s = {.out = frames, .max = STACK_FRAMES};   /* no codes: nothing is kept */
     btc_context ctx;
     uint64_t h = 0;
-    if (btc_py_supported() && collect_greenlet(&s, BTC_WANT_PYTHON, (PyObject *)target, &ctx) == 0) {
+    if (btc_py_supported() && collect_greenlet(&s, BTC_WANT_PYTHON, g, &ctx) == 0) {
         h = 0xcbf29ce484222325ULL;
         for (int i = 0; i < s.n; i++)
             h = fnv1a(fnv1a(h, s.out[i].addr), (uint64_t)(uint32_t)s.out[i].lasti);
@@ -637,6 +636,13 @@ uint64_t btc_greenlet_stamp(uintptr_t target)
         h |= 1;
     }
     PyErr_Clear();
+    return h;
+}
+
+uint64_t btc_greenlet_stamp(uintptr_t target)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    uint64_t h = btc_greenlet_stamp_held((PyObject *)target);
     PyGILState_Release(gil);
     return h;
 }

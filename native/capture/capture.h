@@ -55,6 +55,10 @@ typedef struct {
  * coroutine: native frames beyond its eval-loop call are not walked).
  * proof: NULL, or where to write what decided the capture (above).
  * 0 or a BTC_E_* code. */
+/* btc_greenlet_stamp() with the GIL held: a hash of parked greenlet g's
+ * Python frames and of where its native stack stopped; 0 if unreadable. */
+uint64_t btc_greenlet_stamp_held(PyObject *g);
+
 int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop,
                      btc_site_proof *proof);
 /* Would btc_capture_site(c of room max, want, regs, stop) give the frames

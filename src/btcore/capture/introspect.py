@@ -122,9 +122,13 @@ if lib.btc_install_greenlet_objects(id(globals()), id(greenlet.greenlet)) != 0:
 # _state_of(g, current): RUNNING, SUSPENDED, NOT_STARTED or DEAD, from
 # greenlet's own state only, read from current (the calling thread's
 # greenlet); the rule and why it is so: greenlet_objects.c.
+# _parked_unmoved(parked, stacks, counted, unplaced, now): the profiler's
+# looks at parked greenlets that have not moved, counted in C; returns the
+# others (profile/sampler.py, Profiler._parked()).
 _greenlets_among = globals()["_greenlets_among"]
 known_states = globals()["_known_states"]
 state_of = globals()["_state_of"]
+parked_unmoved = globals()["_parked_unmoved"]
 
 
 def live_greenlets(generation: int | None = None) -> list:

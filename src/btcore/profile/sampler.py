@@ -37,8 +37,8 @@ from ..capture.backtrace import KIND_NATIVE, KIND_PYTHON, RECORD
 from ..errors import BacktraceError
 from ..views.fold import is_plumbing
 from ..capture.introspect import (RUNNING, SUSPENDED, base_frame, collect_suspended, function_of,
-                                  gevent_name_of, known_states, live_greenlets, read_optional,
-                                  plain_name_of, python_frames_of_thread, root_of, state_of, thread_of_roots,
+                                  gevent_name_of, known_states, live_greenlets, parked_unmoved,
+                                  read_optional, plain_name_of, python_frames_of_thread, root_of, state_of, thread_of_roots,
                                   threads_of_greenlets)
 from .rates import DEFAULT_RATE, MAX_RATE
 from ..symbols.resolve import resolve_native, resolve_python
@@ -252,7 +252,8 @@ class _Greenlets:
         self.known = {}            # id -> (weakref, name group, spawn site)
         self.thread_of_root = {}   # id(root) -> thread ident
         self.scanned = False       # the heap's greenlets were found (the first tick)
-        self.stacks = {}           # id -> (stamp, Backtrace) of a parked greenlet: see parked_stack()
+        self.stacks = {}           # id -> (stamp, Backtrace, Profile entry or None) of a parked greenlet:
+                                   # see parked_stack() and keep_entry()
         self.counted = {}          # id -> Profile.sampled up to which its time is counted: see Profiler._parked()
         self.unplaced = {}         # id -> us it spent parked before a look saw it parked: see Profiler._unlooked_parked()
 
@@ -304,6 +305,15 @@ class _Greenlets:
         known = self.stacks.get(key)
         return known[1] if known is not None else None
 
+    def keep_entry(self, key: int, bt, entry) -> None:
+        """Keep with greenlet key's parked stack bt the Profile entry it was
+        just counted under, once its labels are complete (they name the
+        entry's key for good): a later look that finds the same stamp adds
+        to it in C (introspect.parked_unmoved)."""
+        known = self.stacks.get(key)
+        if known is not None and known[1] is bt and entry is not None and self.known[key][1] is not None:
+            self.stacks[key] = (known[0], bt, entry)
+
     def parked_stack(self, key: int, g, tick: int):
         """g's stack (g is parked): the one captured at an earlier tick when
         its stamp is unchanged, else a new capture (~2-10 us).  The stamp
@@ -319,7 +329,7 @@ class _Greenlets:
         frame = base_frame(g)
         if frame is None:   # parked in C with no Python frame: nothing to stamp
             bt = collect_suspended(g)
-            self.stacks[key] = (None, bt)
+            self.stacks[key] = (None, bt, None)
             return bt
         if _base_parent(g) is None:
             stamp = (id(frame), frame.f_lasti, tick // MAIN_EVERY)
@@ -329,7 +339,7 @@ class _Greenlets:
         if known is not None and stamp is not None and known[0] == stamp:
             return known[1]
         bt = collect_suspended(g)
-        self.stacks[key] = (stamp, bt)
+        self.stacks[key] = (stamp, bt, None)
         return bt
 
     def labels(self, key: int, g, frame=None) -> tuple:
@@ -629,8 +639,12 @@ class Profiler:
         sampler's end looks at every phase (_parked_rest()); a greenlet
         seen running first gives the time it spent parked unseen to the
         stack it was last seen parked at, or, never seen parked yet, to the
-        first stack it is seen parked at (_unlooked_parked())."""
+        first stack it is seen parked at (_unlooked_parked()).  Those that
+        have not moved since their last look (the same stamp) are counted
+        first, in C, under the entry kept with their stack (keep_entry());
+        the others are looked at here."""
         counted, now = self._greenlets.counted, self.profile.sampled
+        parked = parked_unmoved(parked, self._greenlets.stacks, counted, self._greenlets.unplaced, now)
         for n, (key, g) in enumerate(parked):
             if n and n % SLICE == 0:
                 self._sleep(0)   # let the program run between slices: it is paused while the sampler holds the GIL
@@ -643,7 +657,9 @@ class Profiler:
                 bt = self._greenlets.parked_stack(key, g, self.profile.ticks)
             except (BacktraceError, RuntimeError):   # it changed under the sample: skipped
                 continue
-            self.profile.add(bt, *self._greenlets.labels(key, g), PARKED_STATE, weight)
+            name, site = self._greenlets.labels(key, g)
+            self.profile.add(bt, name, site, PARKED_STATE, weight)
+            self._greenlets.keep_entry(key, bt, self.profile.entry((bytes(bt._raw), name, site, PARKED_STATE)))
             counted[key] = now
             self._greenlets.unplaced.pop(key, None)
 
