@@ -857,10 +857,12 @@ def test_parked_unmoved_counts_only_the_greenlets_whose_stamp_is_kept_with_an_en
     its Profile entry gets its time not counted yet (now - counted, plus its
     unplaced time) added to that entry, is marked counted up to now and its
     unplaced time dropped; one that moved (a new stamp), one kept with no
-    entry, one with a stamp that is not an int (a main greenlet's, or None:
-    frameless) is returned for a Python look, untouched; one with no time to
-    count is neither.  Oracle: the stamps of lib.btc_greenlet_stamp() (the
-    Python look's) and the arithmetic of sampler.Profiler._parked()."""
+    entry, one whose stamp is a main greenlet's (a tuple) is returned for a
+    Python look, untouched; one with no time to count is neither.  One
+    parked with no Python frame (stamped None) is counted when a capture of
+    it now is the kept one, else returned.  Oracle: the stamps of
+    lib.btc_greenlet_stamp() and the captures of collect_suspended() (the
+    Python look's), the arithmetic of sampler.Profiler._parked()."""
     from btcore._native import lib
     from btcore.capture import introspect
     assert introspect.layout_known()   # greenlet's layout, without which no greenlet is stamped
@@ -889,6 +891,17 @@ def test_parked_unmoved_counts_only_the_greenlets_whose_stamp_is_kept_with_an_en
     # a greenlet never counted before: its time is counted from now (none yet)
     assert introspect.parked_unmoved([(6, still)], {6: (stamp[still], None, entries[1])}, {}, {}, 1000) == []
     assert entries[1][0] == 1065
+    # parked with no Python frame (inside switch()): nothing to stamp, its capture compared with the kept one
+    frameless = greenlet.greenlet(greenlet.getcurrent().switch)
+    frameless.switch()
+    assert frameless.gr_frame is None and frameless
+    kept, other = introspect.collect_suspended(frameless), introspect.collect_suspended(still)
+    assert len(kept) and bytes(kept._raw) != bytes(other._raw)
+    entries = {7: [0, ()], 8: [0, ()]}
+    stacks = {7: (None, kept, entries[7]), 8: (None, other, entries[8])}
+    rest = introspect.parked_unmoved([(7, frameless), (8, frameless)], stacks, {7: 10, 8: 10}, {}, 30)
+    assert [key for key, _ in rest] == [8] and entries == {7: [20, ()], 8: [0, ()]}
+    frameless.switch()
     for bad in [([(1, 2)], stacks, counted, unplaced, 1000), ([1], stacks, counted, unplaced, 1000),
                 (parked, stacks, counted, unplaced, -1), (parked, stacks, counted, unplaced),
                 (parked, [], counted, unplaced, 1000), ([(1, still)], stacks, {1: "x"}, unplaced, 1000)]:

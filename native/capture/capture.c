@@ -639,6 +639,24 @@ uint64_t btc_greenlet_stamp_held(PyObject *g)
     return h;
 }
 
+bool btc_greenlet_stack_is(PyObject *g, int want, PyObject *bt)
+{
+    if (!bt_slots.type || !Py_IS_TYPE(bt, bt_slots.type))
+        return false;
+    PyObject *raw = *(PyObject **)((char *)bt + bt_slots.raw);
+    bool truncated = *(PyObject **)((char *)bt + bt_slots.truncated) == Py_True;
+    Py_ssize_t kept = raw && PyByteArray_CheckExact(raw) ? PyByteArray_GET_SIZE(raw) / (Py_ssize_t)sizeof(btc_frame) : -1;
+    if (kept < 0 || kept >= STACK_FRAMES)
+        return false;
+    btc_frame frames[STACK_FRAMES];
+    /* Room for one more than bt holds, unless bt was cut there: a deeper stack then shows as cut. */
+    sink s = {.out = frames, .max = truncated ? (int)kept : (int)kept + 1};   /* no codes: nothing is kept */
+    btc_context ctx;
+    int rc = btc_py_supported() ? collect_greenlet(&s, want, g, &ctx) : BTC_E_UNSUPPORTED;
+    PyErr_Clear();
+    return rc == 0 && btc_backtrace_holds(bt, &(btc_raw_capture){.frames = frames, .n = s.n, .truncated = s.truncated});
+}
+
 uint64_t btc_greenlet_stamp(uintptr_t target)
 {
     PyGILState_STATE gil = PyGILState_Ensure();

@@ -58,6 +58,10 @@ typedef struct {
 /* btc_greenlet_stamp() with the GIL held: a hash of parked greenlet g's
  * Python frames and of where its native stack stopped; 0 if unreadable. */
 uint64_t btc_greenlet_stamp_held(PyObject *g);
+/* Would g be captured now (want; GIL held) as the Backtrace bt holds? A
+ * capture of g compared with bt's records (a parked greenlet with nothing
+ * to stamp: no Python frames). */
+bool btc_greenlet_stack_is(PyObject *g, int want, PyObject *bt);
 
 int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop,
                      btc_site_proof *proof);

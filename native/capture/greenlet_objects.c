@@ -237,7 +237,10 @@ static PyMethodDef known_states_def = {"_known_states", (PyCFunction)(void (*)(v
  * Profile key, ~6.5 us of Python each (a tick of ~1.3 ms).  Here that case
  * costs the stamp and three dict operations; the profiler keeps, with a
  * greenlet's stack, the Profile entry its key has (sampler.py), once the
- * greenlet's labels are complete. */
+ * greenlet's labels are complete.  A greenlet parked with no Python frames
+ * (spawned on a C or Cython function) has nothing to stamp: its capture
+ * is compared with the one kept instead (~1 us in C, where its Python look
+ * captured it again every time). */
 
 /* Add weight (us) to entry, a Profile entry [count, refs]. */
 static int add_to_entry(PyObject *entry, long long weight)
@@ -247,24 +250,33 @@ static int add_to_entry(PyObject *entry, long long weight)
     return sum ? PyList_SetItem(entry, 0, sum) : -1;
 }
 
-/* The kept Profile entry of greenlet key if its stamp is the one kept with
- * it (stacks: key -> (stamp, Backtrace, entry or None)), else NULL (no
- * error set).  Only an int stamp is one of ours (a main greenlet's is a
- * tuple, a frameless one's None: never counted here). */
+/* What introspect.collect_suspended() captures of a parked greenlet. */
+#define WANT_SUSPENDED (BTC_WANT_PYTHON | BTC_WANT_NATIVE | BTC_WANT_OWN_THREAD)
+
+/* Has g not moved since its stamp was taken: the same stamp (an int), or,
+ * stamped None (no Python frames to stamp), a capture now the same as the
+ * one kept, bt?  A main greenlet's stamp (a tuple) is never answered here. */
+static bool unmoved(PyObject *g, PyObject *stamp, PyObject *bt)
+{
+    if (stamp == Py_None)
+        return btc_greenlet_stack_is(g, WANT_SUSPENDED, bt);
+    unsigned long long kept = PyLong_Check(stamp) ? PyLong_AsUnsignedLongLong(stamp) : 0;
+    PyErr_Clear();
+    return kept != 0 && kept == btc_greenlet_stamp_held(g);
+}
+
+/* The kept Profile entry of greenlet key if it has not moved since
+ * (stacks: key -> (stamp, Backtrace, entry or None)), else NULL (no error
+ * set). */
 static PyObject *unmoved_entry(PyObject *stacks, PyObject *key, PyObject *g)
 {
     PyObject *kept = PyDict_GetItemWithError(stacks, key);
-    if (!kept || !PyTuple_Check(kept) || PyTuple_GET_SIZE(kept) != 3 || !PyLong_Check(PyTuple_GET_ITEM(kept, 0)))
+    if (!kept || !PyTuple_Check(kept) || PyTuple_GET_SIZE(kept) != 3)
         return NULL;
     PyObject *entry = PyTuple_GET_ITEM(kept, 2);
     if (!PyList_Check(entry) || PyList_GET_SIZE(entry) < 1 || !PyLong_Check(PyList_GET_ITEM(entry, 0)))
         return NULL;
-    unsigned long long stamp = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(kept, 0));
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return NULL;
-    }
-    return stamp != 0 && stamp == btc_greenlet_stamp_held(g) ? entry : NULL;
+    return unmoved(g, PyTuple_GET_ITEM(kept, 0), PyTuple_GET_ITEM(kept, 1)) ? entry : NULL;
 }
 
 /* A dict's int value under key, or `otherwise`; -1 with an error set if it is no int. */
