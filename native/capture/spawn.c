@@ -487,16 +487,20 @@ static PyObject *node_field(PyObject *n, int i)
 
 /* The newest `keep` nodes of chain, copied as tuples (a new reference):
  * None or the site-less record where the chain ends, Ellipsis where older
- * nodes are left out. */
+ * nodes are left out.  Each node is held while its elders are copied: the
+ * copies' allocations may run a collection's finalizers, and with them
+ * another thread that cuts a chain these nodes are part of. */
 static PyObject *copy_newest(PyObject *chain, int keep)
 {
     if (!is_node(chain))
         return Py_NewRef(chain ? chain : Py_None);   /* an end (a site-less record holds no chain) */
     if (keep == 0)
         return Py_NewRef(Py_Ellipsis);
+    Py_INCREF(chain);
     PyObject *rest = copy_newest(NODE_PARENT(chain), keep - 1);
     PyObject *copy = rest ? PyTuple_Pack(3, NODE_SITE(chain), NODE_SPAWNER(chain), rest) : NULL;
     Py_XDECREF(rest);
+    Py_DECREF(chain);
     return copy;
 }
 
