@@ -384,16 +384,19 @@ def test_parked_greenlets_are_looked_at_in_turns_and_get_all_the_time_sampled(mo
     each looked at PARKED_RATE = 20 times a second), each look weighing the
     time since its phase's previous look, and the sampler's end looks at
     every phase: a greenlet parked all along gets exactly the time sampled.
-    Oracles: the looks counted here, Profile.sampled."""
+    Oracles: the looks counted here (every greenlet of a tick's turn goes
+    through _parked_unmoved(), which counts the unmoved ones in C and leaves
+    the others to the Python look), Profile.sampled."""
     from btcore.profile import sampler as profile_module
     looks = {}
-    look = profile_module._Greenlets.parked_stack
+    unmoved = profile_module.parked_unmoved
 
-    def counted(self, key, g, tick):
-        looks[key] = looks.get(key, 0) + 1
-        return look(self, key, g, tick)
+    def counted(parked, *args):
+        for key, _ in parked:
+            looks[key] = looks.get(key, 0) + 1
+        return unmoved(parked, *args)
 
-    monkeypatch.setattr(profile_module._Greenlets, "parked_stack", counted)
+    monkeypatch.setattr(profile_module, "parked_unmoved", counted)
     sleepers = [gevent.spawn(on_sleep) for _ in range(20)]
     phases = -(-100 // profile_module.PARKED_RATE)
     # Sleepers in two phases at least: when all lie in one (objects 80 bytes apart do), a stop right after
