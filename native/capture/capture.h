@@ -46,6 +46,14 @@ typedef struct {
     uintptr_t chain[BTC_CHAIN_PROOF_WORDS];
 } btc_site_proof;
 
+/* btc_greenlet_stamp() with the GIL held: a hash of parked greenlet g's
+ * Python frames and of where its native stack stopped; 0 if unreadable. */
+uint64_t btc_greenlet_stamp_held(PyObject *g);
+/* Would g be captured now (want; GIL held) as the Backtrace bt holds? A
+ * capture of g compared with bt's records (a parked greenlet with nothing
+ * to stamp: no Python frames). */
+bool btc_greenlet_stack_is(PyObject *g, int want, PyObject *bt);
+
 /* The calling thread's stack (in a greenlet, down to its outermost frame)
  * as seen from inside btcore's creation hook, walked from regs (taken by
  * btc_get_regs() in a frame that is still live): only btcore's own native
@@ -55,14 +63,6 @@ typedef struct {
  * coroutine: native frames beyond its eval-loop call are not walked).
  * proof: NULL, or where to write what decided the capture (above).
  * 0 or a BTC_E_* code. */
-/* btc_greenlet_stamp() with the GIL held: a hash of parked greenlet g's
- * Python frames and of where its native stack stopped; 0 if unreadable. */
-uint64_t btc_greenlet_stamp_held(PyObject *g);
-/* Would g be captured now (want; GIL held) as the Backtrace bt holds? A
- * capture of g compared with bt's records (a parked greenlet with nothing
- * to stamp: no Python frames). */
-bool btc_greenlet_stack_is(PyObject *g, int want, PyObject *bt);
-
 int btc_capture_site(btc_raw_capture *c, int want, const btc_regs *regs, const void *stop,
                      btc_site_proof *proof);
 /* Would btc_capture_site(c of room max, want, regs, stop) give the frames
