@@ -45,6 +45,10 @@ NO_DUMP_HERE = "the dump of another process reads x86-64 registers only"
 QEMU_NO_OWN_READS = ("qemu-user: process_vm_readv is not emulated: the crash handler reads its own memory "
                      "with it (a corrupt heap gives EFAULT, not a second fault), so its report has no Python frame")
 skip_under_asan = pytest.mark.skipif(UNDER_ASAN, reason="ASan's backtrace() interceptor shifts the glibc oracle")
+# Go's own build cache (where `go tool pprof` is built at its first use: tests/test_profile.py), found as Go
+# finds it, before the session's XDG_CACHE_HOME below replaces the user's.
+GO_CACHE = os.environ.get("GOCACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "go-build")
 # A dump remembers the offsets it learned of gevent's fields across runs (remote_names.learned_offsets_file()):
 # each test session learns afresh, in a folder of its own, so that a change to the learning is tested.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="btcore-test-cache-")
