@@ -1591,6 +1591,8 @@ def run_one(copy: str, target: str, m: Mutation, timeout: float) -> str:
         restore(copy, m)
         if installed_as_is(m):
             install_file(copy, target, m.path)
+        elif not m.path.startswith(CORE):   # (setup.py, pyproject.toml) the whole install was the mutant's
+            build(copy, target)
 
 
 def baseline_problem(copy: str, target: str, chosen: list, timeout: float) -> str | None:
