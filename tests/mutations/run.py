@@ -10,7 +10,10 @@ named as its killer, and if that passes, the whole suite (pytest -x).
 A mutant of a file installed as it is (a module of src/btcore/) is not
 built: it replaces that file in the installed baseline, for its run only.
 A mutant of the core (native/) is compiled alone, without pip's wheel
-around it, and replaces the baseline's extension.  The baseline and the
+around it, and replaces the baseline's extension for its run only.  The
+mutants are shared out among --jobs workers (one per CPU by default), each
+with its own copy, target and baseline, since each mutant leaves its
+worker's baseline as it found it.  The baseline and the
 mutants are built without link-time optimisation (BTCORE_LTO=0) through
 ccache (installed with apt-get when missing and possible), in a cache of
 this run's own: only the mutated unit compiles again (~2.6 s a mutant, not
@@ -22,18 +25,22 @@ exactly once (so the list cannot rot silently when the code changes), or if
 a mutant does not build.  Run it with the interpreter of an environment that
 has btcore's test dependencies and `wheel` (or setuptools >= 70.1):
 
-    python tests/mutations/run.py [--only SUBSTRING] [--timeout SECONDS]
+    python tests/mutations/run.py [--only SUBSTRING] [--timeout SECONDS] [--jobs N]
 
 Adding a mutation is one entry below: the file, its exact original text
 (unique in that file), the replacement, the test that should kill it, and
 what the mutation breaks.
 """
 import argparse
+import concurrent.futures
+import glob
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import NamedTuple
 
@@ -1519,6 +1526,14 @@ def build_core(copy: str, target: str) -> str | None:
     return None
 
 
+def installed_core(target: str) -> str:
+    """The path of the core's extension in an installed target."""
+    found = glob.glob(os.path.join(target, "btcore", "_native*.so"))
+    if len(found) != 1:
+        raise RuntimeError(f"{len(found)} core extensions installed in {target}: {found}")
+    return found[0]
+
+
 def compiler_cache(cache_dir: str) -> str | None:
     """Build through ccache (apt-get installs it where root may): None, or why not."""
     if shutil.which("ccache") is None:
@@ -1569,47 +1584,105 @@ def install_file(copy: str, target: str, path: str) -> None:
     shutil.rmtree(os.path.join(os.path.dirname(installed), "__pycache__"), ignore_errors=True)
 
 
-def run_one(copy: str, target: str, m: Mutation, timeout: float) -> str:
-    problem = apply(copy, m)
+class Workspace(NamedTuple):
+    """One worker's own files: a copy of the checkout (mutated one mutant at
+    a time), the baseline installed into target, and that baseline's
+    extension kept aside, put back after each mutant of the core."""
+    copy: str
+    target: str
+    core: str
+
+
+def make_workspace(scratch: str, number: int) -> tuple[Workspace, str | None]:
+    """A worker's copy of the checkout, with the baseline built and
+    installed: (the workspace, None), or (it, why it does not build)."""
+    root = os.path.join(scratch, f"worker{number}")
+    ws = Workspace(os.path.join(root, "src"), os.path.join(root, "site"), os.path.join(root, "baseline-core.so"))
+    shutil.copytree(ROOT, ws.copy, ignore=IGNORED)
+    problem = build(ws.copy, ws.target)
+    if problem is None:
+        shutil.copyfile(installed_core(ws.target), ws.core)
+    return ws, problem
+
+
+def run_one(ws: Workspace, m: Mutation, timeout: float) -> str:
+    problem = apply(ws.copy, m)
     if problem:
         return "ERROR: " + problem
     try:
         if installed_as_is(m):
-            install_file(copy, target, m.path)
+            install_file(ws.copy, ws.target, m.path)
         else:
-            problem = build_core(copy, target) if m.path.startswith(CORE) else build(copy, target)
+            problem = build_core(ws.copy, ws.target) if m.path.startswith(CORE) else build(ws.copy, ws.target)
         if problem:
             return "ERROR: mutant does not build:\n" + problem
-        if pytest_failure(copy, target, [m.killer], timeout):
+        if pytest_failure(ws.copy, ws.target, [m.killer], timeout):
             return "killed"
         # (not the test of this list, which fails on every mutant: it finds the mutated text, not the original)
-        other = pytest_failure(copy, target, ["--ignore=tests/test_mutation_list.py"], timeout)
+        other = pytest_failure(ws.copy, ws.target, ["--ignore=tests/test_mutation_list.py"], timeout)
         if other:   # with what failed: the named killer is then to be corrected
             return "killed (by another test than the named one)\n" + other
         return "SURVIVED"
     finally:
-        restore(copy, m)
+        # The worker's baseline as it was, whatever the next mutant is.
+        restore(ws.copy, m)
         if installed_as_is(m):
-            install_file(copy, target, m.path)
-        elif not m.path.startswith(CORE):   # (setup.py, pyproject.toml) the whole install was the mutant's
-            build(copy, target)
+            install_file(ws.copy, ws.target, m.path)
+        elif m.path.startswith(CORE):
+            shutil.copyfile(ws.core, installed_core(ws.target))
+        else:   # (setup.py, pyproject.toml) the whole install was the mutant's
+            build(ws.copy, ws.target)
 
 
-def baseline_problem(copy: str, target: str, chosen: list, timeout: float) -> str | None:
-    """The unmutated product must build and pass every named killer test,
-    else a 'killed' verdict would mean nothing."""
-    problem = build(copy, target)
-    if problem:
-        return "the unmutated checkout does not build:\n" + problem
+def baseline_problem(ws: Workspace, chosen: list, timeout: float) -> str | None:
+    """The unmutated product must pass every named killer test, else a
+    'killed' verdict would mean nothing."""
     killers = sorted({m.killer for m in chosen})
-    failure = pytest_failure(copy, target, killers, timeout)
+    failure = pytest_failure(ws.copy, ws.target, killers, timeout)
     if failure is None:
         return None
     # Once more before giving up: this lane runs beside the sid and arm64 lanes, and a timing test that
     # failed under their load would otherwise hide every mutant's verdict.  Said loudly either way.
     print("WARNING: the unmutated checkout failed a killer test, run again:\n" + failure, flush=True)
-    again = pytest_failure(copy, target, killers, timeout)
+    again = pytest_failure(ws.copy, ws.target, killers, timeout)
     return None if again is None else "the unmutated checkout fails a killer test twice:\n" + again
+
+
+def run_all(workspaces: list, chosen: list, timeout: float) -> int:
+    """Every chosen mutant run by the first free worker, its verdict printed
+    as it comes; the number that were not killed."""
+    todo = queue.SimpleQueue()
+    for m in chosen:
+        todo.put(m)
+    printing = threading.Lock()
+    failures = []
+
+    def work(ws: Workspace) -> None:
+        while True:
+            try:
+                m = todo.get_nowait()
+            except queue.Empty:
+                return
+            t0 = time.monotonic()
+            try:
+                verdict = run_one(ws, m, timeout)
+            except Exception as e:   # (the worker's files): said as this mutant's error, the others go on
+                verdict = f"ERROR: {type(e).__name__}: {e}"
+            note = f"  [{m.note}]" if m.note else ""
+            with printing:
+                if not verdict.startswith("killed"):
+                    failures.append(m)
+                print(f"{verdict.splitlines()[0]:<12} {time.monotonic() - t0:5.0f}s  {m.path}: {m.breaks}{note}",
+                      flush=True)
+                if "\n" in verdict:
+                    print(verdict, flush=True)
+
+    threads = [threading.Thread(target=work, args=(ws,)) for ws in workspaces]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(failures)
 
 
 def main() -> int:
@@ -1617,15 +1690,16 @@ def main() -> int:
     parser.add_argument("--only", action="append", default=[],
                         help="run the mutations whose file or text contains this (repeatable: any of them)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per pytest run")
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                        help="mutants run at once, each by its own worker (default: one per CPU)")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     chosen = [m for m in MUTATIONS if not args.only or any(o in m.path or o in m.original for o in args.only)]
     later = [m for m in chosen if sys.version_info[:2] < m.since]
     for m in later:
         print(f"not run here (code of CPython {'.'.join(map(str, m.since))}+): {m.path}: {m.breaks}")
     chosen = [m for m in chosen if m not in later]
-    # Those installed as they are first: they run against the baseline build,
-    # which the first mutant of the native core replaces (each one builds).
-    chosen.sort(key=lambda m: not installed_as_is(m))
     if not chosen:   # (the baseline would run the whole suite for nothing)
         if later:
             return 0
@@ -1635,26 +1709,25 @@ def main() -> int:
     BUILD_HERE = can_build_here()
     if not BUILD_HERE:
         print("note: no bdist_wheel here (pip install wheel): building the baseline in an isolated environment")
-    failures = 0
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="btcore-mutations-") as scratch:
-        copy, target = os.path.join(scratch, "src"), os.path.join(scratch, "site")
         no_cache = compiler_cache(os.path.join(scratch, "ccache"))
         if no_cache:
             print(f"note: {no_cache}: each mutant of the core is compiled whole")
-        shutil.copytree(ROOT, copy, ignore=IGNORED)
-        baseline = baseline_problem(copy, target, chosen, args.timeout)
+        jobs = min(args.jobs, len(chosen))
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            made = list(pool.map(make_workspace, [scratch] * jobs, range(jobs)))
+        problem = next((p for _, p in made if p), None)
+        if problem:
+            print("ERROR: the unmutated checkout does not build:\n" + problem)
+            return 1
+        workspaces = [ws for ws, _ in made]
+        baseline = baseline_problem(workspaces[0], chosen, args.timeout)
         if baseline:
             print("ERROR: " + baseline)
             return 1
-        for m in chosen:
-            t0 = time.monotonic()
-            verdict = run_one(copy, target, m, args.timeout)
-            failures += not verdict.startswith("killed")
-            note = f"  [{m.note}]" if m.note else ""
-            print(f"{verdict.splitlines()[0]:<12} {time.monotonic() - t0:5.0f}s  {m.path}: {m.breaks}{note}", flush=True)
-            if "\n" in verdict:
-                print(verdict, flush=True)
+        print(f"{len(chosen)} mutants, {jobs} at a time", flush=True)
+        failures = run_all(workspaces, chosen, args.timeout)
     print(f"{len(chosen) - failures}/{len(chosen)} killed in {time.monotonic() - start:.0f}s")
     return 1 if failures else 0
 
